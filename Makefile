@@ -1,0 +1,41 @@
+# adstream — the README's commands. Each target does its own set-up.
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install demo up down status test test-all lint typecheck schemas clean
+
+install:
+	@bash deploy/install.sh
+
+up: install
+	$(BIN)/adstream up
+
+down:
+	$(BIN)/adstream down
+
+status:
+	$(BIN)/adstream status
+
+demo: install
+	$(BIN)/adstream up
+	$(BIN)/adstream demo
+
+# Unit and integration tests (real broker, Redis, ClickHouse, Ray), slow suites excluded.
+test: install
+	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# Everything, slow suites included.
+test-all: install
+	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy schemas
+
+schemas: install
+	$(BIN)/python -m schemas.jsonschema
+
+clean:
+	$(BIN)/adstream down || true
+	rm -rf .adstream

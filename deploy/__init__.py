@@ -1,0 +1,1 @@
+"""adstream deploy room."""

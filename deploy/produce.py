@@ -1,0 +1,66 @@
+"""`adstream produce`: validate JSON lines against the contract and produce the valid ones."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from schemas.codec import decode, encode, key_of, model_for_topic
+from schemas.errors import SchemaError, StackError
+from schemas.settings import Settings
+from schemas.topics import topic_name
+
+
+@dataclass
+class ProduceReport:
+    """What `produce` did: how many lines were sent, and each rejected line with its reason."""
+
+    sent: int = 0
+    blank: int = 0
+    invalid: list[tuple[int, str]] = field(default_factory=list)
+
+
+def validate_lines(topic: str, lines: Iterable[bytes], report: ProduceReport) -> Iterable[tuple[bytes, bytes]]:
+    """Yield (key, value) for each valid line; record invalid ones by 1-based line number."""
+    model = model_for_topic(topic)
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            report.blank += 1
+            continue
+        try:
+            msg = decode(model, line)
+        except SchemaError as exc:
+            report.invalid.append((number, str(exc)))
+            continue
+        yield key_of(msg), encode(msg)
+
+
+async def produce_lines(settings: Settings, topic: str, lines: Iterable[bytes]) -> ProduceReport:
+    """Validate every line and produce the valid ones to the (prefixed) topic, keyed per the contract."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    report = ProduceReport()
+    model_for_topic(topic)  # fail before connecting when the topic is not a contract topic
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, linger_ms=5, max_batch_size=256 * 1024, acks=1
+    )
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        raise StackError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
+    physical = topic_name(topic, settings.topic_prefix)
+    try:
+        pending = []
+        for key, value in validate_lines(topic, lines, report):
+            pending.append(await producer.send(physical, value=value, key=key))
+            if len(pending) >= 10_000:
+                await asyncio.gather(*pending)
+                report.sent += len(pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+        report.sent += len(pending)
+    finally:
+        await producer.stop()
+    return report

@@ -1,0 +1,218 @@
+"""`adstream up/down/status`: start what the settings point at and is not running, stop only that."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.endpoints import clickhouse_database, port_open
+from deploy.services import Probe, Service, stack_services
+from schemas import topics
+from schemas.errors import StackError
+from schemas.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """One row of `adstream status`."""
+
+    name: str
+    address: str
+    probe: Probe
+    started_by_us: bool
+
+
+def _run_dir(settings: Settings) -> Path:
+    return settings.state_dir / "run"
+
+
+def _pid_file(settings: Settings, name: str) -> Path:
+    return _run_dir(settings) / f"{name}.pid"
+
+
+def _read_pid(path: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
+
+
+def _ours_alive(record: dict[str, object]) -> bool:
+    """The recorded process still runs the command we started (pids get reused)."""
+    pid = record.get("pid")
+    return isinstance(pid, int) and _cmdline(pid) == record.get("argv")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _start(service: Service, settings: Settings) -> None:
+    if not service.endpoint.local:
+        raise StackError(
+            f"{service.name} at {service.endpoint} is not reachable and is not a loopback address, "
+            "so `adstream up` will not start it: check the settings or the remote server"
+        )
+    if port_open(service.endpoint):
+        raise StackError(
+            f"{service.name}: port {service.endpoint.port} is taken by another program that does not "
+            f"answer as {service.name}; free the port or point the settings at another one"
+        )
+    launch = service.launch(settings.state_dir)
+    launch.log.parent.mkdir(parents=True, exist_ok=True)
+    _run_dir(settings).mkdir(parents=True, exist_ok=True)
+    with open(launch.log, "ab") as out:
+        proc = subprocess.Popen(
+            launch.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    record = {"pid": proc.pid, "argv": launch.argv, "log": str(launch.log), "started": time.time()}
+    _pid_file(settings, service.name).write_text(json.dumps(record))
+    deadline = time.monotonic() + settings.stack_timeout_s
+    probe = Probe(False)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _pid_file(settings, service.name).unlink(missing_ok=True)
+            raise StackError(
+                f"{service.name} exited with code {proc.returncode} while starting; "
+                f"last lines of {launch.log}:\n{_tail(launch.log)}"
+            )
+        probe = service.probe()
+        if probe.up:
+            log.info("%s started on %s (pid %d)", service.name, service.endpoint, proc.pid)
+            return
+        time.sleep(0.3)
+    _stop_record(record)
+    _pid_file(settings, service.name).unlink(missing_ok=True)
+    raise StackError(
+        f"{service.name} did not answer on {service.endpoint} within {settings.stack_timeout_s:.0f}s "
+        f"({probe.error}); last lines of {launch.log}:\n{_tail(launch.log)}"
+    )
+
+
+def create_topics(settings: Settings) -> list[str]:
+    """Create the contract topics that do not exist yet; return the names created."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    async def go() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            wanted = [
+                NewTopic(
+                    topics.topic_name(spec.name, settings.topic_prefix),
+                    settings.topic_partitions or spec.partitions,
+                    1,
+                )
+                for spec in topics.TOPICS
+            ]
+            missing = [t for t in wanted if t.name not in existing]
+            if missing:
+                await admin.create_topics(missing)
+            return [t.name for t in missing]
+        finally:
+            await admin.close()
+
+    try:
+        return asyncio.run(go())
+    except Exception as exc:
+        raise StackError(f"could not create topics on {settings.kafka_bootstrap}: {exc}") from exc
+
+
+def create_database(settings: Settings) -> None:
+    """Create the ClickHouse database named in the URL (tables belong to their rooms)."""
+    from clickhouse_driver import Client
+
+    from deploy.endpoints import url_endpoint
+
+    ep = url_endpoint(settings.clickhouse_url, "clickhouse_url", 9000)
+    client = Client(host=ep.host, port=ep.port, connect_timeout=3)
+    try:
+        client.execute(f"CREATE DATABASE IF NOT EXISTS {clickhouse_database(settings.clickhouse_url)}")
+    finally:
+        client.disconnect()
+
+
+def up(settings: Settings, only: set[str] | None = None) -> list[str]:
+    """Start every service not already reachable, create topics and the database; return started names."""
+    started: list[str] = []
+    for service in stack_services(settings):
+        if only and service.name not in only:
+            continue
+        if service.probe().up:
+            log.info("%s already answers on %s", service.name, service.endpoint)
+            continue
+        _start(service, settings)
+        started.append(service.name)
+    if not only or "kafka" in only:
+        create_topics(settings)
+    if not only or "clickhouse" in only:
+        create_database(settings)
+    return started
+
+
+def _stop_record(record: dict[str, object], timeout_s: float = 15.0) -> bool:
+    pid = record.get("pid")
+    if not isinstance(pid, int) or not _ours_alive(record):
+        return False
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    return True
+            except ChildProcessError:
+                pass  # not our child (started by an earlier `up`): watch /proc instead
+            if not _ours_alive(record):
+                return True
+            time.sleep(0.1)
+    return not _ours_alive(record)
+
+
+def down(settings: Settings) -> list[str]:
+    """Stop exactly the services whose pid files `up` wrote and that still run our command."""
+    stopped: list[str] = []
+    run = _run_dir(settings)
+    if not run.exists():
+        return stopped
+    for pid_file in sorted(run.glob("*.pid")):
+        record = _read_pid(pid_file)
+        if record is not None and _stop_record(record):
+            stopped.append(pid_file.stem)
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def status(settings: Settings) -> list[ServiceState]:
+    """Probe every service of the stack."""
+    rows = []
+    for service in stack_services(settings):
+        record = _read_pid(_pid_file(settings, service.name))
+        ours = record is not None and _ours_alive(record)
+        rows.append(ServiceState(service.name, str(service.endpoint), service.probe(), ours))
+    return rows

@@ -1,0 +1,63 @@
+"""Models of the HTTP API served by the serving ingress (see DESIGN.md, "HTTP API")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import Field, StringConstraints
+
+from schemas.events import Contract, Ident, NonNegFloat, Probability, Slot, UserId, Version
+
+ContextValue: TypeAlias = Annotated[str, StringConstraints(max_length=256)] | int | float | bool
+Rung: TypeAlias = Literal["adapter", "base_model", "recall_score", "popular"]
+
+
+class AdRequest(Contract):
+    """A request for ranked ads for one user in one slot."""
+
+    user_id: UserId
+    slot: Slot
+    k: Annotated[int, Field(ge=1, le=100)] = 10
+    context: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], ContextValue], Field(max_length=32)] | None = None
+    deadline_ms: Annotated[int, Field(ge=1, le=10_000)] | None = None
+
+
+class ServedAd(Contract):
+    """One ad in a response, with the score it was ranked by, its pCTR and the price charged."""
+
+    ad_id: Ident
+    campaign_id: Ident
+    score: Annotated[float, Field(allow_inf_nan=False)]
+    pctr: Probability
+    price: NonNegFloat
+
+
+class StageMs(Contract):
+    """Milliseconds spent in each stage of the pipeline for one request."""
+
+    recall: NonNegFloat
+    rank: NonNegFloat
+    rerank: NonNegFloat
+
+
+class AdResponse(Contract):
+    """The ranked ads for a request; `degraded` says a deadline or fault forced a lower rung."""
+
+    request_id: Ident
+    ads: list[ServedAd]
+    degraded: bool
+    served_by: Rung = "adapter"
+    stage_ms: StageMs
+    model_version: Version
+    adapter_version: Version | None = None
+
+
+class AdapterInfo(Contract):
+    """What a serving replica knows of one adapter (`GET /v1/adapters`)."""
+
+    adapter_id: Ident
+    version: Version
+    seq: Annotated[int, Field(ge=0)]
+    previous_version: Version | None = None
+    staleness_s: NonNegFloat
+    rejected_deltas: Annotated[int, Field(ge=0)] = 0

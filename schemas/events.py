@@ -1,0 +1,216 @@
+"""Pydantic v2 models of every message on the wire contract (see DESIGN.md, "Wire contract")."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Final, Literal, TypeAlias
+
+import base64
+import binascii
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StringConstraints,
+    field_validator,
+)
+
+Slot: TypeAlias = Literal["feed", "search", "splash"]
+SLOTS: Final[tuple[Slot, ...]] = ("feed", "search", "splash")
+
+EventId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+UserId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+Version = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+
+def _from_base64(value: object) -> object:
+    """JSON carries bytes as standard (RFC 4648 §4) base64 text; Python callers may pass bytes."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"not valid standard base64 ({exc})") from exc
+    return value
+
+
+B64Bytes = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
+]
+
+MAX_DWELL_MS: Final = 3_600_000
+MAX_VECTOR_DIM: Final = 1024
+MAX_DELTA_BYTES: Final = 16 * 1024 * 1024
+MAX_RAW_BYTES: Final = 1024 * 1024
+
+
+class Contract(BaseModel):
+    """Base of all contract models: strict types, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+    )
+
+
+class Message(Contract):
+    """Anything with an id and an aware timestamp."""
+
+    event_id: EventId
+    ts: AwareDatetime
+
+
+class UserEvent(Message):
+    """A user-facing event, keyed by `user_id` on Kafka."""
+
+    user_id: UserId
+
+
+class Impression(UserEvent):
+    """An ad was shown: what was served, where, at what price, by which model and adapter."""
+
+    kind: Literal["impression"] = "impression"
+    request_id: Ident
+    ad_id: Ident
+    campaign_id: Ident
+    advertiser_id: Ident
+    slot: Slot
+    position: Annotated[int, Field(ge=0, le=10_000)]
+    price: NonNegFloat
+    pctr: Probability | None = None
+    model_version: Version | None = None
+    adapter_version: Version | None = None
+
+
+class Click(UserEvent):
+    """A click on a served impression."""
+
+    kind: Literal["click"] = "click"
+    impression_id: EventId
+    ad_id: Ident
+    campaign_id: Ident
+
+
+class Dwell(UserEvent):
+    """Time the user spent on the landing page of a clicked or viewed impression."""
+
+    kind: Literal["dwell"] = "dwell"
+    impression_id: EventId
+    ad_id: Ident
+    dwell_ms: Annotated[int, Field(ge=0, le=MAX_DWELL_MS)]
+
+
+class Conversion(UserEvent):
+    """A purchase or other advertiser goal, with its value; `ad_id` when the advertiser knows it."""
+
+    kind: Literal["conversion"] = "conversion"
+    campaign_id: Ident
+    advertiser_id: Ident
+    value: NonNegFloat
+    ad_id: Ident | None = None
+
+
+class AdCreative(Message):
+    """A catalog entry (keyed by `ad_id`): a creative of a campaign, its bid and daily budget."""
+
+    kind: Literal["ad"] = "ad"
+    ad_id: Ident
+    campaign_id: Ident
+    advertiser_id: Ident
+    category: Ident
+    title: Text
+    bid: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    daily_budget: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    active: bool
+
+
+class DeadLetter(Message):
+    """A message that failed validation, with where it came from, why, and its original bytes."""
+
+    kind: Literal["dead_letter"] = "dead_letter"
+    source_topic: Annotated[str, StringConstraints(min_length=1, max_length=249)]
+    partition: Annotated[int, Field(ge=-1)]
+    offset: Annotated[int, Field(ge=-1)]
+    error: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    raw: Annotated[B64Bytes, Field(max_length=MAX_RAW_BYTES)]
+
+
+def _check_finite(values: list[float], field: str) -> list[float]:
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise ValueError(f"{field}[{i}] is {v!r}; every component must be finite")
+    return values
+
+
+class TrainingExample(Message):
+    """One labelled impression (keyed by `adapter_id`): ranker features plus click/dwell labels."""
+
+    kind: Literal["training_example"] = "training_example"
+    adapter_id: Ident
+    impression_id: EventId
+    impression_ts: AwareDatetime
+    user_id: UserId
+    ad_id: Ident
+    campaign_id: Ident
+    advertiser_id: Ident
+    category: Ident
+    slot: Slot
+    position: Annotated[int, Field(ge=0, le=10_000)]
+    hour: Annotated[int, Field(ge=0, le=23)]
+    user_vector: Annotated[list[float], Field(max_length=MAX_VECTOR_DIM)]
+    intent_score: FiniteFloat
+    recall_score: FiniteFloat | None = None
+    served_pctr: Probability | None = None
+    model_version: Version | None = None
+    adapter_version: Version | None = None
+    click: bool
+    dwell_ms: Annotated[int, Field(ge=0, le=MAX_DWELL_MS)] = 0
+
+    @field_validator("user_vector")
+    @classmethod
+    def _finite_vector(cls, v: list[float]) -> list[float]:
+        return _check_finite(v, "user_vector")
+
+
+class AdapterDelta(Message):
+    """A sparse LoRA weight delta (or full snapshot) for one adapter, as a safetensors payload."""
+
+    kind: Literal["adapter_delta"] = "adapter_delta"
+    adapter_id: Ident
+    base_version: Version
+    seq: Annotated[int, Field(ge=0)]
+    rank: Annotated[int, Field(ge=1, le=256)]
+    payload: Annotated[B64Bytes, Field(min_length=1, max_length=MAX_DELTA_BYTES)]
+    norm: NonNegFloat
+    created_at: AwareDatetime
+    snapshot: bool = False
+
+
+EVENT_MODELS: Final[dict[str, type[Message]]] = {
+    "Impression": Impression,
+    "Click": Click,
+    "Dwell": Dwell,
+    "Conversion": Conversion,
+    "AdCreative": AdCreative,
+    "DeadLetter": DeadLetter,
+    "TrainingExample": TrainingExample,
+    "AdapterDelta": AdapterDelta,
+}
+
+
+def event_time(msg: Message) -> datetime:
+    """The event time of any contract message."""
+    return msg.ts

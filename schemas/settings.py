@@ -1,0 +1,81 @@
+"""The one settings class of adstream: env prefix `ADSTREAM_`, a `.env` file, or CLI flags."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Where the services are and how the loop behaves; every knob of every room lives here."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ADSTREAM_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    # -- services ------------------------------------------------------------------------
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,…]")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for served state")
+    clickhouse_url: str = Field(
+        "clickhouse://default@127.0.0.1:9000/adstream", description="ClickHouse native-protocol URL"
+    )
+    clickhouse_http_port: int = Field(8123, description="HTTP port of a locally started ClickHouse")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device for models")
+    admin_token: SecretStr = Field(SecretStr("change-me"), description="Token for admin HTTP routes")
+
+    # -- naming and local stack ----------------------------------------------------------
+    topic_prefix: str = Field("", description="Prefix for every topic name (isolates tests/tenants)")
+    redis_prefix: str = Field("adstream:", description="Prefix for every Redis key")
+    state_dir: Path = Field(Path(".adstream"), description="Pid files, logs and data of `adstream up`")
+    topic_partitions: int | None = Field(
+        None, ge=1, description="Override the contract's partition counts for every topic"
+    )
+    stack_timeout_s: float = Field(60.0, gt=0, description="How long `up` waits for a service")
+
+    # -- streams -------------------------------------------------------------------------
+    intent_half_life_s: float = Field(3600.0, gt=0, description="Half-life τ of intent scores")
+    session_gap_s: float = Field(30.0, gt=0, description="A gap over this starts a new session")
+    alpha_session: float = Field(0.85, gt=0, le=1, description="Decay applied on a session gap")
+    alpha_contradict: float = Field(0.62, gt=0, le=1, description="Decay on a contradicting signal")
+    contradict_dwell_ms: int = Field(2000, ge=0, description="A click then dwell below this contradicts")
+    attribution_window_s: float = Field(1800.0, gt=0, description="Impression→click/dwell join window")
+    user_state_ttl_s: int = Field(7 * 24 * 3600, gt=0, description="TTL of a user's Redis record")
+    state_dim: int = Field(32, ge=1, le=1024, description="Dimension of user state / ad vectors")
+    sink_batch_size: int = Field(5000, ge=1, description="ClickHouse sink flushes at this many rows")
+    sink_flush_s: float = Field(1.0, gt=0, description="…or after this many seconds")
+    metrics_port: int = Field(9464, ge=0, description="Prometheus port of workers (0 = off)")
+
+    # -- trainers ------------------------------------------------------------------------
+    lora_rank: int = Field(8, ge=1, le=256)
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_targets: tuple[str, ...] = Field(("cross", "deep"), description="Ranker modules to adapt")
+    adapter_scheme: Literal["slot", "advertiser", "slot+advertiser"] = "slot"
+    micro_batch: int = Field(256, ge=1)
+    micro_batch_s: float = Field(0.5, gt=0)
+    delta_percentile: float = Field(95.0, gt=0, lt=100)
+    delta_max_norm: float = Field(10.0, gt=0, description="Deltas with a larger norm are rejected")
+    snapshot_every_s: float = Field(30.0, gt=0)
+    model_dir: Path = Field(Path(".adstream/models"), description="Checkpoints and ad index")
+
+    # -- serving -------------------------------------------------------------------------
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=1, le=65535)
+    deadline_ms: int = Field(50, ge=1, le=10_000, description="Default request deadline")
+    max_body_bytes: int = Field(64 * 1024, ge=1)
+    recall_k: int = Field(500, ge=1)
+    canary_share: float = Field(0.05, ge=0, le=1)
+    canary_auc_gain: float = Field(0.005)
+    canary_latency_slack: float = Field(0.03, ge=0)
+    canary_max_error_rate: float = Field(0.005, ge=0, le=1)
+    canary_error_window_s: float = Field(300.0, gt=0)
+    frequency_cap: int = Field(5, ge=1, description="Max impressions of one ad per user per day")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

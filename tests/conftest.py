@@ -1,0 +1,74 @@
+"""Shared fixtures: isolated settings per test session and the real local stack, started once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    """Settings isolated for this test session: own topic prefix, Redis prefix and ClickHouse db."""
+    state_dir = ROOT / ".adstream" / "test"
+    return Settings(
+        topic_prefix=f"t{RUN_ID}.",
+        redis_prefix=f"adstream-test:{RUN_ID}:",
+        clickhouse_url=os.environ.get(
+            "ADSTREAM_CLICKHOUSE_URL", "clickhouse://default@127.0.0.1:9000/"
+        ).rstrip("/").rsplit("/", 1)[0]
+        + f"/adstream_test_{RUN_ID}",
+        state_dir=state_dir,
+        model_dir=state_dir / "models",
+    )
+
+
+@pytest.fixture(scope="session")
+def stack(settings: Settings) -> Iterator[Settings]:
+    """The real broker, Redis and ClickHouse (started if not running, stopped after if we started them)."""
+    from deploy import stack as stack_mod
+
+    logging.getLogger("clickhouse_driver").setLevel(logging.CRITICAL)
+    started = stack_mod.up(settings)
+    try:
+        yield settings
+    finally:
+        _drop_test_database(settings)
+        if started:
+            stack_mod.down(settings)
+
+
+def _drop_test_database(settings: Settings) -> None:
+    from clickhouse_driver import Client
+
+    from deploy.endpoints import clickhouse_database, url_endpoint
+
+    ep = url_endpoint(settings.clickhouse_url, "clickhouse_url", 9000)
+    try:
+        client = Client(host=ep.host, port=ep.port, connect_timeout=2)
+        client.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(settings.clickhouse_url)}")
+        client.disconnect()
+    except Exception:  # the server may be gone already (we stopped it)
+        pass
+
+
+@pytest.fixture
+def redis_client(stack: Settings) -> Iterator[object]:
+    """A Redis client; every key this test session wrote under its prefix is deleted afterwards."""
+    import redis
+
+    client = redis.Redis.from_url(stack.redis_url)
+    yield client
+    keys = list(client.scan_iter(match=f"{stack.redis_prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()

@@ -1,0 +1,1 @@
+"""adstream trainers room."""

@@ -1,0 +1,1 @@
+"""adstream workloads room."""
