@@ -91,6 +91,24 @@ def produce(
         raise typer.Exit(1)
 
 
+def _register_room_commands() -> None:
+    """Each room's commands live in `deploy/cli_<room>.py`, which defines `register(app)`."""
+    import importlib
+
+    for room in ("workloads", "streams", "trainers", "serving", "attribution", "demo"):
+        name = f"deploy.cli_{room}"
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that room has no commands yet
+                continue
+            raise
+        module.register(app)
+
+
+_register_room_commands()
+
+
 def main() -> None:
     """Console-script entry point: AdstreamErrors become a clear message and exit code 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
