@@ -26,7 +26,9 @@ def settings() -> Settings:
 
 @app.command()
 def up(
-    only: Annotated[list[str] | None, typer.Option(help="Start only these services (kafka, redis, clickhouse)")] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help="Start only these services (kafka, redis, clickhouse)")
+    ] = None,
 ) -> None:
     """Start the local stack (broker, Redis, ClickHouse) where nothing answers yet."""
     from deploy import stack

@@ -21,7 +21,9 @@ class ProduceReport:
     invalid: list[tuple[int, str]] = field(default_factory=list)
 
 
-def validate_lines(topic: str, lines: Iterable[bytes], report: ProduceReport) -> Iterable[tuple[bytes, bytes]]:
+def validate_lines(
+    topic: str, lines: Iterable[bytes], report: ProduceReport
+) -> Iterable[tuple[bytes, bytes]]:
     """Yield (key, value) for each valid line; record invalid ones by 1-based line number."""
     model = model_for_topic(topic)
     for number, line in enumerate(lines, start=1):

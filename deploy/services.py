@@ -149,13 +149,17 @@ def launch_clickhouse(ep: Endpoint, http_port: int, state_dir: Path) -> Launch:
     templates = resources.files("deploy") / "templates"
     users_path = base / "users.xml"
     users_path.write_text((templates / "clickhouse-users.xml").read_text())
-    config = (templates / "clickhouse-config.xml").read_text().format(
-        log_dir=logs,
-        http_port=http_port,
-        tcp_port=ep.port,
-        interserver_port=ep.port + 9,
-        data_dir=base / "data",
-        users_path=users_path,
+    config = (
+        (templates / "clickhouse-config.xml")
+        .read_text()
+        .format(
+            log_dir=logs,
+            http_port=http_port,
+            tcp_port=ep.port,
+            interserver_port=ep.port + 9,
+            data_dir=base / "data",
+            users_path=users_path,
+        )
     )
     config_path = base / "config.xml"
     config_path.write_text(config)

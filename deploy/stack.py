@@ -84,7 +84,11 @@ def _start(service: Service, settings: Settings) -> None:
     _run_dir(settings).mkdir(parents=True, exist_ok=True)
     with open(launch.log, "ab") as out:
         proc = subprocess.Popen(
-            launch.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            launch.argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     record = {"pid": proc.pid, "argv": launch.argv, "log": str(launch.log), "started": time.time()}
     _pid_file(settings, service.name).write_text(json.dumps(record))

@@ -18,7 +18,10 @@ class AdRequest(Contract):
     user_id: UserId
     slot: Slot
     k: Annotated[int, Field(ge=1, le=100)] = 10
-    context: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], ContextValue], Field(max_length=32)] | None = None
+    context: (
+        Annotated[dict[Annotated[str, StringConstraints(max_length=64)], ContextValue], Field(max_length=32)]
+        | None
+    ) = None
     deadline_ms: Annotated[int, Field(ge=1, le=10_000)] | None = None
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from datetime import datetime
 from typing import Annotated, Final, Literal, TypeAlias
-
-import base64
-import binascii
 
 from pydantic import (
     AwareDatetime,
@@ -33,7 +32,6 @@ Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
-
 def _from_base64(value: object) -> object:
     """JSON carries bytes as standard (RFC 4648 §4) base64 text; Python callers may pass bytes."""
     if isinstance(value, str):
@@ -48,6 +46,7 @@ B64Bytes = Annotated[
     bytes,
     BeforeValidator(_from_base64),
     PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
+    Field(json_schema_extra={"contentEncoding": "base64"}),
 ]
 
 MAX_DWELL_MS: Final = 3_600_000

@@ -23,9 +23,9 @@ def settings() -> Settings:
     return Settings(
         topic_prefix=f"t{RUN_ID}.",
         redis_prefix=f"adstream-test:{RUN_ID}:",
-        clickhouse_url=os.environ.get(
-            "ADSTREAM_CLICKHOUSE_URL", "clickhouse://default@127.0.0.1:9000/"
-        ).rstrip("/").rsplit("/", 1)[0]
+        clickhouse_url=os.environ.get("ADSTREAM_CLICKHOUSE_URL", "clickhouse://default@127.0.0.1:9000/")
+        .rstrip("/")
+        .rsplit("/", 1)[0]
         + f"/adstream_test_{RUN_ID}",
         state_dir=state_dir,
         model_dir=state_dir / "models",
