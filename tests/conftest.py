@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse, urlunparse
 
 import pytest
 
@@ -23,10 +24,11 @@ def settings() -> Settings:
     return Settings(
         topic_prefix=f"t{RUN_ID}.",
         redis_prefix=f"adstream-test:{RUN_ID}:",
-        clickhouse_url=os.environ.get("ADSTREAM_CLICKHOUSE_URL", "clickhouse://default@127.0.0.1:9000/")
-        .rstrip("/")
-        .rsplit("/", 1)[0]
-        + f"/adstream_test_{RUN_ID}",
+        clickhouse_url=urlunparse(
+            urlparse(os.environ.get("ADSTREAM_CLICKHOUSE_URL", Settings().clickhouse_url))._replace(
+                path=f"/adstream_test_{RUN_ID}"
+            )
+        ),
         state_dir=state_dir,
         model_dir=state_dir / "models",
     )
