@@ -1,0 +1,194 @@
+"""The CTR ranker: a small DCN-v2 (cross network + deep tower) over user state and ad ids.
+
+Inputs are a `trainers.features.RankerBatch` (see that module for the column spec); build one
+with `featurize(examples, config)`. `Ranker.forward(dense, ids)` returns click logits [B];
+`Ranker.score(batch)` returns probabilities.
+
+Layers (names matter: LoRA adapters target them through `settings.lora_targets`):
+- `emb.<column>`: one embedding table per id column (ad, advertiser, campaign, category, slot,
+  position, hour), `emb_dim` wide each.
+- `cross.<i>` (`Linear(D, D)`, i < `cross_layers`): DCN-v2 cross layers,
+  `x_{l+1} = x0 * cross_l(x_l) + x_l`, with `x0` = dense features ‖ embeddings (D wide).
+- `deep.<j>`: an MLP `Linear(D, H)`, ReLU, `Linear(H, H)`, ReLU (linear layers at 0 and 2).
+- `head`: `Linear(D + H, 1)` on the cross output ‖ deep output (not adapted by default).
+
+Checkpoints are a directory with `ranker.safetensors` (weights) and `ranker.json`
+(`{"format": "adstream-ranker", "format_version": 1, "version": ..., "config": {...}}`);
+never pickles.
+
+>>> torch.manual_seed(0) and None
+>>> model = Ranker(RankerConfig(state_dim=4))
+>>> model(torch.zeros(2, 7), torch.zeros(2, 7, dtype=torch.int64)).shape
+torch.Size([2])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from schemas.errors import ConfigError, ModelError
+from trainers.features import ID_COLUMNS, N_EXTRA_DENSE, RankerBatch
+
+FORMAT: Final = "adstream-ranker"
+FORMAT_VERSION: Final = 1
+WEIGHTS_FILE: Final = "ranker.safetensors"
+CONFIG_FILE: Final = "ranker.json"
+
+
+@dataclass(frozen=True)
+class RankerConfig:
+    """Shape of a ranker; validated on construction (messages name the field and the value)."""
+
+    state_dim: int = 32
+    emb_dim: int = 8
+    ad_buckets: int = 1 << 14
+    advertiser_buckets: int = 1 << 10
+    campaign_buckets: int = 1 << 12
+    category_buckets: int = 256
+    max_position: int = 16
+    cross_layers: int = 2
+    deep_hidden: int = 64
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"RankerConfig.{f.name} must be a positive int (got {value!r})")
+        if self.state_dim > 1024:
+            raise ConfigError(f"RankerConfig.state_dim must be <= 1024 (got {self.state_dim!r})")
+
+    @property
+    def table_sizes(self) -> dict[str, int]:
+        """Rows of each id column's embedding table."""
+        return {
+            "ad": self.ad_buckets,
+            "advertiser": self.advertiser_buckets,
+            "campaign": self.campaign_buckets,
+            "category": self.category_buckets,
+            "slot": 3,
+            "position": self.max_position,
+            "hour": 24,
+        }
+
+    @property
+    def input_dim(self) -> int:
+        """Width D of the cross network's input (dense features ‖ embeddings)."""
+        return self.state_dim + N_EXTRA_DENSE + len(ID_COLUMNS) * self.emb_dim
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankerConfig:
+        """Rebuild from `asdict`; unknown keys are a ModelError (a newer/other format)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ModelError(f"ranker config has unknown fields {unknown}")
+        return cls(**data)
+
+
+class Ranker(nn.Module):
+    """DCN-v2 CTR model; `forward(dense, ids) -> logits` (see the module docstring)."""
+
+    def __init__(self, config: RankerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.emb = nn.ModuleDict(
+            {name: nn.Embedding(rows, config.emb_dim) for name, rows in config.table_sizes.items()}
+        )
+        for table in self.emb.values():
+            nn.init.normal_(table.weight, std=0.01)
+        d, h = config.input_dim, config.deep_hidden
+        self.input_norm = nn.LayerNorm(config.state_dim + N_EXTRA_DENSE)
+        self.cross = nn.ModuleList([nn.Linear(d, d) for _ in range(config.cross_layers)])
+        for layer in self.cross:
+            nn.init.normal_(layer.weight, std=0.01)
+            nn.init.zeros_(layer.bias)
+        self.deep = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU())
+        self.head = nn.Linear(d + h, 1)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Click logits, shape [B], for dense features [B, state_dim+3] and ids [B, 7]."""
+        parts = [self.input_norm(dense)]
+        parts += [self.emb[name](ids[:, i]) for i, name in enumerate(ID_COLUMNS)]
+        x0 = torch.cat(parts, dim=1)
+        x = x0
+        for layer in self.cross:
+            x = x0 * layer(x) + x
+        deep = self.deep(x0)
+        return self.head(torch.cat([x, deep], dim=1)).squeeze(1)
+
+    @torch.no_grad()
+    def score(self, batch: RankerBatch) -> torch.Tensor:
+        """Click probabilities [B] (no gradient)."""
+        return torch.sigmoid(self(batch.dense, batch.ids))
+
+
+def weights_version(model: nn.Module) -> str:
+    """A content hash of the weights: equal weights, equal version (used as `base_version`)."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return f"ranker-{h.hexdigest()}"
+
+
+def save_checkpoint(model: Ranker, directory: Path | str, version: str | None = None) -> str:
+    """Write `ranker.safetensors` + `ranker.json` into `directory`; returns the version written."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    version = version or weights_version(model)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": FORMAT, "version": version})
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "version": version,
+        "config": asdict(model.config),
+    }
+    (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return version
+
+
+def read_checkpoint_meta(directory: Path | str) -> dict[str, Any]:
+    """The JSON config of a checkpoint, validated (format, format_version, version, config)."""
+    path = Path(directory) / CONFIG_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"no ranker checkpoint at {directory} (missing {CONFIG_FILE})") from None
+    except ValueError as exc:
+        raise ModelError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ModelError(f"{path}: field 'format' must be {FORMAT!r} (got {meta.get('format')!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ModelError(
+            f"{path}: field 'format_version' must be {FORMAT_VERSION} (got {meta.get('format_version')!r})"
+        )
+    if not isinstance(meta.get("version"), str) or not isinstance(meta.get("config"), dict):
+        raise ModelError(f"{path}: fields 'version' (str) and 'config' (object) are required")
+    return meta
+
+
+def load_checkpoint(directory: Path | str, device: str | torch.device = "cpu") -> tuple[Ranker, str]:
+    """Load a ranker and its version from a checkpoint directory (safetensors only)."""
+    meta = read_checkpoint_meta(directory)
+    model = Ranker(RankerConfig.from_dict(meta["config"]))
+    weights = Path(directory) / WEIGHTS_FILE
+    try:
+        state = load_file(str(weights), device=str(device))
+    except FileNotFoundError:
+        raise ModelError(f"no ranker weights at {weights}") from None
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelError(f"{weights} does not match its config: {exc}") from exc
+    model.to(device)
+    model.eval()
+    return model, str(meta["version"])
