@@ -47,18 +47,23 @@ def _read_pid(path: Path) -> dict[str, object] | None:
         return None
 
 
-def _cmdline(pid: int) -> list[str] | None:
+def _start_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks since boot); with the pid, a unique identity."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":  # a zombie has exited already
+        return None
+    return int(fields[19])
 
 
 def _ours_alive(record: dict[str, object]) -> bool:
-    """The recorded process still runs the command we started (pids get reused)."""
+    """The recorded process still runs: same pid AND same start time (pids get reused; and
+    servers such as redis rewrite their command line, so that cannot identify them)."""
     pid = record.get("pid")
-    return isinstance(pid, int) and _cmdline(pid) == record.get("argv")
+    return isinstance(pid, int) and _start_ticks(pid) is not None and _start_ticks(pid) == record.get("ticks")
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -90,7 +95,13 @@ def _start(service: Service, settings: Settings) -> None:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    record = {"pid": proc.pid, "argv": launch.argv, "log": str(launch.log), "started": time.time()}
+    record = {
+        "pid": proc.pid,
+        "ticks": _start_ticks(proc.pid),
+        "argv": launch.argv,
+        "log": str(launch.log),
+        "started": time.time(),
+    }
     _pid_file(settings, service.name).write_text(json.dumps(record))
     deadline = time.monotonic() + settings.stack_timeout_s
     probe = Probe(False)
