@@ -1,1 +1,10 @@
-"""adstream workloads room."""
+"""adstream workloads room: a market simulator with ground truth, dataset replay, event load.
+
+Start here: `from workloads import Market, MarketConfig`; see `workloads.market` for the API.
+"""
+
+from workloads.config import MarketConfig
+from workloads.market import Market, Request, UnknownEntityError
+from workloads.summary import Summary
+
+__all__ = ["Market", "MarketConfig", "Request", "Summary", "UnknownEntityError"]

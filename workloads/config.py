@@ -1,0 +1,118 @@
+"""The knobs of a simulated ad market: one frozen dataclass, checked on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from schemas.errors import ConfigError
+from schemas.events import SLOTS
+
+DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _fail(name: str, value: object, why: str) -> None:
+    raise ConfigError(f"MarketConfig.{name}={value!r}: {why}")
+
+
+@dataclass(frozen=True)
+class MarketConfig:
+    """Everything that decides a simulated market; the same config gives the same events.
+
+    `drift_at` and `new_ads_at` are a fraction of the run's impressions when in (0, 1), an
+    impression index when ≥ 1, and off when None.
+    """
+
+    seed: int = 0
+    n_users: int = 1000
+    n_ads: int = 200
+    n_categories: int = 12
+    n_advertisers: int = 20
+    campaigns_per_advertiser: int = 3
+    # -- time --------------------------------------------------------------------------
+    start: datetime = DEFAULT_START
+    rate: float = 100.0  # ad requests per second of simulated time
+    # -- click model: logit = interest_scale·u[cat] + quality + advertiser + slot + pos + bias
+    interest_scale: float = 1.0
+    favorite_categories: int = 2
+    favorite_boost: float = 3.0
+    interest_noise: float = 0.5
+    bias: float = -4.6
+    ad_quality_sd: float = 0.3
+    advertiser_sd: float = 0.3
+    position_bias: tuple[float, ...] = (0.0, -0.35, -0.6, -0.8, -0.95, -1.1, -1.2, -1.3, -1.4, -1.5)
+    slot_effect: dict[str, float] = field(
+        default_factory=lambda: {"feed": 0.0, "search": 0.6, "splash": -0.4}
+    )
+    slot_share: dict[str, float] = field(default_factory=lambda: {"feed": 0.6, "search": 0.3, "splash": 0.1})
+    slot_k: dict[str, int] = field(default_factory=lambda: {"feed": 4, "search": 3, "splash": 1})
+    click_delay_s: float = 4.0  # mean seconds from impression to click
+    # -- dwell: lognormal, median grows with match; short bounces when the match is poor
+    dwell_median_ms: float = 20_000.0
+    dwell_sigma: float = 0.8
+    bounce_prob_max: float = 0.5  # bounce probability at zero match, falling to 5% of it
+    # -- conversions: hazard = base + Σ lift[channel] over touches (each touch an impression)
+    channel_lift: dict[str, float] = field(
+        default_factory=lambda: {"feed": 0.002, "search": 0.008, "splash": 0.004}
+    )
+    base_conversion: float = 0.002  # organic conversions per ad request
+    conversion_delay_s: float = 600.0  # mean delay from touch to caused conversion
+    conversion_value_mean: float = 40.0
+    # -- non-stationarity ------------------------------------------------------------------
+    drift_at: float | None = 0.5
+    drift_share: float = 0.3
+    new_ads_at: float | None = 0.5
+    n_new_ads: int = 20
+    # -- logging policy (open loop) --------------------------------------------------------
+    policy: str = "random"  # random | popularity | epsilon
+    epsilon: float = 0.1
+    id_prefix: str | None = None  # event ids are f"{id_prefix}{counter}"; default f"s{seed}-"
+
+    def __post_init__(self) -> None:
+        for name in ("n_users", "n_ads", "n_categories", "n_advertisers", "campaigns_per_advertiser"):
+            if getattr(self, name) < 1:
+                _fail(name, getattr(self, name), "must be >= 1")
+        if self.n_new_ads < 0:
+            _fail("n_new_ads", self.n_new_ads, "must be >= 0")
+        if self.start.tzinfo is None:
+            _fail("start", self.start, "must be timezone-aware")
+        if not self.rate > 0:
+            _fail("rate", self.rate, "must be > 0 requests per simulated second")
+        if not 0 <= self.favorite_categories <= self.n_categories:
+            _fail("favorite_categories", self.favorite_categories, "must be in [0, n_categories]")
+        if not 0 <= self.drift_share <= 1:
+            _fail("drift_share", self.drift_share, "must be in [0, 1]")
+        for name in ("drift_at", "new_ads_at"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                _fail(name, value, "must be a fraction in (0, 1), an index >= 1, or None")
+        for name in ("slot_effect", "slot_share", "slot_k", "channel_lift"):
+            keys = set(getattr(self, name))
+            if keys != set(SLOTS):
+                _fail(name, getattr(self, name), f"needs exactly the slots {list(SLOTS)}")
+        if any(v < 0 for v in self.slot_share.values()) or sum(self.slot_share.values()) <= 0:
+            _fail("slot_share", self.slot_share, "needs non-negative shares with a positive sum")
+        if any(not 1 <= k <= len(self.position_bias) for k in self.slot_k.values()):
+            _fail("slot_k", self.slot_k, f"each k must be in [1, {len(self.position_bias)}]")
+        if any(v < 0 for v in self.channel_lift.values()) or self.base_conversion < 0:
+            _fail("channel_lift", self.channel_lift, "lifts and base_conversion must be >= 0")
+        if self.policy not in ("random", "popularity", "epsilon"):
+            _fail("policy", self.policy, "must be random, popularity or epsilon")
+        if not 0 <= self.epsilon <= 1:
+            _fail("epsilon", self.epsilon, "must be in [0, 1]")
+        if self.n_ads < max(self.slot_k.values()):
+            _fail("n_ads", self.n_ads, f"must be >= the largest slot_k ({max(self.slot_k.values())})")
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of every event id of this market."""
+        return self.id_prefix if self.id_prefix is not None else f"s{self.seed}-"
+
+
+def resolve_at(at: float | None, n_impressions: int) -> int | None:
+    """The impression index where a fractional or absolute change point falls (None = never)."""
+    if at is None:
+        return None
+    if at < 1:
+        return int(at * n_impressions)
+    return int(at)

@@ -1,0 +1,361 @@
+"""A seeded ad market whose truth is known: who clicks, how long they stay, what converts and why.
+
+Public API (names are stable; other rooms build test streams and benchmarks on them):
+
+- `MarketConfig(seed=…, n_users=…, n_ads=…, drift_at=…, drift_share=…, new_ads_at=…, rate=…)`
+- `Market(config)`; `market.catalog()` → the initial `AdCreative`s (`catalog(include_new=True)`
+  adds the ads that arrive mid-stream)
+- `market.open_loop(n_impressions)` → an iterator of contract messages in time order: the
+  catalog first, then `Impression`/`Click`/`Dwell`/`Conversion`, and new-ad `AdCreative`s when
+  they arrive (cold start); a logging policy (`config.policy`) picks the ads.
+- `market.oracle_pctr(impression_or_event_id)` → the true click probability of an emitted
+  impression; `market.true_pctr(user_id, ad_id, slot, position)` for any pair, now.
+- `market.next_request()` / `market.respond(impression)` / `market.organic(request)` drive the
+  closed loop (see `workloads.closed_loop`); `market.true_channel_credit()` → each channel's
+  share of the touch-caused conversions, exact in expectation; `market.summary()`.
+
+The true model: p(click) = σ(scale·interest[user, category(ad)] + quality[ad]
++ advertiser_effect + slot_effect[slot] + position_bias[position] + bias). A clicked ad gets a
+dwell: a bounce under 2 s (likelier for poor matches) or a lognormal stay. Every impression in
+channel c causes a conversion with probability lift[c] after an exponential delay, and each
+request converts organically with probability `base_conversion`: the hazard is additive, so the
+channel credit is lift[c]·touches[c] / Σ. At `drift_at` a `drift_share` of users redraw their
+tastes; at `new_ads_at` `n_new_ads` new creatives arrive.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from schemas.errors import AdstreamError
+from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression, Message
+from workloads import truth
+from workloads.config import MarketConfig, resolve_at
+from workloads.policy import make_policy
+from workloads.summary import Summary, summarize
+from workloads.world import build_world
+
+
+class UnknownEntityError(AdstreamError):
+    """A user or ad id that this market did not create (e.g. served from another catalog)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One ad request of the simulated traffic: who, where, how many ads, when."""
+
+    user_id: str
+    user: int
+    slot: str
+    k: int
+    ts: datetime
+
+
+def _index(ident: str, prefix: str, n: int, what: str) -> int:
+    if ident.startswith(prefix) and ident[len(prefix) :].isdigit():
+        i = int(ident[len(prefix) :])
+        if i < n:
+            return i
+    raise UnknownEntityError(f"{what} {ident!r} is not one of this market's {n} {what}s")
+
+
+class Market:
+    """A simulated ad market; see the module docstring for the model and the API."""
+
+    def __init__(self, config: MarketConfig | None = None) -> None:
+        self.config = cfg = config or MarketConfig()
+        self.world = build_world(cfg)
+        traffic, response = np.random.SeedSequence([cfg.seed, 1]).spawn(2)
+        self._traffic = np.random.default_rng(traffic)
+        self._resp = np.random.default_rng(response)
+        self._policy = make_policy(cfg.policy, len(self.world.ads.ad_ids), cfg.epsilon)
+        self._interest = self.world.interests.copy()
+        self._active = np.arange(cfg.n_ads)
+        activity = np.exp(np.random.default_rng([cfg.seed, 2]).normal(0.0, 1.0, cfg.n_users))
+        self._user_cdf = np.cumsum(activity) / activity.sum()
+        shares = np.array([cfg.slot_share[s] for s in SLOTS], dtype=float)
+        self._slot_cdf = np.cumsum(shares) / shares.sum()
+        self._pos_bias = np.asarray(cfg.position_bias)
+        self._start = cfg.start
+        self._counter = 0
+        self._requests = 0
+        self._oracle = array("d")  # by event counter; NaN for non-impressions
+        self._foreign_oracle: dict[str, float] = {}
+        self._labels = array("b")
+        self._scores = array("d")
+        self.counts: Counter[str] = Counter()
+        self.touches: Counter[str] = Counter()
+        self.caused: Counter[str] = Counter()  # realised touch-caused conversions per channel
+        self.organic_conversions = 0
+        self.n_impressions = 0
+        self._drift_index: int | None = None
+        self._new_ads_index: int | None = None
+        self.drift_ts: datetime | None = None
+        self.drift_impression: int | None = None
+        self.new_ads_ts: datetime | None = None
+        self.plan(None)
+
+    # -- identities --------------------------------------------------------------------
+    def user_id(self, user: int) -> str:
+        return f"u{user:06d}"
+
+    def advertiser_id(self, ad: int) -> str:
+        return f"adv{int(self.world.ads.advertiser[ad]):03d}"
+
+    def campaign_id(self, ad: int) -> str:
+        a = self.world.ads
+        return f"cmp{int(a.advertiser[ad]):03d}_{int(a.campaign[ad])}"
+
+    def _event_id(self, pctr: float = math.nan) -> str:
+        n = self._counter
+        self._counter += 1
+        self._oracle.append(pctr)
+        return f"{self.config.prefix}{n:09d}"
+
+    def _ts(self, us: int) -> datetime:
+        return self._start + timedelta(microseconds=us)
+
+    def _us(self, ts: datetime) -> int:
+        return (ts - self._start) // timedelta(microseconds=1)
+
+    # -- catalog -------------------------------------------------------------------------
+    def creative(self, ad: int, ts: datetime | None = None) -> AdCreative:
+        """The catalog entry of ad index `ad`."""
+        a = self.world.ads
+        return AdCreative(
+            event_id=f"{self.config.prefix}cat-{a.ad_ids[ad]}",
+            ts=ts or self._start,
+            ad_id=a.ad_ids[ad],
+            campaign_id=self.campaign_id(ad),
+            advertiser_id=self.advertiser_id(ad),
+            category=self.world.categories[int(a.category[ad])],
+            title=a.titles[ad],
+            bid=float(a.bid[ad]),
+            daily_budget=float(a.daily_budget[ad]),
+            active=True,
+        )
+
+    def catalog(self, include_new: bool = False) -> list[AdCreative]:
+        """The ads live at the start (and, with `include_new`, those that arrive later)."""
+        n = len(self.world.ads.ad_ids) if include_new else self.config.n_ads
+        return [self.creative(i) for i in range(n)]
+
+    # -- truth ---------------------------------------------------------------------------
+    def _pctr(self, user: int, ad: int, slot: str, position: int) -> float:
+        cfg, a = self.config, self.world.ads
+        pos = self._pos_bias[min(position, len(self._pos_bias) - 1)]
+        logit = truth.click_logit(
+            float(self._interest[user, int(a.category[ad])]),
+            interest_scale=cfg.interest_scale,
+            ad_quality=float(a.quality[ad]),
+            advertiser_effect=float(self.world.advertiser_effect[int(a.advertiser[ad])]),
+            slot_effect=cfg.slot_effect[slot],
+            position_bias=float(pos),
+            bias=cfg.bias,
+        )
+        return truth.sigmoid(logit)
+
+    def true_pctr(self, user_id: str, ad_id: str, slot: str, position: int) -> float:
+        """The true click probability of showing `ad_id` to `user_id` now (after any drift)."""
+        user = _index(user_id, "u", self.config.n_users, "user")
+        ad = _index(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
+        return self._pctr(user, ad, slot, position)
+
+    def oracle_pctr(self, impression: Impression | str) -> float:
+        """The true click probability an emitted (or responded-to) impression had when shown."""
+        event_id = impression if isinstance(impression, str) else impression.event_id
+        if event_id in self._foreign_oracle:
+            return self._foreign_oracle[event_id]
+        prefix = self.config.prefix
+        tail = event_id[len(prefix) :]
+        if event_id.startswith(prefix) and tail.isdigit() and int(tail) < len(self._oracle):
+            value = self._oracle[int(tail)]
+            if not math.isnan(value):
+                return value
+        raise UnknownEntityError(f"event {event_id!r} is not an impression this market emitted")
+
+    def true_channel_credit(self) -> dict[str, float]:
+        """Each channel's share of touch-caused conversions over the impressions so far (exact
+        in expectation: lift[c]·touches[c] / Σ)."""
+        return truth.channel_credit(self.touches, self.config.channel_lift)
+
+    # -- change points -------------------------------------------------------------------
+    def plan(self, n_impressions: int | None) -> None:
+        """Place drift and new-ad arrival for a run of `n_impressions` (fractions need it)."""
+        cfg = self.config
+        for attr, at in (("_drift_index", cfg.drift_at), ("_new_ads_index", cfg.new_ads_at)):
+            if at is not None and at < 1 and n_impressions is None:
+                setattr(self, attr, None)
+            else:
+                setattr(self, attr, resolve_at(at, n_impressions or 0))
+
+    def _advance(self, ts_us: int) -> list[Message]:
+        """Apply change points that are due; returns the catalog events of arriving ads."""
+        out: list[Message] = []
+        if (
+            self._drift_index is not None
+            and self.drift_ts is None
+            and self.n_impressions >= self._drift_index
+        ):
+            mask = self.world.drift_users
+            self._interest[mask] = self.world.interests_after[mask]
+            self.drift_ts, self.drift_impression = self._ts(ts_us), self.n_impressions
+        due = self._new_ads_index is not None and self.n_impressions >= self._new_ads_index
+        if due and self.new_ads_ts is None and self.config.n_new_ads > 0:
+            self.new_ads_ts = self._ts(ts_us)
+            self._active = np.arange(len(self.world.ads.ad_ids))
+            for ad in range(self.config.n_ads, len(self.world.ads.ad_ids)):
+                out.append(self.creative(ad, self.new_ads_ts))
+        self.counts["ad"] += len(out)
+        return out
+
+    # -- traffic -------------------------------------------------------------------------
+    def next_request(self, ts: datetime | None = None) -> Request:
+        """The next ad request (user by activity, slot by share); simulated time unless `ts`."""
+        u = int(np.searchsorted(self._user_cdf, self._traffic.random(), side="right"))
+        user = min(u, self.config.n_users - 1)
+        slot = SLOTS[min(int(np.searchsorted(self._slot_cdf, self._traffic.random(), side="right")), 2)]
+        if ts is None:
+            ts = self._ts(round(self._requests * 1e6 / self.config.rate))
+        self._requests += 1
+        return Request(self.user_id(user), user, slot, self.config.slot_k[slot], ts)
+
+    def _outcomes(self, imp: Impression, user: int, ad: int, p: float) -> tuple[bool, list[Message]]:
+        """Click, dwell and caused conversion of one impression, drawn from the true model."""
+        cfg, rng, out = self.config, self._resp, []  # type: ignore[var-annotated]
+        clicked = bool(rng.random() < p)
+        t = self._us(imp.ts)
+        if clicked:
+            t_click = t + 1 + int(rng.exponential(cfg.click_delay_s) * 1e6)
+            out.append(
+                Click(
+                    event_id=self._event_id(),
+                    ts=self._ts(t_click),
+                    user_id=imp.user_id,
+                    impression_id=imp.event_id,
+                    ad_id=imp.ad_id,
+                    campaign_id=imp.campaign_id,
+                )
+            )
+            match = truth.match_score(float(self._interest[user, int(self.world.ads.category[ad])]))
+            dwell = truth.sample_dwell_ms(
+                rng,
+                match,
+                median_ms=cfg.dwell_median_ms,
+                sigma=cfg.dwell_sigma,
+                bounce_prob_max=cfg.bounce_prob_max,
+            )
+            out.append(
+                Dwell(
+                    event_id=self._event_id(),
+                    ts=self._ts(t_click + dwell * 1000),
+                    user_id=imp.user_id,
+                    impression_id=imp.event_id,
+                    ad_id=imp.ad_id,
+                    dwell_ms=dwell,
+                )
+            )
+        self.touches[imp.slot] += 1
+        if rng.random() < cfg.channel_lift[imp.slot]:
+            self.caused[imp.slot] += 1
+            out.append(self._conversion(user, ad, t))
+        self._labels.append(int(clicked))
+        self._scores.append(p)
+        self.n_impressions += 1
+        return clicked, out
+
+    def _conversion(self, user: int, ad: int, t_us: int) -> Conversion:
+        cfg, rng = self.config, self._resp
+        delay = 1 + int(rng.exponential(cfg.conversion_delay_s) * 1e6)
+        value = round(float(rng.exponential(cfg.conversion_value_mean)), 2)
+        return Conversion(
+            event_id=self._event_id(),
+            ts=self._ts(t_us + delay),
+            user_id=self.user_id(user),
+            campaign_id=self.campaign_id(ad),
+            advertiser_id=self.advertiser_id(ad),
+            value=value,
+        )
+
+    def organic(self, request: Request) -> list[Message]:
+        """An organic conversion (no ad caused it) for a campaign in the user's top category."""
+        if self._resp.random() >= self.config.base_conversion:
+            return []
+        top = int(np.argmax(self._interest[request.user]))
+        cands = self._active[self.world.ads.category[self._active] == top]
+        pool = cands if len(cands) else self._active
+        ad = int(pool[int(self._resp.integers(len(pool)))])
+        self.organic_conversions += 1
+        return [self._conversion(request.user, ad, self._us(request.ts))]
+
+    def respond(self, impression: Impression) -> list[Message]:
+        """The user's reaction to a served impression: click, dwell and caused conversion events
+        (timestamps after the impression's). Records the impression's oracle pCTR."""
+        user = _index(impression.user_id, "u", self.config.n_users, "user")
+        ad = _index(impression.ad_id, "ad", len(self.world.ads.ad_ids), "ad")
+        p = self._pctr(user, ad, impression.slot, impression.position)
+        self._foreign_oracle[impression.event_id] = p
+        _, out = self._outcomes(impression, user, ad, p)
+        for m in out:
+            self.counts[m.kind] += 1
+        return out
+
+    # -- open loop -----------------------------------------------------------------------
+    def open_loop(self, n_impressions: int) -> Iterator[Message]:
+        """The whole stream of a logged run, in time order, `n_impressions` impressions long."""
+        if n_impressions < 0:
+            raise ValueError(f"n_impressions must be >= 0, got {n_impressions}")
+        self.plan(n_impressions)
+        for creative in self.catalog():
+            self.counts["ad"] += 1
+            yield creative
+        heap: list[tuple[int, int, Message]] = []
+        seq = 0
+        model_version = f"logging-{self.config.policy}"
+        while self.n_impressions < n_impressions:
+            req = self.next_request()
+            t = self._us(req.ts)
+            while heap and heap[0][0] <= t:
+                msg = heapq.heappop(heap)[2]
+                self.counts[msg.kind] += 1
+                yield msg
+            yield from self._advance(t)
+            k = min(req.k, n_impressions - self.n_impressions, len(self._active))
+            for pos, ad in enumerate(self._policy.choose(self._traffic, self._active, k)):
+                if pos:  # change points fall on their exact impression index
+                    yield from self._advance(t)
+                ad = int(ad)
+                p = self._pctr(req.user, ad, req.slot, pos)
+                imp = Impression(
+                    event_id=self._event_id(p), ts=req.ts, user_id=req.user_id,
+                    request_id=f"{self.config.prefix}r{self._requests - 1:09d}",
+                    ad_id=self.world.ads.ad_ids[ad], campaign_id=self.campaign_id(ad),
+                    advertiser_id=self.advertiser_id(ad), slot=req.slot, position=pos,
+                    price=round(float(self.world.ads.bid[ad]) * 0.8, 4), model_version=model_version,
+                )  # fmt: skip
+                self.counts["impression"] += 1
+                yield imp
+                clicked, outs = self._outcomes(imp, req.user, ad, p)
+                self._policy.update(ad, clicked)
+                for m in outs:
+                    heapq.heappush(heap, (self._us(m.ts), seq, m))
+                    seq += 1
+            for m in self.organic(req):
+                heapq.heappush(heap, (self._us(m.ts), seq, m))
+                seq += 1
+        while heap:
+            msg = heapq.heappop(heap)[2]
+            self.counts[msg.kind] += 1
+            yield msg
+
+    def summary(self) -> Summary:
+        """Counts by kind, CTR, oracle AUC, channel credit and change points of the run so far."""
+        return summarize(self)

@@ -1,0 +1,113 @@
+"""The static world of a simulated market: categories, titles, ads, advertisers and user tastes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from workloads.config import MarketConfig
+
+CATEGORY_NAMES = (
+    "shoes", "travel", "games", "finance", "beauty", "electronics", "books", "food",
+    "fitness", "home", "pets", "music", "auto", "fashion", "kids", "garden",
+    "movies", "sports", "health", "education", "jewelry", "outdoor", "office", "crafts",
+)  # fmt: skip
+GENERIC_WORDS = ("new", "best", "deal", "sale", "top", "premium", "smart", "fresh", "classic", "pro")
+_ONSETS = ("b", "br", "c", "d", "f", "g", "gl", "k", "l", "m", "n", "p", "pl", "r", "s", "st", "t", "v", "z")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+_CODAS = ("", "n", "r", "s", "x", "l", "m", "k")
+
+
+def category_names(n: int) -> list[str]:
+    """Readable names for n categories (`cat24`, `cat25`… beyond the built-in list)."""
+    return [CATEGORY_NAMES[i] if i < len(CATEGORY_NAMES) else f"cat{i:02d}" for i in range(n)]
+
+
+def _word(rng: np.random.Generator) -> str:
+    syllables = int(rng.integers(2, 4))
+    return "".join(
+        _ONSETS[int(rng.integers(len(_ONSETS)))]
+        + _VOWELS[int(rng.integers(len(_VOWELS)))]
+        + _CODAS[int(rng.integers(len(_CODAS)))]
+        for _ in range(syllables)
+    )
+
+
+def category_vocabularies(rng: np.random.Generator, categories: list[str], size: int = 8) -> list[list[str]]:
+    """Generated words per category, so titles carry their category's vocabulary."""
+    return [[name, *(_word(rng) for _ in range(size))] for name in categories]
+
+
+def make_title(rng: np.random.Generator, vocab: list[str]) -> str:
+    """A creative title: a generic word, then two to four words of the ad's category."""
+    n = int(rng.integers(2, 5))
+    picks = rng.choice(len(vocab), size=min(n, len(vocab)), replace=False)
+    words = [GENERIC_WORDS[int(rng.integers(len(GENERIC_WORDS)))], *(vocab[int(i)] for i in picks)]
+    return " ".join(words).capitalize()
+
+
+def draw_interests(rng: np.random.Generator, n_users: int, cfg: MarketConfig) -> np.ndarray:
+    """Latent user×category interest: small noise plus a boost on a few favourite categories."""
+    u = rng.normal(0.0, cfg.interest_noise, size=(n_users, cfg.n_categories))
+    for i in range(n_users):
+        favs = rng.choice(cfg.n_categories, size=cfg.favorite_categories, replace=False)
+        u[i, favs] += cfg.favorite_boost
+    return u
+
+
+@dataclass(frozen=True)
+class Ads:
+    """Column arrays of every ad the market will ever have (initial ones first, then new ones)."""
+
+    ad_ids: list[str]
+    category: np.ndarray  # int index into categories
+    advertiser: np.ndarray  # int index
+    campaign: np.ndarray  # int index within its advertiser
+    bid: np.ndarray
+    daily_budget: np.ndarray
+    quality: np.ndarray
+    titles: list[str]
+
+
+def draw_ads(rng: np.random.Generator, n: int, cfg: MarketConfig, vocabs: list[list[str]]) -> Ads:
+    """Ads spread over categories and advertisers, with CPC bids, budgets and quality effects."""
+    category = rng.integers(cfg.n_categories, size=n)
+    advertiser = rng.integers(cfg.n_advertisers, size=n)
+    campaign = rng.integers(cfg.campaigns_per_advertiser, size=n)
+    bid = np.round(np.exp(rng.normal(np.log(0.8), 0.5, size=n)), 4) + 0.01
+    daily_budget = np.round(bid * rng.uniform(100.0, 1000.0, size=n), 2) + 1.0
+    quality = rng.normal(0.0, cfg.ad_quality_sd, size=n)
+    titles = [make_title(rng, vocabs[int(c)]) for c in category]
+    ad_ids = [f"ad{i:05d}" for i in range(n)]
+    return Ads(ad_ids, category, advertiser, campaign, bid, daily_budget, quality, titles)
+
+
+@dataclass(frozen=True)
+class World:
+    """Users, ads and effects of a market, drawn once from the seed."""
+
+    categories: list[str]
+    vocabularies: list[list[str]]
+    interests: np.ndarray  # before drift, (n_users, n_categories)
+    interests_after: np.ndarray  # after drift (drifted rows differ)
+    drift_users: np.ndarray  # bool mask of users whose taste changes
+    advertiser_effect: np.ndarray
+    ads: Ads
+
+
+def build_world(cfg: MarketConfig) -> World:
+    """Draw the world from independent child streams of the seed (changing one part of the
+    config, e.g. the drift share, leaves the users and ads as they were)."""
+    s_words, s_users, s_ads, s_adv, s_drift = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(5)
+    )
+    categories = category_names(cfg.n_categories)
+    vocabs = category_vocabularies(s_words, categories)
+    interests = draw_interests(s_users, cfg.n_users, cfg)
+    ads = draw_ads(s_ads, cfg.n_ads + cfg.n_new_ads, cfg, vocabs)
+    advertiser_effect = s_adv.normal(0.0, cfg.advertiser_sd, size=cfg.n_advertisers)
+    drift_users = s_drift.random(cfg.n_users) < cfg.drift_share
+    fresh = draw_interests(s_drift, cfg.n_users, cfg)
+    interests_after = np.where(drift_users[:, None], fresh, interests)
+    return World(categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads)
