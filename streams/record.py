@@ -1,0 +1,128 @@
+"""The compact Redis record of one user's state (binary float32 vector, intents, `last_ts`, version).
+
+One key per user, ``{redis_prefix}user:{user_id}``, written by the streams worker with a TTL of
+`user_state_ttl_s` and read by serving with `read_user_state`. Layout (little endian):
+
+    header  magic "US", format 1, dim u16, n_intents u8, n_ids u8, n_clicks u8,
+            last_ts f64, session_start_ts f64, sessions u32, session_events u32, events u32,
+            impressions u32, clicks u32, late u32, version u64
+    vector  dim × f32
+    ids     n_ids × u32 (recent event-id hashes), n_clicks × u32 (clicked impression hashes)
+    intents n_intents × (len u8, UTF-8 category, score f64), highest score first
+
+Intents are stored highest first, so "top k intents" is a prefix of the record.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Final
+
+import numpy as np
+
+from schemas.errors import StoreError
+from streams.state import StateParams, UserState, intent_scores, vector_at
+
+MAGIC: Final = b"US"
+FORMAT: Final = 1
+_HEADER = struct.Struct("<2sBHBBBddIIIIIIQ")
+_SCORE = struct.Struct("<d")
+
+
+def user_key(prefix: str, user_id: str) -> str:
+    """The Redis key of a user's state record."""
+    return f"{prefix}user:{user_id}"
+
+
+def encode_state(state: UserState) -> bytes:
+    """The binary record of `state` (see the module docstring for the layout)."""
+    intents = state.top_intents(255)
+    parts = [
+        _HEADER.pack(
+            MAGIC,
+            FORMAT,
+            state.dim,
+            len(intents),
+            len(state.recent_ids),
+            len(state.recent_clicks),
+            state.last_ts,
+            state.session_start_ts,
+            state.sessions,
+            state.session_events,
+            state.events,
+            state.impressions,
+            state.clicks,
+            state.late,
+            state.version,
+        ),
+        np.asarray(state.vector, dtype="<f4").tobytes(),
+        np.asarray(state.recent_ids, dtype="<u4").tobytes(),
+        np.asarray(state.recent_clicks, dtype="<u4").tobytes(),
+    ]
+    for cat, score in intents:
+        name = cat.encode()[:255]
+        parts.append(bytes((len(name),)) + name + _SCORE.pack(score))
+    return b"".join(parts)
+
+
+def decode_state(user_id: str, data: bytes) -> UserState:
+    """Parse a record written by `encode_state`; StoreError when it is not one."""
+    try:
+        (magic, fmt, dim, n_int, n_ids, n_clk, last_ts, start, sessions, sess_ev, events, imps,
+         clicks, late, version) = _HEADER.unpack_from(data, 0)  # fmt: skip
+        if magic != MAGIC or fmt != FORMAT:
+            raise StoreError(f"user record of {user_id!r}: bad magic/format {magic!r}/{fmt}")
+        off = _HEADER.size
+        vector = np.frombuffer(data, dtype="<f4", count=dim, offset=off).astype(np.float32)
+        off += 4 * dim
+        ids = tuple(int(x) for x in np.frombuffer(data, dtype="<u4", count=n_ids, offset=off))
+        off += 4 * n_ids
+        clk = tuple(int(x) for x in np.frombuffer(data, dtype="<u4", count=n_clk, offset=off))
+        off += 4 * n_clk
+        intents: dict[str, float] = {}
+        for _ in range(n_int):
+            n = data[off]
+            cat = data[off + 1 : off + 1 + n].decode()
+            (score,) = _SCORE.unpack_from(data, off + 1 + n)
+            intents[cat] = score
+            off += 1 + n + _SCORE.size
+    except (struct.error, ValueError, IndexError) as exc:
+        raise StoreError(f"user record of {user_id!r} is truncated or corrupt: {exc}") from exc
+    return UserState(
+        user_id=user_id,
+        dim=dim,
+        vector=vector,
+        intents=intents,
+        last_ts=last_ts,
+        session_start_ts=start,
+        sessions=sessions,
+        session_events=sess_ev,
+        events=events,
+        impressions=imps,
+        clicks=clicks,
+        late=late,
+        version=version,
+        recent_ids=ids,
+        recent_clicks=clk,
+    )
+
+
+def read_user_state(redis: Any, prefix: str, user_id: str) -> UserState | None:
+    """Serving's read: the user's state from Redis (sync client), or None for an unknown user."""
+    data = redis.get(user_key(prefix, user_id))
+    return None if data is None else decode_state(user_id, data)
+
+
+async def aread_user_state(redis: Any, prefix: str, user_id: str) -> UserState | None:
+    """`read_user_state` for a `redis.asyncio` client."""
+    data = await redis.get(user_key(prefix, user_id))
+    return None if data is None else decode_state(user_id, data)
+
+
+def served_view(
+    state: UserState, now_ts: float, params: StateParams, k: int = 8
+) -> tuple[np.ndarray, list[tuple[str, float]]]:
+    """What serving uses: the vector and the top-k intents, lazily decayed to `now_ts`."""
+    scores = intent_scores(state, now_ts, params)
+    top = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    return vector_at(state, now_ts, params), top

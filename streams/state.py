@@ -1,0 +1,271 @@
+"""Per-user state: a decayed, engagement-weighted vector of ads, intent-decay scores, sessions.
+
+Pure functions only (no Kafka, Redis or clock): `decay`, `apply_event`, `intent_scores`.
+
+Intent decay, as DESIGN.md states it, made precise:
+
+* Between two events a score decays with the configured half-life τ (`intent_half_life_s`):
+  ``s·α^(Δt/τ)`` with α = ½, i.e. `decay(s, Δt, τ)`; it is applied lazily from `last_ts`, so a
+  read at any time costs O(1) and equals what an (empty) event at that time would produce.
+* A gap over `session_gap_s` (30 s) starts a new session and discounts every score once more by
+  `alpha_session` (0.85).
+* A contradicting signal — a dwell shorter than `contradict_dwell_ms` (2 s) on an impression the
+  user clicked — multiplies that category's score by `alpha_contradict` (0.62).
+
+Event weights (`EngagementWeights`): an impression is weak positive evidence, a click strong, a
+dwell proportional to its length up to `dwell_full_ms`, a quick skip (dwell under the
+contradiction threshold) negative evidence for the state vector, a conversion the strongest.
+
+An event older than `last_ts` (late or out of order) is folded in with its contribution decayed
+by its age instead of moving time backwards; it never opens a session. Duplicates (producer
+retries) are recognised by a bounded ring of recent event-id hashes and change nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+import numpy as np
+
+from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
+from schemas.settings import Settings
+from schemas.vectors import content_vector
+
+RECENT_IDS: Final = 32  # duplicate detection ring per user (retries arrive close together)
+RECENT_CLICKS: Final = 8  # clicked impressions remembered for the contradiction rule
+
+
+@dataclass(frozen=True, slots=True)
+class EngagementWeights:
+    """How much each kind of evidence moves the state vector and the intent scores."""
+
+    impression: float = 0.05
+    click: float = 1.0
+    dwell: float = 1.0
+    dwell_full_ms: int = 30_000
+    skip: float = 0.3
+    conversion: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class StateParams:
+    """The knobs of the state maths, taken from `Settings` (plus the engagement weights)."""
+
+    dim: int = 32
+    half_life_s: float = 3600.0
+    session_gap_s: float = 30.0
+    alpha_session: float = 0.85
+    alpha_contradict: float = 0.62
+    contradict_dwell_ms: int = 2000
+    max_intents: int = 16
+    weights: EngagementWeights = field(default_factory=EngagementWeights)
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> StateParams:
+        return cls(
+            dim=s.state_dim,
+            half_life_s=s.intent_half_life_s,
+            session_gap_s=s.session_gap_s,
+            alpha_session=s.alpha_session,
+            alpha_contradict=s.alpha_contradict,
+            contradict_dwell_ms=s.contradict_dwell_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AdInfo:
+    """What the state needs to know of an ad: its category and unit content vector (float32)."""
+
+    ad_id: str
+    category: str
+    advertiser_id: str
+    campaign_id: str
+    vector: np.ndarray
+
+    @classmethod
+    def from_creative(cls, ad: AdCreative, dim: int) -> AdInfo:
+        vec = np.asarray(content_vector(ad.category, ad.title, dim), dtype=np.float32)
+        return cls(ad.ad_id, ad.category, ad.advertiser_id, ad.campaign_id, vec)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UserState:
+    """One user's state as of `last_ts` (epoch seconds); scores and vector are decayed to it."""
+
+    user_id: str
+    dim: int
+    vector: np.ndarray  # float32, never mutated in place
+    intents: Mapping[str, float] = field(default_factory=dict)
+    last_ts: float = 0.0
+    session_start_ts: float = 0.0
+    sessions: int = 0
+    session_events: int = 0
+    events: int = 0
+    impressions: int = 0
+    clicks: int = 0
+    late: int = 0
+    version: int = 0
+    recent_ids: tuple[int, ...] = ()
+    recent_clicks: tuple[int, ...] = ()
+
+    @classmethod
+    def empty(cls, user_id: str, dim: int) -> UserState:
+        return cls(user_id=user_id, dim=dim, vector=np.zeros(dim, dtype=np.float32))
+
+    def top_intents(self, k: int) -> list[tuple[str, float]]:
+        """The k highest intent scores as of `last_ts`, highest first (ties by name)."""
+        return sorted(self.intents.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
+def id_hash(value: str) -> int:
+    """A stable 32-bit hash of an id (duplicate and click rings; stable across processes)."""
+    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=4).digest(), "little")
+
+
+def decay(score: float, dt_s: float, half_life_s: float) -> float:
+    """`score` after `dt_s` seconds of exponential decay with half-life `half_life_s`.
+
+    >>> decay(8.0, 7200.0, 3600.0)
+    2.0
+    """
+    if dt_s < 0:
+        raise ValueError(f"dt_s must be >= 0, got {dt_s}")
+    if half_life_s <= 0:
+        raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+    return score * math.pow(0.5, dt_s / half_life_s)
+
+
+def decay_factor(state: UserState, now_ts: float, params: StateParams) -> float:
+    """The factor every score of `state` is multiplied by when read (or updated) at `now_ts`."""
+    if state.events == 0 or now_ts <= state.last_ts:
+        return 1.0
+    dt = now_ts - state.last_ts
+    factor = decay(1.0, dt, params.half_life_s)
+    if dt > params.session_gap_s:
+        factor *= params.alpha_session
+    return factor
+
+
+def intent_scores(state: UserState, now_ts: float, params: StateParams) -> dict[str, float]:
+    """Lazy read: every intent score decayed from `last_ts` to `now_ts` (O(categories))."""
+    f = decay_factor(state, now_ts, params)
+    return {c: s * f for c, s in state.intents.items()}
+
+
+def intent_score(state: UserState, category: str, now_ts: float, params: StateParams) -> float:
+    """Lazy read of one category's intent score at `now_ts`."""
+    s = state.intents.get(category, 0.0)
+    return s * decay_factor(state, now_ts, params) if s else 0.0
+
+
+def vector_at(state: UserState, now_ts: float, params: StateParams) -> np.ndarray:
+    """The state vector decayed to `now_ts` (float32)."""
+    f = decay_factor(state, now_ts, params)
+    return state.vector if f == 1.0 else (state.vector * np.float32(f)).astype(np.float32)
+
+
+def _evidence(event: Message, state: UserState, params: StateParams) -> tuple[float, float, float]:
+    """(vector weight, intent increment, intent factor) of one event for its ad's category."""
+    w = params.weights
+    if isinstance(event, Impression):
+        return w.impression, w.impression, 1.0
+    if isinstance(event, Click):
+        return w.click, w.click, 1.0
+    if isinstance(event, Dwell):
+        if event.dwell_ms < params.contradict_dwell_ms:
+            clicked = id_hash(event.impression_id) in state.recent_clicks
+            return -w.skip, 0.0, params.alpha_contradict if clicked else 1.0
+        share = min(1.0, event.dwell_ms / w.dwell_full_ms) if w.dwell_full_ms > 0 else 1.0
+        return w.dwell * share, w.dwell * share, 1.0
+    if isinstance(event, Conversion):
+        return w.conversion, w.conversion, 1.0
+    return 0.0, 0.0, 1.0
+
+
+def apply_event(state: UserState, event: Message, ad: AdInfo | None, params: StateParams) -> UserState:
+    """The state after one user event (`ad` from the catalog; None when unknown there).
+
+    Returns `state` itself (the same object) for a duplicate or a non-user event, so callers can
+    tell "nothing changed" by identity.
+    """
+    if not isinstance(event, Impression | Click | Dwell | Conversion):
+        return state
+    h = id_hash(event.event_id)
+    if h in state.recent_ids:
+        return state
+    ts = event.ts.timestamp()
+    vec_w, inc, mult = _evidence(event, state, params)
+    intents = dict(state.intents)
+    vector = state.vector
+    late = ts < state.last_ts and state.events > 0
+    sessions, session_events, session_start, last_ts = (
+        state.sessions,
+        state.session_events,
+        state.session_start_ts,
+        state.last_ts,
+    )
+    if late:
+        age = decay(1.0, state.last_ts - ts, params.half_life_s)
+        vec_w *= age
+        inc *= age
+    else:
+        f = decay_factor(state, ts, params)
+        if state.events == 0 or ts - state.last_ts > params.session_gap_s:
+            sessions += 1
+            session_events = 0
+            session_start = ts
+        if f != 1.0:
+            intents = {c: s * f for c, s in intents.items()}
+            vector = (vector * np.float32(f)).astype(np.float32)
+        last_ts = ts
+    if ad is not None:
+        cat = ad.category
+        if inc or mult != 1.0:
+            intents[cat] = intents.get(cat, 0.0) * mult + inc
+        if vec_w:
+            vector = (vector + np.float32(vec_w) * ad.vector).astype(np.float32)
+        if len(intents) > params.max_intents:
+            keep = sorted(intents.items(), key=lambda kv: (-kv[1], kv[0]))[: params.max_intents]
+            intents = dict(keep)
+    recent_clicks = state.recent_clicks
+    if isinstance(event, Click):
+        recent_clicks = (*recent_clicks, id_hash(event.impression_id))[-RECENT_CLICKS:]
+    return replace(
+        state,
+        vector=vector,
+        intents=intents,
+        last_ts=last_ts,
+        session_start_ts=session_start,
+        sessions=sessions,
+        session_events=session_events + 1,
+        events=state.events + 1,
+        impressions=state.impressions + isinstance(event, Impression),
+        clicks=state.clicks + isinstance(event, Click),
+        late=state.late + late,
+        version=state.version + 1,
+        recent_ids=(*state.recent_ids, h)[-RECENT_IDS:],
+        recent_clicks=recent_clicks,
+    )
+
+
+def same_state(a: UserState, b: UserState, rtol: float = 1e-6, atol: float = 1e-9) -> bool:
+    """Whether two states agree: counters and rings exactly, vector and scores within tolerance."""
+    exact = (
+        a.user_id, a.dim, a.sessions, a.session_events, a.events, a.impressions, a.clicks,
+        a.late, a.version, a.recent_ids, a.recent_clicks,
+    )  # fmt: skip
+    other = (
+        b.user_id, b.dim, b.sessions, b.session_events, b.events, b.impressions, b.clicks,
+        b.late, b.version, b.recent_ids, b.recent_clicks,
+    )  # fmt: skip
+    if exact != other or set(a.intents) != set(b.intents):
+        return False
+    if not math.isclose(a.last_ts, b.last_ts, rel_tol=0, abs_tol=1e-6):
+        return False
+    if not all(math.isclose(a.intents[c], b.intents[c], rel_tol=rtol, abs_tol=atol) for c in a.intents):
+        return False
+    return bool(np.allclose(a.vector, b.vector, rtol=rtol, atol=atol))
