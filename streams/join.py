@@ -1,0 +1,253 @@
+"""The label join: impression + click + dwell within the attribution window → TrainingExamples.
+
+Pure and deterministic (no I/O, no clock): time is the stream's event time, advanced by the
+caller. One `LabelJoin` per co-partition (the same user always lands in the same one).
+
+* An impression opens a pending entry with the features the ranker saw at that moment.
+* The first click inside the window emits a positive example at once (with the dwell if it was
+  already known) and marks the entry done; later clicks/dwells for it are counted, not re-emitted.
+* When stream time passes ``impression ts + window`` an entry that was never clicked is emitted
+  as a negative (its `dwell_ms` = the longest dwell seen, e.g. a view without a click).
+* A click or dwell that arrives before its impression (out of order) is kept as an orphan for one
+  window and applied when the impression arrives; one whose impression window already closed is
+  late: counted and dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from schemas.events import Click, Dwell, Impression, TrainingExample
+
+AdapterScheme = Literal["slot", "advertiser", "slot+advertiser"]
+MAX_ID = 64
+
+
+def adapter_id(slot: str, advertiser_id: str, scheme: AdapterScheme) -> str:
+    """The adapter an impression trains: its slot, `adv:<advertiser>`, or both joined by `/`."""
+    if scheme == "slot":
+        aid = slot
+    elif scheme == "advertiser":
+        aid = f"adv:{advertiser_id}"
+    else:
+        aid = f"{slot}/adv:{advertiser_id}"
+    if len(aid) > MAX_ID:  # keep within the contract's id length, stable and still distinct
+        digest = hashlib.blake2b(aid.encode(), digest_size=12).hexdigest()
+        aid = f"{aid[: MAX_ID - 25]}~{digest}"
+    return aid
+
+
+def example_id(impression_id: str) -> str:
+    """The deterministic event id of an impression's TrainingExample (replays reproduce it)."""
+    return "te-" + hashlib.blake2b(impression_id.encode(), digest_size=16).hexdigest()
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+@dataclass
+class Pending:
+    """An impression waiting for its labels, with the features captured when it was served."""
+
+    impression: Impression
+    category: str
+    user_vector: list[float]
+    intent_score: float
+    deadline: float
+    clicked: bool = False
+    dwell_ms: int = 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "imp": self.impression.model_dump_json(),
+                "cat": self.category,
+                "vec": self.user_vector,
+                "intent": self.intent_score,
+                "deadline": self.deadline,
+                "clicked": self.clicked,
+                "dwell": self.dwell_ms,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Pending:
+        d: dict[str, Any] = json.loads(data)
+        return cls(
+            impression=Impression.model_validate_json(d["imp"]),
+            category=d["cat"],
+            user_vector=list(d["vec"]),
+            intent_score=float(d["intent"]),
+            deadline=float(d["deadline"]),
+            clicked=bool(d["clicked"]),
+            dwell_ms=int(d["dwell"]),
+        )
+
+
+@dataclass
+class Orphan:
+    """A click/dwell that arrived before its impression."""
+
+    first_ts: float
+    click_ts: float | None = None
+    dwell_ms: int = 0
+
+
+@dataclass
+class LabelJoin:
+    """Pending impressions of one co-partition and the rules that turn them into examples."""
+
+    window_s: float
+    scheme: AdapterScheme = "slot"
+    pending: dict[str, Pending] = field(default_factory=dict)
+    orphans: dict[str, Orphan] = field(default_factory=dict)
+    stream_ts: float = float("-inf")
+    counts: Counter[str] = field(default_factory=Counter)
+    # ids whose Redis copy must be written / deleted (drained by the worker each batch)
+    dirty: set[str] = field(default_factory=set)
+    removed: set[str] = field(default_factory=set)
+    _deadlines: list[tuple[float, str]] = field(default_factory=list)
+
+    def load(self, entries: dict[str, Pending]) -> None:
+        """Restore pending impressions (e.g. from Redis after a restart)."""
+        for iid, p in entries.items():
+            self.pending[iid] = p
+            heapq.heappush(self._deadlines, (p.deadline, iid))
+
+    def _put(self, iid: str, p: Pending) -> None:
+        self.pending[iid] = p
+        self.dirty.add(iid)
+        self.removed.discard(iid)
+
+    def _drop(self, iid: str) -> None:
+        self.pending.pop(iid, None)
+        self.dirty.discard(iid)
+        self.removed.add(iid)
+
+    def _example(self, p: Pending, ts: float, click: bool) -> TrainingExample:
+        imp = p.impression
+        self.counts["positive" if click else "negative"] += 1
+        return TrainingExample(
+            event_id=example_id(imp.event_id),
+            ts=_dt(ts),
+            adapter_id=adapter_id(imp.slot, imp.advertiser_id, self.scheme),
+            impression_id=imp.event_id,
+            impression_ts=imp.ts,
+            user_id=imp.user_id,
+            ad_id=imp.ad_id,
+            campaign_id=imp.campaign_id,
+            advertiser_id=imp.advertiser_id,
+            category=p.category,
+            slot=imp.slot,
+            position=imp.position,
+            hour=imp.ts.astimezone(UTC).hour,
+            user_vector=p.user_vector,
+            intent_score=p.intent_score,
+            served_pctr=imp.pctr,
+            model_version=imp.model_version,
+            adapter_version=imp.adapter_version,
+            click=click,
+            dwell_ms=p.dwell_ms,
+        )
+
+    def on_impression(
+        self, imp: Impression, category: str, user_vector: list[float], intent_score: float
+    ) -> list[TrainingExample]:
+        """Open the impression's window; apply an orphan click/dwell that came before it."""
+        iid = imp.event_id
+        if iid in self.pending:
+            self.counts["duplicate_impression"] += 1
+            return []
+        ts = imp.ts.timestamp()
+        p = Pending(imp, category, user_vector, intent_score, ts + self.window_s)
+        self._put(iid, p)
+        heapq.heappush(self._deadlines, (p.deadline, iid))
+        out: list[TrainingExample] = []
+        orphan = self.orphans.pop(iid, None)
+        if orphan is not None:
+            p.dwell_ms = max(p.dwell_ms, orphan.dwell_ms)
+            if orphan.click_ts is not None and orphan.click_ts <= p.deadline:
+                p.clicked = True
+                out.append(self._example(p, max(orphan.click_ts, ts), True))
+        return out
+
+    def _late_or_orphan(self, iid: str, ts: float) -> Orphan | None:
+        if ts + self.window_s < self.stream_ts:
+            self.counts["late"] += 1
+            return None
+        self.counts["out_of_order"] += 1
+        return self.orphans.setdefault(iid, Orphan(ts))
+
+    def on_click(self, click: Click) -> list[TrainingExample]:
+        """A click: positive example now if its impression is pending and inside the window."""
+        ts = click.ts.timestamp()
+        p = self.pending.get(click.impression_id)
+        if p is None:
+            orphan = self._late_or_orphan(click.impression_id, ts)
+            if orphan is not None and orphan.click_ts is None:
+                orphan.click_ts = ts
+            return []
+        if p.clicked:
+            self.counts["repeat_click"] += 1
+            return []
+        if ts > p.deadline:
+            self.counts["late"] += 1
+            return []
+        p.clicked = True
+        self.dirty.add(click.impression_id)
+        return [self._example(p, ts, True)]
+
+    def on_dwell(self, dwell: Dwell) -> list[TrainingExample]:
+        """A dwell: remembered for the impression's example (if not emitted yet)."""
+        ts = dwell.ts.timestamp()
+        p = self.pending.get(dwell.impression_id)
+        if p is None:
+            orphan = self._late_or_orphan(dwell.impression_id, ts)
+            if orphan is not None:
+                orphan.dwell_ms = max(orphan.dwell_ms, dwell.dwell_ms)
+            return []
+        if ts > p.deadline:
+            self.counts["late"] += 1
+        elif p.clicked:
+            self.counts["dwell_after_label"] += 1
+        else:
+            p.dwell_ms = max(p.dwell_ms, dwell.dwell_ms)
+            self.dirty.add(dwell.impression_id)
+        return []
+
+    def advance(self, ts: float) -> list[TrainingExample]:
+        """Move stream time to `ts` (never backwards); close windows that ended before it."""
+        if ts <= self.stream_ts:
+            return []
+        self.stream_ts = ts
+        return self._close(lambda deadline: deadline < ts)
+
+    def close_all(self) -> list[TrainingExample]:
+        """End of input: every open window closes (unclicked impressions become negatives)."""
+        out = self._close(lambda deadline: True)
+        self.orphans.clear()
+        return out
+
+    def _close(self, due: Any) -> list[TrainingExample]:
+        out: list[TrainingExample] = []
+        while self._deadlines and due(self._deadlines[0][0]):
+            deadline, iid = heapq.heappop(self._deadlines)
+            p = self.pending.get(iid)
+            if p is None or p.deadline != deadline:
+                continue
+            if not p.clicked:
+                out.append(self._example(p, deadline, False))
+            self._drop(iid)
+        if self.orphans:
+            for iid in [i for i, o in self.orphans.items() if due(o.first_ts + self.window_s)]:
+                del self.orphans[iid]
+                self.counts["orphan_expired"] += 1
+        return out

@@ -1,0 +1,105 @@
+"""The pure per-partition core shared by the worker and the offline replay.
+
+`Processor.on_event` applies one valid event to the user's state and the label join and returns
+the TrainingExamples it emits; it does no I/O. The caller provides user states it has loaded
+(`states`), reads back which users changed (`dirty_users`), and advances stream time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message, TrainingExample
+from schemas.settings import Settings
+from streams.join import AdapterScheme, LabelJoin
+from streams.state import (
+    AdInfo,
+    StateParams,
+    UserState,
+    apply_event,
+    intent_score,
+    vector_at,
+)
+
+UNKNOWN_CATEGORY = "unknown"
+
+
+@dataclass
+class Catalog:
+    """Ads by id, with their content vectors (the worker keeps it in memory from `ad.catalog`)."""
+
+    dim: int
+    ads: dict[str, AdInfo] = field(default_factory=dict)
+
+    def update(self, ad: AdCreative) -> None:
+        # inactive ads keep their vector: past impressions of them still carry meaning
+        self.ads[ad.ad_id] = AdInfo.from_creative(ad, self.dim)
+
+    def get(self, ad_id: str) -> AdInfo | None:
+        return self.ads.get(ad_id)
+
+
+@dataclass
+class Processor:
+    """User state + label join of one co-partition (or of everything, offline)."""
+
+    params: StateParams
+    window_s: float
+    scheme: AdapterScheme
+    catalog: Catalog
+    states: MutableMapping[str, UserState] = field(default_factory=dict)
+    dirty_users: set[str] = field(default_factory=set)
+    counts: Counter[str] = field(default_factory=Counter)
+    join: LabelJoin = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.join = LabelJoin(self.window_s, self.scheme)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, catalog: Catalog | None = None) -> Processor:
+        params = StateParams.from_settings(settings)
+        return cls(
+            params=params,
+            window_s=settings.attribution_window_s,
+            scheme=settings.adapter_scheme,
+            catalog=catalog or Catalog(params.dim),
+        )
+
+    def state_of(self, user_id: str) -> UserState:
+        s = self.states.get(user_id)
+        return s if s is not None else UserState.empty(user_id, self.params.dim)
+
+    def on_event(self, event: Message) -> list[TrainingExample]:
+        """Apply one valid event; return the examples it emits (duplicates change nothing)."""
+        if isinstance(event, AdCreative):
+            self.catalog.update(event)
+            return []
+        if not isinstance(event, Impression | Click | Dwell | Conversion):
+            return []
+        before = self.state_of(event.user_id)
+        ad = self.catalog.get(event.ad_id) if event.ad_id is not None else None
+        if ad is None and event.ad_id is not None:
+            self.counts["unknown_ad"] += 1
+        after = apply_event(before, event, ad, self.params)
+        if after is before:
+            self.counts["duplicate"] += 1
+            return []
+        self.states[event.user_id] = after
+        self.dirty_users.add(event.user_id)
+        self.counts["applied"] += 1
+        out: list[TrainingExample] = []
+        ts = event.ts.timestamp()
+        if isinstance(event, Impression):
+            category = ad.category if ad is not None else UNKNOWN_CATEGORY
+            vec = vector_at(before, ts, self.params)
+            out += self.join.on_impression(
+                event, category, [float(x) for x in vec], intent_score(before, category, ts, self.params)
+            )
+        elif isinstance(event, Click):
+            out += self.join.on_click(event)
+        elif isinstance(event, Dwell):
+            out += self.join.on_dwell(event)
+        out += self.join.advance(ts)
+        return out
