@@ -1,0 +1,275 @@
+"""The sparse ΔW wire format of LoRA adapters, and the guarded way to apply it (hot swap).
+
+Payload (`AdapterDelta.payload`): safetensors bytes, metadata `{"format": "adstream-delta-v1"}`.
+For each target module `<m>` (e.g. `cross.0`) that has changed rank directions:
+
+==================  =========  ============  =============================================
+tensor              dtype      shape         meaning
+==================  =========  ============  =============================================
+`<m>.dirs`          int64      [k]           indices (0 … r-1, unique) of the directions
+`<m>.lora_A`        float32    [k, in]       new rows `A[dirs, :]`
+`<m>.lora_B`        float32    [out, k]      new columns `B[:, dirs]`
+==================  =========  ============  =============================================
+
+The listed directions' values **replace** the current ones; unlisted ones are kept. A full
+snapshot (`AdapterDelta.snapshot=True`) lists every direction of every module.
+
+Adapter state (`AdapterState.tensors`): `{"<m>.lora_A": [r, in], "<m>.lora_B": [out, r]}`,
+the layout of `trainers.lora.AdapterBank.get_state`. A replica with no state starts from
+`empty_state(...)` (all zeros: the same scores as the base model) at `seq = -1`.
+
+`AdapterDelta.norm`: for an incremental delta, the L2 norm of the change it makes to A and B
+(against the state at `seq - 1`); for a snapshot, the L2 norm of all its values.
+
+Sequence: each adapter's messages carry `seq` 0, 1, 2, … An incremental delta applies only to
+the state at `seq - 1` (`SeqGapError` otherwise: re-sync from the Redis snapshot); one at or
+below the current seq is a duplicate (`StaleDeltaError`: ignore it). A snapshot applies to any
+state with a lower or equal seq.
+
+`apply_delta(state, delta, max_norm) -> new AdapterState` never mutates `state`; it checks, like
+PEFT's `safe_merge`, adapter id, base version, rank, module names, shapes, dtypes, finiteness,
+the declared norm and the norm bound, and raises `schemas.errors.AdapterError` (the message
+names the tensor/field and the value) — the caller keeps serving the previous state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load, save
+
+from schemas.errors import AdapterError
+from schemas.events import AdapterDelta
+
+FORMAT = "adstream-delta-v1"
+_PARTS = ("dirs", "lora_A", "lora_B")
+
+
+class SeqGapError(AdapterError):
+    """A delta's seq is ahead of the next expected one: deltas were lost; re-sync from a snapshot."""
+
+
+class StaleDeltaError(AdapterError):
+    """A delta's seq was already applied (duplicate or replayed message): ignore it."""
+
+
+@dataclass(frozen=True)
+class DeltaPart:
+    """The new values of some rank directions of one module."""
+
+    dirs: torch.Tensor  # int64 [k]
+    lora_A: torch.Tensor  # float32 [k, in]
+    lora_B: torch.Tensor  # float32 [out, k]
+
+
+@dataclass(frozen=True)
+class AdapterState:
+    """One adapter's weights as a replica or the trainer holds them, with the last applied seq."""
+
+    adapter_id: str
+    base_version: str
+    rank: int
+    seq: int = -1
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def modules(self) -> list[str]:
+        """Target module names, sorted."""
+        return sorted({k.rsplit(".", 1)[0] for k in self.tensors})
+
+
+def empty_state(
+    adapter_id: str, base_version: str, shapes: Mapping[str, tuple[int, int]], rank: int
+) -> AdapterState:
+    """An all-zero state (ΔW = 0) for modules of `(in_features, out_features)`, at seq -1."""
+    tensors: dict[str, torch.Tensor] = {}
+    for m, (fan_in, fan_out) in shapes.items():
+        tensors[f"{m}.lora_A"] = torch.zeros(rank, fan_in)
+        tensors[f"{m}.lora_B"] = torch.zeros(fan_out, rank)
+    return AdapterState(adapter_id, base_version, rank, -1, tensors)
+
+
+def select_parts(
+    tensors: Mapping[str, torch.Tensor], dirs: Mapping[str, torch.Tensor]
+) -> dict[str, DeltaPart]:
+    """The `DeltaPart`s holding the current values of `dirs[m]` for each module (empty ones skipped)."""
+    out: dict[str, DeltaPart] = {}
+    for m, idx in dirs.items():
+        idx = torch.as_tensor(idx, dtype=torch.int64).flatten()
+        if idx.numel() == 0:
+            continue
+        a, b = tensors[f"{m}.lora_A"], tensors[f"{m}.lora_B"]
+        out[m] = DeltaPart(idx.clone(), a[idx].detach().clone(), b[:, idx].detach().clone())
+    return out
+
+
+def full_parts(tensors: Mapping[str, torch.Tensor], rank: int) -> dict[str, DeltaPart]:
+    """Every direction of every module: the parts of a snapshot."""
+    modules = sorted({k.rsplit(".", 1)[0] for k in tensors})
+    return select_parts(tensors, {m: torch.arange(rank) for m in modules})
+
+
+def encode_delta(parts: Mapping[str, DeltaPart]) -> bytes:
+    """Safetensors bytes of the parts (tensor names as in the module docstring)."""
+    if not parts:
+        raise AdapterError("a delta must change at least one rank direction (got no parts)")
+    flat: dict[str, torch.Tensor] = {}
+    for m, part in parts.items():
+        flat[f"{m}.dirs"] = part.dirs.to(torch.int64).contiguous()
+        flat[f"{m}.lora_A"] = part.lora_A.to(torch.float32).contiguous()
+        flat[f"{m}.lora_B"] = part.lora_B.to(torch.float32).contiguous()
+    return save(flat, metadata={"format": FORMAT})
+
+
+def decode_delta(payload: bytes) -> dict[str, DeltaPart]:
+    """Parse and structurally check a payload; raises AdapterError naming the tensor."""
+    try:
+        flat = load(payload)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise AdapterError(f"payload is not valid safetensors: {exc}") from exc
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in flat.items():
+        module, _, part = key.rpartition(".")
+        if part not in _PARTS or not module:
+            raise AdapterError(f"payload tensor {key!r} is not one of <module>.dirs/.lora_A/.lora_B")
+        groups.setdefault(module, {})[part] = tensor
+    if not groups:
+        raise AdapterError("payload holds no tensors")
+    parts: dict[str, DeltaPart] = {}
+    for m, g in sorted(groups.items()):
+        missing = [p for p in _PARTS if p not in g]
+        if missing:
+            raise AdapterError(f"payload module {m!r} lacks tensor(s) {missing}")
+        dirs, a, b = g["dirs"], g["lora_A"], g["lora_B"]
+        if dirs.dtype != torch.int64 or dirs.dim() != 1:
+            raise AdapterError(f"tensor '{m}.dirs' must be int64 [k] (got {dirs.dtype} {list(dirs.shape)})")
+        for name, t in (("lora_A", a), ("lora_B", b)):
+            if t.dtype != torch.float32 or t.dim() != 2:
+                raise AdapterError(f"tensor '{m}.{name}' must be float32 2-d (got {t.dtype} {list(t.shape)})")
+            if not torch.isfinite(t).all():
+                raise AdapterError(f"tensor '{m}.{name}' has non-finite values; the delta seems to be broken")
+        k = dirs.numel()
+        if a.shape[0] != k or b.shape[1] != k:
+            raise AdapterError(
+                f"module {m!r}: {k} dirs but lora_A has {a.shape[0]} rows and lora_B {b.shape[1]} columns"
+            )
+        if torch.unique(dirs).numel() != k:
+            raise AdapterError(f"tensor '{m}.dirs' has repeated directions {dirs.tolist()}")
+        parts[m] = DeltaPart(dirs, a, b)
+    return parts
+
+
+def _check_parts(state: AdapterState, parts: Mapping[str, DeltaPart]) -> None:
+    for m, part in parts.items():
+        key_a, key_b = f"{m}.lora_A", f"{m}.lora_B"
+        if key_a not in state.tensors:
+            raise AdapterError(f"module {m!r} is not a target of adapter {state.adapter_id!r}")
+        cur_a, cur_b = state.tensors[key_a], state.tensors[key_b]
+        if int(part.dirs.min()) < 0 or int(part.dirs.max()) >= state.rank:
+            raise AdapterError(f"tensor '{m}.dirs' = {part.dirs.tolist()} outside 0 … {state.rank - 1}")
+        if part.lora_A.shape[1] != cur_a.shape[1] or part.lora_B.shape[0] != cur_b.shape[0]:
+            raise AdapterError(
+                f"module {m!r}: lora_A {list(part.lora_A.shape)} / lora_B {list(part.lora_B.shape)} "
+                f"do not fit A {list(cur_a.shape)} / B {list(cur_b.shape)}"
+            )
+
+
+def change_norm(tensors: Mapping[str, torch.Tensor], parts: Mapping[str, DeltaPart]) -> float:
+    """L2 norm of the change `parts` make to `tensors` (the `norm` of an incremental delta)."""
+    total = 0.0
+    for m, p in parts.items():
+        total += float((p.lora_A - tensors[f"{m}.lora_A"][p.dirs]).pow(2).sum())
+        total += float((p.lora_B - tensors[f"{m}.lora_B"][:, p.dirs]).pow(2).sum())
+    return math.sqrt(total)
+
+
+def values_norm(parts: Mapping[str, DeltaPart]) -> float:
+    """L2 norm of all values in `parts` (the `norm` of a snapshot)."""
+    return math.sqrt(sum(float(p.lora_A.pow(2).sum() + p.lora_B.pow(2).sum()) for p in parts.values()))
+
+
+def merge_parts(
+    tensors: Mapping[str, torch.Tensor], parts: Mapping[str, DeltaPart]
+) -> dict[str, torch.Tensor]:
+    """New tensors with the listed directions replaced (inputs untouched)."""
+    out = {k: v.clone() for k, v in tensors.items()}
+    for m, p in parts.items():
+        out[f"{m}.lora_A"][p.dirs] = p.lora_A
+        out[f"{m}.lora_B"][:, p.dirs] = p.lora_B
+    return out
+
+
+def make_delta(
+    state: AdapterState,
+    parts: Mapping[str, DeltaPart],
+    seq: int,
+    *,
+    snapshot: bool = False,
+    event_id: str | None = None,
+    now: datetime | None = None,
+) -> AdapterDelta:
+    """The AdapterDelta message carrying `parts` (norm computed against `state`)."""
+    now = now or datetime.now(UTC)
+    norm = values_norm(parts) if snapshot else change_norm(state.tensors, parts)
+    return AdapterDelta(
+        event_id=event_id or f"{state.adapter_id[:40]}:{seq}:{'s' if snapshot else 'd'}",
+        ts=now,
+        adapter_id=state.adapter_id,
+        base_version=state.base_version,
+        seq=seq,
+        rank=state.rank,
+        payload=encode_delta(parts),
+        norm=norm,
+        created_at=now,
+        snapshot=snapshot,
+    )
+
+
+def apply_delta(
+    state: AdapterState, delta: AdapterDelta, max_norm: float, *, norm_rtol: float = 1e-3
+) -> AdapterState:
+    """The state after `delta`, or AdapterError (state untouched). See the module docstring.
+
+    `max_norm` bounds incremental deltas (`settings.delta_max_norm`); snapshots are checked for
+    structure, finiteness and their declared norm only.
+    """
+    if delta.adapter_id != state.adapter_id:
+        raise AdapterError(
+            f"field 'adapter_id': delta is for {delta.adapter_id!r}, state is {state.adapter_id!r}"
+        )
+    if delta.base_version != state.base_version:
+        raise AdapterError(
+            f"field 'base_version': delta is for {delta.base_version!r}, replica runs {state.base_version!r}"
+        )
+    if delta.rank != state.rank:
+        raise AdapterError(f"field 'rank': delta has rank {delta.rank}, adapter has {state.rank}")
+    if delta.snapshot:
+        if delta.seq < state.seq:
+            raise StaleDeltaError(f"field 'seq': snapshot {delta.seq} is older than applied seq {state.seq}")
+    elif delta.seq <= state.seq:
+        raise StaleDeltaError(f"field 'seq': {delta.seq} already applied (state is at {state.seq})")
+    elif delta.seq != state.seq + 1:
+        raise SeqGapError(
+            f"field 'seq': expected {state.seq + 1}, got {delta.seq} (gap; re-sync from snapshot)"
+        )
+    parts = decode_delta(delta.payload)
+    _check_parts(state, parts)
+    if delta.snapshot:
+        missing = [m for m in state.modules if m not in parts or parts[m].dirs.numel() != state.rank]
+        if missing:
+            raise AdapterError(f"snapshot lacks full directions of module(s) {missing}")
+        norm = values_norm(parts)
+    else:
+        norm = change_norm(state.tensors, parts)
+        if norm > max_norm:
+            raise AdapterError(f"field 'norm': delta changes the adapter by {norm:.4g} > max_norm {max_norm}")
+    if not math.isclose(norm, delta.norm, rel_tol=norm_rtol, abs_tol=1e-5):
+        raise AdapterError(f"field 'norm': declared {delta.norm:.6g} but the payload gives {norm:.6g}")
+    return AdapterState(
+        state.adapter_id, state.base_version, state.rank, delta.seq, merge_parts(state.tensors, parts)
+    )

@@ -1,0 +1,229 @@
+"""PEFT LoRA adapters on the ranker: one frozen base, many named adapters, mixed in one batch.
+
+An `AdapterBank` owns a private copy of a `Ranker` wrapped by PEFT (`get_peft_model` with a
+`LoraConfig` whose `target_modules` are the `nn.Linear` layers under `settings.lora_targets`,
+e.g. `cross.0`, `cross.1`, `deep.0`, `deep.2`). Base weights never get gradients.
+
+- `bank.ensure(adapter_id)` adds an adapter (A: PEFT's Kaiming init seeded by the adapter id,
+  B: zeros, so a new adapter starts equal to the base model).
+- `bank.logits(batch, adapter_ids)` scores a **mixed** batch: row i uses adapter
+  `adapter_ids[i]` (None = base model), through PEFT's per-sample `adapter_names=`.
+- `bank.train_logits(batch, adapter_id)` is the differentiable forward with only that adapter
+  active (PEFT forbids mixed batches in training mode; the trainer groups a micro-batch by
+  adapter).
+- `bank.get_state(id)` / `bank.set_state(id, tensors)` move an adapter's weights as a plain
+  dict `{"<module>.lora_A": [r, in], "<module>.lora_B": [out, r]}` (float32) — the layout
+  `trainers.delta` encodes; the effective weight of a module is `W + (alpha / r) · B @ A`.
+
+Adapter ids (`adapter_id_for`): `slot:<slot>`, `adv:<advertiser_id>` or
+`slot:<slot>|adv:<advertiser_id>` for `settings.adapter_scheme` slot / advertiser /
+slot+advertiser.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import nn
+
+from schemas.errors import AdapterError, ConfigError
+from schemas.settings import Settings
+from trainers.features import RankerBatch
+from trainers.ranker import Ranker
+
+BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+_PLACEHOLDER = "placeholder"  # PEFT needs one adapter at construction; it stays at B = 0
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA hyper-parameters: rank r, alpha (scaling = alpha / r) and target module prefixes."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("cross", "deep")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or not 1 <= self.rank <= 256:
+            raise ConfigError(f"LoraSpec.rank must be an int in 1 … 256 (got {self.rank!r})")
+        if not self.alpha > 0:
+            raise ConfigError(f"LoraSpec.alpha must be > 0 (got {self.alpha!r})")
+        if not self.targets:
+            raise ConfigError(f"LoraSpec.targets must name at least one module (got {self.targets!r})")
+
+    @property
+    def scaling(self) -> float:
+        """The factor PEFT multiplies B @ A by."""
+        return self.alpha / self.rank
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LoraSpec:
+        """`settings.lora_rank`, `lora_alpha`, `lora_targets`."""
+        return cls(settings.lora_rank, settings.lora_alpha, tuple(settings.lora_targets))
+
+
+def adapter_id_for(slot: str, advertiser_id: str, scheme: str) -> str:
+    """The adapter that owns an impression under `settings.adapter_scheme`.
+
+    >>> adapter_id_for("feed", "v7", "slot+advertiser")
+    'slot:feed|adv:v7'
+    """
+    if scheme == "slot":
+        return f"slot:{slot}"
+    if scheme == "advertiser":
+        return f"adv:{advertiser_id}"
+    if scheme == "slot+advertiser":
+        return f"slot:{slot}|adv:{advertiser_id}"
+    raise ConfigError(f"adapter_scheme must be slot, advertiser or slot+advertiser (got {scheme!r})")
+
+
+def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
+    """Full names of the `nn.Linear` layers at or under each target prefix (e.g. `cross.0`)."""
+    names = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and any(name == t or name.startswith(t + ".") for t in targets)
+    ]
+    if not names:
+        raise ConfigError(f"lora_targets {tuple(targets)!r} match no Linear layer of the model")
+    return names
+
+
+def _peft_name(adapter_id: str) -> str:
+    # PEFT adapter names become ModuleDict keys, which may not contain "."; ids may.
+    return "a" + hashlib.blake2b(adapter_id.encode(), digest_size=8).hexdigest()
+
+
+def _seed_of(adapter_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(adapter_id.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class AdapterBank:
+    """A frozen base ranker plus named PEFT LoRA adapters (see the module docstring)."""
+
+    def __init__(self, base: Ranker, spec: LoraSpec, base_version: str) -> None:
+        self.spec = spec
+        self.base_version = base_version
+        self.config = base.config
+        model = copy.deepcopy(base)
+        self.modules = target_modules(model, spec.targets)
+        self._lora_config = LoraConfig(
+            r=spec.rank, lora_alpha=spec.alpha, target_modules=self.modules, lora_dropout=0.0, bias="none"
+        )
+        self.model: PeftModel = get_peft_model(model, self._lora_config, adapter_name=_PLACEHOLDER)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.model.eval()
+        self._ids: dict[str, str] = {}
+        self._training: str | None = None  # the adapter set up by the last train_logits
+        self.shapes: dict[str, tuple[int, int]] = {
+            name: (mod.in_features, mod.out_features)
+            for name, mod in base.named_modules()
+            if name in self.modules and isinstance(mod, nn.Linear)
+        }
+
+    @property
+    def adapters(self) -> list[str]:
+        """Ids of the adapters in the bank, in insertion order."""
+        return list(self._ids)
+
+    def __contains__(self, adapter_id: object) -> bool:
+        return adapter_id in self._ids
+
+    def ensure(self, adapter_id: str) -> None:
+        """Add `adapter_id` if missing (deterministic init from its id; equal to the base)."""
+        if adapter_id in self._ids:
+            return
+        name = _peft_name(adapter_id)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_seed_of(adapter_id))
+            self.model.add_adapter(name, self._lora_config)
+        self._ids[adapter_id] = name
+        for p in self._params(name):
+            p.requires_grad_(False)
+        self._training = None
+
+    def reset(self, adapter_id: str) -> None:
+        """Put an adapter back to its initial state (B = 0: scores equal the base model's)."""
+        self._require(adapter_id)
+        name = self._ids.pop(adapter_id)
+        self.model.base_model.set_adapter(_PLACEHOLDER)
+        self._training = None
+        self.model.delete_adapter(name)
+        self.ensure(adapter_id)
+
+    def _require(self, adapter_id: str) -> str:
+        try:
+            return self._ids[adapter_id]
+        except KeyError:
+            raise AdapterError(f"adapter {adapter_id!r} is not in the bank") from None
+
+    def _params(self, name: str) -> list[nn.Parameter]:
+        return [p for n, p in self.model.named_parameters() if f".{name}." in n]
+
+    def parameters_of(self, adapter_id: str) -> list[nn.Parameter]:
+        """The trainable tensors (every lora_A and lora_B) of one adapter."""
+        return self._params(self._require(adapter_id))
+
+    def _module(self, module: str) -> nn.Module:
+        return self.model.get_base_model().get_submodule(module)
+
+    def get_state(self, adapter_id: str) -> dict[str, torch.Tensor]:
+        """A detached copy of the adapter's weights as `{<module>.lora_A, <module>.lora_B}`."""
+        name = self._require(adapter_id)
+        out: dict[str, torch.Tensor] = {}
+        for module in self.modules:
+            layer = self._module(module)
+            out[f"{module}.lora_A"] = layer.lora_A[name].weight.detach().clone()
+            out[f"{module}.lora_B"] = layer.lora_B[name].weight.detach().clone()
+        return out
+
+    def set_state(self, adapter_id: str, tensors: dict[str, torch.Tensor]) -> None:
+        """Overwrite an adapter's weights (adding it first if needed); shapes must match."""
+        self.ensure(adapter_id)
+        name = self._ids[adapter_id]
+        with torch.no_grad():
+            for module in self.modules:
+                layer = self._module(module)
+                for part in ("lora_A", "lora_B"):
+                    key = f"{module}.{part}"
+                    if key not in tensors:
+                        raise AdapterError(f"adapter state for {adapter_id!r} lacks tensor {key!r}")
+                    dest = getattr(layer, part)[name].weight
+                    got, want = tuple(tensors[key].shape), tuple(dest.shape)
+                    if got != want:
+                        raise AdapterError(f"tensor {key!r} has shape {got}, expected {want}")
+                    dest.copy_(tensors[key])
+
+    def logits(self, batch: RankerBatch, adapter_ids: Sequence[str | None]) -> torch.Tensor:
+        """Logits [B] of a mixed batch: row i through adapter `adapter_ids[i]` (None = base)."""
+        if len(adapter_ids) != len(batch):
+            raise AdapterError(f"adapter_ids has {len(adapter_ids)} entries for a batch of {len(batch)}")
+        names = [BASE_ADAPTER if a is None or a not in self._ids else self._ids[a] for a in adapter_ids]
+        self.model.eval()
+        with torch.no_grad():
+            if all(n == BASE_ADAPTER for n in names):
+                return self.base_logits(batch)
+            return self.model(batch.dense, batch.ids, adapter_names=names)
+
+    def base_logits(self, batch: RankerBatch) -> torch.Tensor:
+        """Logits of the frozen base model (every adapter disabled)."""
+        with torch.no_grad(), self.model.disable_adapter():
+            return self.model(batch.dense, batch.ids)
+
+    def train_logits(self, batch: RankerBatch, adapter_id: str) -> torch.Tensor:
+        """Differentiable logits with only `adapter_id` active; gradients reach only its LoRA tensors."""
+        name = self._require(adapter_id)
+        if self._training != name:
+            self.model.base_model.set_adapter(name)
+            for p in self.model.parameters():
+                p.requires_grad_(False)
+            for p in self._params(name):
+                p.requires_grad_(True)
+            self._training = name
+        return self.model(batch.dense, batch.ids)
