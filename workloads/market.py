@@ -197,6 +197,10 @@ class Market:
             else:
                 setattr(self, attr, resolve_at(at, n_impressions or 0))
 
+    def advance(self, ts: datetime) -> list[Message]:
+        """Apply the drift or new-ad arrival if due by now (closed loop); returns arriving ads."""
+        return self._advance(self._us(ts))
+
     def _advance(self, ts_us: int) -> list[Message]:
         """Apply change points that are due; returns the catalog events of arriving ads."""
         out: list[Message] = []

@@ -59,6 +59,64 @@ class Pacer:
         return max(0.0, self.start + self.sent / self.rate - time.perf_counter())
 
 
+class KafkaSink:
+    """An aiokafka producer that routes contract messages to their (prefixed) topics."""
+
+    def __init__(self, settings: Settings, *, linger_ms: int = 20, max_batch_size: int = 512 * 1024) -> None:
+        self.settings = settings
+        self.linger_ms = linger_ms
+        self.max_batch_size = max_batch_size
+        self.sent = 0
+        self._producer: object | None = None
+
+    async def start(self) -> KafkaSink:
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.errors import KafkaError
+
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            linger_ms=self.linger_ms,
+            max_batch_size=self.max_batch_size,
+            acks=1,
+        )
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            await producer.stop()
+            raise StackError(f"cannot reach Kafka at {self.settings.kafka_bootstrap}: {exc}") from exc
+        self._producer = producer
+        return self
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()  # type: ignore[attr-defined]
+            self._producer = None
+
+    async def __aenter__(self) -> KafkaSink:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def send_many(self, messages: Iterable[Message]) -> int:
+        """Send messages and wait until the broker acknowledged all of them."""
+        from aiokafka.errors import KafkaError
+
+        if self._producer is None:
+            raise StackError("KafkaSink used before start()")
+        producer = self._producer
+        try:
+            pending = [
+                await producer.send(topic, value=value, key=key)  # type: ignore[attr-defined]
+                for topic, key, value in (routed(m, self.settings.topic_prefix) for m in messages)
+            ]
+            await asyncio.gather(*pending)
+        except KafkaError as exc:
+            raise StackError(f"producing to Kafka at {self.settings.kafka_bootstrap} failed: {exc}") from exc
+        self.sent += len(pending)
+        return len(pending)
+
+
 async def produce(
     messages: Iterable[Message],
     settings: Settings,
@@ -69,44 +127,24 @@ async def produce(
 ) -> int:
     """Produce every message to its contract topic (prefixed, keyed per the contract) with aiokafka,
     at most `rate` events/s when rate > 0. Returns the number acknowledged by the broker."""
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import KafkaError
-
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        linger_ms=20,
-        max_batch_size=512 * 1024,
-        acks=1,
-    )
-    try:
-        await producer.start()
-    except KafkaError as exc:
-        await producer.stop()
-        raise StackError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
     pacer = Pacer(rate)
     if rate > 0:  # small chunks at low rates, so pacing is smooth rather than bursty
         chunk = max(1, min(chunk, int(rate / 20)))
-    sent = 0
-    pending: list[asyncio.Future[object]] = []
-    try:
+    batch: list[Message] = []
+    async with KafkaSink(settings) as sink:
         for msg in messages:
-            topic, key, value = routed(msg, settings.topic_prefix)
-            pending.append(await producer.send(topic, value=value, key=key))
-            if len(pending) >= chunk:
-                await asyncio.gather(*pending)
-                sent += len(pending)
-                if progress is not None:
-                    progress(len(pending))
-                pending.clear()
-                wait = pacer.delay(chunk)
-                if wait > 0:
-                    await asyncio.sleep(wait)
-        await asyncio.gather(*pending)
-        sent += len(pending)
-        if progress is not None:
-            progress(len(pending))
-    except KafkaError as exc:
-        raise StackError(f"producing to Kafka at {settings.kafka_bootstrap} failed: {exc}") from exc
-    finally:
-        await producer.stop()
-    return sent
+            batch.append(msg)
+            if len(batch) >= chunk:
+                await _flush(sink, batch, pacer, progress)
+        await _flush(sink, batch, pacer, progress)
+        return sink.sent
+
+
+async def _flush(sink: KafkaSink, batch: list[Message], pacer: Pacer, progress: Progress | None) -> None:
+    n = await sink.send_many(batch)
+    batch.clear()
+    if progress is not None:
+        progress(n)
+    wait = pacer.delay(n)
+    if wait > 0:
+        await asyncio.sleep(wait)

@@ -1,0 +1,112 @@
+"""The closed loop against a small fake serving endpoint that speaks the HTTP contract."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
+from schemas.codec import decode_any, encode
+from schemas.events import Click, Dwell, Message
+from schemas.ids import impression_event_id
+from workloads import Market, MarketConfig
+from workloads.closed_loop import run_closed_loop
+
+
+class FakeServing(BaseHTTPRequestHandler):
+    """Serves the first k ads of a catalog (rotating), or misbehaves on request numbers in `bad`."""
+
+    catalog: ClassVar[list[tuple[str, str]]] = []
+    bad: ClassVar[dict[int, str]] = {}
+    seen: ClassVar[list[AdRequest]] = []
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+    def do_POST(self) -> None:
+        n = len(self.seen)
+        body = self.rfile.read(int(self.headers["content-length"]))
+        req = AdRequest.model_validate_json(body)
+        self.seen.append(req)
+        mode = self.bad.get(n)
+        if mode == "500":
+            self.send_response(500)
+            self.end_headers()
+            return
+        ads = [
+            ServedAd(ad_id=a, campaign_id=c, score=1.0 - i / 10, pctr=0.05, price=0.5)
+            for i, (a, c) in enumerate(self.catalog[n % 3 : n % 3 + req.k])
+        ]
+        stage = StageMs(recall=1.0, rank=2.0, rerank=0.5)
+        resp = AdResponse(
+            request_id=f"req{n}", ads=ads, degraded=False, stage_ms=stage, model_version="fake-1"
+        )
+        payload = resp.model_dump_json().encode()
+        if mode == "invalid":
+            payload = json.dumps({"request_id": "x"}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture
+def fake_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeServing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_closed_loop_responds_to_what_was_served(fake_server: str) -> None:
+    market = Market(MarketConfig(seed=11, n_users=50, n_ads=20, bias=-1.5, drift_at=None, new_ads_at=None))
+    FakeServing.catalog = [(c.ad_id, c.campaign_id) for c in market.catalog()]
+    FakeServing.bad = {3: "500", 5: "invalid"}
+    FakeServing.seen = []
+    emitted: list[Message] = []
+
+    async def sink(batch: list[Message]) -> None:
+        emitted.extend(batch)
+
+    report = await run_closed_loop(market, fake_server, 60, sink)
+    assert report.requests == 60 and len(FakeServing.seen) == 60
+    assert report.errors == {"http_500": 1, "invalid_response": 1}
+    assert {r.user_id for r in FakeServing.seen} <= {market.user_id(i) for i in range(50)}
+    assert (
+        report.served
+        == len(report.impressions)
+        == sum(r.k for r in FakeServing.seen) - sum(FakeServing.seen[i].k for i in (3, 5))
+    )
+    served_ids = {imp.event_id for imp in report.impressions}
+    assert impression_event_id("req0", 0) in served_ids
+    clicks = [m for m in emitted if isinstance(m, Click)]
+    assert clicks, "with bias -1.5 some of ~100 impressions must be clicked"
+    assert all(c.impression_id in served_ids for c in clicks)
+    assert len([m for m in emitted if isinstance(m, Dwell)]) == len(clicks)
+    for m in emitted:
+        assert decode_any(encode(m)) == m
+    for imp in report.impressions:
+        assert market.oracle_pctr(imp) == pytest.approx(
+            market.true_pctr(imp.user_id, imp.ad_id, imp.slot, imp.position)
+        )
+    assert sum(report.events.values()) == len(emitted)
+
+
+async def test_closed_loop_counts_a_dead_endpoint_instead_of_crashing() -> None:
+    market = Market(MarketConfig(seed=12, n_users=5, n_ads=5))
+    emitted: list[Message] = []
+
+    async def sink(batch: list[Message]) -> None:
+        emitted.extend(batch)
+
+    report = await run_closed_loop(market, "http://127.0.0.1:9", 3, sink, timeout_s=0.5)
+    assert report.errors == {"transport": 3}
+    assert report.served == 0

@@ -1,0 +1,170 @@
+"""The closed loop: ask a serving endpoint for ads, then play the user's response to what it served.
+
+Only the HTTP contract is needed (`POST /v1/ads`, `schemas.api.AdRequest` → `AdResponse`).
+Serving produces the Impression events itself, named `schemas.ids.impression_event_id(request_id,
+position)`; the loop emits the clicks, dwell and conversions that reference them (plus organic
+conversions and the catalog entries of ads that arrive mid-run), each when its simulated time
+has come, and flushes what is still pending at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+from pydantic import ValidationError
+
+from schemas.api import AdRequest, AdResponse
+from schemas.codec import describe_validation_error
+from schemas.events import SLOTS, Impression, Message
+from schemas.ids import impression_event_id
+from workloads.market import Market, UnknownEntityError
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[list[Message]], Awaitable[object]]
+
+
+@dataclass
+class ClosedLoopReport:
+    """What a closed-loop run did: requests, served ads, emitted events and errors by reason."""
+
+    requests: int = 0
+    served: int = 0
+    events: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    impressions: list[Impression] = field(default_factory=list)
+
+
+def served_impressions(
+    market: Market, request_user: str, slot: str, ts: datetime, resp: AdResponse
+) -> list[Impression]:
+    """The Impressions serving emitted for a response, rebuilt from the response and the catalog."""
+    out = []
+    for pos, ad in enumerate(resp.ads):
+        advertiser = market.advertiser_id(_ad_index(market, ad.ad_id))
+        out.append(
+            Impression(
+                event_id=impression_event_id(resp.request_id, pos),
+                ts=ts,
+                user_id=request_user,
+                request_id=resp.request_id,
+                ad_id=ad.ad_id,
+                campaign_id=ad.campaign_id,
+                advertiser_id=advertiser,
+                slot=slot,  # type: ignore[arg-type]
+                position=pos,
+                price=ad.price,
+                pctr=ad.pctr,
+                model_version=resp.model_version,
+                adapter_version=resp.adapter_version,
+            )
+        )
+    return out
+
+
+def _ad_index(market: Market, ad_id: str) -> int:
+    ads = market.world.ads.ad_ids
+    if ad_id.startswith("ad") and ad_id[2:].isdigit() and int(ad_id[2:]) < len(ads):
+        return int(ad_id[2:])
+    raise UnknownEntityError(f"served ad {ad_id!r} is not in this market's catalog")
+
+
+def _expected_k(market: Market) -> float:
+    cfg = market.config
+    total = sum(cfg.slot_share.values())
+    return sum(cfg.slot_share[s] / total * cfg.slot_k[s] for s in SLOTS)
+
+
+async def run_closed_loop(
+    market: Market,
+    base_url: str,
+    n_requests: int,
+    sink: Sink,
+    *,
+    rate: float = 0.0,
+    timeout_s: float = 2.0,
+    client: httpx.AsyncClient | None = None,
+) -> ClosedLoopReport:
+    """Send `n_requests` ad requests (at most `rate` per second when > 0) and emit the responses."""
+    # Change points given as fractions fall on the expected number of served impressions.
+    market.plan(round(n_requests * _expected_k(market)))
+    report = ClosedLoopReport()
+    heap: list[tuple[datetime, int, Message]] = []
+    seq = 0
+    own = client is None
+    http = client or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+    t0 = time.perf_counter()
+
+    async def release(until: datetime | None) -> None:
+        due = []
+        while heap and (until is None or heap[0][0] <= until):
+            due.append(heapq.heappop(heap)[2])
+        if due:
+            for m in due:
+                report.events[m.kind] += 1
+            await sink(due)
+
+    try:
+        for i in range(n_requests):
+            now = datetime.now(UTC)
+            req = market.next_request(ts=now)
+            fresh = market.advance(now)
+            for m in fresh:
+                heapq.heappush(heap, (m.ts, seq, m))
+                seq += 1
+            report.requests += 1
+            resp = await _ask(http, AdRequest(user_id=req.user_id, slot=req.slot, k=req.k), report)  # type: ignore[arg-type]
+            if resp is not None:
+                try:
+                    imps = served_impressions(market, req.user_id, req.slot, now, resp)
+                except UnknownEntityError as exc:
+                    log.warning("%s", exc)
+                    report.errors["unknown_ad"] += 1
+                    imps = []
+                report.served += len(imps)
+                report.impressions.extend(imps)
+                for imp in imps:
+                    for m in market.respond(imp):
+                        heapq.heappush(heap, (m.ts, seq, m))
+                        seq += 1
+            for m in market.organic(req):
+                heapq.heappush(heap, (m.ts, seq, m))
+                seq += 1
+            await release(datetime.now(UTC))
+            if rate > 0:
+                wait = t0 + (i + 1) / rate - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+        await release(None)
+    finally:
+        if own:
+            await http.aclose()
+    return report
+
+
+async def _ask(http: httpx.AsyncClient, request: AdRequest, report: ClosedLoopReport) -> AdResponse | None:
+    """POST one AdRequest; a transport error, non-200 or invalid body is counted, not raised."""
+    try:
+        r = await http.post("/v1/ads", content=request.model_dump_json(exclude_none=True),
+                            headers={"content-type": "application/json"})  # fmt: skip
+    except httpx.HTTPError as exc:
+        log.warning("ad request failed: %s", exc)
+        report.errors["transport"] += 1
+        return None
+    if r.status_code != 200:
+        report.errors[f"http_{r.status_code}"] += 1
+        return None
+    try:
+        return AdResponse.model_validate_json(r.content)
+    except ValidationError as exc:
+        log.warning("invalid AdResponse: %s", describe_validation_error(exc))
+        report.errors["invalid_response"] += 1
+        return None
