@@ -1,0 +1,373 @@
+"""The Ray Serve application: one FastAPI ingress deployment that runs recall, rank and rerank
+in-process (no handle hops: on 2 cores every hop costs milliseconds), with `@serve.batch` ranking
+concurrent requests in one forward pass.
+
+`build_app(settings, user_codec)` returns the bound application; `serve run serving.app:app`
+uses the settings from the environment and no user-state codec (every user cold) unless
+`deploy.cli_serving` passes one (it does: streams' record format).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from ray import serve
+
+from schemas import topics
+from schemas.api import AdapterInfo, AdRequest, AdResponse
+from schemas.codec import describe_validation_error
+from schemas.errors import AdapterError
+from schemas.events import AdapterDelta, AdCreative, Click, Message
+from schemas.settings import Settings
+from serving.adapters import CANDIDATE, STABLE
+from serving.canary import Canary, CanaryRule, arm_for
+from serving.catalog import Catalog
+from serving.deadline import Deadline, Rung, plan_rank, plan_start
+from serving.hotswap import DeltaApplier
+from serving.io import ImpressionSink, RedisIO, UserCodec, follow
+from serving.metrics import ServingMetrics
+from serving.pipeline import AdPipeline, content_vectorizer, recall_pctr, utcnow
+from serving.ranking import RankInput, RankModel, load_ranker, resolve_device
+
+log = logging.getLogger(__name__)
+api = FastAPI(
+    title="adstream serving",
+    description="Ranked ads per user and slot: recall → rank (+LoRA) → rerank, with deadlines.",
+    version="0.1.0",
+)
+
+
+def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+@serve.ingress(api)
+class AdServer:
+    """The ingress replica: HTTP API, pipeline, adapter bank, hot swap and canary."""
+
+    async def __init__(self, settings_json: str, user_codec: UserCodec | None = None) -> None:
+        s = self.settings = Settings(**json.loads(settings_json))
+        torch.set_num_threads(1)
+        self.metrics = ServingMetrics()
+        device = resolve_device(s.device)
+        model, version = load_ranker(s, device)
+        self.rank = RankModel(model, version, s, device)
+        self.catalog = Catalog(s.state_dim, model.config, content_vectorizer(s.state_dim))
+        self.pipe = AdPipeline(s, self.rank, self.catalog)
+        self.applier = DeltaApplier(self.rank.bank, version, s.delta_max_norm)
+        self.canary = Canary(
+            s.canary_share,
+            CanaryRule(
+                s.canary_auc_gain,
+                s.canary_latency_slack,
+                s.canary_max_error_rate,
+                s.canary_error_window_s,
+                s.canary_min_samples,
+            ),
+        )
+        self.redis = RedisIO(s, user_codec)
+        self.sink = ImpressionSink(s, lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n))
+        self.in_flight = 0
+        self.ready = False
+        if s.serve_catalog_file is not None:
+            self._load_catalog_file(s)
+        self.rank.warmup()
+        await self.sink.start()
+        await self._load_snapshots()
+        self._tasks: list[asyncio.Task[None]] = []
+        if s.serve_consume_deltas:
+            self._tasks += [
+                asyncio.create_task(self._follow(topics.CATALOG, self._on_ad, True)),
+                asyncio.create_task(self._follow(topics.ADAPTER_DELTAS, self._on_delta, True)),
+                asyncio.create_task(self._follow(topics.CLICKS, self._on_click, False)),
+            ]
+        self._tasks.append(asyncio.create_task(self._housekeeping()))
+        self.ready = True
+        log.info("ad server ready: model %s on %s, %d ads", version, device, self.catalog.n)
+
+    # -- startup and background ---------------------------------------------------------
+    def _load_catalog_file(self, s: Settings) -> None:
+        from schemas.codec import decode
+
+        assert s.serve_catalog_file is not None
+        with open(s.serve_catalog_file, "rb") as fh:
+            for line in fh:
+                if b'"kind":"ad"' not in line.replace(b" ", b""):
+                    continue
+                msg = decode(AdCreative, line)
+                assert isinstance(msg, AdCreative)
+                self.pipe.add_ad(msg)
+
+    async def _load_snapshots(self) -> None:
+        try:
+            ids = await self.redis.snapshot_ids()
+        except Exception as exc:
+            log.warning("could not list adapter snapshots: %s", exc)
+            return
+        for adapter_id in ids:
+            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
+            self.metrics.deltas.labels(f"snapshot_{outcome}").inc()
+        self.rank.bank.promote()  # what the trainers last snapshotted is the stable starting point
+
+    async def _follow(self, base: str, handle: Any, from_beginning: bool) -> None:
+        def invalid(reason: str) -> None:
+            self.metrics.deltas.labels("invalid").inc() if base == topics.ADAPTER_DELTAS else None
+            log.warning("invalid message on %s: %s", base, reason)
+
+        await follow(self.settings, base, handle, from_beginning, invalid)
+
+    def _on_ad(self, msg: Message) -> None:
+        assert isinstance(msg, AdCreative)
+        self.pipe.add_ad(msg)
+
+    async def _on_delta(self, msg: Message) -> None:
+        assert isinstance(msg, AdapterDelta)
+        arms = (STABLE, CANDIDATE) if self.canary.share(time.time()) >= 1.0 else (CANDIDATE,)
+        outcome = self.applier.apply(msg, arms)
+        self.metrics.deltas.labels(outcome).inc()
+        if outcome == "gap":
+            outcome = await self.applier.resync(msg.adapter_id, self.redis.snapshot)
+            self.metrics.deltas.labels(f"resync_{outcome}").inc()
+
+    def _on_click(self, msg: Message) -> None:
+        assert isinstance(msg, Click)
+        if self.canary.clicked(msg.impression_id):
+            self.metrics.clicks_joined.inc()
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.canary_eval_s))
+            now = time.time()
+            try:
+                self.catalog.set_spend(await self.redis.spend(utcnow()))
+            except Exception as exc:
+                log.warning("spend refresh failed: %s", exc)
+            action = self.canary.evaluate(now)
+            if action != "hold":
+                self.metrics.canary_actions.labels(action).inc()
+            if self.canary.stage == "full":
+                self.rank.bank.promote()
+                self.canary.stage = "canary"
+            self.metrics.canary_share.set(self.canary.share(now))
+            self.metrics.swaps.set(self.rank.bank.swaps)
+            self.metrics.adapters.set(len(self.rank.bank.meta))
+            self.metrics.staleness.set(self.applier.max_staleness_s())
+            self.metrics.catalog.set(self.catalog.n)
+
+    # -- ranking (batched across concurrent requests) ------------------------------------
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.001)
+    async def _rank_batch(self, items: list[tuple[RankInput, bool]]) -> list[np.ndarray]:
+        out: list[np.ndarray | None] = [None] * len(items)
+        for flag in (True, False):
+            idx = [i for i, (_, use) in enumerate(items) if use is flag]
+            if idx:
+                for i, p in zip(idx, self.rank.score([items[i][0] for i in idx], flag), strict=True):
+                    out[i] = p
+        return [p if p is not None else np.zeros(0) for p in out]
+
+    # -- HTTP ---------------------------------------------------------------------------
+    @api.post(
+        "/v1/ads",
+        response_model=AdResponse,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": AdRequest.model_json_schema()}},
+            }
+        },
+        responses={
+            413: {"description": "body over 64 KiB"},
+            422: {"description": "invalid request"},
+            503: {"description": "overloaded; retry after Retry-After seconds"},
+        },
+    )
+    async def ads(self, request: Request) -> Response:
+        """Ranked ads for one user and slot (see `AdRequest` / `AdResponse`)."""
+        t0 = time.perf_counter()
+        limit = self.settings.max_body_bytes
+        if int(request.headers.get("content-length") or 0) > limit:
+            return self._status(413, _error(413, f"request body over {limit} bytes"))
+        if self.in_flight >= self.settings.serve_admission_limit or not self.ready:
+            self.metrics.shed.inc()
+            return self._status(503, _error(503, "overloaded, retry later", {"Retry-After": "1"}))
+        body = await request.body()
+        if len(body) > limit:
+            return self._status(413, _error(413, f"request body over {limit} bytes"))
+        try:
+            req = AdRequest.model_validate_json(body)
+        except ValidationError as exc:
+            detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+            return self._status(
+                422,
+                JSONResponse({"detail": detail, "error": describe_validation_error(exc)}, status_code=422),
+            )
+        self.in_flight += 1
+        arm = arm_for(req.user_id, self.canary.share(time.time()))
+        try:
+            resp = await self._serve(req)
+        except Exception:
+            log.exception("request failed")
+            self.canary.request(arm, (time.perf_counter() - t0) * 1000, True, time.time())
+            return self._status(500, _error(500, "internal error"))
+        finally:
+            self.in_flight -= 1
+        ms = (time.perf_counter() - t0) * 1000
+        self.canary.request(arm, ms, False, time.time())
+        self.metrics.latency.observe(ms / 1000)
+        return self._status(200, Response(resp.model_dump_json(), media_type="application/json"))
+
+    def _status(self, code: int, resp: Response) -> Response:
+        self.metrics.requests.labels(str(code)).inc()
+        return resp
+
+    async def _serve(self, req: AdRequest) -> AdResponse:
+        s = self.settings
+        deadline = Deadline(float(req.deadline_ms or s.deadline_ms))
+        now = utcnow()
+        request_id = uuid.uuid4().hex
+        costs = self.pipe.costs
+        stage = {"recall": 0.0, "rank": 0.0, "rerank": 0.0}
+        arm_name = arm_for(req.user_id, self.canary.share(time.time()))
+        arm = CANDIDATE if arm_name == "candidate" else STABLE
+        rung: Rung = plan_start(deadline.remaining_ms(), costs)
+        rows = np.zeros(0, dtype=np.int64)
+        pctr = np.zeros(0)
+        versions: list[str | None] = []
+        if rung != "popular":
+            t = time.perf_counter()
+            try:
+                user, capped = await asyncio.wait_for(
+                    self.redis.read(req.user_id, now), max(deadline.remaining_ms() / 2000, 0.001)
+                )
+            except Exception:  # Redis slow or down: serve the user cold, uncapped
+                user, capped = None, []
+            rec = self.pipe.recall(req, user, capped, now.hour)
+            stage["recall"] = (time.perf_counter() - t) * 1000
+            costs.observe("recall", stage["recall"])
+            rows = rec.rows
+            rung = plan_rank(deadline.remaining_ms(), costs)
+            if rec.rank_input is not None and rung in ("adapter", "base_model"):
+                t = time.perf_counter()
+                use = rung == "adapter"
+                inp = rec.rank_input
+                if use:
+                    bank_rows = self.pipe.adapter_rows(rec.adapter_ids, arm)
+                    inp = RankInput(inp.dense, inp.ids, torch.from_numpy(bank_rows))
+                    metas = self.rank.bank.meta
+                    versions = [metas[a].version if a in metas else None for a in rec.adapter_ids]
+                pctr = await self._rank_batch((inp, use))
+                stage["rank"] = (time.perf_counter() - t) * 1000
+                costs.observe("rank_adapter" if use else "rank_base", stage["rank"])
+            elif rows.shape[0]:
+                rung = "recall_score"
+                pctr = recall_pctr(rec.scores)
+        if rung == "popular" or rows.shape[0] == 0:
+            rung = "popular" if rows.shape[0] == 0 or rung == "popular" else rung
+            rows = self.pipe.popular(max(req.k * 4, 40))
+            pctr = np.full(rows.shape[0], 0.02)
+            versions = []
+        t = time.perf_counter()
+        resp, imps, chosen, cost = self.pipe.finish(req, request_id, rows, pctr, rung, stage, now, versions)
+        stage["rerank"] = (time.perf_counter() - t) * 1000
+        costs.observe("rerank", stage["rerank"])
+        resp = resp.model_copy(
+            update={"stage_ms": resp.stage_ms.model_copy(update={"rerank": round(stage["rerank"], 3)})}
+        )
+        self.metrics.served_by.labels(rung).inc()
+        for name, ms in stage.items():
+            self.metrics.stage.labels(name).observe(ms / 1000)
+        self.catalog.record_served(chosen, cost)
+        for imp in imps:
+            self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
+        self.sink.emit(imps)
+        if imps:
+            task = asyncio.get_running_loop().create_task(
+                self.redis.record(req.user_id, now, imps, list(cost))
+            )
+            task.add_done_callback(lambda t: t.exception())
+        return resp
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, Any]:
+        """Liveness and what the replica serves."""
+        return {
+            "status": "ok" if self.ready else "starting",
+            "model_version": self.rank.version,
+            "ads": self.catalog.n,
+            "adapters": len(self.rank.bank.meta),
+            "device": str(self.rank.device),
+        }
+
+    def check_health(self) -> None:
+        if not self.ready:
+            raise RuntimeError("not warmed up yet")
+
+    @api.get("/metrics")
+    async def metrics_route(self) -> Response:
+        """Prometheus metrics of this replica."""
+        self.metrics.staleness.set(self.applier.max_staleness_s())
+        self.metrics.adapters.set(len(self.rank.bank.meta))
+        self.metrics.swaps.set(self.rank.bank.swaps)
+        self.metrics.catalog.set(self.catalog.n)
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/v1/adapters", response_model=list[AdapterInfo])
+    async def adapters(self) -> list[AdapterInfo]:
+        """Versions, staleness and rejected deltas of every adapter this replica holds."""
+        return self.applier.infos()
+
+    @api.post("/v1/adapters/{adapter_id}/rollback", response_model=AdapterInfo)
+    async def rollback(self, adapter_id: str, request: Request) -> Response:
+        """Serve an adapter's previous version again (admin token: `Authorization: Bearer …`)."""
+        auth = request.headers.get("authorization") or request.headers.get("x-admin-token")
+        if not auth:
+            return _error(401, "admin token required", {"WWW-Authenticate": "Bearer"})
+        token = auth.removeprefix("Bearer ").strip()
+        if token != self.settings.admin_token.get_secret_value():
+            return _error(403, "wrong admin token")
+        try:
+            info = self.applier.rollback(adapter_id)
+        except AdapterError as exc:
+            return _error(404 if "unknown" in str(exc) else 409, str(exc))
+        return Response(info.model_dump_json(), media_type="application/json")
+
+
+def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:
+    """The bound Serve application (one ingress deployment)."""
+    deployment = serve.deployment(
+        AdServer,
+        name="AdServer",
+        num_replicas=settings.serve_replicas,
+        max_ongoing_requests=settings.serve_max_ongoing,
+        max_queued_requests=settings.serve_max_queued,
+        ray_actor_options={"num_cpus": 0},
+        health_check_period_s=5,
+    )
+    return deployment.bind(settings_payload(settings), user_codec)
+
+
+def settings_payload(settings: Settings) -> str:
+    """Settings as JSON for the replicas, the admin token included (pydantic masks secrets)."""
+    data = json.loads(settings.model_dump_json())
+    data["admin_token"] = settings.admin_token.get_secret_value()
+    return json.dumps(data)
+
+
+def _default_app() -> Any:
+    from schemas.settings import get_settings
+
+    return build_app(get_settings())
+
+
+app = _default_app()  # `serve run serving.app:app` (settings from the environment; users cold)

@@ -1,0 +1,229 @@
+"""Canary: which users see the candidate adapters, per-arm online metrics, and the decision rule.
+
+Arms are `stable` (the last promoted adapters) and `candidate` (the live, delta-updated ones).
+The candidate starts at `canary_share` of users (stable hash of the user id), is promoted to 50 %
+and then to everyone (becoming the new stable) while its online AUC beats stable by
+`canary_auc_gain` without latency worse by `canary_latency_slack`; it is rolled back (share 0)
+when its error rate stays above `canary_max_error_rate` for `canary_error_window_s`, or its AUC is
+worse. A rolled-back candidate comes back at `canary_share` with fresh stats after a cool-down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final, Literal, TypeAlias
+
+import numpy as np
+
+Action: TypeAlias = Literal["hold", "promote", "rollback"]
+Arm: TypeAlias = Literal["stable", "candidate"]
+STAGES: Final[tuple[str, ...]] = ("canary", "half", "full")
+
+
+def user_bucket(user_id: str) -> float:
+    """A stable number in [0, 1) per user, the same on every replica and every restart.
+
+    >>> user_bucket("u1") == user_bucket("u1"), 0 <= user_bucket("u1") < 1
+    (True, True)
+    """
+    digest = hashlib.blake2b(user_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def arm_for(user_id: str, candidate_share: float) -> Arm:
+    """The arm that serves this user at the current candidate share."""
+    return "candidate" if user_bucket(user_id) < candidate_share else "stable"
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
+    """ROC AUC by ranks (ties averaged); None when one class is missing.
+
+    >>> auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
+    0.75
+    """
+    labels = np.asarray(labels).astype(bool)
+    pos = int(labels.sum())
+    neg = labels.shape[0] - pos
+    if pos == 0 or neg == 0:
+        return None
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    sorted_scores = np.asarray(scores)[order]
+    # average ranks over ties
+    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0
+    ranks[order] = np.repeat(avg, counts)
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+@dataclass(frozen=True)
+class ArmStats:
+    """What the decision needs to know of one arm over the evaluation window."""
+
+    auc: float | None
+    samples: int
+    latency_p50_ms: float | None
+    error_rate: float
+    error_high_for_s: float
+
+
+@dataclass(frozen=True)
+class CanaryRule:
+    """The thresholds (from `Settings.canary_*`)."""
+
+    auc_gain: float = 0.005
+    latency_slack: float = 0.03
+    max_error_rate: float = 0.005
+    error_window_s: float = 300.0
+    min_samples: int = 500
+
+
+def decide(stable: ArmStats, candidate: ArmStats, rule: CanaryRule) -> Action:
+    """Promote, roll back or hold the candidate.
+
+    >>> r = CanaryRule(min_samples=10)
+    >>> s = ArmStats(0.70, 100, 10.0, 0.0, 0.0)
+    >>> decide(s, ArmStats(0.71, 100, 10.2, 0.0, 0.0), r)
+    'promote'
+    >>> decide(s, ArmStats(0.69, 100, 10.0, 0.0, 0.0), r)
+    'rollback'
+    >>> decide(s, ArmStats(0.71, 100, 10.0, 0.01, 301.0), r)
+    'rollback'
+    """
+    if candidate.error_rate > rule.max_error_rate and candidate.error_high_for_s >= rule.error_window_s:
+        return "rollback"
+    if candidate.samples < rule.min_samples or stable.samples < rule.min_samples:
+        return "hold"
+    if candidate.auc is None or stable.auc is None:
+        return "hold"
+    if candidate.auc < stable.auc:
+        return "rollback"
+    latency_ok = (
+        candidate.latency_p50_ms is None
+        or stable.latency_p50_ms is None
+        or candidate.latency_p50_ms <= stable.latency_p50_ms * (1.0 + rule.latency_slack)
+    )
+    if candidate.auc - stable.auc >= rule.auc_gain and latency_ok:
+        return "promote"
+    return "hold"
+
+
+def next_share(stage: str, base_share: float) -> float:
+    """Candidate share of users at a stage."""
+    return {"canary": base_share, "half": 0.5, "full": 1.0}.get(stage, 0.0)
+
+
+@dataclass
+class ArmWindow:
+    """A bounded window of one arm's served impressions (pCTR, clicked), latencies and errors."""
+
+    size: int = 20_000
+    pctr: deque[float] = field(default_factory=deque)
+    clicked: deque[bool] = field(default_factory=deque)
+    latency_ms: deque[float] = field(default_factory=deque)
+    requests: int = 0
+    errors: int = 0
+    error_high_since: float | None = None
+    total: int = 0
+
+    def served(self, pctr: float) -> int:
+        """Record one served impression; returns its sequence number for a later click."""
+        if len(self.pctr) >= self.size:
+            self.pctr.popleft()
+            self.clicked.popleft()
+        self.pctr.append(pctr)
+        self.clicked.append(False)
+        self.total += 1
+        return self.total - 1
+
+    def click(self, seq: int) -> bool:
+        """Mark the impression with this sequence number clicked; False if it left the window."""
+        idx = seq - (self.total - len(self.pctr))
+        if 0 <= idx < len(self.clicked):
+            self.clicked[idx] = True
+            return True
+        return False
+
+    def request(self, latency_ms: float, error: bool, now: float, max_error_rate: float) -> None:
+        self.requests += 1
+        self.errors += int(error)
+        if len(self.latency_ms) >= 2000:
+            self.latency_ms.popleft()
+        self.latency_ms.append(latency_ms)
+        if self.error_rate() > max_error_rate:
+            if self.error_high_since is None:
+                self.error_high_since = now
+        else:
+            self.error_high_since = None
+
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def stats(self, now: float) -> ArmStats:
+        scores = np.fromiter(self.pctr, dtype=np.float64, count=len(self.pctr))
+        labels = np.fromiter(self.clicked, dtype=bool, count=len(self.clicked))
+        lat = float(np.median(np.fromiter(self.latency_ms, dtype=np.float64))) if self.latency_ms else None
+        high = 0.0 if self.error_high_since is None else now - self.error_high_since
+        return ArmStats(auc(scores, labels), len(scores), lat, self.error_rate(), high)
+
+
+@dataclass
+class Canary:
+    """One replica's canary state: stage, candidate share, the two arms' windows, and the join of
+    clicks to served impressions (bounded)."""
+
+    base_share: float
+    rule: CanaryRule
+    cooldown_s: float = 300.0
+    stage: str = "canary"
+    rolled_back_at: float | None = None
+    arms: dict[str, ArmWindow] = field(
+        default_factory=lambda: {"stable": ArmWindow(), "candidate": ArmWindow()}
+    )
+    joins: dict[str, tuple[str, int]] = field(default_factory=dict)
+    max_joins: int = 100_000
+    promotions: int = 0
+    rollbacks: int = 0
+
+    def share(self, now: float) -> float:
+        if self.rolled_back_at is not None:
+            if now - self.rolled_back_at < self.cooldown_s:
+                return 0.0
+            self.rolled_back_at = None
+            self.stage = "canary"
+            self._reset()
+        return next_share(self.stage, self.base_share)
+
+    def served(self, arm: str, impression_id: str, pctr: float) -> None:
+        seq = self.arms[arm].served(pctr)
+        if len(self.joins) >= self.max_joins:
+            self.joins.pop(next(iter(self.joins)))
+        self.joins[impression_id] = (arm, seq)
+
+    def clicked(self, impression_id: str) -> bool:
+        hit = self.joins.get(impression_id)
+        return hit is not None and self.arms[hit[0]].click(hit[1])
+
+    def request(self, arm: str, latency_ms: float, error: bool, now: float) -> None:
+        self.arms[arm].request(latency_ms, error, now, self.rule.max_error_rate)
+
+    def evaluate(self, now: float) -> Action:
+        """Apply the decision rule; returns the action taken (the caller swaps weights on promote)."""
+        if self.rolled_back_at is not None:
+            return "hold"
+        action = decide(self.arms["stable"].stats(now), self.arms["candidate"].stats(now), self.rule)
+        if action == "promote":
+            self.promotions += 1
+            self.stage = STAGES[min(STAGES.index(self.stage) + 1, len(STAGES) - 1)]
+            self._reset()
+        elif action == "rollback":
+            self.rollbacks += 1
+            self.rolled_back_at = now
+            self._reset()
+        return action
+
+    def _reset(self) -> None:
+        self.arms = {"stable": ArmWindow(), "candidate": ArmWindow()}
+        self.joins.clear()

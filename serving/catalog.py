@@ -1,0 +1,152 @@
+"""The replica's ad catalog as columns (numpy), so recall filters and rerank read arrays, not objects.
+
+Ads arrive from a catalog file at start and from `ad.catalog` live; an update of a known `ad_id`
+replaces its row. Spend per campaign (for pacing) and impressions per ad (popularity, long tail)
+are counted here from what this replica served and refreshed from the shared Redis totals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from schemas.events import AdCreative
+from trainers.features import stable_bucket
+from trainers.ranker import RankerConfig
+
+Vectorizer = Callable[[AdCreative], np.ndarray]
+
+
+@dataclass(frozen=True)
+class CatalogRow:
+    """The strings of one ad (what the response and impression events need)."""
+
+    ad_id: str
+    campaign_id: str
+    advertiser_id: str
+    category: str
+
+
+class Catalog:
+    """Column store of ads; rows are stable indices (an ad keeps its row across updates)."""
+
+    def __init__(self, dim: int, ranker: RankerConfig, vectorize: Vectorizer, capacity: int = 1024) -> None:
+        self.dim = dim
+        self.ranker = ranker
+        self.vectorize = vectorize
+        self.n = 0
+        self.rows: list[CatalogRow] = []
+        self.row_of: dict[str, int] = {}
+        self.vectors = np.zeros((capacity, dim), dtype=np.float32)
+        self.bid = np.zeros(capacity)
+        self.budget = np.zeros(capacity)
+        self.active = np.zeros(capacity, dtype=bool)
+        self.impressions = np.zeros(capacity)
+        self.advertiser = np.zeros(capacity, dtype=np.int64)
+        self.category = np.zeros(capacity, dtype=np.int64)
+        self.campaign = np.zeros(capacity, dtype=np.int64)
+        self.ids = np.zeros(
+            (capacity, 4), dtype=np.int64
+        )  # ranker buckets: ad, advertiser, campaign, category
+        self.codes: dict[str, dict[str, int]] = {"advertiser": {}, "category": {}, "campaign": {}}
+        self.campaign_spend = np.zeros(64)
+        self.campaign_budget = np.zeros(64)
+        self.version = 0
+
+    def _grow(self) -> None:
+        cap = self.vectors.shape[0] * 2
+        for name in (
+            "vectors",
+            "bid",
+            "budget",
+            "active",
+            "impressions",
+            "advertiser",
+            "category",
+            "campaign",
+            "ids",
+        ):
+            old = getattr(self, name)
+            new = np.zeros((cap, *old.shape[1:]), dtype=old.dtype)
+            new[: old.shape[0]] = old
+            setattr(self, name, new)
+
+    def _code(self, kind: str, value: str) -> int:
+        table = self.codes[kind]
+        code = table.get(value)
+        if code is None:
+            code = table[value] = len(table)
+            if kind == "campaign" and code >= self.campaign_spend.shape[0]:
+                self.campaign_spend = np.append(self.campaign_spend, np.zeros(self.campaign_spend.shape[0]))
+                self.campaign_budget = np.append(
+                    self.campaign_budget, np.zeros(self.campaign_budget.shape[0])
+                )
+        return code
+
+    def upsert(self, ad: AdCreative) -> int:
+        """Add or replace one ad; returns its row."""
+        row = self.row_of.get(ad.ad_id)
+        if row is None:
+            if self.n == self.vectors.shape[0]:
+                self._grow()
+            row = self.n
+            self.n += 1
+            self.row_of[ad.ad_id] = row
+            self.rows.append(CatalogRow(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.category))
+        else:
+            self.rows[row] = CatalogRow(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.category)
+        cfg = self.ranker
+        self.vectors[row] = np.asarray(self.vectorize(ad), dtype=np.float32)[: self.dim]
+        self.bid[row] = ad.bid
+        self.budget[row] = ad.daily_budget
+        self.active[row] = ad.active
+        self.advertiser[row] = self._code("advertiser", ad.advertiser_id)
+        self.category[row] = self._code("category", ad.category)
+        camp = self.campaign[row] = self._code("campaign", ad.campaign_id)
+        self.campaign_budget[camp] = ad.daily_budget
+        self.ids[row] = (
+            stable_bucket(ad.ad_id, cfg.ad_buckets, "ad"),
+            stable_bucket(ad.advertiser_id, cfg.advertiser_buckets, "advertiser"),
+            stable_bucket(ad.campaign_id, cfg.campaign_buckets, "campaign"),
+            stable_bucket(ad.category, cfg.category_buckets, "category"),
+        )
+        self.version += 1
+        return row
+
+    def servable(self) -> np.ndarray:
+        """Rows that may be shown at all: active and with budget left today."""
+        n = self.n
+        spend = self.campaign_spend[self.campaign[:n]]
+        return self.active[:n] & (spend < self.campaign_budget[self.campaign[:n]])
+
+    def spend_of(self, rows: np.ndarray) -> np.ndarray:
+        return self.campaign_spend[self.campaign[rows]]
+
+    def budget_of(self, rows: np.ndarray) -> np.ndarray:
+        return self.campaign_budget[self.campaign[rows]]
+
+    def record_served(self, rows: np.ndarray, cost: np.ndarray) -> None:
+        """Count impressions and expected spend of what this replica just served."""
+        np.add.at(self.impressions, rows, 1.0)
+        np.add.at(self.campaign_spend, self.campaign[rows], cost)
+
+    def set_spend(self, spend: dict[str, float]) -> None:
+        """Take the shared day's spend per campaign (from Redis), never lowering a local count."""
+        for campaign_id, value in spend.items():
+            code = self.codes["campaign"].get(campaign_id)
+            if code is not None:
+                self.campaign_spend[code] = max(self.campaign_spend[code], value)
+
+    def reset_day(self) -> None:
+        self.campaign_spend[:] = 0.0
+
+    def popular(self, k: int) -> np.ndarray:
+        """Servable rows by popularity prior (impressions + 1) × bid, best first."""
+        ok = np.flatnonzero(self.servable())
+        if ok.shape[0] == 0:
+            return ok
+        prior = (self.impressions[ok] + 1.0) * self.bid[ok]
+        top = np.argsort(-prior, kind="stable")[:k]
+        return ok[top]

@@ -1,0 +1,73 @@
+"""Deadlines: the time a request has left, and which rung of the ladder still fits in it.
+
+Ladder (DESIGN.md): adapter → base model → recall score → cached popular ads. Each stage asks
+`plan(...)` with what is left; the estimates are running costs of each stage on this replica.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Final, Literal, TypeAlias
+
+Rung: TypeAlias = Literal["adapter", "base_model", "recall_score", "popular"]
+LADDER: Final[tuple[Rung, ...]] = ("adapter", "base_model", "recall_score", "popular")
+
+
+@dataclass
+class Deadline:
+    """A request's budget, started when it arrived; `remaining_ms()` is what each stage checks."""
+
+    budget_ms: float
+    start: float = field(default_factory=time.perf_counter)
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.start) * 1000.0
+
+    def remaining_ms(self) -> float:
+        return self.budget_ms - self.elapsed_ms()
+
+
+@dataclass
+class StageCosts:
+    """Running estimates (EWMA of recent timings, ms) of each stage, seeded with safe guesses."""
+
+    recall_ms: float = 2.0
+    rank_base_ms: float = 3.0
+    rank_adapter_ms: float = 4.0
+    rerank_ms: float = 1.0
+    alpha: float = 0.1
+
+    def observe(self, stage: str, ms: float) -> None:
+        """Fold one measured stage time into its estimate."""
+        name = f"{stage}_ms"
+        old = getattr(self, name)
+        setattr(self, name, (1 - self.alpha) * old + self.alpha * ms)
+
+
+def plan_rank(remaining_ms: float, costs: StageCosts, safety: float = 1.5) -> Rung:
+    """The best rung whose remaining stages fit in `remaining_ms` (with a safety factor).
+
+    >>> c = StageCosts(recall_ms=1, rank_base_ms=3, rank_adapter_ms=5, rerank_ms=1)
+    >>> [plan_rank(r, c) for r in (20.0, 7.0, 2.0, 0.5)]
+    ['adapter', 'base_model', 'recall_score', 'popular']
+    """
+    if remaining_ms >= safety * (costs.rank_adapter_ms + costs.rerank_ms):
+        return "adapter"
+    if remaining_ms >= safety * (costs.rank_base_ms + costs.rerank_ms):
+        return "base_model"
+    if remaining_ms >= safety * costs.rerank_ms:
+        return "recall_score"
+    return "popular"
+
+
+def plan_start(remaining_ms: float, costs: StageCosts, safety: float = 1.5) -> Rung:
+    """Before recall: if even recall + rerank do not fit, serve the cached popular ads."""
+    if remaining_ms >= safety * (costs.recall_ms + costs.rerank_ms):
+        return "adapter"
+    return "popular"
+
+
+def lower(a: Rung, b: Rung) -> Rung:
+    """The lower (more degraded) of two rungs."""
+    return a if LADDER.index(a) >= LADDER.index(b) else b

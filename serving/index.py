@@ -1,0 +1,45 @@
+"""Recall index: nearest ad vectors to a query, behind a small protocol.
+
+`ExactIndex` is a numpy matmul over all ad vectors. For the catalog sizes served here (≤ 100k ads,
+32 dims) it beats an ANN library on this CPU (see `benchmarks/rank.py` for the measured figure), and
+it is exact; an ANN backend (faiss, usearch) fits the same protocol when catalogs grow.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class AnnIndex(Protocol):
+    """A vector index over catalog rows (inner product)."""
+
+    def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The best `k` rows (and their scores, best first) among `allowed` (bool per row)."""
+        ...
+
+
+class ExactIndex:
+    """Exact inner-product search over a live matrix (the catalog's vector column)."""
+
+    def __init__(self, vectors: np.ndarray, n: int) -> None:
+        self.vectors = vectors
+        self.n = n
+
+    def update(self, vectors: np.ndarray, n: int) -> None:
+        """Point at the catalog's current vectors (new ads enter by this, no rebuild)."""
+        self.vectors = vectors
+        self.n = n
+
+    def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        scores = self.vectors[: self.n] @ np.asarray(query, dtype=np.float32)
+        if allowed is not None:
+            scores = np.where(allowed[: self.n], scores, -np.inf)
+            k = min(k, int(allowed[: self.n].sum()))
+        k = min(k, self.n)
+        if k <= 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        top = np.argpartition(-scores, k - 1)[:k] if k < self.n else np.arange(self.n)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return top.astype(np.int64), scores[top]

@@ -1,0 +1,192 @@
+"""The replica's I/O at the edges: Redis (user state, frequency caps, spend, adapter snapshots)
+and Kafka (impressions out; catalog, adapter deltas and clicks in). Thin async shells.
+
+Redis keys written/read by serving (under `settings.redis_prefix`):
+- `fcap:{yyyymmdd}:{user_id}` hash ad_id → impressions today (TTL 2 days)
+- `spend:{yyyymmdd}` hash campaign_id → expected spend today (pCTR × price, TTL 2 days)
+- the user record (key and layout owned by streams, decoded through a `UserCodec` given at start)
+- adapter snapshots (`adapter:{adapter_id}`: an `AdapterDelta` JSON with `snapshot=true`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+from schemas import codec, topics
+from schemas.errors import SchemaError
+from schemas.events import AdapterDelta, Impression, Message
+from schemas.settings import Settings
+from serving.pipeline import UserView
+
+log = logging.getLogger(__name__)
+DAY_TTL_S = 2 * 24 * 3600
+
+
+class UserCodec(Protocol):
+    """How serving finds and reads a user's state record (provided by the deployer: streams' format)."""
+
+    def key(self, prefix: str, user_id: str) -> str: ...
+
+    def view(self, user_id: str, data: bytes, now_ts: float) -> UserView: ...
+
+
+def day_of(now: datetime) -> str:
+    return now.strftime("%Y%m%d")
+
+
+class RedisIO:
+    """Per-request reads in one round trip, and fire-and-forget writes of what was served."""
+
+    def __init__(self, settings: Settings, codec_: UserCodec | None) -> None:
+        import redis.asyncio as aredis
+
+        self.prefix = settings.redis_prefix
+        self.client = aredis.Redis.from_url(settings.redis_url, socket_timeout=1.0)
+        self.codec = codec_
+        self.cap = settings.frequency_cap
+        self.errors = 0
+
+    async def read(self, user_id: str, now: datetime) -> tuple[UserView | None, list[str]]:
+        """The user's view (None when unknown/cold or unreadable) and the ads capped for them."""
+        pipe = self.client.pipeline(transaction=False)
+        if self.codec is not None:
+            pipe.get(self.codec.key(self.prefix, user_id))
+        pipe.hgetall(f"{self.prefix}fcap:{day_of(now)}:{user_id}")
+        res = await pipe.execute()
+        view = None
+        if self.codec is not None and res[0] is not None:
+            try:
+                view = self.codec.view(user_id, res[0], now.timestamp())
+            except Exception as exc:  # a bad record makes the user cold, never fails the request
+                self.errors += 1
+                log.warning("unreadable state record of a user: %s", exc)
+        return view, [k.decode() for k, v in res[-1].items() if int(v) >= self.cap]
+
+    async def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None:
+        """Count impressions per user/ad (frequency cap) and expected spend per campaign."""
+        day = day_of(now)
+        fkey, skey = f"{self.prefix}fcap:{day}:{user_id}", f"{self.prefix}spend:{day}"
+        pipe = self.client.pipeline(transaction=False)
+        for imp, cost in zip(imps, spend, strict=True):
+            pipe.hincrby(fkey, imp.ad_id, 1)
+            pipe.hincrbyfloat(skey, imp.campaign_id, float(cost))
+        pipe.expire(fkey, DAY_TTL_S)
+        pipe.expire(skey, DAY_TTL_S)
+        await pipe.execute()
+
+    async def spend(self, now: datetime) -> dict[str, float]:
+        raw = await self.client.hgetall(f"{self.prefix}spend:{day_of(now)}")
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    async def snapshot(self, adapter_id: str) -> AdapterDelta | None:
+        data = await self.client.get(f"{self.prefix}adapter:{adapter_id}")
+        if data is None:
+            return None
+        try:
+            msg = codec.decode(AdapterDelta, data)
+        except SchemaError as exc:
+            log.warning("adapter snapshot of %s is invalid: %s", adapter_id, exc)
+            return None
+        assert isinstance(msg, AdapterDelta)
+        return msg
+
+    async def snapshot_ids(self) -> list[str]:
+        start = len(f"{self.prefix}adapter:")
+        return [
+            k.decode()[start:]
+            async for k in self.client.scan_iter(match=f"{self.prefix}adapter:*", count=1000)
+        ]
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class ImpressionSink:
+    """Produces served impressions to `ad.impressions` without making the request wait."""
+
+    def __init__(self, settings: Settings, on_outcome: Callable[[str, int], None]) -> None:
+        self.settings = settings
+        self.topic = topics.topic_name(topics.IMPRESSIONS, settings.topic_prefix)
+        self.producer: Any = None
+        self.on_outcome = on_outcome
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=5, acks=1)
+        try:
+            await asyncio.wait_for(producer.start(), 10)
+        except Exception as exc:
+            log.error("impression producer could not start (%s); impressions will be dropped", exc)
+            await producer.stop()
+            return
+        self.producer = producer
+
+    def emit(self, imps: list[Impression]) -> None:
+        if not imps:
+            return
+        if self.producer is None:
+            self.on_outcome("dropped", len(imps))
+            return
+        task = asyncio.get_running_loop().create_task(self._send(imps))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, imps: list[Impression]) -> None:
+        try:
+            for imp in imps:
+                await self.producer.send(self.topic, codec.encode(imp), key=imp.user_id.encode())
+            self.on_outcome("sent", len(imps))
+        except Exception as exc:
+            log.warning("impressions not produced: %s", exc)
+            self.on_outcome("failed", len(imps))
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+
+
+async def follow(
+    settings: Settings,
+    base_topic: str,
+    handle: Callable[[Message], Awaitable[None] | None],
+    from_beginning: bool,
+    on_invalid: Callable[[str], None],
+) -> None:
+    """Consume a contract topic forever (no consumer group: every replica sees everything)."""
+    from aiokafka import AIOKafkaConsumer
+
+    topic = topics.topic_name(base_topic, settings.topic_prefix)
+    model = codec.MODEL_BY_TOPIC[base_topic]
+    while True:
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=settings.kafka_bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            metadata_max_age_ms=2000,
+        )
+        try:
+            await consumer.start()
+            async for rec in consumer:
+                try:
+                    msg = codec.decode(model, rec.value)
+                except SchemaError as exc:
+                    on_invalid(str(exc))
+                    continue
+                out = handle(msg)
+                if out is not None:
+                    await out
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("consumer of %s failed (%s); reconnecting", topic, exc)
+            await asyncio.sleep(1.0)
+        finally:
+            await consumer.stop()

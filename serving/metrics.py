@@ -1,0 +1,55 @@
+"""Prometheus metrics of a serving replica (`adstream_serving_*`; never an id as a label)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ServingMetrics:
+    """One registry per replica, exposed at `GET /metrics`."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        buckets = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.1, 0.25, 1.0)
+        self.requests = Counter(
+            "adstream_serving_requests_total", "Ad requests by HTTP status", ["status"], registry=r
+        )
+        self.latency = Histogram(
+            "adstream_serving_request_latency_seconds",
+            "Ad request latency in the replica",
+            buckets=buckets,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "adstream_serving_stage_latency_seconds", "Time per stage", ["stage"], buckets=buckets, registry=r
+        )
+        self.served_by = Counter(
+            "adstream_serving_served_by_total", "Requests by ladder rung", ["rung"], registry=r
+        )
+        self.shed = Counter("adstream_serving_shed_total", "Requests refused with 503 (overload)", registry=r)
+        self.deltas = Counter(
+            "adstream_serving_deltas_total", "Adapter deltas by outcome", ["outcome"], registry=r
+        )
+        self.swaps = Gauge("adstream_serving_adapter_swaps", "Buffer swaps of the adapter bank", registry=r)
+        self.adapters = Gauge("adstream_serving_adapters", "Adapters held by the replica", registry=r)
+        self.staleness = Gauge(
+            "adstream_serving_adapter_staleness_max_seconds",
+            "Age of the least recently updated adapter",
+            registry=r,
+        )
+        self.catalog = Gauge("adstream_serving_catalog_ads", "Ads in the replica's catalog", registry=r)
+        self.impressions = Counter(
+            "adstream_serving_impressions_total",
+            "Impression events by produce outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.canary_share = Gauge(
+            "adstream_serving_canary_share", "Share of users on the candidate", registry=r
+        )
+        self.canary_actions = Counter(
+            "adstream_serving_canary_actions_total", "Canary decisions taken", ["action"], registry=r
+        )
+        self.clicks_joined = Counter(
+            "adstream_serving_clicks_joined_total", "Clicks joined to served pCTR", registry=r
+        )

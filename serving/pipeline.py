@@ -1,0 +1,249 @@
+"""The per-request pipeline without Ray: recall → (rank, done by the caller) → rerank → response.
+
+`AdPipeline` owns the catalog, the recall index, the rank model and the stage-cost estimates;
+the Ray Serve ingress (`serving.app`) is a thin async shell around it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+
+from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
+from schemas.events import AdCreative, Impression
+from schemas.ids import impression_event_id
+from schemas.settings import Settings
+from schemas.vectors import content_vector
+from serving.catalog import Catalog
+from serving.deadline import Rung, StageCosts
+from serving.index import ExactIndex
+from serving.ranking import RankInput, RankModel, build_input
+from serving.rerank import RerankParams, pacing_factor, rerank
+from trainers.lora import adapter_id_for
+
+
+@dataclass(frozen=True)
+class UserView:
+    """What serving reads of a user: the state vector and intent scores per category (decayed)."""
+
+    vector: np.ndarray
+    intents: Mapping[str, float]
+
+
+@dataclass
+class Recalled:
+    """Recall's output for one request: candidate rows, their recall scores, the rank input."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+    rank_input: RankInput | None
+    adapter_ids: list[str]
+
+
+def content_vectorizer(dim: int) -> Callable[[AdCreative], np.ndarray]:
+    """Ad vectors in the shared content space (`schemas.vectors`), used until an ad tower exists."""
+
+    def vec(ad: AdCreative) -> np.ndarray:
+        return np.asarray(content_vector(ad.category, ad.title, dim), dtype=np.float32)
+
+    return vec
+
+
+def recall_pctr(scores: np.ndarray, prior_ctr: float = 0.02) -> np.ndarray:
+    """A pCTR from a recall (cosine-like) score, for the `recall_score` rung: logistic around the prior."""
+    base = math.log(prior_ctr / (1 - prior_ctr))
+    return 1.0 / (1.0 + np.exp(-(base + 2.0 * np.asarray(scores, dtype=np.float64))))
+
+
+class AdPipeline:
+    """Recall and rerank over the replica's catalog, with the rank model and adapter ids at hand."""
+
+    def __init__(self, settings: Settings, rank: RankModel, catalog: Catalog) -> None:
+        self.settings = settings
+        self.rank = rank
+        self.catalog = catalog
+        self.index = ExactIndex(catalog.vectors, catalog.n)
+        self.costs = StageCosts()
+        self.params = RerankParams(
+            max_per_advertiser=settings.rerank_max_per_advertiser,
+            category_decay=settings.rerank_category_decay,
+            long_tail_boost=settings.rerank_long_tail_boost,
+            reserve_price=settings.rerank_reserve_price,
+            pacing_slack=settings.pacing_slack,
+        )
+        self._popular: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._popular_version = -1
+        self._centroid = np.zeros(settings.state_dim, dtype=np.float32)
+
+    # -- catalog ------------------------------------------------------------------------
+    def add_ad(self, ad: AdCreative) -> None:
+        """A new or updated ad enters the catalog and the index (live)."""
+        self.catalog.upsert(ad)
+        self.index.update(self.catalog.vectors, self.catalog.n)
+
+    def popular(self, k: int) -> np.ndarray:
+        """Cached popular rows (refreshed when the catalog changed)."""
+        if self._popular_version != self.catalog.version or self._popular.shape[0] < k:
+            self._popular = self.catalog.popular(max(k, 100))
+            vecs = self.catalog.vectors[self._popular[:50]]
+            c = vecs.mean(axis=0) if vecs.shape[0] else self._centroid
+            self._centroid = c / (np.linalg.norm(c) or 1.0)
+            self._popular_version = self.catalog.version
+        return self._popular[:k]
+
+    # -- recall -------------------------------------------------------------------------
+    def query(self, user: UserView | None, context: Mapping[str, object] | None) -> np.ndarray:
+        """The recall query: the user's state vector; cold users get context + popularity priors."""
+        dim = self.settings.state_dim
+        if user is not None and float(np.abs(user.vector).sum()) > 0:
+            q = np.zeros(dim, dtype=np.float32)
+            v = np.asarray(user.vector, dtype=np.float32)[:dim]
+            q[: v.shape[0]] = v
+            return q
+        self.popular(1)
+        q = self._centroid.copy()
+        if context:
+            cat = str(context.get("category", ""))
+            text = " ".join(str(v) for k, v in context.items() if isinstance(v, str) and k != "category")
+            if cat or text:
+                q = q + 2.0 * np.asarray(content_vector(cat or "any", text or cat, dim), dtype=np.float32)
+        return q
+
+    def recall(
+        self,
+        req: AdRequest,
+        user: UserView | None,
+        capped: list[str],
+        hour: int,
+    ) -> Recalled:
+        """Top `recall_k` servable, not frequency-capped ads by inner product with the query."""
+        cat = self.catalog
+        allowed = cat.servable()
+        for ad_id in capped:
+            row = cat.row_of.get(ad_id)
+            if row is not None:
+                allowed[row] = False
+        rows, scores = self.index.search(self.query(user, req.context), self.settings.recall_k, allowed)
+        intents = np.zeros(len(cat.codes["category"]), dtype=np.float32)
+        if user is not None:
+            for name, score in user.intents.items():
+                code = cat.codes["category"].get(name)
+                if code is not None:
+                    intents[code] = score
+        scheme = self.settings.adapter_scheme
+        adapter_ids = [adapter_id_for(req.slot, cat.rows[r].advertiser_id, scheme) for r in rows]
+        vec = user.vector if user is not None else np.zeros(self.settings.state_dim, dtype=np.float32)
+        return (
+            Recalled(rows, scores, None, adapter_ids)
+            if rows.shape[0] == 0
+            else Recalled(
+                rows,
+                scores,
+                build_input(
+                    vec,
+                    intents,
+                    scores,
+                    cat.ids[rows],
+                    cat.category[rows],
+                    req.slot,
+                    hour,
+                    np.zeros(rows.shape[0], dtype=np.int64),
+                    self.settings.state_dim,
+                ),
+                adapter_ids,
+            )
+        )
+
+    def adapter_rows(self, adapter_ids: list[str], arm: int) -> np.ndarray:
+        """Bank rows for each candidate's adapter in an arm (0-row when the adapter is unknown)."""
+        bank = self.rank.bank
+        cache: dict[str, int] = {}
+        out = np.empty(len(adapter_ids), dtype=np.int64)
+        for i, a in enumerate(adapter_ids):
+            r = cache.get(a)
+            if r is None:
+                r = cache[a] = bank.row(a, arm)
+            out[i] = r
+        return out
+
+    # -- rerank -------------------------------------------------------------------------
+    def finish(
+        self,
+        req: AdRequest,
+        request_id: str,
+        rows: np.ndarray,
+        pctr: np.ndarray,
+        rung: Rung,
+        stage_ms: dict[str, float],
+        now: datetime,
+        adapter_versions: list[str | None],
+    ) -> tuple[AdResponse, list[Impression], np.ndarray, np.ndarray]:
+        """Rerank candidates and build the response and its impression events."""
+        cat = self.catalog
+        day_fraction = (now.hour * 3600 + now.minute * 60 + now.second) / 86400.0
+        pacing = pacing_factor(
+            cat.spend_of(rows), cat.budget_of(rows), day_fraction, self.params.pacing_slack
+        )
+        res = rerank(
+            pctr,
+            cat.bid[rows],
+            cat.advertiser[rows],
+            cat.category[rows],
+            pacing,
+            cat.impressions[rows],
+            req.k,
+            self.params,
+        )
+        chosen = rows[res.order]
+        chosen_pctr = np.clip(pctr[res.order], 0.0, 1.0)
+        ads, imps = [], []
+        model_version = self.rank.version
+        for pos, (row, p, score, price) in enumerate(
+            zip(chosen, chosen_pctr, res.scores, res.prices, strict=True)
+        ):
+            info = cat.rows[int(row)]
+            ads.append(
+                ServedAd(
+                    ad_id=info.ad_id,
+                    campaign_id=info.campaign_id,
+                    score=float(score),
+                    pctr=float(p),
+                    price=float(price),
+                )
+            )
+            imps.append(
+                Impression(
+                    event_id=impression_event_id(request_id, pos),
+                    ts=now,
+                    user_id=req.user_id,
+                    request_id=request_id,
+                    ad_id=info.ad_id,
+                    campaign_id=info.campaign_id,
+                    advertiser_id=info.advertiser_id,
+                    slot=req.slot,
+                    position=pos,
+                    price=float(price),
+                    pctr=float(p),
+                    model_version=model_version,
+                    adapter_version=adapter_versions[int(res.order[pos])] if adapter_versions else None,
+                )
+            )
+        top_adapter = imps[0].adapter_version if imps and rung == "adapter" else None
+        resp = AdResponse(
+            request_id=request_id,
+            ads=ads,
+            degraded=rung != "adapter",
+            served_by=rung,
+            stage_ms=StageMs(**{k: round(max(v, 0.0), 3) for k, v in stage_ms.items()}),
+            model_version=model_version,
+            adapter_version=top_adapter,
+        )
+        return resp, imps, chosen, chosen_pctr * res.prices
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,138 @@
+"""Rank: the base ranker with the adapter bank installed, scoring the candidates of many requests
+in one forward pass; features are built from catalog columns (same spec as `trainers.features`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from schemas.errors import ModelError
+from schemas.events import SLOTS
+from schemas.settings import Settings
+from serving.adapters import AdapterBank, BankContext, install, target_layers
+from trainers.features import N_EXTRA_DENSE
+from trainers.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
+
+log = logging.getLogger(__name__)
+SLOT_INDEX = {s: i for i, s in enumerate(SLOTS)}
+
+
+def resolve_device(setting: str) -> torch.device:
+    """`auto` → cuda when available, else cpu; `cuda` without a GPU is an error."""
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ModelError("ADSTREAM_DEVICE=cuda but torch sees no CUDA device")
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+def find_checkpoint(model_dir: Path) -> Path | None:
+    """The ranker checkpoint directory under `model_dir` (itself or `ranker/`), if any."""
+    for candidate in (model_dir / "ranker", model_dir):
+        if (candidate / CONFIG_FILE).exists():
+            return candidate
+    return None
+
+
+def load_ranker(settings: Settings, device: torch.device) -> tuple[Ranker, str]:
+    """The trained ranker from `settings.model_dir`, or (with a warning) a seeded untrained one."""
+    path = find_checkpoint(settings.model_dir)
+    if path is not None:
+        return load_checkpoint(path, device)
+    log.warning("no ranker checkpoint under %s: serving an untrained ranker", settings.model_dir)
+    gen = torch.random.fork_rng()
+    with gen:
+        torch.manual_seed(0)
+        model = Ranker(RankerConfig(state_dim=settings.state_dim))
+    model.eval().to(device)
+    return model, weights_version(model)
+
+
+@dataclass(frozen=True)
+class RankInput:
+    """One request's candidates as ranker tensors plus the bank row of each candidate's adapter."""
+
+    dense: torch.Tensor
+    ids: torch.Tensor
+    rows: torch.Tensor
+
+
+def build_input(
+    user_vector: np.ndarray,
+    intent_by_category: np.ndarray,
+    recall_scores: np.ndarray,
+    cand_ids: np.ndarray,
+    cand_category: np.ndarray,
+    slot: str,
+    hour: int,
+    rows: np.ndarray,
+    state_dim: int,
+) -> RankInput:
+    """Tensors for n candidates of one user, column for column as `trainers.features.featurize`
+    builds them (position 0: rank scores every candidate as if at the top)."""
+    n = cand_ids.shape[0]
+    dense = np.zeros((n, state_dim + N_EXTRA_DENSE), dtype=np.float32)
+    vec = np.asarray(user_vector, dtype=np.float32)[:state_dim]
+    dense[:, : vec.shape[0]] = vec
+    dense[:, state_dim] = intent_by_category[cand_category] if intent_by_category.size else 0.0
+    dense[:, state_dim + 1] = recall_scores
+    dense[:, state_dim + 2] = 1.0
+    ids = np.empty((n, 7), dtype=np.int64)
+    ids[:, :4] = cand_ids
+    ids[:, 4] = SLOT_INDEX[slot]
+    ids[:, 5] = 0
+    ids[:, 6] = hour
+    return RankInput(torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(rows.astype(np.int64)))
+
+
+class RankModel:
+    """The base ranker with banked LoRA layers; `score` takes several requests' inputs at once."""
+
+    def __init__(self, model: Ranker, version: str, settings: Settings, device: torch.device) -> None:
+        self.model = model
+        self.version = version
+        self.device = device
+        shapes = target_layers(model, list(settings.lora_targets))
+        self.bank = AdapterBank(
+            shapes,
+            rank=settings.lora_rank,
+            alpha=settings.lora_alpha,
+            capacity=settings.serve_adapter_capacity,
+            max_norm=settings.serve_adapter_max_norm,
+            device=device,
+        )
+        self.ctx: BankContext = install(model, self.bank)
+        self.config: RankerConfig = model.config
+
+    @torch.inference_mode()
+    def score(self, inputs: list[RankInput], use_adapters: bool) -> list[np.ndarray]:
+        """pCTR per candidate for each input, from one forward pass over all of them."""
+        if not inputs:
+            return []
+        dense = torch.cat([i.dense for i in inputs]).to(self.device, non_blocking=True)
+        ids = torch.cat([i.ids for i in inputs]).to(self.device, non_blocking=True)
+        rows = torch.cat([i.rows for i in inputs]).to(self.device) if use_adapters else None
+        with self.ctx.use(self.bank, rows):
+            p = torch.sigmoid(self.model(dense, ids)).float().cpu().numpy()
+        out, start = [], 0
+        for i in inputs:
+            n = i.dense.shape[0]
+            out.append(p[start : start + n])
+            start += n
+        return out
+
+    def warmup(self, n: int = 512, rounds: int = 3) -> None:
+        """Run the forward paths once (allocator, kernels, lazy init) before taking traffic."""
+        cfg = self.config
+        dense = torch.zeros(n, cfg.state_dim + N_EXTRA_DENSE)
+        ids = torch.zeros(n, 7, dtype=torch.int64)
+        rows = torch.arange(n) % (self.bank.stride * 2)
+        for _ in range(rounds):
+            self.score([RankInput(dense, ids, rows)], use_adapters=True)
+            self.score([RankInput(dense, ids, torch.zeros(n, dtype=torch.int64))], use_adapters=True)
+            self.score([RankInput(dense, ids, rows)], use_adapters=False)

@@ -1,0 +1,170 @@
+"""Rerank: eCPM, budget pacing, long-tail boost, diversity and generalized second-price prices.
+
+Pure numpy functions over the candidate arrays of one request; no I/O, no state.
+Prices are per click (classic GSP); the expected spend of an impression is `pctr × price`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class RerankParams:
+    """Knobs of the rerank stage (from `Settings.rerank_*` / `pacing_slack`)."""
+
+    max_per_advertiser: int = 2
+    category_decay: float = 0.8
+    long_tail_boost: float = 0.1
+    reserve_price: float = 0.01
+    pacing_slack: float = 0.1
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    """The chosen candidates (indices into the input arrays) in display order, with scores and prices."""
+
+    order: IntArray
+    scores: FloatArray
+    prices: FloatArray
+
+
+def ecpm(pctr: FloatArray, bid: FloatArray) -> FloatArray:
+    """Expected revenue of showing each ad once: pCTR × bid (per-click bid)."""
+    return np.asarray(pctr, dtype=np.float64) * np.asarray(bid, dtype=np.float64)
+
+
+def pacing_factor(
+    spend: FloatArray, daily_budget: FloatArray, day_fraction: float, slack: float
+) -> FloatArray:
+    """How much to throttle each campaign: 1 on plan, falling as spend runs ahead, 0 when spent out.
+
+    The plan is linear over the day: `daily_budget × day_fraction`. Spend up to `(1 + slack)` of plan
+    is not throttled; beyond it the factor is `((1 + slack) · plan / spend)²`.
+
+    >>> pacing_factor(np.array([0.0, 50.0, 100.0]), np.array([100.0] * 3), 0.25, 0.1).round(3).tolist()
+    [1.0, 0.303, 0.0]
+    """
+    spend = np.asarray(spend, dtype=np.float64)
+    budget = np.asarray(daily_budget, dtype=np.float64)
+    plan = budget * max(day_fraction, 1e-3) * (1.0 + slack)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(spend > 0, plan / np.maximum(spend, 1e-12), np.inf)
+    factor = np.clip(ratio, 0.0, 1.0) ** 2
+    return np.where(spend >= budget, 0.0, factor)
+
+
+def long_tail_factor(impressions: FloatArray, boost: float) -> FloatArray:
+    """A boost for rarely shown ads: `1 + boost / (1 + ln(1 + impressions))`, 1 + boost for new ads."""
+    imps = np.maximum(np.asarray(impressions, dtype=np.float64), 0.0)
+    return 1.0 + boost / (1.0 + np.log1p(imps))
+
+
+def diversify(
+    scores: FloatArray,
+    advertiser: IntArray,
+    category: IntArray,
+    k: int,
+    max_per_advertiser: int,
+    category_decay: float,
+) -> tuple[IntArray, FloatArray]:
+    """Greedy pick of `k` candidates: at most `max_per_advertiser` per advertiser, and each
+    category's score multiplied by `category_decay` per ad of it already picked.
+
+    Returns the picked indices in display order and their adjusted scores.
+
+    >>> idx, _ = diversify(np.array([5.0, 4.0, 3.0, 1.0]), np.array([0, 0, 0, 1]),
+    ...                    np.array([0, 0, 1, 2]), 3, 2, 1.0)
+    >>> idx.tolist()
+    [0, 1, 3]
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    n = scores.shape[0]
+    if n == 0 or k <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    advertiser = np.asarray(advertiser, dtype=np.int64)
+    category = np.asarray(category, dtype=np.int64)
+    # only the best few per advertiser can ever be picked: prune to keep the loop over a short list
+    pool = np.argsort(-scores, kind="stable")[: max(k * max_per_advertiser * 4, 64)]
+    s, adv, cat = scores[pool], advertiser[pool], category[pool]
+    cat_codes, cat_idx = np.unique(cat, return_inverse=True)
+    adv_codes, adv_idx = np.unique(adv, return_inverse=True)
+    cat_count = np.zeros(cat_codes.shape[0], dtype=np.int64)
+    adv_count = np.zeros(adv_codes.shape[0], dtype=np.int64)
+    alive = np.ones(pool.shape[0], dtype=bool)
+    picked: list[int] = []
+    picked_scores: list[float] = []
+    while len(picked) < k:
+        adjusted = np.where(alive, s * category_decay ** cat_count[cat_idx], -np.inf)
+        j = int(np.argmax(adjusted))
+        if not np.isfinite(adjusted[j]):
+            break
+        picked.append(int(pool[j]))
+        picked_scores.append(float(adjusted[j]))
+        alive[j] = False
+        cat_count[cat_idx[j]] += 1
+        adv_count[adv_idx[j]] += 1
+        if adv_count[adv_idx[j]] >= max_per_advertiser:
+            alive &= adv_idx != adv_idx[j]
+    return np.asarray(picked, dtype=np.int64), np.asarray(picked_scores, dtype=np.float64)
+
+
+def gsp_prices(
+    scores: FloatArray, quality: FloatArray, bid: FloatArray, runner_up: float, reserve: float
+) -> FloatArray:
+    """Generalized second price per click: each ad pays the least bid that keeps its position.
+
+    `scores[i] = quality[i] × bid[i]` in display order; ad i pays `scores[i+1] / quality[i]`, the last
+    one pays against `runner_up` (best score not shown), floored at `reserve` and capped at its bid.
+
+    >>> gsp_prices(np.array([2.0, 1.0]), np.array([0.1, 0.1]), np.array([20.0, 10.0]), 0.5, 0.01).tolist()
+    [10.0, 5.0]
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    bid = np.asarray(bid, dtype=np.float64)
+    if scores.shape[0] == 0:
+        return np.zeros(0, dtype=np.float64)
+    nxt = np.append(scores[1:], max(runner_up, 0.0))
+    q = np.maximum(np.asarray(quality, dtype=np.float64), 1e-12)
+    return np.minimum(bid, np.maximum(nxt / q, reserve))
+
+
+def rerank(
+    pctr: FloatArray,
+    bid: FloatArray,
+    advertiser: IntArray,
+    category: IntArray,
+    pacing: FloatArray,
+    impressions: FloatArray,
+    k: int,
+    params: RerankParams,
+) -> RerankResult:
+    """The whole stage: eCPM × pacing × long-tail boost → diversified top k → GSP prices.
+
+    Candidates whose pacing factor is 0 (budget spent) are never picked.
+    """
+    quality = (
+        np.asarray(pctr, dtype=np.float64) * pacing * long_tail_factor(impressions, params.long_tail_boost)
+    )
+    score = quality * np.asarray(bid, dtype=np.float64)
+    score = np.where(pacing > 0, score, -np.inf)
+    order, adjusted = diversify(
+        score, advertiser, category, k, params.max_per_advertiser, params.category_decay
+    )
+    if order.shape[0] == 0:
+        empty = np.zeros(0, dtype=np.float64)
+        return RerankResult(np.zeros(0, dtype=np.int64), empty, empty)
+    rest = np.delete(score, order)
+    runner_up = float(rest.max()) if rest.shape[0] and np.isfinite(rest.max()) else 0.0
+    # the adjusted score of a diversified pick is what it competed with: price against that
+    q_eff = quality[order] * (adjusted / np.maximum(score[order], 1e-300))
+    prices = gsp_prices(
+        adjusted, q_eff, np.asarray(bid, dtype=np.float64)[order], runner_up, params.reserve_price
+    )
+    return RerankResult(order=order, scores=adjusted, prices=prices)
