@@ -65,7 +65,11 @@ def _emit(
         if out is not None:
             sinks.write_jsonl(messages, out, advance)
         else:
-            asyncio.run(sinks.produce(messages, Settings(), rate=pace, progress=advance))
+            from deploy.stack import create_topics
+
+            settings = Settings()
+            create_topics(settings)  # with the contract's partition counts, not the broker's default
+            asyncio.run(sinks.produce(messages, settings, rate=pace, progress=advance))
         bar.update(task, total=bar.tasks[task].completed)
 
 

@@ -23,13 +23,13 @@ from pydantic import ValidationError
 
 from schemas.api import AdRequest, AdResponse
 from schemas.codec import describe_validation_error
-from schemas.events import SLOTS, Impression, Message
+from schemas.events import SLOTS, Impression, Slot
 from schemas.ids import impression_event_id
-from workloads.market import Market, UnknownEntityError
+from workloads.market import Event, Market, UnknownEntityError
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[list[Message]], Awaitable[object]]
+Sink = Callable[[list[Event]], Awaitable[object]]
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ClosedLoopReport:
 
 
 def served_impressions(
-    market: Market, request_user: str, slot: str, ts: datetime, resp: AdResponse
+    market: Market, request_user: str, slot: Slot, ts: datetime, resp: AdResponse
 ) -> list[Impression]:
     """The Impressions serving emitted for a response, rebuilt from the response and the catalog."""
     out = []
@@ -59,7 +59,7 @@ def served_impressions(
                 ad_id=ad.ad_id,
                 campaign_id=ad.campaign_id,
                 advertiser_id=advertiser,
-                slot=slot,  # type: ignore[arg-type]
+                slot=slot,
                 position=pos,
                 price=ad.price,
                 pctr=ad.pctr,
@@ -97,7 +97,7 @@ async def run_closed_loop(
     # Change points given as fractions fall on the expected number of served impressions.
     market.plan(round(n_requests * _expected_k(market)))
     report = ClosedLoopReport()
-    heap: list[tuple[datetime, int, Message]] = []
+    heap: list[tuple[datetime, int, Event]] = []
     seq = 0
     own = client is None
     http = client or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
@@ -121,7 +121,7 @@ async def run_closed_loop(
                 heapq.heappush(heap, (m.ts, seq, m))
                 seq += 1
             report.requests += 1
-            resp = await _ask(http, AdRequest(user_id=req.user_id, slot=req.slot, k=req.k), report)  # type: ignore[arg-type]
+            resp = await _ask(http, AdRequest(user_id=req.user_id, slot=req.slot, k=req.k), report)
             if resp is not None:
                 try:
                     imps = served_impressions(market, req.user_id, req.slot, now, resp)

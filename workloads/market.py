@@ -36,12 +36,14 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from schemas.errors import AdstreamError
-from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression, Message
+from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression, Slot
 from workloads import truth
 from workloads.config import MarketConfig, resolve_at
 from workloads.policy import make_policy
 from workloads.summary import Summary, summarize
 from workloads.world import build_world
+
+Event = AdCreative | Impression | Click | Dwell | Conversion
 
 
 class UnknownEntityError(AdstreamError):
@@ -54,7 +56,7 @@ class Request:
 
     user_id: str
     user: int
-    slot: str
+    slot: Slot
     k: int
     ts: datetime
 
@@ -197,13 +199,13 @@ class Market:
             else:
                 setattr(self, attr, resolve_at(at, n_impressions or 0))
 
-    def advance(self, ts: datetime) -> list[Message]:
+    def advance(self, ts: datetime) -> list[Event]:
         """Apply the drift or new-ad arrival if due by now (closed loop); returns arriving ads."""
         return self._advance(self._us(ts))
 
-    def _advance(self, ts_us: int) -> list[Message]:
+    def _advance(self, ts_us: int) -> list[Event]:
         """Apply change points that are due; returns the catalog events of arriving ads."""
-        out: list[Message] = []
+        out: list[Event] = []
         if (
             self._drift_index is not None
             and self.drift_ts is None
@@ -232,9 +234,10 @@ class Market:
         self._requests += 1
         return Request(self.user_id(user), user, slot, self.config.slot_k[slot], ts)
 
-    def _outcomes(self, imp: Impression, user: int, ad: int, p: float) -> tuple[bool, list[Message]]:
+    def _outcomes(self, imp: Impression, user: int, ad: int, p: float) -> tuple[bool, list[Event]]:
         """Click, dwell and caused conversion of one impression, drawn from the true model."""
-        cfg, rng, out = self.config, self._resp, []  # type: ignore[var-annotated]
+        cfg, rng = self.config, self._resp
+        out: list[Event] = []
         clicked = bool(rng.random() < p)
         t = self._us(imp.ts)
         if clicked:
@@ -289,7 +292,7 @@ class Market:
             value=value,
         )
 
-    def organic(self, request: Request) -> list[Message]:
+    def organic(self, request: Request) -> list[Event]:
         """An organic conversion (no ad caused it) for a campaign in the user's top category."""
         if self._resp.random() >= self.config.base_conversion:
             return []
@@ -300,7 +303,7 @@ class Market:
         self.organic_conversions += 1
         return [self._conversion(request.user, ad, self._us(request.ts))]
 
-    def respond(self, impression: Impression) -> list[Message]:
+    def respond(self, impression: Impression) -> list[Event]:
         """The user's reaction to a served impression: click, dwell and caused conversion events
         (timestamps after the impression's). Records the impression's oracle pCTR."""
         user = _index(impression.user_id, "u", self.config.n_users, "user")
@@ -313,7 +316,7 @@ class Market:
         return out
 
     # -- open loop -----------------------------------------------------------------------
-    def open_loop(self, n_impressions: int) -> Iterator[Message]:
+    def open_loop(self, n_impressions: int) -> Iterator[Event]:
         """The whole stream of a logged run, in time order, `n_impressions` impressions long."""
         if n_impressions < 0:
             raise ValueError(f"n_impressions must be >= 0, got {n_impressions}")
@@ -321,7 +324,7 @@ class Market:
         for creative in self.catalog():
             self.counts["ad"] += 1
             yield creative
-        heap: list[tuple[int, int, Message]] = []
+        heap: list[tuple[int, int, Event]] = []
         seq = 0
         model_version = f"logging-{self.config.policy}"
         while self.n_impressions < n_impressions:

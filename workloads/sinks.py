@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from schemas.codec import encode, key_of, topic_of
 from schemas.errors import StackError
@@ -68,6 +68,10 @@ class KafkaSink:
         self.max_batch_size = max_batch_size
         self.sent = 0
         self._producer: object | None = None
+        self._parts: dict[str, list[int]] = {}
+        from aiokafka.partitioner import DefaultPartitioner
+
+        self._partitioner = DefaultPartitioner()
 
     async def start(self) -> KafkaSink:
         from aiokafka import AIOKafkaProducer
@@ -98,23 +102,50 @@ class KafkaSink:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    async def _partitions(self, topic: str) -> list[int]:
+        parts = self._parts.get(topic)
+        if parts is None:
+            parts = self._parts[topic] = sorted(await self._producer.partitions_for(topic))  # type: ignore[union-attr]
+        return parts
+
     async def send_many(self, messages: Iterable[Message]) -> int:
-        """Send messages and wait until the broker acknowledged all of them."""
+        """Send messages and wait until the broker acknowledged all of them.
+
+        Messages are grouped per partition (the default murmur2 key partitioner, as `send()`
+        would pick) into record batches sent with `send_batch`: several times faster than one
+        `send()` per message, and per-partition order is kept.
+        """
         from aiokafka.errors import KafkaError
 
         if self._producer is None:
             raise StackError("KafkaSink used before start()")
-        producer = self._producer
+        producer: Any = self._producer
+        groups: dict[tuple[str, int], list[tuple[bytes, bytes]]] = {}
+        n = 0
         try:
-            pending = [
-                await producer.send(topic, value=value, key=key)  # type: ignore[attr-defined]
-                for topic, key, value in (routed(m, self.settings.topic_prefix) for m in messages)
-            ]
+            for msg in messages:
+                topic, key, value = routed(msg, self.settings.topic_prefix)
+                parts = await self._partitions(topic)
+                groups.setdefault((topic, self._partitioner(key, parts, parts)), []).append((key, value))
+                n += 1
+            pending = []
+            for (topic, partition), records in groups.items():
+                batch = producer.create_batch()
+                for key, value in records:
+                    if batch.append(key=key, value=value, timestamp=None) is not None:
+                        continue
+                    if batch.record_count():
+                        pending.append(await producer.send_batch(batch, topic, partition=partition))
+                        batch = producer.create_batch()
+                    if batch.append(key=key, value=value, timestamp=None) is None:  # over batch size
+                        pending.append(await producer.send(topic, value=value, key=key, partition=partition))
+                if batch.record_count():
+                    pending.append(await producer.send_batch(batch, topic, partition=partition))
             await asyncio.gather(*pending)
         except KafkaError as exc:
             raise StackError(f"producing to Kafka at {self.settings.kafka_bootstrap} failed: {exc}") from exc
-        self.sent += len(pending)
-        return len(pending)
+        self.sent += n
+        return n
 
 
 async def produce(
@@ -123,7 +154,7 @@ async def produce(
     *,
     rate: float = 0.0,
     progress: Progress | None = None,
-    chunk: int = 2000,
+    chunk: int = 20_000,
 ) -> int:
     """Produce every message to its contract topic (prefixed, keyed per the contract) with aiokafka,
     at most `rate` events/s when rate > 0. Returns the number acknowledged by the broker."""
