@@ -15,9 +15,9 @@ e.g. `cross.0`, `cross.1`, `deep.0`, `deep.2`). Base weights never get gradients
   dict `{"<module>.lora_A": [r, in], "<module>.lora_B": [out, r]}` (float32) — the layout
   `trainers.delta` encodes; the effective weight of a module is `W + (alpha / r) · B @ A`.
 
-Adapter ids (`adapter_id_for`): `slot:<slot>`, `adv:<advertiser_id>` or
-`slot:<slot>|adv:<advertiser_id>` for `settings.adapter_scheme` slot / advertiser /
-slot+advertiser.
+Adapter ids (`adapter_id_for`, identical to what streams writes into TrainingExamples):
+`<slot>`, `adv:<advertiser_id>` or `<slot>/adv:<advertiser_id>` for `settings.adapter_scheme`
+slot / advertiser / slot+advertiser.
 """
 
 from __future__ import annotations
@@ -67,19 +67,31 @@ class LoraSpec:
         return cls(settings.lora_rank, settings.lora_alpha, tuple(settings.lora_targets))
 
 
+MAX_ADAPTER_ID = 64  # the contract's Ident length
+
+
 def adapter_id_for(slot: str, advertiser_id: str, scheme: str) -> str:
     """The adapter that owns an impression under `settings.adapter_scheme`.
 
+    The same ids as the streams worker writes into `TrainingExample.adapter_id`: the slot
+    (`feed`), `adv:<advertiser_id>`, or `<slot>/adv:<advertiser_id>`; ids over 64 characters
+    are cut and suffixed with a hash so they stay distinct and within the contract.
+
     >>> adapter_id_for("feed", "v7", "slot+advertiser")
-    'slot:feed|adv:v7'
+    'feed/adv:v7'
     """
     if scheme == "slot":
-        return f"slot:{slot}"
-    if scheme == "advertiser":
-        return f"adv:{advertiser_id}"
-    if scheme == "slot+advertiser":
-        return f"slot:{slot}|adv:{advertiser_id}"
-    raise ConfigError(f"adapter_scheme must be slot, advertiser or slot+advertiser (got {scheme!r})")
+        aid = slot
+    elif scheme == "advertiser":
+        aid = f"adv:{advertiser_id}"
+    elif scheme == "slot+advertiser":
+        aid = f"{slot}/adv:{advertiser_id}"
+    else:
+        raise ConfigError(f"adapter_scheme must be slot, advertiser or slot+advertiser (got {scheme!r})")
+    if len(aid) > MAX_ADAPTER_ID:
+        digest = hashlib.blake2b(aid.encode(), digest_size=12).hexdigest()
+        aid = f"{aid[: MAX_ADAPTER_ID - 25]}~{digest}"
+    return aid
 
 
 def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
@@ -169,6 +181,15 @@ class AdapterBank:
     def parameters_of(self, adapter_id: str) -> list[nn.Parameter]:
         """The trainable tensors (every lora_A and lora_B) of one adapter."""
         return self._params(self._require(adapter_id))
+
+    def lora_params(self, adapter_id: str) -> dict[str, tuple[nn.Parameter, nn.Parameter]]:
+        """`{module: (A [r, in], B [out, r])}`: the live parameters of one adapter."""
+        name = self._require(adapter_id)
+        out = {}
+        for module in self.modules:
+            layer = self._module(module)
+            out[module] = (layer.lora_A[name].weight, layer.lora_B[name].weight)
+        return out
 
     def _module(self, module: str) -> nn.Module:
         return self.model.get_base_model().get_submodule(module)
