@@ -40,7 +40,7 @@ def _progress() -> Progress:
 
 def _counted(messages: Iterable[Message], counts: Counter[str]) -> Iterator[Message]:
     for msg in messages:
-        counts[msg.kind] += 1
+        counts[str(getattr(msg, "kind", type(msg).__name__))] += 1
         yield msg
 
 
@@ -169,7 +169,71 @@ def replay_obd(
     console.print(table)
 
 
+def closed_loop(
+    url: Annotated[str, typer.Option(help="Base URL of the serving endpoint")] = "http://127.0.0.1:8000",
+    requests: Annotated[int, typer.Option(help="Ad requests to send")] = 1000,
+    rate: Annotated[float, typer.Option(help="Requests per second (0 = back to back)")] = 50.0,
+    users: Annotated[int, typer.Option(help="Number of users")] = 1000,
+    ads: Annotated[int, typer.Option(help="Number of ads (the catalog serving must know)")] = 200,
+    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    drift_at: Annotated[
+        float, typer.Option(help="Drift point (fraction of expected impressions); <=0 off")
+    ] = 0.5,
+    drift_share: Annotated[float, typer.Option(help="Share of users whose taste changes")] = 0.3,
+    out: OutOpt = None,
+    kafka: KafkaOpt = False,
+) -> None:
+    """Ask serving for ads and emit the simulated users' clicks, dwell and conversions."""
+    from workloads import Market, MarketConfig
+    from workloads.closed_loop import ClosedLoopReport, run_closed_loop
+    from workloads.sinks import KafkaSink
+    from workloads.truth import auc
+
+    if (out is None) == (not kafka):
+        raise typer.BadParameter("give exactly one of --out FILE or --kafka", param_hint="--out/--kafka")
+    try:
+        cfg = MarketConfig(seed=seed, n_users=users, n_ads=ads, drift_share=drift_share,
+                           drift_at=drift_at if drift_at > 0 else None)  # fmt: skip
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    market = Market(cfg)
+
+    async def go() -> ClosedLoopReport:
+        if out is not None:
+            from schemas.codec import encode
+
+            with out.open("wb") as fh:
+
+                async def to_file(batch: list) -> None:  # type: ignore[type-arg]
+                    fh.writelines(encode(m) + b"\n" for m in batch)
+
+                return await run_closed_loop(market, url, requests, to_file, rate=rate)
+        from deploy.stack import create_topics
+
+        settings = Settings()
+        create_topics(settings)
+        async with KafkaSink(settings) as sink:
+            return await run_closed_loop(market, url, requests, sink.send_many, rate=rate)
+
+    with console.status(f"closed loop against {url} ({requests} requests)"):
+        report = asyncio.run(go())
+    s = market.summary()
+    table = Table("measure", "value", title=f"closed loop → {out or 'kafka'}")
+    table.add_row("requests / served ads", f"{report.requests:,} / {report.served:,}")
+    table.add_row("errors", str(dict(report.errors)) or "none")
+    for kind, n in sorted(report.events.items()):
+        table.add_row(f"emitted {kind}", f"{n:,}")
+    table.add_row("CTR", _fmt(s.ctr))
+    table.add_row("oracle AUC (true model on served impressions)", _fmt(s.oracle_auc))
+    imps = report.impressions
+    served = [i.pctr if i.pctr is not None else 0.0 for i in imps]
+    _, labels = market.outcomes()
+    table.add_row("served pCTR AUC (the serving model)", _fmt(auc(served, labels) if imps else float("nan")))
+    console.print(table)
+
+
 def register(app: typer.Typer) -> None:
     """Add the workloads commands to the `adstream` app."""
     app.command("simulate")(simulate)
+    app.command("closed-loop")(closed_loop)
     app.add_typer(replay_app, name="replay")

@@ -37,6 +37,7 @@ import numpy as np
 
 from schemas.errors import AdstreamError
 from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression, Slot
+from schemas.vectors import content_vector
 from workloads import truth
 from workloads.config import MarketConfig, resolve_at
 from workloads.policy import make_policy
@@ -144,6 +145,12 @@ class Market:
             daily_budget=float(a.daily_budget[ad]),
             active=True,
         )
+
+    def ad_vector(self, ad_id: str, dim: int) -> list[float]:
+        """The shared content vector of an ad (`schemas.vectors.content_vector`)."""
+        ad = _index(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
+        category = self.world.categories[int(self.world.ads.category[ad])]
+        return content_vector(category, self.world.ads.titles[ad], dim)
 
     def catalog(self, include_new: bool = False) -> list[AdCreative]:
         """The ads live at the start (and, with `include_new`, those that arrive later)."""
@@ -320,6 +327,8 @@ class Market:
         """The whole stream of a logged run, in time order, `n_impressions` impressions long."""
         if n_impressions < 0:
             raise ValueError(f"n_impressions must be >= 0, got {n_impressions}")
+        if self._requests or self.n_impressions:
+            raise AdstreamError("a Market runs once: make a new Market(config) for another stream")
         self.plan(n_impressions)
         for creative in self.catalog():
             self.counts["ad"] += 1
@@ -362,6 +371,12 @@ class Market:
             msg = heapq.heappop(heap)[2]
             self.counts[msg.kind] += 1
             yield msg
+
+    def outcomes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(oracle pCTR, clicked) of every impression emitted or responded to, in order."""
+        scores = np.frombuffer(self._scores, dtype=np.float64) if len(self._scores) else np.zeros(0)
+        labels = np.frombuffer(self._labels, dtype=np.int8) if len(self._labels) else np.zeros(0, np.int8)
+        return scores.copy(), labels.astype(bool)
 
     def summary(self) -> Summary:
         """Counts by kind, CTR, oracle AUC, channel credit and change points of the run so far."""

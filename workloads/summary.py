@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from workloads import truth
 
 if TYPE_CHECKING:
@@ -43,8 +41,7 @@ class Summary:
 
 def summarize(market: Market) -> Summary:
     """The summary of everything a market emitted or responded to so far."""
-    scores = np.frombuffer(market._scores, dtype=np.float64) if len(market._scores) else np.zeros(0)
-    labels = np.frombuffer(market._labels, dtype=np.int8) if len(market._labels) else np.zeros(0)
+    scores, labels = market.outcomes()
     n = len(labels)
     clicks = int(labels.sum())
     lift = market.config.channel_lift

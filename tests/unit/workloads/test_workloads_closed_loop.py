@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -110,3 +111,23 @@ async def test_closed_loop_counts_a_dead_endpoint_instead_of_crashing() -> None:
     report = await run_closed_loop(market, "http://127.0.0.1:9", 3, sink, timeout_s=0.5)
     assert report.errors == {"transport": 3}
     assert report.served == 0
+
+
+def test_closed_loop_command_writes_the_users_responses(fake_server: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from deploy.cli import app
+
+    market = Market(MarketConfig(seed=3, n_users=50, n_ads=20))
+    FakeServing.catalog = [(c.ad_id, c.campaign_id) for c in market.catalog()]
+    FakeServing.bad = {}
+    FakeServing.seen = []
+    out = tmp_path / "loop.jsonl"
+    args = ["closed-loop", "--url", fake_server, "--requests", "40", "--rate", "0", "--users", "50",
+            "--ads", "20", "--seed", "3", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert len(FakeServing.seen) == 40
+    kinds = {decode_any(line).kind for line in out.read_bytes().splitlines()}  # type: ignore[attr-defined]
+    assert kinds <= {"click", "dwell", "conversion", "ad"}
+    assert "oracle AUC" in result.output

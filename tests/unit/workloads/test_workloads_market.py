@@ -184,3 +184,15 @@ def test_oracle_rejects_unknown_ids_and_respond_rejects_foreign_ads() -> None:
         market.oracle_pctr("nope")
     with pytest.raises(UnknownEntityError):
         market.true_pctr("u000000", "ad99999", "feed", 0)
+
+
+def test_a_market_runs_once_and_gives_ads_their_shared_vectors() -> None:
+    from schemas.errors import AdstreamError
+    from schemas.vectors import content_vector
+
+    market = Market(MarketConfig(seed=1, n_users=10, n_ads=5))
+    list(market.open_loop(10))
+    with pytest.raises(AdstreamError, match="runs once"):
+        list(market.open_loop(10))
+    ad = market.catalog()[0]
+    assert market.ad_vector(ad.ad_id, 16) == content_vector(ad.category, ad.title, 16)
