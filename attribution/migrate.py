@@ -1,0 +1,104 @@
+"""Apply the ClickHouse migrations in `attribution/migrations/*.sql`, each exactly once.
+
+Applied versions (file stems, e.g. ``001_raw_events``) are recorded in `schema_migrations`;
+running again applies only what is new. Statements inside a file are separated by `;` and are
+written to be idempotent themselves (``IF NOT EXISTS``), so a run interrupted mid-file is safe to
+repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import StoreError
+from schemas.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+_LEDGER = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations (version String, applied_at DateTime) "
+    "ENGINE = MergeTree() ORDER BY version"
+)
+
+
+def migration_files(directory: Path = MIGRATIONS_DIR) -> list[Path]:
+    """The migration files in apply order (by name)."""
+    return sorted(directory.glob("*.sql"))
+
+
+def statements(sql: str) -> list[str]:
+    """The statements of a migration file: `--` comments dropped, split on `;`."""
+    lines = [line for line in sql.splitlines() if not line.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def clickhouse_client(settings: Settings, database: str | None = None) -> Any:
+    """A clickhouse-driver Client for the settings' URL (optionally bound to a database)."""
+    from urllib.parse import urlparse
+
+    from clickhouse_driver import Client
+
+    url = urlparse(settings.clickhouse_url)
+    return Client(
+        host=url.hostname or "127.0.0.1",
+        port=url.port or 9000,
+        user=url.username or "default",
+        password=url.password or "",
+        database=database or "default",
+        connect_timeout=5,
+    )
+
+
+def database_name(settings: Settings) -> str:
+    """The database named in `clickhouse_url` (default `adstream`)."""
+    from urllib.parse import urlparse
+
+    name = urlparse(settings.clickhouse_url).path.strip("/") or "adstream"
+    if not name.replace("_", "").isalnum():
+        raise StoreError(f"clickhouse_url: database name {name!r} must be alphanumeric/underscore")
+    return name
+
+
+def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Create the database if needed and apply every migration not applied yet; return them."""
+    db = database_name(settings)
+    admin = clickhouse_client(settings)
+    try:
+        admin.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
+    except Exception as exc:
+        raise StoreError(f"ClickHouse at {settings.clickhouse_url}: {exc}") from exc
+    finally:
+        admin.disconnect()
+    client = clickhouse_client(settings, db)
+    applied: list[str] = []
+    try:
+        client.execute(_LEDGER)
+        done = {row[0] for row in client.execute("SELECT version FROM schema_migrations")}
+        for path in migration_files(directory):
+            if path.stem in done:
+                continue
+            for stmt in statements(path.read_text()):
+                client.execute(stmt)
+            client.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES",
+                [(path.stem, _now())],
+            )
+            log.info("applied migration %s to %s", path.stem, db)
+            applied.append(path.stem)
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise StoreError(f"migration failed on {db}: {exc}") from exc
+    finally:
+        client.disconnect()
+    return applied
+
+
+def _now() -> Any:
+    from datetime import datetime
+
+    return datetime.now().replace(microsecond=0)

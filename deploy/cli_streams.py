@@ -1,0 +1,32 @@
+"""`adstream worker` and `adstream migrate`: the streams room's commands."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the streams commands to the `adstream` CLI."""
+
+    @app.command()
+    def worker(
+        loglevel: Annotated[str, typer.Option(help="crit, error, warn, info or debug")] = "info",
+    ) -> None:
+        """Run the streams worker (Faust): validation, user state, label join, ClickHouse sink."""
+        from schemas.settings import Settings
+        from streams.app import run_worker
+
+        run_worker(Settings(), loglevel=loglevel)
+
+    @app.command()
+    def migrate() -> None:
+        """Apply the ClickHouse migrations (raw event tables) that are not applied yet."""
+        from rich.console import Console
+
+        from attribution.migrate import migrate as run
+        from schemas.settings import Settings
+
+        applied = run(Settings())
+        Console().print(f"applied: {', '.join(applied) or 'nothing (up to date)'}")

@@ -1,0 +1,80 @@
+"""Timestamp-synchronised merge of one co-partition's input topics (pure, no I/O).
+
+Partition p of impressions, clicks, dwell and conversions holds the same users. Each input is
+consumed in offset order; among the inputs' heads the one with the smallest event time goes next
+(Kafka Streams' rule). An input with nothing buffered holds the merge back unless it is caught up
+(the caller says so, from the broker's high watermark), so the order — and therefore every user
+state and label — is the same on every run and after a restart, whatever the fetch interleaving.
+Invalid records carry no usable time and are released as soon as they reach their queue's head.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.events import Message
+
+TOPIC_RANK = {"ad.impressions": 0, "ad.clicks": 1, "ad.dwell": 2, "ad.conversions": 3}
+
+
+@dataclass(slots=True)
+class Item:
+    """One record of an input: its offset, its event (None when invalid) and the caller's handle."""
+
+    topic: str  # contract (base) topic name
+    offset: int
+    event: Message | None
+    ts: float
+    handle: Any = None
+    dead: Any = None  # the dead letter of an invalid record
+
+
+@dataclass
+class PartitionMerge:
+    """Input queues of one co-partition and the rule that picks the next record."""
+
+    queues: dict[str, deque[Item]] = field(default_factory=dict)
+    last_seen: dict[str, int] = field(default_factory=dict)
+
+    def push(self, item: Item) -> None:
+        self.queues.setdefault(item.topic, deque()).append(item)
+        self.last_seen[item.topic] = item.offset
+
+    def buffered(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def release(
+        self, caught_up: Callable[[str, int | None], bool], inputs: tuple[str, ...]
+    ) -> Iterator[Item]:
+        """Yield records in merge order while the choice is certain.
+
+        `caught_up(topic, last_seen_offset)` says whether an empty input has nothing more to read
+        right now; `inputs` are the topics of this co-partition.
+        """
+        while True:
+            best: Item | None = None
+            best_key: tuple[float, int, int] | None = None
+            blocked = False
+            for topic in inputs:
+                q = self.queues.get(topic)
+                if not q:
+                    if not caught_up(topic, self.last_seen.get(topic)):
+                        blocked = True
+                    continue
+                head = q[0]
+                if head.event is None:  # invalid: no time to wait for
+                    q.popleft()
+                    yield head
+                    best = None
+                    break
+                key = (head.ts, TOPIC_RANK.get(topic, 9), head.offset)
+                if best_key is None or key < best_key:
+                    best, best_key = head, key
+            else:
+                if best is None or blocked:
+                    return
+                self.queues[best.topic].popleft()
+                yield best

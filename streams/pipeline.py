@@ -1,0 +1,267 @@
+"""The worker's engine, independent of the Kafka client: records in → state, labels, sinks out.
+
+A source (the Faust agent in `streams.app`) feeds `RawRecord`s; the pipeline validates them
+(invalid → dead letter), skips records already applied (offset ≤ the one stored in Redis),
+merges each co-partition's inputs by event time (`streams.merge`), applies them to user state
+and the label join (`streams.processor`), and every `sink_batch_size` records or `sink_flush_s`
+seconds commits a batch in this order:
+
+1. rows → ClickHouse (idempotent: ReplacingMergeTree on event_id);
+2. dead letters and training examples → Kafka (deterministic ids: a replay re-sends the same);
+3. user states + pending labels + offsets → Redis in one MULTI/EXEC;
+4. the records are acked to the source (so Kafka's committed offset never passes Redis's).
+
+A crash before 3 replays the batch with no visible effect but re-sent duplicates downstream
+dedupes by id; a crash after 3 skips it on replay. State changes happen exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas import topics
+from schemas.codec import encode, key_of
+from schemas.events import DeadLetter, Message, TrainingExample
+from schemas.settings import Settings
+from streams import metrics as m
+from streams.ingest import Invalid, validate
+from streams.merge import Item, PartitionMerge
+from streams.processor import Catalog, Processor
+from streams.sink import EventSink, empty_rows, row_of
+from streams.state import UserState
+from streams.store import Commit, RedisStateStore
+
+log = logging.getLogger(__name__)
+
+INPUTS: tuple[str, ...] = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
+
+Send = Callable[[str, bytes, bytes], Awaitable[Any]]  # (physical topic, key, value) → delivery
+CaughtUp = Callable[[str, int, int | None], bool]  # (physical topic, partition, last seen offset)
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """A consumed Kafka record, as any client delivers it, with the source's ack handle."""
+
+    topic: str  # physical
+    partition: int
+    offset: int
+    value: bytes | None
+    timestamp_ms: int = 0
+    handle: Any = None
+
+
+@dataclass
+class _Part:
+    proc: Processor
+    merge: PartitionMerge
+    applied: dict[str, int]  # physical topic → last applied offset
+
+
+@dataclass
+class _Batch:
+    rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=empty_rows)
+    dead: list[DeadLetter] = field(default_factory=list)
+    examples: list[TrainingExample] = field(default_factory=list)
+    offsets: dict[str, int] = field(default_factory=dict)
+    parts: set[int] = field(default_factory=set)
+    handles: list[Any] = field(default_factory=list)
+    count: int = 0
+    started: float = 0.0
+
+
+class Pipeline:
+    """Validation, merge, state, labels and the batched commit of one worker."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: RedisStateStore,
+        sink: EventSink,
+        send: Send,
+        ack: Callable[[Iterable[Any]], None],
+        catalog: Catalog | None = None,
+        cache_users: int = 200_000,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.sink = sink
+        self.send = send
+        self.ack = ack
+        self.catalog = catalog or Catalog(settings.state_dim)
+        self.cache_users = cache_users
+        self.prefix = settings.topic_prefix
+        self.inputs = tuple(topics.topic_name(t, self.prefix) for t in INPUTS)
+        self.base_of = {topics.topic_name(t, self.prefix): t for t in INPUTS}
+        self.dlq_topic = topics.topic_name(topics.DLQ, self.prefix)
+        self.examples_topic = topics.topic_name(topics.TRAINING_EXAMPLES, self.prefix)
+        self.parts: dict[int, _Part] = {}
+        self.batch = _Batch()
+        self.counts: Counter[str] = Counter()
+        self.lock = asyncio.Lock()
+        self.caught_up: CaughtUp = lambda topic, partition, last: False
+
+    # -- intake ----------------------------------------------------------------------------
+    async def _part(self, p: int) -> _Part:
+        part = self.parts.get(p)
+        if part is None:
+            snap = await self.store.load_partition(p, self.inputs)
+            proc = Processor.from_settings(self.settings, self.catalog)
+            proc.join.load(snap.pending)
+            proc.join.stream_ts = snap.stream_ts
+            part = self.parts[p] = _Part(proc, PartitionMerge(), snap.offsets)
+        return part
+
+    async def feed(self, records: Iterable[RawRecord]) -> None:
+        """Take consumed records; release what the merge allows; commit when a batch is due."""
+        async with self.lock:
+            missing: dict[int, set[str]] = {}
+            skipped = []
+            for rec in records:
+                base = self.base_of.get(rec.topic)
+                if base is None:
+                    log.warning("record from unexpected topic %s ignored", rec.topic)
+                    skipped.append(rec.handle)
+                    continue
+                m.EVENTS_IN.labels(base).inc()
+                part = await self._part(rec.partition)
+                applied = part.applied.get(rec.topic, -1)
+                part.merge.last_seen[rec.topic] = max(part.merge.last_seen.get(rec.topic, -1), rec.offset)
+                if rec.offset <= applied:
+                    m.SKIPPED.inc()
+                    skipped.append(rec.handle)
+                    continue
+                result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
+                if isinstance(result, Invalid):
+                    m.INVALID.labels(base, result.reason).inc()
+                    self.counts[f"invalid:{result.reason}"] += 1
+                    part.merge.push(Item(rec.topic, rec.offset, None, 0.0, rec.handle, result.dead_letter))
+                    continue
+                part.merge.push(Item(rec.topic, rec.offset, result, result.ts.timestamp(), rec.handle))
+                uid = getattr(result, "user_id", None)
+                if uid is not None and uid not in part.proc.states:
+                    missing.setdefault(rec.partition, set()).add(uid)
+            if skipped:
+                self.ack(skipped)
+            for p, uids in missing.items():
+                part = self.parts[p]
+                loaded = await self.store.load_users(uids)
+                for uid in uids:
+                    part.proc.states[uid] = loaded.get(uid) or UserState.empty(uid, self.settings.state_dim)
+            await self._release_all()
+            if self._due():
+                await self._commit()
+
+    def _due(self) -> bool:
+        b = self.batch
+        if not b.count:
+            return False
+        return b.count >= self.settings.sink_batch_size or (
+            time.monotonic() - b.started >= self.settings.sink_flush_s
+        )
+
+    async def tick(self) -> None:
+        """Periodic: release what became certain (inputs caught up) and commit a due batch."""
+        async with self.lock:
+            await self._release_all()
+            if self._due():
+                await self._commit()
+
+    async def flush(self) -> None:
+        """Commit whatever is released now (shutdown, revocation)."""
+        async with self.lock:
+            await self._release_all()
+            if self.batch.count:
+                await self._commit()
+
+    async def revoke(self, partitions: Iterable[int]) -> None:
+        """Partitions moved away: commit what is done, then forget their state."""
+        await self.flush()
+        async with self.lock:
+            for p in partitions:
+                self.parts.pop(p, None)
+
+    # -- processing --------------------------------------------------------------------------
+    async def _release_all(self) -> None:
+        for p, part in self.parts.items():
+            caught_up = lambda topic, last, _p=p: self.caught_up(topic, _p, last)  # noqa: E731
+            for item in part.merge.release(caught_up, self.inputs):
+                self._process(p, part, item)
+
+    def _process(self, p: int, part: _Part, item: Item) -> None:
+        b = self.batch
+        if not b.count:
+            b.started = time.monotonic()
+        b.count += 1
+        b.parts.add(p)
+        b.offsets[f"{item.topic}:{p}"] = item.offset
+        part.applied[item.topic] = item.offset
+        b.handles.append(item.handle)
+        if item.event is None:
+            b.dead.append(item.dead)
+            return
+        event: Message = item.event
+        table, row = row_of(event, p, item.offset)
+        b.rows[table].append(row)
+        b.examples += part.proc.on_event(event)
+
+    async def _commit(self) -> None:
+        b, self.batch = self.batch, _Batch()
+        t0 = time.perf_counter()
+        await self.sink.write(b.rows)
+        m.SINK_LATENCY.observe(time.perf_counter() - t0)
+        deliveries = [self.send(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
+        deliveries += [self.send(self.examples_topic, key_of(e), encode(e)) for e in b.examples]
+        if deliveries:
+            await asyncio.gather(*deliveries)
+        if b.dead:
+            m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
+        if b.examples:
+            m.EVENTS_OUT.labels(topics.TRAINING_EXAMPLES).inc(len(b.examples))
+        commit = Commit(offsets=b.offsets)
+        for p in b.parts:
+            proc = self.parts[p].proc
+            commit.users += [proc.states[u] for u in proc.dirty_users]
+            proc.dirty_users.clear()
+            join = proc.join
+            commit.pending_put[p] = {
+                iid: join.pending[iid].to_bytes() for iid in join.dirty if iid in join.pending
+            }
+            commit.pending_del[p] = list(join.removed)
+            join.dirty.clear()
+            join.removed.clear()
+            commit.stream_ts[p] = join.stream_ts
+        t1 = time.perf_counter()
+        await self.store.commit(commit)
+        m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
+        self.ack(b.handles)
+        m.BATCH.observe(b.count)
+        self.counts["committed"] += b.count
+        self.counts["examples"] += len(b.examples)
+        self.counts["dead_letters"] += len(b.dead)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        users = pending = buffered = 0
+        for part in self.parts.values():
+            if len(part.proc.states) > self.cache_users // max(1, len(self.parts)):
+                part.proc.states.clear()  # all clean right after a commit; Redis has them
+            users += len(part.proc.states)
+            pending += len(part.proc.join.pending)
+            buffered += part.merge.buffered()
+        m.STATE_USERS.set(users)
+        m.PENDING.set(pending)
+        m.BUFFERED.set(buffered)
+
+    def outcome_counts(self) -> Counter[str]:
+        """State and join counters summed over partitions (duplicates, late, out of order…)."""
+        total: Counter[str] = Counter()
+        for part in self.parts.values():
+            total += part.proc.counts + part.proc.join.counts
+        return total

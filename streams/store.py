@@ -1,0 +1,103 @@
+"""Redis as the source of truth of user state, pending labels and applied offsets.
+
+Keys (all under `settings.redis_prefix`):
+
+* ``user:{user_id}`` — the compact user record (`streams.record`), TTL `user_state_ttl_s`;
+* ``streams:offsets`` — hash ``{physical topic}:{partition}`` → last applied offset, plus
+  ``stream_ts:{partition}`` → the label join's stream time;
+* ``streams:pending:{partition}`` — hash impression_id → pending impression of the label join.
+
+`commit` writes a batch's state changes and the offsets that produced them in ONE MULTI/EXEC
+transaction: after a crash either both are there or neither, and records at or below the stored
+offset are skipped on replay — the exactly-once effect without a changelog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.errors import StoreError
+from streams.join import Pending
+from streams.record import decode_state, encode_state, user_key
+from streams.state import UserState
+
+
+@dataclass
+class PartitionSnapshot:
+    """What a worker needs to resume a co-partition: offsets, stream time, pending impressions."""
+
+    offsets: dict[str, int] = field(default_factory=dict)  # physical topic → last applied offset
+    stream_ts: float = float("-inf")
+    pending: dict[str, Pending] = field(default_factory=dict)
+
+
+@dataclass
+class Commit:
+    """One batch's changes for the transaction."""
+
+    users: list[UserState] = field(default_factory=list)
+    pending_put: dict[int, dict[str, bytes]] = field(default_factory=dict)
+    pending_del: dict[int, list[str]] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" → offset
+    stream_ts: dict[int, float] = field(default_factory=dict)
+
+
+class RedisStateStore:
+    """User state, pending labels and offsets in Redis (redis.asyncio client)."""
+
+    def __init__(self, redis: Any, prefix: str, ttl_s: int) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self.offsets_key = f"{prefix}streams:offsets"
+
+    def pending_key(self, partition: int) -> str:
+        return f"{self.prefix}streams:pending:{partition}"
+
+    async def load_users(self, user_ids: Iterable[str]) -> dict[str, UserState]:
+        ids = list(user_ids)
+        if not ids:
+            return {}
+        try:
+            values = await self.redis.mget([user_key(self.prefix, u) for u in ids])
+        except Exception as exc:
+            raise StoreError(f"Redis MGET of {len(ids)} user records failed: {exc}") from exc
+        return {u: decode_state(u, v) for u, v in zip(ids, values, strict=True) if v is not None}
+
+    async def load_partition(self, partition: int, topics: Iterable[str]) -> PartitionSnapshot:
+        try:
+            fields = [f"{t}:{partition}" for t in topics] + [f"stream_ts:{partition}"]
+            values = await self.redis.hmget(self.offsets_key, fields)
+            raw_pending = await self.redis.hgetall(self.pending_key(partition))
+        except Exception as exc:
+            raise StoreError(f"Redis read of partition {partition} failed: {exc}") from exc
+        snap = PartitionSnapshot()
+        for name, value in zip(fields[:-1], values[:-1], strict=True):
+            if value is not None:
+                snap.offsets[name.rsplit(":", 1)[0]] = int(value)
+        if values[-1] is not None:
+            snap.stream_ts = float(values[-1])
+        snap.pending = {k.decode(): Pending.from_bytes(v) for k, v in raw_pending.items()}
+        return snap
+
+    async def commit(self, c: Commit) -> None:
+        """Write users, pending changes, stream times and offsets atomically (MULTI/EXEC)."""
+        pipe = self.redis.pipeline(transaction=True)
+        for st in c.users:
+            pipe.set(user_key(self.prefix, st.user_id), encode_state(st), ex=self.ttl_s)
+        for p, entries in c.pending_put.items():
+            if entries:
+                pipe.hset(self.pending_key(p), mapping=entries)
+        for p, ids in c.pending_del.items():
+            if ids:
+                pipe.hdel(self.pending_key(p), *ids)
+        mapping: dict[str, str] = {k: str(v) for k, v in c.offsets.items()}
+        mapping.update({f"stream_ts:{p}": repr(ts) for p, ts in c.stream_ts.items()})
+        if mapping:
+            pipe.hset(self.offsets_key, mapping=mapping)
+        try:
+            await pipe.execute()
+        except Exception as exc:
+            raise StoreError(f"Redis transaction of {len(c.users)} users failed: {exc}") from exc
