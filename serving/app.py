@@ -7,7 +7,6 @@ uses the settings from the environment and no user-state codec (every user cold)
 `deploy.cli_serving` passes one (it does: streams' record format).
 """
 
-
 import asyncio
 import json
 import logging

@@ -1,0 +1,86 @@
+"""Deadline ladder and canary decisions (pure)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serving.canary import ArmStats, Canary, CanaryRule, arm_for, auc, decide, user_bucket
+from serving.deadline import Deadline, StageCosts, lower, plan_rank, plan_start
+
+
+def test_ladder_steps_down_as_time_runs_out() -> None:
+    c = StageCosts(recall_ms=1, rank_base_ms=3, rank_adapter_ms=5, rerank_ms=1)
+    rungs = [plan_rank(r, c) for r in (50, 8, 6, 2, 1)]
+    assert rungs == ["adapter", "base_model", "base_model", "recall_score", "popular"]
+    assert plan_start(0.5, c) == "popular" and plan_start(10, c) == "adapter"
+    assert lower("adapter", "recall_score") == "recall_score"
+
+
+def test_costs_follow_observations_and_deadline_counts_down() -> None:
+    c = StageCosts(rank_adapter_ms=4.0, alpha=0.5)
+    c.observe("rank_adapter", 10.0)
+    assert c.rank_adapter_ms == 7.0
+    d = Deadline(5.0)
+    assert 0 < d.remaining_ms() <= 5.0
+
+
+def test_user_bucket_is_stable_and_share_is_respected() -> None:
+    assert user_bucket("alice") == user_bucket("alice")
+    users = [f"u{i}" for i in range(20_000)]
+    share = np.mean([arm_for(u, 0.05) == "candidate" for u in users])
+    assert 0.04 < share < 0.06
+    assert all(arm_for(u, 0.0) == "stable" for u in users[:100])
+    assert all(arm_for(u, 1.0) == "candidate" for u in users[:100])
+
+
+def test_auc_matches_pairwise_definition() -> None:
+    rng = np.random.default_rng(1)
+    s, y = rng.uniform(size=200).round(2), rng.integers(0, 2, 200)
+    pos, neg = s[y == 1], s[y == 0]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert auc(s, y) == pytest.approx(pairs / (len(pos) * len(neg)))
+    assert auc(s, np.zeros(200)) is None
+
+
+RULE = CanaryRule(
+    auc_gain=0.005, latency_slack=0.03, max_error_rate=0.005, error_window_s=300, min_samples=100
+)
+STABLE = ArmStats(auc=0.70, samples=1000, latency_p50_ms=10.0, error_rate=0.0, error_high_for_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("cand", "expected"),
+    [
+        (ArmStats(0.706, 1000, 10.2, 0.0, 0.0), "promote"),  # +0.006 AUC, +2 % latency
+        (ArmStats(0.706, 1000, 10.4, 0.0, 0.0), "hold"),  # latency 4 % worse
+        (ArmStats(0.703, 1000, 10.0, 0.0, 0.0), "hold"),  # better, not by enough
+        (ArmStats(0.699, 1000, 10.0, 0.0, 0.0), "rollback"),  # worse AUC
+        (ArmStats(0.80, 1000, 10.0, 0.006, 301.0), "rollback"),  # errors > 0.5 % for 5 min
+        (ArmStats(0.80, 1000, 10.0, 0.006, 200.0), "promote"),  # errors high, not for 5 min yet
+        (ArmStats(0.80, 50, 10.0, 0.0, 0.0), "hold"),  # too few samples
+        (ArmStats(None, 1000, 10.0, 0.0, 0.0), "hold"),  # no clicks yet
+    ],
+)
+def test_decide(cand: ArmStats, expected: str) -> None:
+    assert decide(STABLE, cand, RULE) == expected
+
+
+def test_canary_joins_clicks_promotes_in_stages_and_rolls_back_with_cooldown() -> None:
+    c = Canary(base_share=0.05, rule=RULE, cooldown_s=60)
+    assert c.share(0) == 0.05
+    rng = np.random.default_rng(0)
+    for arm, skill in (("stable", 0.0), ("candidate", 1.0)):
+        for i in range(400):
+            click = rng.uniform() < 0.3
+            pctr = float(np.clip(0.3 + skill * (0.4 if click else -0.2) + rng.normal(0, 0.2), 0, 1))
+            c.served(arm, f"{arm}{i}", pctr)
+            if click:
+                assert c.clicked(f"{arm}{i}")
+            c.request(arm, 10.0, False, 0.0)
+    assert not c.clicked("nope")
+    assert c.evaluate(1.0) == "promote" and c.share(1.0) == 0.5 and c.stage == "half"
+    for i in range(200):  # candidate now errs > 0.5 % for longer than the window
+        c.request("candidate", 10.0, True, 1.0 + i)
+    assert c.evaluate(400.0) == "rollback" and c.share(401.0) == 0.0
+    assert c.share(470.0) == 0.05 and c.stage == "canary"

@@ -1,0 +1,138 @@
+"""Hot swap of deltas in seq order: applied, stale, gap → resync, poisoned ones rejected."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from schemas.settings import Settings
+from serving.hotswap import DeltaApplier
+from serving.ranking import RankModel
+from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
+from trainers.ranker import Ranker, RankerConfig
+
+CFG = RankerConfig(
+    state_dim=8,
+    emb_dim=4,
+    ad_buckets=64,
+    advertiser_buckets=16,
+    campaign_buckets=32,
+    category_buckets=8,
+    deep_hidden=16,
+)
+
+
+@pytest.fixture
+def applier() -> DeltaApplier:
+    torch.manual_seed(0)
+    rank = RankModel(
+        copy.deepcopy(Ranker(CFG).eval()),
+        "v0",
+        Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=8),
+        torch.device("cpu"),
+    )
+    return DeltaApplier(rank.bank, "v0", max_norm=5.0)
+
+
+def _shapes(a: DeltaApplier) -> dict[str, tuple[int, int]]:
+    return {n: (s.fan_in, s.fan_out) for n, s in a.bank.shapes.items()}
+
+
+def _step(state: AdapterState, scale: float, seed: int) -> tuple[AdapterState, object]:
+    """The trainer's side: change direction 0 of every module, publish the delta."""
+    g = torch.Generator().manual_seed(seed)
+    new = {k: v.clone() for k, v in state.tensors.items()}
+    for k in new:
+        if k.endswith("lora_A"):
+            new[k][0] = torch.randn(new[k].shape[1], generator=g) * scale
+        else:
+            new[k][:, 0] = torch.randn(new[k].shape[0], generator=g) * scale
+    parts = select_parts(new, {m: torch.tensor([0]) for m in state.modules})
+    delta = make_delta(state, parts, state.seq + 1)
+    return AdapterState(state.adapter_id, state.base_version, state.rank, state.seq + 1, new), delta
+
+
+def test_deltas_apply_in_order_and_versions_advance(applier: DeltaApplier) -> None:
+    st = empty_state("slot:feed", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    st2, d2 = _step(st1, 0.05, 2)
+    assert applier.apply(d1) == "applied"
+    assert applier.apply(d1) == "stale"
+    assert applier.apply(d2) == "applied"
+    info = applier.info("slot:feed")
+    assert info.version == "seq-1" and info.seq == 1 and info.previous_version == "seq-0"
+    m = st2.modules[0]
+    assert torch.allclose(applier.bank.weights("slot:feed")[m][0], st2.tensors[f"{m}.lora_A"])
+
+
+@pytest.mark.parametrize("poison", ["nan", "huge", "shape", "base"])
+def test_poisoned_delta_is_rejected_and_old_version_keeps_serving(applier: DeltaApplier, poison: str) -> None:
+    st = empty_state("adv:v1", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    assert applier.apply(d1) == "applied"
+    before = applier.bank.weights("adv:v1")
+    if poison == "huge":
+        _, bad = _step(st1, 100.0, 2)
+    else:
+        tensors = {k: v.clone() for k, v in st1.tensors.items()}
+        m = st1.modules[0]
+        if poison == "nan":
+            good = make_delta(st1, select_parts(tensors, {m: torch.tensor([0])}), st1.seq + 1)
+            tensors[f"{m}.lora_A"][0, 0] = float("nan")
+            bad = good.model_copy(
+                update={"payload": encode_delta(select_parts(tensors, {m: torch.tensor([0])}))}
+            )
+        elif poison == "shape":
+            parts = select_parts(
+                {k: v[:, :-1] if k.endswith("lora_A") else v for k, v in tensors.items()},
+                {m: torch.tensor([0])},
+            )
+            bad = make_delta(
+                AdapterState(
+                    "adv:v1",
+                    "v0",
+                    4,
+                    1,
+                    {f"{m}.lora_A": tensors[f"{m}.lora_A"][:, :-1], f"{m}.lora_B": tensors[f"{m}.lora_B"]},
+                ),
+                parts,
+                st1.seq + 1,
+            )
+        else:
+            bad = _step(st1, 0.05, 2)[1].model_copy(update={"base_version": "other"})
+    assert applier.apply(bad) == "rejected"
+    after = applier.bank.weights("adv:v1")
+    assert all(torch.equal(before[m][0], after[m][0]) for m in before)
+    assert applier.info("adv:v1").version == "seq-0" and applier.info("adv:v1").rejected_deltas == 1
+
+
+def test_gap_marks_resync_and_a_snapshot_catches_up(applier: DeltaApplier) -> None:
+    st = empty_state("slot:search", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    st2, _lost = _step(st1, 0.05, 2)
+    st3, d3 = _step(st2, 0.05, 3)
+    assert applier.apply(d1) == "applied"
+    assert applier.apply(d3) == "gap" and "slot:search" in applier.needs_resync
+    snap = make_delta(st3, full_parts(st3.tensors, 4), st3.seq, snapshot=True)
+
+    async def source(adapter_id: str) -> object:
+        return snap if adapter_id == "slot:search" else None
+
+    assert asyncio.run(applier.resync("slot:search", source)) == "applied"  # type: ignore[arg-type]
+    assert applier.info("slot:search").seq == 2 and not applier.needs_resync
+    assert asyncio.run(applier.resync("nope", source)) == "missing"  # type: ignore[arg-type]
+
+
+def test_rollback_restores_previous(applier: DeltaApplier) -> None:
+    st = empty_state("slot:feed", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    _, d2 = _step(st1, 0.05, 2)
+    applier.apply(d1)
+    applier.apply(d2)
+    info = applier.rollback("slot:feed")
+    assert info.version == "seq-0"
+    m = st1.modules[0]
+    assert torch.allclose(applier.bank.weights("slot:feed")[m][0], st1.tensors[f"{m}.lora_A"])

@@ -1,0 +1,145 @@
+"""Catalog, exact index, recall filters, rank features (same as trainers.featurize) and the pipeline."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+import torch
+
+from schemas.api import AdRequest
+from schemas.events import AdCreative
+from schemas.settings import Settings
+from serving.catalog import Catalog
+from serving.index import ExactIndex
+from serving.pipeline import AdPipeline, UserView, content_vectorizer
+from serving.ranking import RankModel, build_input
+from trainers.features import featurize
+from trainers.lora import adapter_id_for
+from trainers.ranker import Ranker, RankerConfig
+
+TS = datetime(2026, 1, 1, 12, tzinfo=UTC)
+CFG = RankerConfig(state_dim=16, emb_dim=4, deep_hidden=16)
+
+
+def ad(
+    i: int, cat: str = "shoes", active: bool = True, budget: float = 100.0, adv: str | None = None
+) -> AdCreative:
+    return AdCreative(
+        event_id=f"e{i}",
+        ts=TS,
+        ad_id=f"a{i}",
+        campaign_id=f"c{i % 4}",
+        advertiser_id=adv or f"v{i % 6}",
+        category=cat,
+        title=f"{cat} item {i}",
+        bid=1.0 + i % 3,
+        daily_budget=budget,
+        active=active,
+    )
+
+
+def test_exact_index_returns_best_allowed_rows() -> None:
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(100, 8)).astype(np.float32)
+    q = rng.normal(size=8).astype(np.float32)
+    allowed = np.ones(100, dtype=bool)
+    allowed[::2] = False
+    rows, scores = ExactIndex(vecs, 100).search(q, 5, allowed)
+    brute = np.argsort(-(vecs @ q) + np.where(allowed, 0, 1e9))[:5]
+    assert rows.tolist() == brute.tolist() and np.all(np.diff(scores) <= 0)
+    assert ExactIndex(vecs, 100).search(q, 5, np.zeros(100, dtype=bool))[0].shape == (0,)
+
+
+def test_rank_features_match_trainers_featurize() -> None:
+    cat = Catalog(16, CFG, content_vectorizer(16))
+    for i in range(5):
+        cat.upsert(ad(i, cat=["shoes", "tech"][i % 2]))
+    rows = np.arange(5)
+    user_vec = np.linspace(-1, 1, 16).astype(np.float32)
+    intents = np.array([0.7, 1.3], dtype=np.float32)  # codes: shoes=0, tech=1
+    recall = np.linspace(0, 1, 5).astype(np.float32)
+    inp = build_input(
+        user_vec,
+        intents,
+        recall,
+        cat.ids[rows],
+        cat.category[rows],
+        "search",
+        7,
+        np.zeros(5, dtype=np.int64),
+        16,
+    )
+
+    class Ex:
+        def __init__(self, r: int) -> None:
+            info = cat.rows[r]
+            self.user_vector, self.intent_score, self.recall_score = (
+                user_vec.tolist(),
+                float(intents[r % 2]),
+                float(recall[r]),
+            )
+            self.ad_id, self.advertiser_id, self.campaign_id = (
+                info.ad_id,
+                info.advertiser_id,
+                info.campaign_id,
+            )
+            self.category, self.slot, self.position, self.hour = info.category, "search", 0, 7
+
+    ref = featurize([Ex(r) for r in rows], CFG)
+    assert torch.equal(inp.ids, ref.ids)
+    assert torch.allclose(inp.dense, ref.dense)
+
+
+def _pipeline(n: int = 60) -> AdPipeline:
+    torch.manual_seed(0)
+    s = Settings(state_dim=16, recall_k=30, serve_adapter_capacity=8, rerank_max_per_advertiser=2)
+    pipe = AdPipeline(
+        s,
+        RankModel(Ranker(CFG).eval(), "v0", s, torch.device("cpu")),
+        Catalog(16, CFG, content_vectorizer(16)),
+    )
+    for i in range(n):
+        pipe.add_ad(ad(i, cat=["shoes", "tech", "food"][i % 3]))
+    return pipe
+
+
+def test_recall_filters_inactive_spent_and_capped_ads_and_new_ads_enter_live() -> None:
+    pipe = _pipeline()
+    pipe.add_ad(ad(3, cat="shoes", active=False))
+    pipe.catalog.set_spend({"c1": 1e9})  # campaign c1 spent out
+    req = AdRequest(user_id="u", slot="feed", k=5)
+    user = UserView(np.asarray(content_vectorizer(16)(ad(0, cat="tech")), dtype=np.float32), {"tech": 2.0})
+    rec = pipe.recall(req, user, capped=["a1", "a4"], hour=12)
+    got = {pipe.catalog.rows[r].ad_id for r in rec.rows}
+    assert got and not got & {"a3", "a1", "a4"}
+    assert all(pipe.catalog.rows[r].campaign_id != "c1" for r in rec.rows)
+    assert len(rec.adapter_ids) == len(rec.rows) and rec.adapter_ids[0] == adapter_id_for(
+        "feed", "v0", pipe.settings.adapter_scheme
+    )
+    pipe.add_ad(ad(999, cat="tech"))  # a new ad is recallable at once
+    rec2 = pipe.recall(req, user, capped=[], hour=12)
+    assert pipe.catalog.row_of["a999"] in rec2.rows.tolist() or len(rec2.rows) == 30
+    # tech user → recall prefers tech ads
+    cats = [pipe.catalog.rows[r].category for r in rec.rows[:5]]
+    assert cats.count("tech") >= 4
+
+
+def test_cold_user_uses_context_and_finish_builds_response_and_impressions() -> None:
+    pipe = _pipeline()
+    req = AdRequest(user_id="cold", slot="splash", k=4, context={"category": "food"})
+    rec = pipe.recall(req, None, capped=[], hour=12)
+    assert [pipe.catalog.rows[r].category for r in rec.rows[:3]].count("food") >= 2
+    assert rec.rank_input is not None
+    pctr = pipe.rank.score([rec.rank_input], use_adapters=False)[0]
+    stage = {"recall": 1.0, "rank": 2.0, "rerank": 0.0}
+    resp, imps, chosen, cost = pipe.finish(req, "req1", rec.rows, pctr, "base_model", stage, TS, [])
+    assert len(resp.ads) == 4 and resp.degraded and resp.served_by == "base_model"
+    assert [i.event_id for i in imps] == [f"req1/{p}" for p in range(4)]
+    assert all(i.model_version == pipe.rank.version and i.request_id == "req1" for i in imps)
+    assert len({a.ad_id for a in resp.ads}) == 4 and np.all(cost >= 0)
+    advs = [pipe.catalog.rows[r].advertiser_id for r in chosen]
+    assert max(advs.count(a) for a in advs) <= 2
+    pipe.catalog.record_served(chosen, cost)
+    assert pipe.catalog.impressions[chosen].sum() == 4
+    assert len(pipe.popular(5)) == 5
