@@ -31,7 +31,9 @@ class MarketConfig:
     campaigns_per_advertiser: int = 3
     # -- time --------------------------------------------------------------------------
     start: datetime = DEFAULT_START
-    rate: float = 100.0  # ad requests per second of simulated time
+    rate: float = 100.0  # ad requests per second of simulated time (on average)
+    session_requests: float = 4.0  # mean requests per user session (geometric)
+    session_gap_s: float = 8.0  # mean seconds between requests within a session
     # -- click model: logit = interest_scale·u[cat] + quality + advertiser + slot + pos + bias
     interest_scale: float = 1.0
     favorite_categories: int = 2
@@ -78,6 +80,10 @@ class MarketConfig:
             _fail("start", self.start, "must be timezone-aware")
         if not self.rate > 0:
             _fail("rate", self.rate, "must be > 0 requests per simulated second")
+        if not self.session_requests >= 1:
+            _fail("session_requests", self.session_requests, "must be >= 1 request per session")
+        if not self.session_gap_s > 0:
+            _fail("session_gap_s", self.session_gap_s, "must be > 0 seconds")
         if not 0 <= self.favorite_categories <= self.n_categories:
             _fail("favorite_categories", self.favorite_categories, "must be in [0, n_categories]")
         if not 0 <= self.drift_share <= 1:

@@ -20,7 +20,8 @@ dwell: a bounce under 2 s (likelier for poor matches) or a lognormal stay. Every
 channel c causes a conversion with probability lift[c] after an exponential delay, and each
 request converts organically with probability `base_conversion`: the hazard is additive, so the
 channel credit is lift[c]·touches[c] / Σ. At `drift_at` a `drift_share` of users redraw their
-tastes; at `new_ads_at` `n_new_ads` new creatives arrive.
+tastes; at `new_ads_at` `n_new_ads` new creatives arrive. Users arrive in sessions (a few
+requests seconds apart; see `next_request`) at `rate` requests per simulated second on average.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class Market:
         self._start = cfg.start
         self._counter = 0
         self._requests = 0
+        self._sessions: list[tuple[int, int, int, int]] = []  # (next request µs, seq, user, left)
+        self._next_session_us = 0
         self._oracle = array("d")  # by event counter; NaN for non-impressions
         self._foreign_oracle: dict[str, float] = {}
         self._labels = array("b")
@@ -232,14 +235,27 @@ class Market:
 
     # -- traffic -------------------------------------------------------------------------
     def next_request(self, ts: datetime | None = None) -> Request:
-        """The next ad request (user by activity, slot by share); simulated time unless `ts`."""
-        u = int(np.searchsorted(self._user_cdf, self._traffic.random(), side="right"))
-        user = min(u, self.config.n_users - 1)
-        slot = SLOTS[min(int(np.searchsorted(self._slot_cdf, self._traffic.random(), side="right")), 2)]
-        if ts is None:
-            ts = self._ts(round(self._requests * 1e6 / self.config.rate))
+        """The next ad request, in simulated time unless `ts` is given (closed loop).
+
+        Users come in sessions: sessions start as a Poisson process (user by activity), make a
+        geometric number of requests (mean `session_requests`) spaced by exponential gaps (mean
+        `session_gap_s`); the overall request rate is `rate`. Each request picks a slot by share.
+        """
+        cfg, rng = self.config, self._traffic
+        if self._sessions and self._sessions[0][0] < self._next_session_us:
+            t_us, _, user, left = heapq.heappop(self._sessions)
+        else:
+            t_us = self._next_session_us
+            u = int(np.searchsorted(self._user_cdf, rng.random(), side="right"))
+            user, left = min(u, cfg.n_users - 1), int(rng.geometric(1.0 / cfg.session_requests))
+            mean_start_gap = cfg.session_requests / cfg.rate
+            self._next_session_us += 1 + int(rng.exponential(mean_start_gap) * 1e6)
+        if left > 1:
+            gap = 1 + int(rng.exponential(cfg.session_gap_s) * 1e6)
+            heapq.heappush(self._sessions, (t_us + gap, self._requests, user, left - 1))
+        slot = SLOTS[min(int(np.searchsorted(self._slot_cdf, rng.random(), side="right")), 2)]
         self._requests += 1
-        return Request(self.user_id(user), user, slot, self.config.slot_k[slot], ts)
+        return Request(self.user_id(user), user, slot, cfg.slot_k[slot], ts or self._ts(t_us))
 
     def _outcomes(self, imp: Impression, user: int, ad: int, p: float) -> tuple[bool, list[Event]]:
         """Click, dwell and caused conversion of one impression, drawn from the true model."""

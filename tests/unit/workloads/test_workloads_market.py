@@ -196,3 +196,21 @@ def test_a_market_runs_once_and_gives_ads_their_shared_vectors() -> None:
         list(market.open_loop(10))
     ad = market.catalog()[0]
     assert market.ad_vector(ad.ad_id, 16) == content_vector(ad.category, ad.title, 16)
+
+
+def test_requests_come_in_sessions_at_the_configured_rate() -> None:
+    cfg = MarketConfig(seed=2, n_users=1000, rate=50.0, session_requests=5.0, session_gap_s=4.0)
+    market = Market(cfg)
+    reqs = [market.next_request() for _ in range(30_000)]
+    t = np.array([(r.ts - reqs[0].ts).total_seconds() for r in reqs])
+    assert np.all(np.diff(t) >= 0)
+    steady = t > 60
+    assert steady.sum() / (t[-1] - 60) == pytest.approx(50.0, rel=0.05)
+    last: dict[int, float] = {}
+    gaps = []
+    for r, ts in zip(reqs, t, strict=True):
+        if r.user in last:
+            gaps.append(ts - last[r.user])
+        last[r.user] = ts
+    assert np.mean(np.asarray(gaps) < 30) > 0.6  # most revisits continue a session
+    assert np.mean(np.asarray(gaps) > 60) > 0.02  # and users come back in later sessions
