@@ -177,6 +177,7 @@ class Runtime:
 def create_app(settings: Settings) -> faust.App:
     """The Faust app: one raw-bytes agent over the user-event topics, a catalog task, a timer."""
     s = settings
+    (s.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     app = faust.App(
         f"{s.topic_prefix}adstream-streams",
         broker=[f"kafka://{h.strip()}" for h in s.kafka_bootstrap.split(",")],

@@ -1,0 +1,50 @@
+"""Fixtures of the streams integration tests: an isolated deployment per test, a worker process."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from streams_it import Worker
+
+from schemas.settings import Settings
+
+
+@pytest.fixture
+def deployment(stack: Settings) -> Iterator[Settings]:
+    """Settings with this test's own topics, Redis keys and ClickHouse database; cleaned after."""
+    from attribution.migrate import clickhouse_client
+    from deploy.stack import create_topics
+
+    tag = uuid.uuid4().hex[:6]
+    base = stack.clickhouse_url.rsplit("/", 1)[0]
+    s = stack.model_copy(
+        update={
+            "topic_prefix": f"{stack.topic_prefix}{tag}.",
+            "redis_prefix": f"{stack.redis_prefix}{tag}:",
+            "clickhouse_url": f"{base}/{stack.clickhouse_url.rsplit('/', 1)[1]}_{tag}",
+            "sink_flush_s": 0.3,
+            "metrics_port": 0,
+        }
+    )
+    create_topics(s)
+    yield s
+    import redis
+
+    r = redis.Redis.from_url(s.redis_url)
+    keys = list(r.scan_iter(match=f"{s.redis_prefix}*", count=1000))
+    if keys:
+        r.delete(*keys)
+    r.close()
+    client = clickhouse_client(s)
+    client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse_url.rsplit('/', 1)[1]}")
+    client.disconnect()
+
+
+@pytest.fixture
+def worker(deployment: Settings, tmp_path: Path) -> Iterator[Worker]:
+    w = Worker(deployment, tmp_path / "worker.log")
+    yield w
+    w.stop()
