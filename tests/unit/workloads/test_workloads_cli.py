@@ -56,3 +56,23 @@ def test_replay_obd_to_file_keeps_every_click(tmp_path: Path) -> None:
     assert kinds.count("click") == 69
     assert kinds.count("impression") == 10_000
     assert "69 / 69" in r.output
+
+
+def test_simulate_is_byte_identical_across_processes(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    digests = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"p{hash_seed}.jsonl"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        code = (
+            "from pathlib import Path; from workloads import Market, MarketConfig; "
+            "from workloads.sinks import write_jsonl; "
+            "m = Market(MarketConfig(seed=9, n_users=300, n_ads=50)); "
+            f"write_jsonl(m.open_loop(3000), Path({str(out)!r}))"
+        )
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+        digests.append(out.read_bytes())
+    assert digests[0] == digests[1] and len(digests[0]) > 0
