@@ -134,6 +134,9 @@ def simulate(
         )
     table.add_row("organic conversions", str(s.organic_conversions))
     table.add_row("drift", f"impression {s.drift_impression} at {s.drift_ts}" if s.drift_ts else "none")
+    if s.drift_ts:
+        table.add_row("AUC after drift: oracle / frozen pre-drift truth",
+                      f"{_fmt(s.oracle_auc_after_drift)} / {_fmt(s.frozen_auc_after_drift)}")  # fmt: skip
     table.add_row("new ads arrive", str(s.new_ads_ts) if s.new_ads_ts else "none")
     console.print(table)
 

@@ -97,6 +97,7 @@ class Market:
         self._foreign_oracle: dict[str, float] = {}
         self._labels = array("b")
         self._scores = array("d")
+        self._frozen = array("d")  # pre-drift truth of each impression after the drift
         self.counts: Counter[str] = Counter()
         self.touches: Counter[str] = Counter()
         self.caused: Counter[str] = Counter()  # realised touch-caused conversions per channel
@@ -161,11 +162,12 @@ class Market:
         return [self.creative(i) for i in range(n)]
 
     # -- truth ---------------------------------------------------------------------------
-    def _pctr(self, user: int, ad: int, slot: str, position: int) -> float:
+    def _pctr(self, user: int, ad: int, slot: str, position: int, frozen: bool = False) -> float:
         cfg, a = self.config, self.world.ads
         pos = self._pos_bias[min(position, len(self._pos_bias) - 1)]
+        interest = self.world.interests if frozen else self._interest
         logit = truth.click_logit(
-            float(self._interest[user, int(a.category[ad])]),
+            float(interest[user, int(a.category[ad])]),
             interest_scale=cfg.interest_scale,
             ad_quality=float(a.quality[ad]),
             advertiser_effect=float(self.world.advertiser_effect[int(a.advertiser[ad])]),
@@ -299,6 +301,8 @@ class Market:
             out.append(self._conversion(user, ad, t))
         self._labels.append(int(clicked))
         self._scores.append(p)
+        if self.drift_impression is not None:
+            self._frozen.append(self._pctr(user, ad, imp.slot, imp.position, frozen=True))
         self.n_impressions += 1
         return clicked, out
 
@@ -393,6 +397,11 @@ class Market:
         scores = np.frombuffer(self._scores, dtype=np.float64) if len(self._scores) else np.zeros(0)
         labels = np.frombuffer(self._labels, dtype=np.int8) if len(self._labels) else np.zeros(0, np.int8)
         return scores.copy(), labels.astype(bool)
+
+    def frozen_pctr_after_drift(self) -> np.ndarray:
+        """For each impression since the drift, the click probability the pre-drift truth gives
+        it: the best a model frozen at the drift can do (compare with `outcomes()[0]`)."""
+        return np.frombuffer(self._frozen, dtype=np.float64).copy() if len(self._frozen) else np.zeros(0)
 
     def summary(self) -> Summary:
         """Counts by kind, CTR, oracle AUC, channel credit and change points of the run so far."""

@@ -26,6 +26,8 @@ class Summary:
     expected_caused_conversions: dict[str, float]
     realised_caused_conversions: dict[str, int]
     organic_conversions: int
+    oracle_auc_after_drift: float = float("nan")
+    frozen_auc_after_drift: float = float("nan")
     drift_ts: datetime | None = None
     drift_impression: int | None = None
     new_ads_ts: datetime | None = None
@@ -43,6 +45,8 @@ def summarize(market: Market) -> Summary:
     """The summary of everything a market emitted or responded to so far."""
     scores, labels = market.outcomes()
     n = len(labels)
+    frozen = market.frozen_pctr_after_drift()
+    after = labels[n - len(frozen) :] if len(frozen) else labels[:0]
     clicks = int(labels.sum())
     lift = market.config.channel_lift
     return Summary(
@@ -56,6 +60,8 @@ def summarize(market: Market) -> Summary:
         expected_caused_conversions=truth.expected_caused_conversions(market.touches, lift),
         realised_caused_conversions={c: market.caused.get(c, 0) for c in lift},
         organic_conversions=market.organic_conversions,
+        oracle_auc_after_drift=truth.auc(scores[n - len(frozen) :], after) if len(frozen) else float("nan"),
+        frozen_auc_after_drift=truth.auc(frozen, after) if len(frozen) else float("nan"),
         drift_ts=market.drift_ts,
         drift_impression=market.drift_impression,
         new_ads_ts=market.new_ads_ts,

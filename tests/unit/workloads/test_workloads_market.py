@@ -161,6 +161,9 @@ def test_drift_changes_a_share_of_users_and_hurts_a_frozen_model() -> None:
     w = market.world
     frozen = [float(w.interests[int(m.user_id[1:]), int(w.ads.category[int(m.ad_id[2:])])]) for m in after]
     assert auc(oracle, labels) > auc(frozen, labels) + 0.15
+    # the summary reports the same drop over all post-drift impressions
+    assert s.oracle_auc_after_drift > s.frozen_auc_after_drift + 0.05
+    assert len(market.frozen_pctr_after_drift()) == 20_000
 
 
 def test_new_ads_arrive_mid_stream_and_get_shown() -> None:
