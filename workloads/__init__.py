@@ -4,7 +4,8 @@ Start here: `from workloads import Market, MarketConfig`; see `workloads.market`
 """
 
 from workloads.config import MarketConfig
-from workloads.market import Event, Market, Request, UnknownEntityError
+from workloads.entities import Event, Request, UnknownEntityError
+from workloads.market import Market
 from workloads.summary import Summary
 
 __all__ = ["Event", "Market", "MarketConfig", "Request", "Summary", "UnknownEntityError"]

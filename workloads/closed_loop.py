@@ -25,7 +25,8 @@ from schemas.api import AdRequest, AdResponse
 from schemas.codec import describe_validation_error
 from schemas.events import SLOTS, Impression, Slot
 from schemas.ids import impression_event_id
-from workloads.market import Event, Market, UnknownEntityError
+from workloads.entities import Event, UnknownEntityError
+from workloads.market import Market
 
 log = logging.getLogger(__name__)
 

@@ -31,44 +31,21 @@ import math
 from array import array
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import numpy as np
 
 from schemas.errors import AdstreamError
-from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression, Slot
+from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression
 from schemas.vectors import content_vector
 from workloads import truth
 from workloads.config import MarketConfig, resolve_at
+from workloads.entities import Event, Request, UnknownEntityError, index_of
 from workloads.policy import make_policy
 from workloads.summary import Summary, summarize
 from workloads.world import build_world
 
-Event = AdCreative | Impression | Click | Dwell | Conversion
-
-
-class UnknownEntityError(AdstreamError):
-    """A user or ad id that this market did not create (e.g. served from another catalog)."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """One ad request of the simulated traffic: who, where, how many ads, when."""
-
-    user_id: str
-    user: int
-    slot: Slot
-    k: int
-    ts: datetime
-
-
-def _index(ident: str, prefix: str, n: int, what: str) -> int:
-    if ident.startswith(prefix) and ident[len(prefix) :].isdigit():
-        i = int(ident[len(prefix) :])
-        if i < n:
-            return i
-    raise UnknownEntityError(f"{what} {ident!r} is not one of this market's {n} {what}s")
+__all__ = ["Event", "Market", "Request", "UnknownEntityError"]
 
 
 class Market:
@@ -152,7 +129,7 @@ class Market:
 
     def ad_vector(self, ad_id: str, dim: int) -> list[float]:
         """The shared content vector of an ad (`schemas.vectors.content_vector`)."""
-        ad = _index(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
+        ad = index_of(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
         category = self.world.categories[int(self.world.ads.category[ad])]
         return content_vector(category, self.world.ads.titles[ad], dim)
 
@@ -179,8 +156,8 @@ class Market:
 
     def true_pctr(self, user_id: str, ad_id: str, slot: str, position: int) -> float:
         """The true click probability of showing `ad_id` to `user_id` now (after any drift)."""
-        user = _index(user_id, "u", self.config.n_users, "user")
-        ad = _index(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
+        user = index_of(user_id, "u", self.config.n_users, "user")
+        ad = index_of(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
         return self._pctr(user, ad, slot, position)
 
     def oracle_pctr(self, impression: Impression | str) -> float:
@@ -333,8 +310,8 @@ class Market:
     def respond(self, impression: Impression) -> list[Event]:
         """The user's reaction to a served impression: click, dwell and caused conversion events
         (timestamps after the impression's). Records the impression's oracle pCTR."""
-        user = _index(impression.user_id, "u", self.config.n_users, "user")
-        ad = _index(impression.ad_id, "ad", len(self.world.ads.ad_ids), "ad")
+        user = index_of(impression.user_id, "u", self.config.n_users, "user")
+        ad = index_of(impression.ad_id, "ad", len(self.world.ads.ad_ids), "ad")
         p = self._pctr(user, ad, impression.slot, impression.position)
         self._foreign_oracle[impression.event_id] = p
         _, out = self._outcomes(impression, user, ad, p)
