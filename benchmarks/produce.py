@@ -1,14 +1,18 @@
 """Load benchmark: how many simulator events per second reach the Kafka broker.
 
-Events are generated and encoded before the clock starts (what is measured is producing, not
-simulating); each goes to its contract topic with its contract key, partitioned like the Java
-client (murmur2), acks=1. Two aiokafka paths are measured:
+Events are simulated before the clock starts (what is measured is producing, not simulating);
+each goes to its contract topic with its contract key, partitioned like the Java client
+(murmur2), acks=1; every run writes to fresh topics and is checked by consuming them back.
+Three paths are measured:
 
-- `send`: `producer.send()` per event with a large linger and batch size (the usual API);
-- `batch`: events grouped per partition into `create_batch()` batches sent with `send_batch()`
-  (aiokafka's batch API, which skips per-message bookkeeping in the accumulator).
+- `batch`: pre-encoded events grouped per partition into aiokafka `create_batch()` batches
+  sent with `send_batch()` (skips the per-message bookkeeping of the accumulator);
+- `send`: pre-encoded events through `producer.send()` one by one, large linger and batches;
+- `sink`: `workloads.sinks.produce` on the built messages, i.e. what `adstream simulate --kafka`
+  does after simulating: route, JSON-encode and batch inside the timed section.
 
-Usage: `.venv/bin/python benchmarks/produce.py [--events 500000] [--mode batch|send|both]`.
+`events_per_s` in the JSON is the best path; every run is listed under `runs`.
+Usage: `.venv/bin/python benchmarks/produce.py [--events 500000] [--mode batch|send|sink|all]`.
 Prints a table and writes `benchmarks/results/produce.json`.
 """
 
@@ -30,15 +34,27 @@ from rich.table import Table
 from deploy.stack import create_topics
 from schemas.settings import Settings
 from workloads import Market, MarketConfig
-from workloads.sinks import routed
+from workloads.entities import Event
+from workloads.sinks import produce, routed
 
+LABELS = {
+    "batch": "aiokafka create_batch/send_batch, pre-encoded",
+    "send": "aiokafka send() per event, pre-encoded",
+    "sink": "workloads.sinks.produce (CLI path, encodes)",
+}
 RESULTS = Path(__file__).resolve().parent / "results" / "produce.json"
 
 
-def pre_encode(n_impressions: int, prefix: str, seed: int) -> list[tuple[str, bytes, bytes]]:
-    """(topic, key, value) of a simulated stream of about 1.08 × n_impressions events."""
-    market = Market(MarketConfig(seed=seed, n_users=10_000, n_ads=2000))
-    return [routed(m, prefix) for m in market.open_loop(n_impressions)]
+def simulate(n_impressions: int, seed: int) -> list[Event]:
+    """A simulated stream of about 1.08 × n_impressions events."""
+    return list(Market(MarketConfig(seed=seed, n_users=10_000, n_ads=2000)).open_loop(n_impressions))
+
+
+async def run_sink(settings: Settings, messages: list[Event]) -> float:
+    """Seconds for `workloads.sinks.produce` (the CLI's path: route, encode, batch) on built messages."""
+    t0 = time.perf_counter()
+    await produce(messages, settings)
+    return time.perf_counter() - t0
 
 
 async def _partitions(settings: Settings, topics: set[str]) -> dict[str, list[int]]:
@@ -163,7 +179,7 @@ async def _drop_topics(settings: Settings) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=500_000, help="impressions to simulate (events ≈ 1.08×)")
-    ap.add_argument("--mode", choices=("batch", "send", "both"), default="both")
+    ap.add_argument("--mode", choices=("batch", "send", "sink", "all"), default="all")
     ap.add_argument("--batch-bytes", type=int, default=1024 * 1024)
     ap.add_argument("--linger-ms", type=int, default=50)
     ap.add_argument("--inflight", type=int, default=16, help="batches awaited together (batch mode)")
@@ -173,11 +189,12 @@ def main() -> None:
     base = Settings()
     console = Console()
     t = time.perf_counter()
-    events = pre_encode(args.events, "", args.seed)
+    messages = simulate(args.events, args.seed)
     encode_s = time.perf_counter() - t
+    events = [routed(m, "") for m in messages]
     n_bytes = sum(len(k) + len(v) for _, k, v in events)
     runs: list[dict[str, Any]] = []
-    modes = ("batch", "send") if args.mode == "both" else (args.mode,)
+    modes = ("batch", "send", "sink") if args.mode == "all" else (args.mode,)
     for mode in modes:
         # a fresh set of topics per run, so the broker's end offsets count exactly this run
         prefix = f"{base.topic_prefix}bench{uuid.uuid4().hex[:6]}."
@@ -185,7 +202,9 @@ def main() -> None:
         create_topics(settings)
         mine = [(prefix + topic, key, value) for topic, key, value in events]
         try:
-            if mode == "send":
+            if mode == "sink":
+                secs = asyncio.run(run_sink(settings, messages))
+            elif mode == "send":
                 secs = asyncio.run(run_send(settings, mine, args.linger_ms, args.batch_bytes))
             else:
                 parts = asyncio.run(_partitions(settings, {e[0] for e in mine}))
@@ -204,10 +223,10 @@ def main() -> None:
         "client / mode", "events", "seconds", "events/s", "MB/s", "read back", title="produce to Kafka"
     )
     for r in runs:
-        table.add_row(f"aiokafka {r['mode']}", f"{len(events):,}", f"{r['seconds']:.2f}",
+        table.add_row(LABELS[r["mode"]], f"{len(events):,}", f"{r['seconds']:.2f}",
                       f"{r['events_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['read_back']:,}")  # fmt: skip
     console.print(table)
-    console.print(f"simulate + encode (not timed above): {len(events) / encode_s:,.0f} events/s")
+    console.print(f"simulating (not timed above): {len(events) / encode_s:,.0f} events/s")
     import aiokafka
 
     result = {
@@ -221,7 +240,7 @@ def main() -> None:
         "inflight_batches": args.inflight,
         "acks": 1,
         "mean_event_bytes": n_bytes / len(events),
-        "simulate_encode_events_per_s": len(events) / encode_s,
+        "simulate_events_per_s": len(events) / encode_s,
         "read_back": best["read_back"],
         "broker": base.kafka_bootstrap,
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
