@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,16 +49,37 @@ async def _read_back(
     return got
 
 
+async def _drop_topics(settings: Settings) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
+        if names:
+            await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+def own_topics(stack: Settings) -> Iterator[Settings]:
+    """Settings with a prefix of this test's own, its contract topics created and dropped after."""
+    settings = stack.model_copy(update={"topic_prefix": f"{stack.topic_prefix}w{uuid.uuid4().hex[:6]}."})
+    create_topics(settings)
+    yield settings
+    asyncio.run(_drop_topics(settings))
+
+
 def _env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
     monkeypatch.setenv("ADSTREAM_TOPIC_PREFIX", settings.topic_prefix)
     monkeypatch.setenv("ADSTREAM_KAFKA_BOOTSTRAP", settings.kafka_bootstrap)
 
 
 def test_simulate_to_kafka_delivers_exactly_the_file_stream(
-    stack: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    own_topics: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    settings = stack.model_copy(update={"topic_prefix": stack.topic_prefix + "wsim."})
-    create_topics(settings)
+    settings = own_topics
     _env(monkeypatch, settings)
     args = ["simulate", "--users", "200", "--ads", "40", "--events", "5000", "--seed", "21"]
     out = tmp_path / "sim.jsonl"
@@ -78,9 +101,8 @@ def test_simulate_to_kafka_delivers_exactly_the_file_stream(
         assert values == want
 
 
-def test_replay_obd_to_kafka_keeps_every_click(stack: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = stack.model_copy(update={"topic_prefix": stack.topic_prefix + "wobd."})
-    create_topics(settings)
+def test_replay_obd_to_kafka_keeps_every_click(own_topics: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = own_topics
     _env(monkeypatch, settings)
     result = runner.invoke(app, ["replay", "obd", "--policy", "random", "--campaign", "women", "--kafka"])
     assert result.exit_code == 0, result.output
