@@ -6,6 +6,7 @@ import asyncio
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -146,6 +147,9 @@ def replay_obd(
     policy: Annotated[str, typer.Option(help="Logging policy of the log: random or bts")] = "random",
     campaign: Annotated[str, typer.Option(help="Campaign: all, men or women")] = "all",
     speedup: Annotated[float, typer.Option(help="Divide time offsets by this factor")] = 1.0,
+    start: Annotated[
+        str | None, typer.Option(help="Move the first row to this ISO time (with offset) or 'now'")
+    ] = None,
     out: OutOpt = None,
     kafka: KafkaOpt = False,
     pace: PaceOpt = 0.0,
@@ -155,8 +159,16 @@ def replay_obd(
     from workloads.obd import replay_obd as replay
 
     try:
+        origin = None
+        if start == "now":
+            origin = datetime.now(UTC)
+        elif start is not None:
+            try:
+                origin = datetime.fromisoformat(start)
+            except ValueError as exc:
+                raise ConfigError(f"start={start!r}: not an ISO 8601 time ({exc})") from exc
         log_csv, _ = obd_files(policy, campaign)
-        messages = list(replay(policy, campaign, speedup))
+        messages = list(replay(policy, campaign, speedup, origin))
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
     counts: Counter[str] = Counter()

@@ -104,19 +104,28 @@ def cohort_id(features: tuple[str, ...]) -> str:
     return "obd-u" + hashlib.blake2b("|".join(features).encode(), digest_size=8).hexdigest()
 
 
-def replay_obd(policy: str = "random", campaign: str = "all", speedup: float = 1.0) -> Iterator[Message]:
-    """The dataset's catalog, impressions and clicks as contract events, in time order."""
+def replay_obd(
+    policy: str = "random", campaign: str = "all", speedup: float = 1.0, start: datetime | None = None
+) -> Iterator[Message]:
+    """The dataset's catalog, impressions and clicks as contract events, in time order.
+
+    Offsets from the first row are divided by `speedup`; `start` (aware) moves the first row
+    to that instant, otherwise the original 2019 timestamps are kept.
+    """
     if not speedup > 0:
         raise ConfigError(f"speedup={speedup!r}: must be > 0")
+    if start is not None and start.tzinfo is None:
+        raise ConfigError(f"start={start!r}: must be timezone-aware")
     log_csv, items_csv = obd_files(policy, campaign)
     rows = read_rows(log_csv)
     items = read_items(items_csv)
     if not rows:
         return
     t0 = rows[0].ts
+    origin = start or t0
 
     def at(ts: datetime) -> datetime:
-        return t0 + (ts - t0) / speedup
+        return origin + (ts - t0) / speedup
 
     tag = f"obd-{policy}-{campaign}"
     campaign_id = f"obd-{campaign}"
@@ -124,7 +133,7 @@ def replay_obd(policy: str = "random", campaign: str = "all", speedup: float = 1
         feat = items[item_id]
         yield AdCreative(
             event_id=f"{tag}-item{item_id}",
-            ts=t0,
+            ts=origin,
             ad_id=f"obd-item{item_id}",
             campaign_id=campaign_id,
             advertiser_id="obd-" + feat.get("item_feature_2", "zozotown")[:12],

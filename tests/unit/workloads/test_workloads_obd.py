@@ -63,3 +63,16 @@ def test_bad_arguments_name_the_field() -> None:
         list(replay_obd("greedy", "all"))
     with pytest.raises(ConfigError, match="speedup"):
         list(replay_obd("random", "all", speedup=0))
+
+
+def test_start_moves_the_replay_to_a_new_origin() -> None:
+    from datetime import UTC, datetime
+
+    origin = datetime(2030, 1, 1, tzinfo=UTC)
+    msgs = list(replay_obd("random", "men", speedup=2.0, start=origin))
+    imps = [m for m in msgs if isinstance(m, Impression)]
+    orig = [m for m in replay_obd("random", "men") if isinstance(m, Impression)]
+    assert imps[0].ts == origin and msgs[0].ts == origin
+    assert imps[-1].ts - imps[0].ts == (orig[-1].ts - orig[0].ts) / 2
+    with pytest.raises(ConfigError, match="start"):
+        list(replay_obd("random", "men", start=datetime(2030, 1, 1)))
