@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import json
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+import numpy as np
 
 from schemas.events import Click, Dwell, Impression, TrainingExample
 
@@ -52,9 +54,16 @@ def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
+_PENDING = struct.Struct("<ddBIHB")  # deadline, intent, clicked, dwell_ms, dim, len(category)
+
+
 @dataclass
 class Pending:
-    """An impression waiting for its labels, with the features captured when it was served."""
+    """An impression waiting for its labels, with the features captured when it was served.
+
+    Stored in Redis as a small binary record: the header above, the category, the float32 user
+    vector (the features are float32 values, so this is exact) and the impression's JSON.
+    """
 
     impression: Impression
     category: str
@@ -63,33 +72,30 @@ class Pending:
     deadline: float
     clicked: bool = False
     dwell_ms: int = 0
+    raw: bytes | None = field(default=None, compare=False, repr=False)
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {
-                "imp": self.impression.model_dump_json(),
-                "cat": self.category,
-                "vec": self.user_vector,
-                "intent": self.intent_score,
-                "deadline": self.deadline,
-                "clicked": self.clicked,
-                "dwell": self.dwell_ms,
-            },
-            separators=(",", ":"),
-        ).encode()
+        if self.raw is None:
+            self.raw = self.impression.model_dump_json().encode()
+        cat = self.category.encode()
+        vec = np.asarray(self.user_vector, dtype="<f4")
+        head = _PENDING.pack(
+            self.deadline, self.intent_score, self.clicked, self.dwell_ms, len(vec), len(cat)
+        )
+        return b"".join((head, cat, vec.tobytes(), self.raw))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Pending:
-        d: dict[str, Any] = json.loads(data)
-        return cls(
-            impression=Impression.model_validate_json(d["imp"]),
-            category=d["cat"],
-            user_vector=list(d["vec"]),
-            intent_score=float(d["intent"]),
-            deadline=float(d["deadline"]),
-            clicked=bool(d["clicked"]),
-            dwell_ms=int(d["dwell"]),
-        )
+        deadline, intent, clicked, dwell, dim, n = _PENDING.unpack_from(data, 0)
+        off = _PENDING.size
+        cat = data[off : off + n].decode()
+        off += n
+        vec = np.frombuffer(data, dtype="<f4", count=dim, offset=off)
+        off += 4 * dim
+        raw = data[off:]
+        imp = Impression.model_validate_json(raw)
+        assert isinstance(imp, Impression)
+        return cls(imp, cat, [float(x) for x in vec], intent, deadline, bool(clicked), dwell, raw)
 
 
 @dataclass
@@ -159,7 +165,12 @@ class LabelJoin:
         )
 
     def on_impression(
-        self, imp: Impression, category: str, user_vector: list[float], intent_score: float
+        self,
+        imp: Impression,
+        category: str,
+        user_vector: list[float],
+        intent_score: float,
+        raw: bytes | None = None,
     ) -> list[TrainingExample]:
         """Open the impression's window; apply an orphan click/dwell that came before it."""
         iid = imp.event_id
@@ -167,7 +178,7 @@ class LabelJoin:
             self.counts["duplicate_impression"] += 1
             return []
         ts = imp.ts.timestamp()
-        p = Pending(imp, category, user_vector, intent_score, ts + self.window_s)
+        p = Pending(imp, category, user_vector, intent_score, ts + self.window_s, raw=raw)
         self._put(iid, p)
         heapq.heappush(self._deadlines, (p.deadline, iid))
         out: list[TrainingExample] = []

@@ -30,6 +30,7 @@ class Item:
     ts: float
     handle: Any = None
     dead: Any = None  # the dead letter of an invalid record
+    raw: bytes | None = None  # the record's bytes as received
 
 
 @dataclass

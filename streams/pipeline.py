@@ -123,14 +123,15 @@ class Pipeline:
         async with self.lock:
             missing: dict[int, set[str]] = {}
             skipped = []
+            seen: Counter[str] = Counter()
             for rec in records:
                 base = self.base_of.get(rec.topic)
                 if base is None:
                     log.warning("record from unexpected topic %s ignored", rec.topic)
                     skipped.append(rec.handle)
                     continue
-                m.EVENTS_IN.labels(base).inc()
-                part = await self._part(rec.partition)
+                seen[base] += 1
+                part = self.parts.get(rec.partition) or await self._part(rec.partition)
                 applied = part.applied.get(rec.topic, -1)
                 part.merge.last_seen[rec.topic] = max(part.merge.last_seen.get(rec.topic, -1), rec.offset)
                 if rec.offset <= applied:
@@ -143,10 +144,13 @@ class Pipeline:
                     self.counts[f"invalid:{result.reason}"] += 1
                     part.merge.push(Item(rec.topic, rec.offset, None, 0.0, rec.handle, result.dead_letter))
                     continue
-                part.merge.push(Item(rec.topic, rec.offset, result, result.ts.timestamp(), rec.handle))
+                ts = result.ts.timestamp()
+                part.merge.push(Item(rec.topic, rec.offset, result, ts, rec.handle, raw=rec.value))
                 uid = getattr(result, "user_id", None)
                 if uid is not None and uid not in part.proc.states:
                     missing.setdefault(rec.partition, set()).add(uid)
+            for base, n in seen.items():
+                m.EVENTS_IN.labels(base).inc(n)
             if skipped:
                 self.ack(skipped)
             for p, uids in missing.items():
@@ -209,7 +213,7 @@ class Pipeline:
         event: Message = item.event
         table, row = row_of(event, p, item.offset)
         b.rows[table].append(row)
-        b.examples += part.proc.on_event(event)
+        b.examples += part.proc.on_event(event, item.raw)
 
     async def _commit(self) -> None:
         b, self.batch = self.batch, _Batch()

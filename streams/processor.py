@@ -71,8 +71,11 @@ class Processor:
         s = self.states.get(user_id)
         return s if s is not None else UserState.empty(user_id, self.params.dim)
 
-    def on_event(self, event: Message) -> list[TrainingExample]:
-        """Apply one valid event; return the examples it emits (duplicates change nothing)."""
+    def on_event(self, event: Message, raw: bytes | None = None) -> list[TrainingExample]:
+        """Apply one valid event; return the examples it emits (duplicates change nothing).
+
+        `raw` is the event's JSON as received (kept for the pending impression, not re-encoded).
+        """
         if isinstance(event, AdCreative):
             self.catalog.update(event)
             return []
@@ -95,7 +98,11 @@ class Processor:
             category = ad.category if ad is not None else UNKNOWN_CATEGORY
             vec = vector_at(before, ts, self.params)
             out += self.join.on_impression(
-                event, category, [float(x) for x in vec], intent_score(before, category, ts, self.params)
+                event,
+                category,
+                vec.tolist(),
+                intent_score(before, category, ts, self.params),
+                raw,
             )
         elif isinstance(event, Click):
             out += self.join.on_click(event)

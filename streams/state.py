@@ -27,6 +27,7 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Final
 
 import numpy as np
@@ -118,7 +119,9 @@ class UserState:
 
     def top_intents(self, k: int) -> list[tuple[str, float]]:
         """The k highest intent scores as of `last_ts`, highest first (ties by name)."""
-        return sorted(self.intents.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+        items = sorted(self.intents.items(), key=itemgetter(0))
+        items.sort(key=itemgetter(1), reverse=True)  # stable: ties stay in name order
+        return items[:k]
 
 
 def id_hash(value: str) -> int:

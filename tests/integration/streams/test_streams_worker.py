@@ -168,7 +168,6 @@ def test_ten_thousand_events_with_one_percent_malformed(deployment: Settings, wo
         r.close()
 
 
-@pytest.mark.slow
 def test_crash_recovery_kill_9_mid_stream(deployment: Settings, worker: Worker) -> None:
     s = deployment
     catalog, valid = simulate(20_000, seed=23)

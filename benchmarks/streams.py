@@ -1,0 +1,361 @@
+"""Streams benchmark: sustained events/s through the whole worker, next to raw aiokafka consumption.
+
+On the running local stack (broker, Redis, ClickHouse), in one run:
+
+1. simulator events (`workloads.Market.open_loop`) are encoded and produced to the user-event
+   topics of a fresh topic prefix (the catalog first);
+2. `raw`: a plain aiokafka consumer reads every record from the beginning (no decoding) —
+   the ceiling any Python consumer of this broker has here;
+3. `worker`: `adstream worker` (the Faust app, as a child process) processes the same records:
+   validation, time-ordered merge, user state, label join, ClickHouse sink, Redis commit. The rate
+   is measured from 5 % to 100 % applied (the offsets the worker commits to Redis), so start-up
+   and catalog load are excluded; py-spy samples the worker meanwhile and the profile is summarised
+   by package and by function (self time).
+
+Usage: `.venv/bin/python benchmarks/streams.py [--events 100000] [--no-profile]`.
+Prints a table and writes `benchmarks/results/streams.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from attribution.migrate import clickhouse_client, database_name  # noqa: E402
+from deploy.stack import create_topics  # noqa: E402
+from schemas import topics  # noqa: E402
+from schemas.codec import encode, key_of, topic_of  # noqa: E402
+from schemas.events import AdCreative  # noqa: E402
+from schemas.settings import Settings  # noqa: E402
+from workloads.config import MarketConfig  # noqa: E402
+from workloads.market import Market  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "streams.json"
+USER_TOPICS = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
+GOAL = 20_000.0
+
+
+def generate(n: int, seed: int) -> tuple[list[tuple[str, bytes, bytes]], list[tuple[str, bytes, bytes]]]:
+    """(catalog records, user-event records) of about n user events, as (topic, key, value)."""
+    market = Market(MarketConfig(seed=seed, n_users=20_000, n_ads=2_000, rate=200.0))
+    catalog, events = [], []
+    for e in market.open_loop(n):
+        rec = (topic_of(e), key_of(e), encode(e))
+        (catalog if isinstance(e, AdCreative) else events).append(rec)
+        if len(events) >= n:
+            break
+    return catalog, events
+
+
+async def produce(s: Settings, records: list[tuple[str, bytes, bytes]]) -> float:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=s.kafka_bootstrap, linger_ms=20, max_batch_size=512 * 1024, acks=1
+    )
+    await producer.start()
+    t0 = time.perf_counter()
+    try:
+        futs = [
+            await producer.send(topics.topic_name(t, s.topic_prefix), value=v, key=k) for t, k, v in records
+        ]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+    return time.perf_counter() - t0
+
+
+async def raw_consume(s: Settings, expect: int) -> dict[str, float]:
+    """Read every user-event record once with a bare aiokafka consumer; time first→last record."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False)
+    await c.start()
+    try:
+        tps = [
+            TopicPartition(topics.topic_name(t, s.topic_prefix), p)
+            for t in USER_TOPICS
+            for p in range(s.topic_partitions or 8)
+        ]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        n, t0, nbytes = 0, None, 0
+        deadline = time.monotonic() + 300
+        while n < expect and time.monotonic() < deadline:
+            batch = await c.getmany(timeout_ms=500, max_records=10_000)
+            if batch and t0 is None:
+                t0 = time.perf_counter()
+            for recs in batch.values():
+                n += len(recs)
+                nbytes += sum(len(r.value or b"") for r in recs)
+        dt = time.perf_counter() - (t0 or time.perf_counter())
+    finally:
+        await c.stop()
+    return {"events": n, "seconds": dt, "events_per_s": n / dt if dt else 0.0, "mb_per_s": nbytes / dt / 1e6}
+
+
+def worker_env(s: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "ADSTREAM_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+            "ADSTREAM_REDIS_URL": s.redis_url,
+            "ADSTREAM_CLICKHOUSE_URL": s.clickhouse_url,
+            "ADSTREAM_TOPIC_PREFIX": s.topic_prefix,
+            "ADSTREAM_REDIS_PREFIX": s.redis_prefix,
+            "ADSTREAM_STATE_DIR": str(s.state_dir),
+            "ADSTREAM_METRICS_PORT": "0",
+        }
+    )
+    return env
+
+
+def applied_count(r: Any, s: Settings) -> int:
+    raw = r.hgetall(f"{s.redis_prefix}streams:offsets")
+    return sum(int(v) + 1 for k, v in raw.items() if not k.startswith(b"stream_ts:"))
+
+
+def run_worker(s: Settings, total: int, profile: Path | None, log: Path) -> dict[str, Any]:
+    import redis
+
+    r = redis.Redis.from_url(s.redis_url)
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "worker", "--loglevel", "warn"],
+            cwd=ROOT,
+            env=worker_env(s),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    spy: subprocess.Popen[bytes] | None = None
+    t_launch = time.perf_counter()
+    samples: list[tuple[float, int]] = []
+    try:
+        start: tuple[float, int] | None = None
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}; see {log}")
+            n = applied_count(r, s)
+            now = time.perf_counter()
+            samples.append((now - t_launch, n))
+            if start is None and n >= total * 0.05:
+                start = (now, n)
+                if profile is not None and shutil.which("py-spy", path=str(Path(sys.executable).parent)):
+                    spy = subprocess.Popen(
+                        [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(proc.pid),
+                         "-r", "50", "--format", "raw", "-o", str(profile), "--nonblocking"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    )  # fmt: skip
+            if n >= total:
+                break
+            time.sleep(0.1)
+        end = (time.perf_counter(), applied_count(r, s))
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        r.close()
+    if start is None or end[1] < total:
+        raise RuntimeError(f"worker applied {end[1]} of {total} records; see {log}")
+    dt = end[0] - start[0]
+    return {
+        "events": end[1] - start[1],
+        "seconds": dt,
+        "events_per_s": (end[1] - start[1]) / dt,
+        "startup_to_5pct_s": start[0] - t_launch,
+        "wall_s": end[0] - t_launch,
+    }
+
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^:()]*)(?::\d+)?\)$")
+
+
+def _package(path: str) -> str:
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    for room in ("streams", "schemas", "attribution", "deploy"):
+        if f"/{room}/" in path or path.startswith(f"{room}/"):
+            return room
+    if "/lib/python3" in path:
+        return "stdlib:" + path.rsplit("/", 1)[-1].removesuffix(".py")
+    return path or "?"
+
+
+def summarise_profile(path: Path, top: int = 15) -> dict[str, Any]:
+    """Self time by package and by function, and inclusive time of our main steps."""
+    by_pkg: Counter[str] = Counter()
+    by_func: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    steps = {
+        "validate (pydantic decode)": "validate (",
+        "state + label join": "on_event (",
+        "ClickHouse insert": "_insert (",
+        "Redis commit": "commit (",
+        "pipeline.feed total": "feed (",
+        "pipeline._commit total": "_commit (",
+    }
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        total += n
+        leaf = frames[-1]
+        mt = _FRAME.match(leaf)
+        func, file = (mt.group("func"), mt.group("file")) if mt else (leaf, "")
+        by_pkg[_package(file)] += n
+        by_func[f"{func} ({_package(file)})"] += n
+        for name, needle in steps.items():
+            if any(needle in f and ("/streams/" in f or "streams/" in f) for f in frames):
+                inclusive[name] += n
+    share = (lambda c: {k: round(v / total, 4) for k, v in c.most_common(top)}) if total else dict
+    return {
+        "samples": total,
+        "self_by_package": share(by_pkg),
+        "self_by_function": share(by_func),
+        "inclusive_steps": {k: round(v / total, 4) for k, v in inclusive.items()} if total else {},
+    }
+
+
+def cleanup(s: Settings) -> None:
+    import redis
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    r = redis.Redis.from_url(s.redis_url)
+    keys = list(r.scan_iter(match=f"{s.redis_prefix}*", count=5000))
+    for i in range(0, len(keys), 5000):
+        r.delete(*keys[i : i + 5000])
+    r.close()
+    c = clickhouse_client(s)
+    c.execute(f"DROP DATABASE IF EXISTS {database_name(s)}")
+    c.disconnect()
+
+    async def drop_topics() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        await admin.start()
+        try:
+            names = [n for n in await admin.list_topics() if n.startswith(s.topic_prefix)]
+            if names:
+                await admin.delete_topics(names)
+        finally:
+            await admin.close()
+
+    try:
+        asyncio.run(drop_topics())
+    except Exception as exc:  # a broker without topic deletion keeps them; not fatal
+        print(f"(could not delete bench topics: {exc})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--no-profile", action="store_true")
+    args = ap.parse_args()
+
+    tag = uuid.uuid4().hex[:6]
+    base = Settings()
+    s = base.model_copy(
+        update={
+            "topic_prefix": f"bench{tag}.",
+            "redis_prefix": f"adstream-bench:{tag}:",
+            "clickhouse_url": base.clickhouse_url.rsplit("/", 1)[0] + f"/adstream_bench_{tag}",
+            "state_dir": ROOT / ".adstream" / "bench",
+        }
+    )
+    console = Console()
+    create_topics(s)
+    try:
+        catalog, events = generate(args.events, args.seed)
+        asyncio.run(produce(s, catalog))
+        produce_s = asyncio.run(produce(s, events))
+        console.print(f"produced {len(events)} user events ({len(catalog)} ads) in {produce_s:.1f}s")
+        raw = asyncio.run(raw_consume(s, len(events)))
+        out_dir = ROOT / ".adstream" / "bench"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        profile = None if args.no_profile else out_dir / f"streams-{tag}.pyspy.txt"
+        worker = run_worker(s, len(events), profile, out_dir / f"streams-{tag}.log")
+        prof = summarise_profile(profile) if profile is not None and profile.exists() else {}
+    finally:
+        cleanup(s)
+
+    result = {
+        "benchmark": "streams",
+        "events": len(events),
+        "events_per_s": round(worker["events_per_s"], 1),
+        "raw_consume_events_per_s": round(raw["events_per_s"], 1),
+        "ratio_to_raw": round(worker["events_per_s"] / raw["events_per_s"], 4)
+        if raw["events_per_s"]
+        else None,
+        "goal_events_per_s": GOAL,
+        "goal_met": worker["events_per_s"] >= GOAL,
+        "worker": worker,
+        "raw_consume": raw,
+        "profile": prof,
+        "settings": {
+            "sink_batch_size": s.sink_batch_size,
+            "sink_flush_s": s.sink_flush_s,
+            "state_dim": s.state_dim,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "command": f".venv/bin/python benchmarks/streams.py --events {args.events}",
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+
+    table = Table("path", "events", "seconds", "events/s")
+    table.add_row(
+        "raw aiokafka consume", str(raw["events"]), f"{raw['seconds']:.2f}", f"{raw['events_per_s']:,.0f}"
+    )
+    table.add_row("adstream worker (Faust)", str(worker["events"]), f"{worker['seconds']:.2f}",
+                  f"{worker['events_per_s']:,.0f}")  # fmt: skip
+    console.print(table)
+    console.print(
+        f"ratio worker/raw: {result['ratio_to_raw']}; goal {GOAL:,.0f}/s "
+        f"{'met' if result['goal_met'] else 'NOT met'}"
+    )
+    if prof:
+        t2 = Table("where the time goes (self, py-spy)", "share")
+        for k, v in prof["self_by_package"].items():
+            t2.add_row(k, f"{v:.1%}")
+        console.print(t2)
+        t3 = Table("step (inclusive)", "share")
+        for k, v in prof["inclusive_steps"].items():
+            t3.add_row(k, f"{v:.1%}")
+        console.print(t3)
+    console.print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
