@@ -1,0 +1,229 @@
+"""End-to-end latency of `POST /v1/ads` under a fixed request rate, driven by wrk.
+
+Setup: a 10,000-ad catalog from `adstream simulate`, the ranker checkpoint under
+`settings.model_dir` (or a seeded untrained one of the same shape: same compute), warm users
+in Redis (streams' record format) for half of the user pool, the app deployed by
+`adstream serve`'s own code path (`deploy.cli_serving.start`) on a local Ray cluster.
+Load: wrk with `benchmarks/serve_load.lua` (random users and slots, k = 10, each connection
+paced so that all of them together send RATE requests/s).
+
+    .venv/bin/python benchmarks/serve.py --rates 50,100 --duration 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+
+
+def make_catalog(path: Path, ads: int) -> None:
+    cmd = [
+        str(ROOT / ".venv/bin/adstream"),
+        "simulate",
+        "--ads",
+        str(ads),
+        "--impressions",
+        "10",
+        "--advertisers",
+        "300",
+        "--categories",
+        "40",
+        "--new-ads",
+        "0",
+        "--out",
+        str(path),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+
+
+def make_model(model_dir: Path, settings_model_dir: Path) -> str:
+    from serving.ranking import find_checkpoint
+
+    found = find_checkpoint(settings_model_dir)
+    if found is not None:
+        shutil.copytree(found, model_dir / "ranker")
+        return f"trained checkpoint from {found}"
+    import torch
+
+    from trainers.ranker import Ranker, RankerConfig, save_checkpoint
+
+    torch.manual_seed(0)
+    save_checkpoint(Ranker(RankerConfig()), model_dir / "ranker")
+    return "seeded untrained ranker (default RankerConfig)"
+
+
+def warm_users(settings: object, users: int, catalog: Path) -> None:
+    """Half of the user pool gets a state record: a vector near one category and its intent."""
+    import numpy as np
+    import redis
+
+    from schemas.vectors import content_vector
+    from streams.record import encode_state, user_key
+    from streams.state import UserState
+
+    cats = sorted({json.loads(line)["category"] for line in catalog.open() if '"kind":"ad"' in line})
+    r = redis.Redis.from_url(settings.redis_url)  # type: ignore[attr-defined]
+    pipe = r.pipeline(transaction=False)
+    now = time.time()
+    for i in range(1, users + 1, 2):
+        cat = cats[i % len(cats)]
+        vec = np.asarray(content_vector(cat, cat, settings.state_dim), dtype=np.float32)  # type: ignore[attr-defined]
+        st = UserState(
+            user_id=f"u{i}",
+            dim=vec.shape[0],
+            vector=vec,
+            intents={cat: 2.0},
+            last_ts=now,
+            session_start_ts=now,
+        )
+        pipe.set(user_key(settings.redis_prefix, f"u{i}"), encode_state(st), ex=3600)  # type: ignore[attr-defined]
+    pipe.execute()
+
+
+def run_wrk(url: str, rate: int, duration: int, conns: int, users: int) -> dict[str, float]:
+    env = {**os.environ, "RATE": str(rate), "CONNS": str(conns), "USERS": str(users), "K": "10"}
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{conns}",
+            f"-d{duration}s",
+            "--timeout",
+            "2s",
+            "-s",
+            str(ROOT / "benchmarks/serve_load.lua"),
+            url,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
+    res = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    errors = res["err_connect"] + res["err_read"] + res["err_write"] + res["err_status"] + res["err_timeout"]
+    return {
+        "target_rps": rate,
+        "rps": round(res["requests"] / (res["duration_us"] / 1e6), 1),
+        "requests": res["requests"],
+        "p50_ms": round(res["p50_us"] / 1000, 2),
+        "p90_ms": round(res["p90_us"] / 1000, 2),
+        "p99_ms": round(res["p99_us"] / 1000, 2),
+        "max_ms": round(res["max_us"] / 1000, 2),
+        "errors": errors,
+        "error_rate": round(errors / max(res["requests"], 1), 5),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ads", type=int, default=10_000)
+    ap.add_argument("--rates", default="50,100")
+    ap.add_argument("--duration", type=int, default=20)
+    ap.add_argument("--conns", type=int, default=10)
+    ap.add_argument("--users", type=int, default=5000)
+    ap.add_argument("--port", type=int, default=8011)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve.json")
+    args = ap.parse_args()
+
+    import httpx
+    import ray
+    import redis
+    from ray import serve
+    from rich.console import Console
+    from rich.table import Table
+
+    from deploy.cli_serving import start
+    from schemas.settings import Settings
+
+    tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-"))
+    run = uuid.uuid4().hex[:8]
+    catalog = tmp / "catalog.jsonl"
+    make_catalog(catalog, args.ads)
+    base = Settings()
+    model_note = make_model(tmp / "models", base.model_dir)
+    settings = Settings(
+        model_dir=tmp / "models",
+        serve_catalog_file=catalog,
+        http_port=args.port,
+        topic_prefix=f"bench{run}.",
+        redis_prefix=f"adstream-bench:{run}:",
+        serve_consume_deltas=False,
+    )
+    warm_users(settings, args.users, catalog)
+    t0 = time.monotonic()
+    endpoints = start(settings, name="bench")
+    url = endpoints.best
+    client = httpx.Client(base_url=url, timeout=10)
+    health = client.get("/healthz").json()
+    print(f"deployed in {time.monotonic() - t0:.1f}s: {health}")
+    rows = []
+    try:
+        run_wrk(url, 50, 5, args.conns, args.users)  # warm-up (JIT paths, connections, caches)
+        for rate in [int(r) for r in args.rates.split(",")]:
+            rows.append(run_wrk(url, rate, args.duration, args.conns, args.users))
+        metrics = client.get("/metrics").text
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        r = redis.Redis.from_url(settings.redis_url)
+        keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
+        if keys:
+            r.delete(*keys)
+        shutil.rmtree(tmp, ignore_errors=True)
+    served_by = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("adstream_serving_served_by_total{")
+    }
+    table = Table("target rps", "rps", "requests", "p50 ms", "p90 ms", "p99 ms", "max ms", "error rate")
+    for row in rows:
+        table.add_row(
+            *(
+                str(row[k])
+                for k in (
+                    "target_rps",
+                    "rps",
+                    "requests",
+                    "p50_ms",
+                    "p90_ms",
+                    "p99_ms",
+                    "max_ms",
+                    "error_rate",
+                )
+            )
+        )
+    Console().print(table)
+    result = {
+        "benchmark": "serve",
+        "catalog_ads": health["ads"],
+        "k": 10,
+        "url": "replica (direct ingress)" if url != endpoints.proxy else "Serve proxy",
+        "load_tool": "wrk 4.1 + benchmarks/serve_load.lua (paced connections)",
+        "connections": args.conns,
+        "duration_s": args.duration,
+        "model": model_note,
+        "device": health["device"],
+        "cpus": os.cpu_count(),
+        "throughput_optimized": os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1",
+        "served_by": served_by,
+        "rates": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""`adstream serve`: deploy the Ray Serve ad server on a local Ray cluster and print its URL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from schemas.settings import Settings
+
+console = Console()
+
+
+class StreamsUserCodec:
+    """Serving's view of streams' Redis user record (`streams.record`), decayed to request time."""
+
+    def __init__(self, settings: Settings) -> None:
+        from streams.state import StateParams
+
+        self.params = StateParams.from_settings(settings)
+
+    def key(self, prefix: str, user_id: str) -> str:
+        from streams.record import user_key
+
+        return user_key(prefix, user_id)
+
+    def view(self, user_id: str, data: bytes, now_ts: float) -> Any:
+        import numpy as np
+
+        from serving.pipeline import UserView
+        from streams.record import decode_state, served_view
+
+        vector, top = served_view(decode_state(user_id, data), now_ts, self.params)
+        return UserView(np.asarray(vector, dtype=np.float32), dict(top))
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the app answers: the Serve proxy (load-balanced) and each replica's own HTTP port."""
+
+    proxy: str
+    replicas: list[str]
+
+    @property
+    def best(self) -> str:
+        """The replica itself when there is one (no proxy hop), else the proxy."""
+        return self.replicas[0] if len(self.replicas) == 1 else self.proxy
+
+
+def start(settings: Settings, name: str = "adstream", throughput_optimized: bool = True) -> Endpoints:
+    """Start a local Ray cluster (own ports: never Redis' 6379) and deploy the app.
+
+    Throughput-optimized Serve runs user code on the replica's main loop and gives each ingress
+    replica its own HTTP port ("direct ingress", here `http_port + 1 …`): a request that goes
+    there skips the proxy actor, and the proxy's extra round trip to fetch the request body,
+    which on this 2-core machine costs ~9 ms of a ~13 ms request.
+    """
+    if throughput_optimized:
+        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", str(settings.http_port + 1))
+        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", str(settings.http_port + 64))
+    import ray
+    from ray import serve
+
+    from serving.app import build_app
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    serve.start(http_options={"host": settings.http_host, "port": settings.http_port})
+    serve.run(build_app(settings, StreamsUserCodec(settings)), name=name, route_prefix="/", blocking=False)
+    proxy = f"http://{settings.http_host}:{settings.http_port}"
+    return Endpoints(proxy, _replica_urls(settings) if throughput_optimized else [])
+
+
+def _replica_urls(settings: Settings) -> list[str]:
+    import httpx
+
+    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", settings.http_port + 1))
+    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", settings.http_port + 64))
+    urls = []
+    for port in range(lo, min(hi, lo + 32) + 1):
+        url = f"http://{settings.http_host}:{port}"
+        try:
+            body = httpx.get(f"{url}/healthz", timeout=0.5).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        if isinstance(body, dict) and "model_version" in body:
+            urls.append(url)
+        if len(urls) == settings.serve_replicas:
+            break
+    return urls
+
+
+def serve_cmd(
+    port: Annotated[int | None, typer.Option(help="HTTP port (default: settings.http_port)")] = None,
+    host: Annotated[str | None, typer.Option(help="HTTP host (default: settings.http_host)")] = None,
+    catalog: Annotated[
+        Path | None, typer.Option(help="JSON lines with AdCreative events to load at start")
+    ] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas of the ad server")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
+    throughput_optimized: Annotated[
+        bool, typer.Option(help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (direct ingress, no extra threads)")
+    ] = True,
+) -> None:
+    """Deploy the ad server (recall → rank + LoRA → rerank) and serve until interrupted."""
+    overrides: dict[str, Any] = {}
+    for key, value in (
+        ("http_port", port),
+        ("http_host", host),
+        ("serve_catalog_file", catalog),
+        ("serve_replicas", replicas),
+        ("device", device),
+    ):
+        if value is not None:
+            overrides[key] = value
+    settings = Settings(**overrides)
+    t0 = time.monotonic()
+    url = start(settings, throughput_optimized=throughput_optimized)
+    console.print(
+        f"adstream serving at [bold]{url}[/] (docs: {url}/docs) — ready in {time.monotonic() - t0:.1f}s"
+    )
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop:
+        time.sleep(0.5)
+    from ray import serve
+
+    serve.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `adstream serve` to the `adstream` app."""
+    app.command("serve")(serve_cmd)
