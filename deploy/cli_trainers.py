@@ -1,0 +1,240 @@
+"""`adstream train` (offline models) and `adstream trainer` (online LoRA, live or `--replay`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from schemas.errors import AdstreamError
+from schemas.events import AdapterDelta, AdCreative, DeadLetter, Message, TrainingExample
+from schemas.settings import Settings
+
+log = logging.getLogger(__name__)
+console = Console()
+
+
+def read_events(path: Path) -> tuple[list[Message], int]:
+    """Contract messages of a JSON-lines file (mixed kinds) and how many lines were invalid."""
+    from schemas.codec import decode_any
+
+    events: list[Message] = []
+    bad = 0
+    with path.open("rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                events.append(decode_any(line))
+            except AdstreamError as exc:
+                bad += 1
+                if bad <= 5:
+                    log.warning("%s:%d skipped: %s", path, n, exc)
+    return events, bad
+
+
+def examples_from_events(
+    events: Iterable[Message], settings: Settings
+) -> tuple[list[TrainingExample], dict[str, AdCreative]]:
+    """TrainingExamples (given ones, plus those the streams join derives from raw events) and the catalog."""
+    from streams.offline import training_examples
+
+    given: list[TrainingExample] = []
+    raw: list[Message] = []
+    catalog: dict[str, AdCreative] = {}
+    for e in events:
+        if isinstance(e, TrainingExample):
+            given.append(e)
+        elif isinstance(e, DeadLetter | AdapterDelta):
+            continue
+        else:
+            if isinstance(e, AdCreative):
+                catalog[e.ad_id] = e
+            raw.append(e)
+    raw.sort(key=lambda m: m.ts)  # stable: the file's order within equal times
+    derived = list(training_examples(raw, settings)) if raw else []
+    return given + derived, catalog
+
+
+def events_from_clickhouse(settings: Settings, limit: int | None) -> list[Message]:
+    """Raw events back from ClickHouse (the streams sink's tables), in time order."""
+    from trainers.clickhouse_source import read_events as ch_read
+
+    return ch_read(settings.clickhouse_url, limit=limit)
+
+
+def _quality_table(title: str, rows: list[tuple[str, Any, Any]]) -> Table:
+    t = Table(title=title)
+    for col in ("model", "AUC", "log loss"):
+        t.add_column(col)
+    for name, a, ll in rows:
+        t.add_row(name, "-" if a is None else f"{a:.4f}", "-" if ll is None else f"{ll:.4f}")
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    """Add the trainers commands to the `adstream` CLI."""
+
+    @app.command()
+    def train(
+        events: Annotated[
+            Path | None, typer.Option(help="JSON-lines file of contract events (or TrainingExamples)")
+        ] = None,
+        clickhouse: Annotated[bool, typer.Option(help="Read the events from ClickHouse instead")] = False,
+        limit: Annotated[int | None, typer.Option(help="At most this many events from ClickHouse")] = None,
+        out: Annotated[
+            Path | None, typer.Option(help="Model directory (default: settings.model_dir)")
+        ] = None,
+        holdout: Annotated[float, typer.Option(help="Share of the latest examples held out")] = 0.2,
+        epochs: Annotated[int, typer.Option(help="Ranker epochs (early stopping on a validation slice)")] = 8,
+        two_tower: Annotated[
+            bool, typer.Option(help="Also train the two-tower recall model + ad index")
+        ] = True,
+        threads: Annotated[int, typer.Option(help="Torch CPU threads")] = 2,
+        json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here")] = None,
+    ) -> None:
+        """Train the ranker and the two-tower model offline; report holdout AUC/log loss."""
+        from trainers.offline import TrainSpec
+        from trainers.pipeline import set_threads, train_all
+
+        settings = Settings()
+        set_threads(threads)
+        if events is None and not clickhouse:
+            raise typer.BadParameter("give --events FILE or --clickhouse")
+        msgs, bad = (
+            read_events(events) if events is not None else (events_from_clickhouse(settings, limit), 0)
+        )
+        examples, catalog = examples_from_events(msgs, settings)
+        console.print(f"{len(msgs)} events ({bad} invalid lines skipped) → {len(examples)} training examples")
+        out_dir = out or settings.model_dir
+        report = train_all(
+            examples,
+            catalog,
+            out_dir,
+            state_dim=settings.state_dim,
+            holdout=holdout,
+            spec=TrainSpec(epochs=epochs),
+            two_tower=two_tower,
+        )
+        rows = [("ranker (DCN-v2)", report["ranker"]["auc"], report["ranker"]["logloss"])]
+        if "logistic_baseline" in report:
+            rows.append(
+                (
+                    "logistic regression",
+                    report["logistic_baseline"]["auc"],
+                    report["logistic_baseline"]["logloss"],
+                )
+            )
+        if "two_tower" in report:
+            rows.append(("two-tower (recall)", report["two_tower"]["auc"], None))
+        console.print(_quality_table(f"time-ordered holdout: {report['holdout']} examples", rows))
+        console.print(f"checkpoints under {out_dir} (ranker {report['ranker']['version']})")
+        if json_out is not None:
+            json_out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+    @app.command()
+    def trainer(
+        replay: Annotated[
+            Path | None, typer.Option(help="Replay this JSON-lines file instead of Kafka")
+        ] = None,
+        json_out: Annotated[
+            Path | None, typer.Option("--json", help="Replay: write the progressive report here")
+        ] = None,
+        checkpoint: Annotated[
+            Path | None, typer.Option(help="Ranker checkpoint dir (default: model_dir/ranker)")
+        ] = None,
+        max_examples: Annotated[int | None, typer.Option(help="Live: stop after this many examples")] = None,
+        order: Annotated[
+            str, typer.Option(help="Replay order: impression (impression time) or emission (file/join order)")
+        ] = "impression",
+        threads: Annotated[int, typer.Option(help="Torch CPU threads")] = 2,
+        metrics_port: Annotated[
+            int | None, typer.Option(help="Prometheus port (default metrics_port + 1; 0 = off)")
+        ] = None,
+    ) -> None:
+        """Run the online LoRA trainer on `ad.training-examples` (or `--replay FILE --json OUT`)."""
+        from trainers.lora import AdapterBank, LoraSpec
+        from trainers.online import OnlineSpec, OnlineTrainer
+        from trainers.pipeline import set_threads
+        from trainers.ranker import load_checkpoint
+
+        settings = Settings()
+        set_threads(threads)
+        model, version = load_checkpoint(checkpoint or settings.model_dir / "ranker")
+        bank = AdapterBank(model, LoraSpec.from_settings(settings), version)
+        online = OnlineTrainer(bank, OnlineSpec.from_settings(settings), keep_log=replay is not None)
+        if replay is not None:
+            if order not in ("impression", "emission"):
+                raise typer.BadParameter(f"--order must be impression or emission (got {order!r})")
+            _replay(replay, json_out, online, settings, order)
+            return
+        from deploy.stack import create_topics
+
+        create_topics(settings)
+        port = settings.metrics_port + 1 if metrics_port is None else metrics_port
+        asyncio.run(_live(settings, online, max_examples, port))
+
+
+def _replay(path: Path, json_out: Path | None, online: Any, settings: Settings, order: str) -> None:
+    from trainers.replay import impression_order, progressive_report, replay
+
+    msgs, bad = read_events(path)
+    examples, _ = examples_from_events(msgs, settings)
+    if order == "impression":
+        examples = impression_order(examples)
+    n = replay(examples, online, settings.micro_batch)
+    report = progressive_report(online) | {
+        "order": order,
+        "file": str(path),
+        "invalid_lines": bad,
+        "examples": n,
+        "base_version": online.bank.base_version,
+    }
+    o = report["overall"]
+    rows = [
+        ("online LoRA", o["auc_online"], o["logloss_online"]),
+        ("frozen base", o["auc_base"], o["logloss_base"]),
+    ]
+    console.print(_quality_table(f"progressive validation over {n} examples", rows))
+    per = Table(title="per adapter")
+    for col in ("adapter", "n", "AUC online", "AUC base", "deltas", "last seq"):
+        per.add_column(col)
+    for aid, r in report["adapters"].items():
+        per.add_row(
+            aid,
+            str(r["n"]),
+            str(r["auc_online"]),
+            str(r["auc_base"]),
+            str(r.get("deltas", 0)),
+            str(r["last_seq"]),
+        )
+    console.print(per)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+async def _live(settings: Settings, online: Any, max_examples: int | None, port: int) -> None:
+    from trainers import telemetry
+    from trainers.service import TrainerService
+
+    telemetry.serve(port)
+    service = TrainerService(settings, online)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    console.print(f"trainer consuming {service.in_topic} as group {service.group}; metrics on :{port}")
+    try:
+        await service.run(stop, max_examples=max_examples)
+    finally:
+        await service.stop()
+        console.print(f"learned {service.learned} examples, published {service.published} deltas")

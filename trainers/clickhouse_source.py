@@ -1,0 +1,80 @@
+"""Read raw contract events back from ClickHouse (the streams sink's tables) for offline training.
+
+Tables and columns are those of `attribution/migrations/001_raw_events.sql`; rows are read with
+`FINAL` (deduplicated by `event_id`) and rebuilt into contract models, merged in time order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlparse
+
+from schemas.errors import StoreError
+from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
+
+_QUERIES: dict[str, tuple[str, str]] = {
+    "ads": ("ad_id, campaign_id, advertiser_id, category, title, bid, daily_budget, active", "ad"),
+    "impressions": (
+        "user_id, request_id, ad_id, campaign_id, advertiser_id, slot, position, price, pctr, "
+        "model_version, adapter_version",
+        "impression",
+    ),
+    "clicks": ("user_id, impression_id, ad_id, campaign_id", "click"),
+    "dwell": ("user_id, impression_id, ad_id, dwell_ms", "dwell"),
+    "conversions": ("user_id, campaign_id, advertiser_id, value, ad_id", "conversion"),
+}
+_MODELS: dict[str, type[Message]] = {
+    "ad": AdCreative,
+    "impression": Impression,
+    "click": Click,
+    "dwell": Dwell,
+    "conversion": Conversion,
+}
+
+
+def _client(url: str) -> tuple[Any, str]:
+    from clickhouse_driver import Client
+
+    u = urlparse(url)
+    database = (u.path or "/adstream").lstrip("/") or "adstream"
+    client = Client(
+        host=u.hostname or "127.0.0.1",
+        port=u.port or 9000,
+        user=u.username or "default",
+        password=u.password or "",
+        database=database,
+        connect_timeout=5,
+    )
+    return client, database
+
+
+def _rows(client: Any, table: str, limit: int | None) -> Iterator[Message]:
+    cols, kind = _QUERIES[table]
+    sql = f"SELECT event_id, ts_ms, {cols} FROM {table} FINAL ORDER BY ts_ms, event_id"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    names = ["event_id", "ts_ms", *(c.strip() for c in cols.split(","))]
+    model = _MODELS[kind]
+    for row in client.execute_iter(sql):
+        rec = dict(zip(names, row, strict=True))
+        rec["ts"] = datetime.fromtimestamp(rec.pop("ts_ms") / 1000, tz=UTC)
+        if kind == "ad":
+            rec["active"] = bool(rec["active"])
+        yield model.model_validate({k: v for k, v in rec.items() if v is not None}, strict=False)
+
+
+def read_events(url: str, limit: int | None = None) -> list[Message]:
+    """Every event of the raw tables (at most `limit` per table), merged in time order."""
+    client, database = _client(url)
+    try:
+        streams = [_rows(client, t, limit) for t in _QUERIES]
+        # execute_iter streams one query at a time; materialise each table before merging
+        tables = [list(s) for s in streams]
+    except Exception as exc:
+        raise StoreError(f"could not read events from ClickHouse database {database!r}: {exc}") from exc
+    finally:
+        client.disconnect()
+    return list(heapq.merge(*tables, key=lambda m: m.ts))

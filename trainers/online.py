@@ -1,0 +1,379 @@
+"""The online LoRA trainer's core: progressive validation, sparse ΔW, guardrails (no Kafka here).
+
+`OnlineTrainer.learn(examples)` takes one micro-batch of TrainingExamples (any adapters mixed),
+groups it by `adapter_id` (PEFT trains one adapter per forward) and for each group:
+
+1. **scores before learning** (progressive validation): the adapter's pre-step logits (the
+   training forward itself) and the frozen base's; both feed rolling AUC/log loss windows;
+2. takes one Adam step on that adapter's LoRA tensors only (base frozen);
+   (groups smaller than `min_step_examples` wait for the next micro-batch);
+3. drops the step (restoring the adapter) if the loss, gradients or new weights are not finite
+   or the step changed the adapter by more than `max_norm` — counted in `dropped`;
+4. **sparsifies**: the magnitude of rank direction i of module m is
+   `sqrt(|∇A[i,:]|² + |∇B[:,i]|²)`; the directions at or above the `delta_percentile`-th
+   percentile of a sliding window (the last `delta_window_steps` steps' magnitudes) are
+   published as an `AdapterDelta` (`trainers.delta` format) with the next `seq`; the trainer
+   keeps the `published` state replicas hold, so deltas chain exactly. A delta that would
+   exceed `max_norm` against the published state (accumulated unpublished change) is sent as
+   a full snapshot instead;
+5. **guards quality**: if the adapter's rolling AUC stays below the base's by more than
+   `reset_margin` for `reset_patience` micro-batches in a row, the adapter is reset to the
+   base (B = 0) and a snapshot of the reset state is published.
+
+`snapshot(adapter_id)` makes a full snapshot (next seq; the published state becomes the full
+state); `restore(snapshot, last_seq)` resumes an adapter after a restart without reusing seqs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from schemas.errors import ConfigError
+from schemas.events import AdapterDelta, TrainingExample
+from schemas.settings import Settings
+from trainers.delta import (
+    AdapterState,
+    apply_delta,
+    change_norm,
+    empty_state,
+    full_parts,
+    make_delta,
+    merge_parts,
+    select_parts,
+)
+from trainers.features import featurize
+from trainers.lora import AdapterBank
+from trainers.metrics import RollingMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OnlineSpec:
+    """Knobs of the online trainer (from `Settings`); validated on construction."""
+
+    lr: float = 0.01
+    delta_percentile: float = 95.0
+    delta_window_steps: int = 50
+    max_norm: float = 10.0
+    window: int = 2000
+    reset_margin: float = 0.01
+    reset_patience: int = 20
+    min_guard_examples: int = 500
+    min_guard_positives: int = 10
+    min_step_examples: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"OnlineSpec.lr must be > 0 (got {self.lr!r})")
+        if not 0 < self.delta_percentile < 100:
+            raise ConfigError(
+                f"OnlineSpec.delta_percentile must be in (0, 100) (got {self.delta_percentile!r})"
+            )
+        if self.delta_window_steps < 1:
+            raise ConfigError(f"OnlineSpec.delta_window_steps must be >= 1 (got {self.delta_window_steps!r})")
+        if not self.max_norm > 0:
+            raise ConfigError(f"OnlineSpec.max_norm must be > 0 (got {self.max_norm!r})")
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> OnlineSpec:
+        """The trainer knobs of `settings`."""
+        return cls(
+            lr=s.online_lr,
+            delta_percentile=s.delta_percentile,
+            delta_window_steps=s.delta_window_steps,
+            max_norm=s.delta_max_norm,
+            window=s.progressive_window,
+            reset_margin=s.reset_margin,
+            reset_patience=s.reset_patience,
+        )
+
+
+@dataclass
+class AdapterRun:
+    """Everything the trainer keeps per adapter."""
+
+    adapter_id: str
+    published: AdapterState
+    optimizer: torch.optim.Optimizer
+    online: RollingMetrics
+    base: RollingMetrics
+    magnitudes: deque[np.ndarray]
+    offsets: dict[int, int] = field(default_factory=dict)  # input partition → last offset learned
+    buffer: list[TrainingExample] = field(default_factory=list)  # waiting for min_step_examples
+    buffer_offsets: list[tuple[int, int]] = field(default_factory=list)
+    below: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def seq(self) -> int:
+        """The last seq used (published) for this adapter; -1 before the first."""
+        return self.published.seq
+
+
+@dataclass
+class ProgressiveLog:
+    """Every (online, base, label) triple scored before learning, per adapter (replay reports)."""
+
+    online: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)
+    impression_ids: list[str] = field(default_factory=list)  # scoring order is grouped by adapter
+
+
+Clock = Callable[[], datetime]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class OnlineTrainer:
+    """Online LoRA training over a bank of adapters (see the module docstring)."""
+
+    def __init__(
+        self, bank: AdapterBank, spec: OnlineSpec, *, keep_log: bool = False, clock: Clock = _utcnow
+    ) -> None:
+        self.bank = bank
+        self.spec = spec
+        self.runs: dict[str, AdapterRun] = {}
+        self.log: ProgressiveLog | None = ProgressiveLog() if keep_log else None
+        self.clock = clock
+        self.counts: Counter[str] = Counter()
+        self.pending: list[AdapterDelta] = []
+
+    # -- adapters ------------------------------------------------------------------------
+    def run_for(self, adapter_id: str) -> AdapterRun:
+        """The adapter's run state, created (adapter equal to the base) on first sight."""
+        run = self.runs.get(adapter_id)
+        if run is None:
+            self.bank.ensure(adapter_id)
+            run = AdapterRun(
+                adapter_id=adapter_id,
+                published=empty_state(
+                    adapter_id, self.bank.base_version, self.bank.shapes, self.bank.spec.rank
+                ),
+                optimizer=self._optimizer(adapter_id),
+                online=RollingMetrics(self.spec.window),
+                base=RollingMetrics(self.spec.window),
+                magnitudes=deque(maxlen=self.spec.delta_window_steps),
+            )
+            self.runs[adapter_id] = run
+        return run
+
+    def _optimizer(self, adapter_id: str) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.bank.parameters_of(adapter_id), lr=self.spec.lr)
+
+    def _state(self, run: AdapterRun) -> dict[str, torch.Tensor]:
+        return self.bank.get_state(run.adapter_id)
+
+    # -- the step ------------------------------------------------------------------------
+    def learn(
+        self,
+        examples: Sequence[TrainingExample],
+        offsets: Sequence[tuple[int, int]] | None = None,
+        *,
+        flush: bool = False,
+    ) -> list[AdapterDelta]:
+        """Score, learn and sparsify one micro-batch; returns the deltas to publish, in order.
+
+        Examples are grouped by adapter; a group smaller than `min_step_examples` waits in the
+        adapter's buffer for the next call (one Adam step on a handful of rows is mostly noise),
+        unless `flush`. Waiting examples are still scored before they are learned.
+        `offsets[i]` is `(partition, offset)` of `examples[i]` on the input topic (recorded per
+        adapter once learned, for restart); omit it in replay mode.
+        """
+        for i, ex in enumerate(examples):
+            run = self.run_for(ex.adapter_id)
+            run.buffer.append(ex)
+            if offsets is not None:
+                run.buffer_offsets.append(offsets[i])
+        out: list[AdapterDelta] = []
+        for run in list(self.runs.values()):
+            if not run.buffer or (len(run.buffer) < self.spec.min_step_examples and not flush):
+                continue
+            batch, run.buffer = run.buffer, []
+            delta = self._step(run, batch)
+            if delta is not None:
+                out.append(delta)
+            for part, off in run.buffer_offsets:
+                run.offsets[part] = max(off, run.offsets.get(part, -1))
+            run.buffer_offsets = []
+        return out
+
+    def flush(self) -> list[AdapterDelta]:
+        """Learn every waiting example now (before a snapshot or at the end of a replay)."""
+        return self.learn([], flush=True)
+
+    def waiting(self) -> int:
+        """Examples buffered but not learned yet."""
+        return sum(len(r.buffer) for r in self.runs.values())
+
+    def _step(self, run: AdapterRun, examples: list[TrainingExample]) -> AdapterDelta | None:
+        batch = featurize(examples, self.bank.config)
+        assert batch.label is not None
+        before = self._state(run)
+        run.optimizer.zero_grad(set_to_none=True)
+        logits = self.bank.train_logits(batch, run.adapter_id)
+        base_p = torch.sigmoid(self.bank.base_logits(batch))
+        online_p = torch.sigmoid(logits.detach())
+        self._record(run, online_p, base_p, batch.label, [e.impression_id for e in examples])
+        loss = F.binary_cross_entropy_with_logits(logits, batch.label)
+        if not torch.isfinite(loss):
+            return self._drop(run, before, "non_finite_loss")
+        loss.backward()
+        params = self.bank.lora_params(run.adapter_id)
+        mags = []
+        for a, b in params.values():
+            if a.grad is None or b.grad is None:
+                return self._drop(run, before, "no_gradient")
+            mags.append(torch.sqrt(a.grad.pow(2).sum(1) + b.grad.pow(2).sum(0)))
+        magnitude = torch.stack(mags)  # [modules, r]
+        if not torch.isfinite(magnitude).all():
+            return self._drop(run, before, "non_finite_gradient")
+        run.optimizer.step()
+        after = self._state(run)
+        if not all(torch.isfinite(t).all() for t in after.values()):
+            return self._drop(run, before, "non_finite_weights")
+        step_norm = math.sqrt(sum(float((after[k] - before[k]).pow(2).sum()) for k in after))
+        if step_norm > self.spec.max_norm:
+            return self._drop(run, before, "oversized")
+        run.counts["steps"] += 1
+        run.counts["examples"] += len(examples)
+        self.counts["steps"] += 1
+        delta = self._sparse_delta(run, after, magnitude.numpy())
+        self._guard(run)
+        return delta
+
+    def _record(
+        self, run: AdapterRun, online: torch.Tensor, base: torch.Tensor, label: torch.Tensor, ids: list[str]
+    ) -> None:
+        o, b, y = online.tolist(), base.tolist(), [int(v) for v in label.tolist()]
+        run.online.extend(o, y)
+        run.base.extend(b, y)
+        if self.log is not None:
+            self.log.online += o
+            self.log.base += b
+            self.log.labels += y
+            self.log.adapters += [run.adapter_id] * len(y)
+            self.log.impression_ids += ids
+
+    def _drop(self, run: AdapterRun, before: dict[str, torch.Tensor], reason: str) -> None:
+        self.bank.set_state(run.adapter_id, before)
+        run.optimizer = self._optimizer(run.adapter_id)  # its moments saw the bad gradient
+        run.counts[f"dropped_{reason}"] += 1
+        self.counts[f"dropped_{reason}"] += 1
+        log.warning("adapter %s: update dropped (%s)", run.adapter_id, reason)
+        return None
+
+    def _sparse_delta(
+        self, run: AdapterRun, state: dict[str, torch.Tensor], mags: np.ndarray
+    ) -> AdapterDelta | None:
+        run.magnitudes.append(mags.ravel())
+        threshold = float(np.percentile(np.concatenate(run.magnitudes), self.spec.delta_percentile))
+        dirs = {
+            m: torch.from_numpy(np.flatnonzero(mags[i] >= threshold)) for i, m in enumerate(self.bank.modules)
+        }
+        parts = select_parts(state, dirs)
+        if not parts:
+            return None
+        if change_norm(run.published.tensors, parts) > self.spec.max_norm:
+            self.counts["oversized_as_snapshot"] += 1
+            return self.snapshot(run.adapter_id)
+        delta = make_delta(run.published, parts, run.seq + 1, now=self.clock())
+        run.published = AdapterState(
+            run.adapter_id,
+            run.published.base_version,
+            run.published.rank,
+            delta.seq,
+            merge_parts(run.published.tensors, parts),
+        )
+        run.counts["deltas"] += 1
+        self.counts["deltas"] += 1
+        self.counts["directions"] += sum(int(p.dirs.numel()) for p in parts.values())
+        return delta
+
+    def _guard(self, run: AdapterRun) -> None:
+        spec = self.spec
+        if run.online.count < spec.min_guard_examples or run.online.positives < spec.min_guard_positives:
+            return
+        a_online, a_base = run.online.auc(), run.base.auc()
+        if math.isnan(a_online) or math.isnan(a_base) or a_online >= a_base - spec.reset_margin:
+            run.below = 0
+            return
+        run.below += 1
+        if run.below >= spec.reset_patience:
+            self.reset(
+                run.adapter_id, f"rolling AUC {a_online:.4f} < base {a_base:.4f} - {spec.reset_margin}"
+            )
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def reset(self, adapter_id: str, reason: str) -> AdapterDelta:
+        """Reset an adapter to the base model; returns the snapshot to publish (also queued)."""
+        run = self.run_for(adapter_id)
+        log.warning("adapter %s reset: %s", adapter_id, reason)
+        self.bank.reset(adapter_id)
+        run.optimizer = self._optimizer(adapter_id)
+        run.online.clear()
+        run.base.clear()
+        run.magnitudes.clear()
+        run.below = 0
+        run.counts["resets"] += 1
+        self.counts["resets"] += 1
+        snap = self.snapshot(adapter_id)
+        self.pending.append(snap)
+        return snap
+
+    def take_pending(self) -> list[AdapterDelta]:
+        """Drain `pending`: snapshots made by resets, to publish after `learn`'s deltas."""
+        out, self.pending = self.pending, []
+        return out
+
+    def snapshot(self, adapter_id: str) -> AdapterDelta:
+        """A full snapshot of the adapter's current weights with the next seq; replicas that apply
+        it hold exactly the trainer's state, so it becomes the published state."""
+        run = self.run_for(adapter_id)
+        state = self._state(run)
+        snap = make_delta(
+            run.published, full_parts(state, run.published.rank), run.seq + 1, snapshot=True, now=self.clock()
+        )
+        run.published = AdapterState(
+            adapter_id, run.published.base_version, run.published.rank, snap.seq, state
+        )
+        run.counts["snapshots"] += 1
+        self.counts["snapshots"] += 1
+        return snap
+
+    def restore(
+        self, adapter_id: str, snap: AdapterDelta | None, last_seq: int, offsets: dict[int, int] | None = None
+    ) -> AdapterRun:
+        """Resume an adapter after a restart from its snapshot (or from the base when there is
+        none); the next seq follows `last_seq` (the highest seq ever reserved), so none is reused.
+        When `last_seq` is past the snapshot, replicas may hold later deltas: publish a fresh
+        `snapshot()` next to re-align them."""
+        run = self.run_for(adapter_id)
+        start = empty_state(adapter_id, self.bank.base_version, self.bank.shapes, self.bank.spec.rank)
+        if snap is not None:
+            if snap.adapter_id != adapter_id:
+                raise ConfigError(f"snapshot of {snap.adapter_id!r} given for adapter {adapter_id!r}")
+            restored = apply_delta(start, snap, self.spec.max_norm)
+            self.bank.set_state(adapter_id, dict(restored.tensors))
+            tensors = restored.tensors
+        else:
+            self.bank.reset(adapter_id)
+            tensors = start.tensors
+        seq = max(last_seq, snap.seq if snap is not None else -1)
+        run.published = AdapterState(adapter_id, start.base_version, start.rank, seq, tensors)
+        run.optimizer = self._optimizer(adapter_id)
+        run.offsets = dict(offsets or {})
+        return run

@@ -1,0 +1,79 @@
+"""Prometheus metrics of the online trainer (`adstream_trainers_*`).
+
+Per-adapter rolling quality is exported with an `adapter` label only for the slot scheme (three
+values); advertiser adapters would put ids into labels, so for every scheme the worst and mean
+rolling AUC over adapters are exported without labels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from trainers.online import AdapterRun
+
+EXAMPLES = Counter("adstream_trainers_examples_total", "Training examples learned")
+INVALID = Counter("adstream_trainers_invalid_examples_total", "Records that failed validation", ["reason"])
+SKIPPED = Counter("adstream_trainers_skipped_examples_total", "Records already learned before a restart")
+DELTAS = Counter("adstream_trainers_deltas_total", "AdapterDelta messages published", ["kind"])
+DELTA_BYTES = Histogram(
+    "adstream_trainers_delta_bytes",
+    "Payload size of published deltas",
+    buckets=(256, 1024, 4096, 16384, 65536, 262144),
+)
+DROPPED = Counter("adstream_trainers_dropped_updates_total", "Updates dropped by a guard", ["reason"])
+RESETS = Counter("adstream_trainers_adapter_resets_total", "Adapters reset for falling below the base")
+STEP = Histogram(
+    "adstream_trainers_step_seconds",
+    "Time of one micro-batch (score, learn, sparsify)",
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+)
+SNAPSHOT = Histogram("adstream_trainers_snapshot_seconds", "Time to snapshot all adapters to Redis")
+ADAPTERS = Gauge("adstream_trainers_adapters", "Adapters owned by this trainer")
+AUC = Gauge("adstream_trainers_rolling_auc", "Rolling progressive AUC per slot adapter", ["adapter", "model"])
+LOGLOSS = Gauge(
+    "adstream_trainers_rolling_logloss", "Rolling progressive log loss per slot adapter", ["adapter", "model"]
+)
+AUC_MIN = Gauge("adstream_trainers_rolling_auc_min", "Lowest rolling online AUC over adapters")
+AUC_MEAN = Gauge("adstream_trainers_rolling_auc_mean", "Mean rolling online AUC over adapters")
+AUC_GAIN = Gauge("adstream_trainers_rolling_auc_gain_mean", "Mean rolling AUC of online minus base")
+
+
+def serve(port: int) -> None:
+    """Expose /metrics on `port` (0 = off)."""
+    if port:
+        start_http_server(port)
+
+
+def export(runs: Mapping[str, AdapterRun], per_adapter_labels: bool) -> None:
+    """Refresh the rolling-quality gauges from the trainer's runs."""
+    ADAPTERS.set(len(runs))
+    aucs, gains = [], []
+    for aid, run in runs.items():
+        on, base = run.online.auc(), run.base.auc()
+        if per_adapter_labels:
+            AUC.labels(aid, "online").set(on)
+            AUC.labels(aid, "base").set(base)
+            LOGLOSS.labels(aid, "online").set(run.online.logloss())
+            LOGLOSS.labels(aid, "base").set(run.base.logloss())
+        if not math.isnan(on):
+            aucs.append(on)
+            if not math.isnan(base):
+                gains.append(on - base)
+    AUC_MIN.set(min(aucs) if aucs else math.nan)
+    AUC_MEAN.set(sum(aucs) / len(aucs) if aucs else math.nan)
+    AUC_GAIN.set(sum(gains) / len(gains) if gains else math.nan)
+
+
+def count_trainer(before: Mapping[str, int], after: Mapping[str, int]) -> None:
+    """Turn the trainer's counter deltas (dropped_*, resets) into Prometheus increments."""
+    for key, value in after.items():
+        inc = value - before.get(key, 0)
+        if inc <= 0:
+            continue
+        if key.startswith("dropped_"):
+            DROPPED.labels(key.removeprefix("dropped_")).inc(inc)
+        elif key == "resets":
+            RESETS.inc(inc)
