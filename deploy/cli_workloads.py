@@ -223,10 +223,10 @@ def closed_loop(
                     fh.writelines(encode(m) + b"\n" for m in batch)
 
                 return await run_closed_loop(market, url, requests, to_file, rate=rate)
-        from deploy.stack import create_topics
+        from deploy.stack import create_topics_async
 
         settings = Settings()
-        create_topics(settings)
+        await create_topics_async(settings)
         async with KafkaSink(settings) as sink:
             return await run_closed_loop(market, url, requests, sink.send_many, rate=rate)
 

@@ -125,34 +125,35 @@ def _start(service: Service, settings: Settings) -> None:
     )
 
 
-def create_topics(settings: Settings) -> list[str]:
+async def create_topics_async(settings: Settings) -> list[str]:
     """Create the contract topics that do not exist yet; return the names created."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    async def go() -> list[str]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-        await admin.start()
-        try:
-            existing = set(await admin.list_topics())
-            wanted = [
-                NewTopic(
-                    topics.topic_name(spec.name, settings.topic_prefix),
-                    settings.topic_partitions or spec.partitions,
-                    1,
-                )
-                for spec in topics.TOPICS
-            ]
-            missing = [t for t in wanted if t.name not in existing]
-            if missing:
-                await admin.create_topics(missing)
-            return [t.name for t in missing]
-        finally:
-            await admin.close()
-
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     try:
-        return asyncio.run(go())
+        await admin.start()
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(
+                topics.topic_name(spec.name, settings.topic_prefix),
+                settings.topic_partitions or spec.partitions,
+                1,
+            )
+            for spec in topics.TOPICS
+        ]
+        missing = [t for t in wanted if t.name not in existing]
+        if missing:
+            await admin.create_topics(missing)
+        return [t.name for t in missing]
     except Exception as exc:
         raise StackError(f"could not create topics on {settings.kafka_bootstrap}: {exc}") from exc
+    finally:
+        await admin.close()
+
+
+def create_topics(settings: Settings) -> list[str]:
+    """Blocking form of `create_topics_async`, for code that runs no event loop."""
+    return asyncio.run(create_topics_async(settings))
 
 
 def create_database(settings: Settings) -> None:
