@@ -1,0 +1,207 @@
+"""The online trainer on the real broker and Redis: publish, snapshot, restart without reusing seqs."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import torch
+
+from schemas import codec, topics
+from schemas.events import AdapterDelta, TrainingExample
+from schemas.settings import Settings
+from trainers.delta import AdapterState, SeqGapError, apply_delta, empty_state
+from trainers.lora import AdapterBank, LoraSpec
+from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.ranker import Ranker, RankerConfig
+from trainers.service import TrainerService
+from trainers.snapshots import SnapshotStore
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.timeout(180)]
+
+CFG = RankerConfig(
+    state_dim=8, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8, deep_hidden=16
+)
+ADAPTERS = ("feed", "search")
+
+
+def _examples(n: int, seed: int) -> list[TrainingExample]:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "trainers"))
+    from helpers_trainers import make_examples
+
+    return make_examples(n, seed=seed, dim=8, adapters=ADAPTERS)
+
+
+@pytest.fixture
+def deployment(stack: Settings) -> Settings:
+    from deploy.stack import create_topics
+
+    tag = uuid.uuid4().hex[:6]
+    s = stack.model_copy(
+        update={
+            "topic_prefix": f"{stack.topic_prefix}{tag}.",
+            "redis_prefix": f"{stack.redis_prefix}{tag}:",
+            "micro_batch": 64,
+            "micro_batch_s": 0.2,
+            "snapshot_every_s": 3600.0,
+            "trainer_group": f"g{tag}",
+        }
+    )
+    create_topics(s)
+    return s
+
+
+def _service(s: Settings) -> TrainerService:
+    torch.manual_seed(0)
+    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-it")
+    return TrainerService(s, OnlineTrainer(bank, OnlineSpec(lr=0.01, min_step_examples=16)))
+
+
+async def _produce(s: Settings, exs: list[TrainingExample]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+    await p.start()
+    try:
+        topic = topics.topic_name(topics.TRAINING_EXAMPLES, s.topic_prefix)
+        for e in exs:
+            await p.send(topic, codec.encode(e), key=e.adapter_id.encode())
+        await p.send(topic, b"{not json", key=b"feed")  # dead-lettered, never fatal
+        await p.flush()
+    finally:
+        await p.stop()
+
+
+async def _deltas(s: Settings) -> list[AdapterDelta]:
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(
+        topics.topic_name(topics.ADAPTER_DELTAS, s.topic_prefix),
+        bootstrap_servers=s.kafka_bootstrap,
+        auto_offset_reset="earliest",
+    )
+    await c.start()
+    out: list[Any] = []
+    try:
+        idle = 0
+        while idle < 4:
+            batch = await c.getmany(timeout_ms=500)
+            got = [r for recs in batch.values() for r in recs]
+            idle = 0 if got else idle + 1
+            out += got
+    finally:
+        await c.stop()
+    return [codec.decode(AdapterDelta, r.value) for r in out]  # type: ignore[misc]
+
+
+async def _run(svc: TrainerService, n: int, graceful: bool = True) -> None:
+    await svc.start()
+    try:
+        await asyncio.wait_for(svc.run(max_examples=n), timeout=90)
+    finally:
+        if graceful:
+            await svc.stop()
+        else:  # a crash: no final snapshot, no offset commit
+            assert svc.consumer is not None and svc.producer is not None
+            await svc.consumer.stop()
+            await svc.producer.stop()
+            await svc._redis.aclose()
+
+
+def _replica_follow(
+    deltas: list[AdapterDelta], shapes: dict[str, tuple[int, int]]
+) -> dict[str, AdapterState]:
+    states: dict[str, AdapterState] = {}
+    for d in deltas:
+        st = states.get(d.adapter_id) or empty_state(d.adapter_id, "ranker-it", shapes, 4)
+        states[d.adapter_id] = apply_delta(st, d, max_norm=10.0)  # raises on any gap or bad delta
+    return states
+
+
+def _assert_unique_contiguous(deltas: list[AdapterDelta]) -> dict[str, int]:
+    seqs: dict[str, list[int]] = defaultdict(list)
+    for d in deltas:
+        seqs[d.adapter_id].append(d.seq)
+    for aid, ss in seqs.items():
+        assert ss == list(range(len(ss))), f"{aid}: seqs {ss} not unique and contiguous"
+    return {a: ss[-1] for a, ss in seqs.items()}
+
+
+def test_publish_snapshot_and_graceful_restart(deployment: Settings, redis_client: Any) -> None:
+    s = deployment
+    asyncio.run(_produce(s, _examples(400, seed=1)))
+    first = _service(s)
+    asyncio.run(_run(first, 400))
+    assert first.learned == 400
+    deltas = asyncio.run(_deltas(s))
+    last = _assert_unique_contiguous(deltas)
+    assert set(last) == set(ADAPTERS) and deltas[-1].snapshot
+    states = _replica_follow(deltas, first.trainer.bank.shapes)
+    for aid in ADAPTERS:  # a replica following the topic holds exactly the trainer's weights
+        full = first.trainer.bank.get_state(aid)
+        assert all(torch.equal(states[aid].tensors[k], full[k]) for k in full)
+
+    store = SnapshotStore(None, s.redis_prefix, "")
+    import redis.asyncio as aredis
+
+    async def read() -> dict[str, Any]:
+        client = aredis.Redis.from_url(s.redis_url)
+        store.client = client
+        try:
+            return {a: await store.read(a) for a in ADAPTERS}
+        finally:
+            await client.aclose()
+
+    known = asyncio.run(read())
+    for aid in ADAPTERS:
+        assert known[aid].snapshot is not None and known[aid].snapshot.seq == last[aid] == known[aid].last_seq
+    assert (
+        redis_client.hget(f"{s.redis_prefix}adapter-meta:feed", "version") == f"seq-{last['feed']}".encode()
+    )
+
+    # restart: only the new examples are learned, seqs continue after the last one
+    asyncio.run(_produce(s, _examples(200, seed=2)))
+    second = _service(s)
+    asyncio.run(_run(second, 200))
+    assert second.learned == 200
+    all_deltas = asyncio.run(_deltas(s))
+    _assert_unique_contiguous(all_deltas)
+    _replica_follow(all_deltas, second.trainer.bank.shapes)
+    assert len(all_deltas) > len(deltas)
+
+
+def test_crash_restart_realigns_without_reusing_seqs(deployment: Settings, redis_client: Any) -> None:
+    s = deployment
+    asyncio.run(_produce(s, _examples(300, seed=3)))
+    asyncio.run(_run(_service(s), 300))  # graceful: snapshot at seq N, offsets committed
+    asyncio.run(_produce(s, _examples(300, seed=4)))
+    crashed = _service(s)
+    asyncio.run(_run(crashed, 300, graceful=False))  # deltas N+1… published, no snapshot
+    before = asyncio.run(_deltas(s))
+    last_before = _assert_unique_contiguous(before)
+    snap_seq = {a: int(redis_client.hget(f"{s.redis_prefix}adapter-meta:{a}", "seq")) for a in ADAPTERS}
+    assert any(last_before[a] > snap_seq[a] for a in ADAPTERS)
+
+    survivor = _service(s)
+    asyncio.run(_run(survivor, 300))  # re-learns the 300 uncommitted examples from the snapshot
+    assert survivor.learned == 300
+    after = asyncio.run(_deltas(s))
+    _assert_unique_contiguous(after)  # no seq published twice
+    new = after[len(before) :]
+    for aid in ADAPTERS:
+        first_new = next(d for d in new if d.adapter_id == aid)
+        assert first_new.snapshot and first_new.seq == last_before[aid] + 1  # re-align replicas
+    states = _replica_follow(after, survivor.trainer.bank.shapes)
+    for aid in ADAPTERS:
+        full = survivor.trainer.bank.get_state(aid)
+        assert all(torch.equal(states[aid].tensors[k], full[k]) for k in full)
+    with pytest.raises(SeqGapError):  # and a replica that missed a delta is told to re-sync
+        st = empty_state("feed", "ranker-it", survivor.trainer.bank.shapes, 4)
+        feed = [d for d in after if d.adapter_id == "feed" and not d.snapshot]
+        apply_delta(apply_delta(st, feed[0], 10.0), feed[2], 10.0)
