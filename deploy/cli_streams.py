@@ -13,12 +13,26 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def worker(
         loglevel: Annotated[str, typer.Option(help="crit, error, warn, info or debug")] = "info",
+        engine: Annotated[
+            str, typer.Option(help="faust (agents, default) or aiokafka (batch consumer, faster)")
+        ] = "faust",
     ) -> None:
-        """Run the streams worker (Faust): validation, user state, label join, ClickHouse sink."""
-        from schemas.settings import Settings
-        from streams.app import run_worker
+        """Run the streams worker: validation, user state, label join, ClickHouse sink."""
+        import logging
 
-        run_worker(Settings(), loglevel=loglevel)
+        from schemas.settings import Settings
+
+        if engine == "faust":
+            from streams.app import run_worker
+
+            run_worker(Settings(), loglevel=loglevel)
+        elif engine == "aiokafka":
+            from streams.plain import run_worker as run_plain
+
+            logging.getLogger().setLevel(loglevel.upper().replace("CRIT", "CRITICAL"))
+            run_plain(Settings())
+        else:
+            raise typer.BadParameter(f"unknown engine {engine!r}", param_hint="--engine")
 
     @app.command()
     def migrate() -> None:

@@ -62,6 +62,8 @@ class _Part:
     proc: Processor
     merge: PartitionMerge
     applied: dict[str, int]  # physical topic → last applied offset
+    # re-deliveries of records this part already holds: acked once the original is committed
+    redelivered: list[tuple[str, int, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -133,11 +135,16 @@ class Pipeline:
                 seen[base] += 1
                 part = self.parts.get(rec.partition) or await self._part(rec.partition)
                 applied = part.applied.get(rec.topic, -1)
-                part.merge.last_seen[rec.topic] = max(part.merge.last_seen.get(rec.topic, -1), rec.offset)
                 if rec.offset <= applied:
                     m.SKIPPED.inc()
                     skipped.append(rec.handle)
                     continue
+                last = part.merge.last_seen.get(rec.topic, -1)
+                if rec.offset <= last:  # a client re-delivered what the merge already holds
+                    m.SKIPPED.inc()
+                    part.redelivered.append((rec.topic, rec.offset, rec.handle))
+                    continue
+                part.merge.last_seen[rec.topic] = rec.offset
                 result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
                 if isinstance(result, Invalid):
                     m.INVALID.labels(base, result.reason).inc()
@@ -245,6 +252,12 @@ class Pipeline:
         await self.store.commit(commit)
         m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
         self.ack(b.handles)
+        for p in b.parts:
+            part = self.parts[p]
+            if part.redelivered:
+                done = [h for t, o, h in part.redelivered if o <= part.applied.get(t, -1)]
+                part.redelivered = [r for r in part.redelivered if r[1] > part.applied.get(r[0], -1)]
+                self.ack(done)
         m.BATCH.observe(b.count)
         self.counts["committed"] += b.count
         self.counts["examples"] += len(b.examples)

@@ -26,6 +26,7 @@ def deployment(stack: Settings) -> Iterator[Settings]:
             "redis_prefix": f"{stack.redis_prefix}{tag}:",
             "clickhouse_url": f"{base}/{stack.clickhouse_url.rsplit('/', 1)[1]}_{tag}",
             "sink_flush_s": 0.3,
+            "sink_batch_size": 1000,
             "metrics_port": 0,
         }
     )

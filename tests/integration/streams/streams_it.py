@@ -40,15 +40,16 @@ def worker_env(s: Settings) -> dict[str, str]:
 class Worker:
     """`adstream worker` as a child process (log in a file) that tests can kill -9."""
 
-    def __init__(self, s: Settings, log: Path) -> None:
+    def __init__(self, s: Settings, log: Path, engine: str = "faust") -> None:
         self.s = s
         self.log = log
+        self.engine = engine
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         fh = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", "worker", "--loglevel", "warn"],
+            [sys.executable, "-m", "deploy.cli", "worker", "--loglevel", "warn", "--engine", self.engine],
             cwd=ROOT,
             env=worker_env(self.s),
             stdout=fh,
@@ -125,13 +126,15 @@ def consume_all(s: Settings, base_topic: str, expect: int | None = None, idle_s:
     return asyncio.run(go())
 
 
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str, worker: Worker | None = None) -> None:
+def wait_for(
+    check: Callable[[], bool], timeout_s: float, what: str, worker: Worker | None = None, every: float = 0.5
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
             return
         if worker is not None and not worker.alive():
             raise AssertionError(f"worker died while waiting for {what}:\n{worker.tail()}")
-        time.sleep(0.5)
+        time.sleep(every)
     tail = worker.tail() if worker is not None else ""
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{tail}")

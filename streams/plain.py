@@ -1,0 +1,118 @@
+"""The same worker with a bare aiokafka consumer group instead of Faust (`--engine aiokafka`).
+
+Why it exists: Faust's per-message machinery (an Event, futures and an ack per record) costs
+more than everything the pipeline does with a record here — an empty Faust agent with manual acks
+reads ~15 k records/s on this machine while aiokafka's `getmany` reads hundreds of thousands
+(see benchmarks/streams.py). This shell hands whole fetch batches to the same `Pipeline`.
+
+Positions come from Redis, not from Kafka commits: when partitions are assigned the consumer
+seeks every input partition to the offset after the last one applied in Redis (the merge's
+held-back records and the uncommitted batch are simply read again). Kafka offsets are still
+committed after each batch so lag tools see progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from schemas import topics
+from schemas.settings import Settings
+from streams.pipeline import INPUTS, Pipeline, RawRecord
+from streams.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, rt: Runtime, consumer: AIOKafkaConsumer) -> None:
+        self.rt = rt
+        self.consumer = consumer
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.rt.positions.clear()  # positions before a seek would claim a false catch-up
+        if self.rt.pipeline is not None and revoked:
+            await self.rt.pipeline.revoke({tp.partition for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.rt.positions.clear()
+        pipeline = await self.rt.start()
+        for tp in assigned:
+            snap = await pipeline.store.load_partition(tp.partition, [tp.topic])
+            done = snap.offsets.get(tp.topic)
+            if done is not None:
+                self.consumer.seek(tp, done + 1)
+        log.info("assigned %d input partitions", len(assigned))
+
+
+async def run(settings: Settings) -> None:
+    """Consume the user-event topics until cancelled."""
+    s = settings
+    names = [topics.topic_name(t, s.topic_prefix) for t in INPUTS]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=s.kafka_bootstrap,
+        group_id=f"{s.topic_prefix}adstream-streams-aiokafka",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=10_000,
+        heartbeat_interval_ms=1_000,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        # range keeps partition p of every input on one worker (co-partitioning for the merge)
+        partition_assignment_strategy=(RangePartitionAssignor,),
+    )
+    rt = Runtime(s, lambda: consumer)
+    pipeline: Pipeline = await rt.start()
+    catalog_task = asyncio.create_task(rt.follow_catalog())
+    await rt.catalog_ready.wait()
+    consumer.subscribe(names, listener=_Rebalance(rt, consumer))
+    await consumer.start()
+    last_tick = 0.0
+    try:
+        while True:
+            batches = await consumer.getmany(timeout_ms=100, max_records=5000)
+            records = [
+                RawRecord(tp.topic, tp.partition, r.offset, r.value, r.timestamp)
+                for tp, recs in batches.items()
+                for r in recs
+            ]
+            loop_now = asyncio.get_running_loop().time()
+            if loop_now - last_tick > 0.1:
+                await rt.refresh_positions()
+                last_tick = loop_now
+            committed_before = pipeline.counts["committed"]
+            if records:
+                await pipeline.feed(records)
+            else:
+                await pipeline.tick()
+            if pipeline.counts["committed"] != committed_before:
+                await _commit_kafka(consumer, pipeline)
+    finally:
+        catalog_task.cancel()
+        await consumer.stop()
+
+
+async def _commit_kafka(consumer: AIOKafkaConsumer, pipeline: Pipeline) -> None:
+    offsets = {}
+    assigned = consumer.assignment()
+    for p, part in pipeline.parts.items():
+        for topic, off in part.applied.items():
+            tp = TopicPartition(topic, p)
+            if tp in assigned:
+                offsets[tp] = off + 1
+    if offsets:
+        try:
+            await consumer.commit(offsets)
+        except Exception as exc:  # informational only: positions come from Redis
+            log.warning("Kafka offset commit failed: %s", exc)
+
+
+def run_worker(settings: Settings) -> None:
+    """Run the aiokafka-engine worker in the foreground until interrupted."""
+    try:
+        asyncio.run(run(settings))
+    except KeyboardInterrupt:
+        pass
