@@ -155,7 +155,9 @@ def register(app: typer.Typer) -> None:
         order: Annotated[
             str, typer.Option(help="Replay order: impression (impression time) or emission (file/join order)")
         ] = "impression",
-        threads: Annotated[int, typer.Option(help="Torch CPU threads")] = 2,
+        threads: Annotated[
+            int, typer.Option(help="Torch CPU threads (1 avoids OpenMP stalls on a busy CPU)")
+        ] = 1,
         metrics_port: Annotated[
             int | None, typer.Option(help="Prometheus port (default metrics_port + 1; 0 = off)")
         ] = None,

@@ -26,6 +26,7 @@ import copy
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -127,7 +128,12 @@ class AdapterBank:
         self._lora_config = LoraConfig(
             r=spec.rank, lora_alpha=spec.alpha, target_modules=self.modules, lora_dropout=0.0, bias="none"
         )
+        # a private frozen copy scores the base: cheaper than toggling PEFT's adapters off per call
+        self._base = copy.deepcopy(base).eval()
+        for p in self._base.parameters():
+            p.requires_grad_(False)
         self.model: PeftModel = get_peft_model(model, self._lora_config, adapter_name=_PLACEHOLDER)
+        self._layers: dict[str, Any] = {m: self.model.get_base_model().get_submodule(m) for m in self.modules}
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.model.eval()
@@ -191,8 +197,8 @@ class AdapterBank:
             out[module] = (layer.lora_A[name].weight, layer.lora_B[name].weight)
         return out
 
-    def _module(self, module: str) -> nn.Module:
-        return self.model.get_base_model().get_submodule(module)
+    def _module(self, module: str) -> Any:
+        return self._layers[module]
 
     def get_state(self, adapter_id: str) -> dict[str, torch.Tensor]:
         """A detached copy of the adapter's weights as `{<module>.lora_A, <module>.lora_B}`."""
@@ -234,8 +240,8 @@ class AdapterBank:
 
     def base_logits(self, batch: RankerBatch) -> torch.Tensor:
         """Logits of the frozen base model (every adapter disabled)."""
-        with torch.no_grad(), self.model.disable_adapter():
-            return self.model(batch.dense, batch.ids)
+        with torch.no_grad():
+            return self._base(batch.dense, batch.ids)
 
     def train_logits(self, batch: RankerBatch, adapter_id: str) -> torch.Tensor:
         """Differentiable logits with only `adapter_id` active; gradients reach only its LoRA tensors."""
