@@ -93,7 +93,9 @@ def build_input(
 class RankModel:
     """The base ranker with banked LoRA layers; `score` takes several requests' inputs at once."""
 
-    def __init__(self, model: Ranker, version: str, settings: Settings, device: torch.device) -> None:
+    def __init__(
+        self, model: Ranker, version: str, settings: Settings, device: torch.device, chunk: int = 1024
+    ) -> None:
         self.model = model
         self.version = version
         self.device = device
@@ -108,17 +110,61 @@ class RankModel:
         )
         self.ctx: BankContext = install(model, self.bank)
         self.config: RankerConfig = model.config
+        self.chunk = chunk
 
     @torch.inference_mode()
     def score(self, inputs: list[RankInput], use_adapters: bool) -> list[np.ndarray]:
-        """pCTR per candidate for each input, from one forward pass over all of them."""
+        """pCTR per candidate for each input, from as few forward passes as possible.
+
+        Requests whose candidates all share one adapter (the per-slot scheme) are grouped by it and
+        scored with merged weights (as fast as the base model); mixed candidates go through the
+        per-sample path, sorted by adapter so each adapter's weights are read once while cached.
+        """
         if not inputs:
             return []
-        dense = torch.cat([i.dense for i in inputs]).to(self.device, non_blocking=True)
-        ids = torch.cat([i.ids for i in inputs]).to(self.device, non_blocking=True)
-        rows = torch.cat([i.rows for i in inputs]).to(self.device) if use_adapters else None
-        with self.ctx.use(self.bank, rows):
-            p = torch.sigmoid(self.model(dense, ids)).float().cpu().numpy()
+        if not use_adapters:
+            return self._split(inputs, self._forward(inputs, None))
+        uniform = [
+            int(i.rows[0]) if i.rows.numel() and bool((i.rows == i.rows[0]).all()) else None for i in inputs
+        ]
+        if all(u is not None for u in uniform):
+            out: list[np.ndarray | None] = [None] * len(inputs)
+            for row in dict.fromkeys(uniform):
+                idx = [j for j, u in enumerate(uniform) if u == row]
+                group = [inputs[j] for j in idx]
+                for j, p in zip(idx, self._split(group, self._forward(group, "uniform")), strict=True):
+                    out[j] = p
+            return [p if p is not None else np.zeros(0, dtype=np.float32) for p in out]
+        return self._split(inputs, self._forward(inputs, "mixed"))
+
+    def _forward(self, inputs: list[RankInput], mode: str | None) -> np.ndarray:
+        dense = torch.cat([i.dense for i in inputs]) if len(inputs) > 1 else inputs[0].dense
+        ids = torch.cat([i.ids for i in inputs]) if len(inputs) > 1 else inputs[0].ids
+        if mode is None:
+            rows = None
+        else:
+            rows = torch.cat([i.rows for i in inputs]) if len(inputs) > 1 else inputs[0].rows
+        order = None
+        if mode == "mixed":
+            assert rows is not None
+            order = torch.argsort(rows)
+            dense, ids, rows = dense[order], ids[order], rows[order]
+        dense, ids = dense.to(self.device, non_blocking=True), ids.to(self.device, non_blocking=True)
+        if rows is not None:
+            rows = rows.to(self.device)
+        chunk = self.chunk if self.device.type == "cpu" else dense.shape[0]
+        parts = []
+        for start in range(0, dense.shape[0], chunk):  # CPU: chunks that stay in cache are faster
+            sl = slice(start, start + chunk)
+            with self.ctx.use(self.bank, None if rows is None else rows[sl]):
+                parts.append(torch.sigmoid(self.model(dense[sl], ids[sl])).float())
+        p = (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu()
+        if order is not None:
+            p = torch.empty_like(p).index_copy_(0, order, p)
+        return p.numpy()
+
+    @staticmethod
+    def _split(inputs: list[RankInput], p: np.ndarray) -> list[np.ndarray]:
         out, start = [], 0
         for i in inputs:
             n = i.dense.shape[0]
