@@ -77,6 +77,7 @@ class AdServer:
         self.redis = RedisIO(s, user_codec)
         self.sink = ImpressionSink(s, lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n))
         self.in_flight = 0
+        self.max_swap_pause_s = 0.0
         self.ready = False
         if s.serve_catalog_file is not None:
             self._load_catalog_file(s)
@@ -132,7 +133,12 @@ class AdServer:
     async def _on_delta(self, msg: Message) -> None:
         assert isinstance(msg, AdapterDelta)
         arms = (STABLE, CANDIDATE) if self.canary.share(time.time()) >= 1.0 else (CANDIDATE,)
+        t = time.perf_counter()
         outcome = self.applier.apply(msg, arms)
+        pause = time.perf_counter() - t  # the loop (and every request on it) waited this long
+        self.metrics.swap_pause.observe(pause)
+        self.max_swap_pause_s = max(self.max_swap_pause_s, pause)
+        self.metrics.swap_pause_max.set(self.max_swap_pause_s)
         self.metrics.deltas.labels(outcome).inc()
         if outcome == "gap":
             outcome = await self.applier.resync(msg.adapter_id, self.redis.snapshot)
@@ -255,6 +261,10 @@ class AdServer:
             costs.observe("recall", stage["recall"])
             rows = rec.rows
             rung = plan_rank(deadline.remaining_ms(), costs)
+            if rung != "adapter":
+                costs.relax("rank_adapter")
+                if rung != "base_model":
+                    costs.relax("rank_base")
             if rec.rank_input is not None and rung in ("adapter", "base_model"):
                 t = time.perf_counter()
                 use = rung == "adapter"

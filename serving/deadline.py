@@ -44,6 +44,15 @@ class StageCosts:
         old = getattr(self, name)
         setattr(self, name, (1 - self.alpha) * old + self.alpha * ms)
 
+    def relax(self, stage: str, factor: float = 0.9) -> None:
+        """Shrink the estimate of a stage that was skipped, so it gets tried again.
+
+        Without this, one slow outlier could push an estimate over the budget and, since a skipped
+        stage is never timed again, keep every later request on a lower rung.
+        """
+        name = f"{stage}_ms"
+        setattr(self, name, getattr(self, name) * factor)
+
 
 def plan_rank(remaining_ms: float, costs: StageCosts, safety: float = 1.5) -> Rung:
     """The best rung whose remaining stages fit in `remaining_ms` (with a safety factor).

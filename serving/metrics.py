@@ -30,6 +30,15 @@ class ServingMetrics:
         self.deltas = Counter(
             "adstream_serving_deltas_total", "Adapter deltas by outcome", ["outcome"], registry=r
         )
+        self.swap_pause = Histogram(
+            "adstream_serving_swap_pause_seconds",
+            "Time a delta's check + apply + swap held the replica's loop",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=r,
+        )
+        self.swap_pause_max = Gauge(
+            "adstream_serving_swap_pause_max_seconds", "Longest swap pause since start", registry=r
+        )
         self.swaps = Gauge("adstream_serving_adapter_swaps", "Buffer swaps of the adapter bank", registry=r)
         self.adapters = Gauge("adstream_serving_adapters", "Adapters held by the replica", registry=r)
         self.staleness = Gauge(

@@ -21,6 +21,11 @@ def test_costs_follow_observations_and_deadline_counts_down() -> None:
     c = StageCosts(rank_adapter_ms=4.0, alpha=0.5)
     c.observe("rank_adapter", 10.0)
     assert c.rank_adapter_ms == 7.0
+    c.observe("rank_adapter", 500.0)  # one outlier pushes adapters off the ladder…
+    assert plan_rank(50, c) != "adapter"
+    for _ in range(60):  # …and skipping relaxes the estimate until adapters are tried again
+        c.relax("rank_adapter")
+    assert plan_rank(50, c) == "adapter"
     d = Deadline(5.0)
     assert 0 < d.remaining_ms() <= 5.0
 

@@ -1,0 +1,174 @@
+"""Adapter hot swap under load: 100 deltas published to `ad.adapter-deltas` while wrk drives
+`POST /v1/ads` at a fixed rate; counts failed requests and the longest pause a swap caused.
+
+The pause is measured where it happens: a delta's decode + checks + apply + buffer swap run on the
+replica's event loop between rank batches, so every request in the replica waits at most that long
+(`adstream_serving_swap_pause_max_seconds`). The latency tail of the same load without swaps is
+measured first for comparison.
+
+    .venv/bin/python benchmarks/hotswap.py --swaps 100 --rate 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+
+from benchmarks.serve import make_catalog, run_wrk, warm_users  # noqa: E402
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def publish(settings: object, model_dir: Path, swaps: int, seconds: float, slots: list[str]) -> float:
+    """Publish `swaps` deltas (round-robin over the slot adapters) spread over `seconds`."""
+    import torch
+    from aiokafka import AIOKafkaProducer
+
+    from schemas import codec, topics
+    from trainers.delta import AdapterState, empty_state, make_delta, select_parts
+    from trainers.lora import target_modules
+    from trainers.ranker import load_checkpoint
+
+    model, version = load_checkpoint(model_dir / "ranker")
+    shapes = {
+        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
+        for m in target_modules(model, settings.lora_targets)
+    }  # type: ignore[attr-defined]
+    states = {s: empty_state(s, version, shapes, settings.lora_rank) for s in slots}  # type: ignore[attr-defined]
+    gen = torch.Generator().manual_seed(0)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)  # type: ignore[attr-defined]
+    await producer.start()
+    topic = topics.topic_name(topics.ADAPTER_DELTAS, settings.topic_prefix)  # type: ignore[attr-defined]
+    t0 = time.monotonic()
+    try:
+        for i in range(swaps):
+            slot = slots[i % len(slots)]
+            st = states[slot]
+            new = {k: v.clone() for k, v in st.tensors.items()}
+            d = i % st.rank
+            for k in new:
+                if k.endswith("lora_A"):
+                    new[k][d] = torch.randn(new[k].shape[1], generator=gen) * 0.1
+                else:
+                    new[k][:, d] = torch.randn(new[k].shape[0], generator=gen) * 0.1
+            parts = select_parts(new, {m: torch.tensor([d]) for m in st.modules})
+            msg = make_delta(st, parts, st.seq + 1)
+            states[slot] = AdapterState(slot, version, st.rank, st.seq + 1, new)
+            await producer.send_and_wait(topic, codec.encode(msg), key=slot.encode())
+            await asyncio.sleep(max(0.0, t0 + (i + 1) * seconds / swaps - time.monotonic()))
+    finally:
+        await producer.stop()
+    return time.monotonic() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--swaps", type=int, default=100)
+    ap.add_argument("--rate", type=int, default=100)
+    ap.add_argument("--duration", type=int, default=25)
+    ap.add_argument("--ads", type=int, default=10_000)
+    ap.add_argument("--port", type=int, default=8031)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/hotswap.json")
+    args = ap.parse_args()
+
+    import httpx
+    import ray
+    import redis
+    import torch
+    from ray import serve
+
+    from deploy.cli_serving import start
+    from deploy.stack import create_topics
+    from schemas.settings import Settings
+    from trainers.ranker import Ranker, RankerConfig, save_checkpoint
+
+    tmp = Path(tempfile.mkdtemp(prefix="adstream-hotswap-"))
+    run = uuid.uuid4().hex[:8]
+    catalog = tmp / "catalog.jsonl"
+    make_catalog(catalog, args.ads)
+    torch.manual_seed(0)
+    save_checkpoint(Ranker(RankerConfig()), tmp / "models" / "ranker")
+    settings = Settings(
+        model_dir=tmp / "models",
+        serve_catalog_file=catalog,
+        http_port=args.port,
+        canary_share=1.0,
+        topic_prefix=f"hotswap{run}.",
+        redis_prefix=f"adstream-bench:{run}:",
+    )
+    create_topics(settings)
+    warm_users(settings, 5000, catalog)
+    endpoints = start(settings, name="hotswap")
+    url = endpoints.best
+    client = httpx.Client(base_url=url, timeout=10)
+    slots = ["feed", "search", "splash"]
+    try:
+        run_wrk(url, 50, 5, 10, 5000)  # warm-up
+        baseline = run_wrk(url, args.rate, args.duration, 10, 5000)
+        result: dict[str, object] = {}
+
+        def load() -> None:
+            result.update(run_wrk(url, args.rate, args.duration, 10, 5000))
+
+        th = threading.Thread(target=load)
+        th.start()
+        time.sleep(1.0)
+        publish_s = asyncio.run(publish(settings, tmp / "models", args.swaps, args.duration - 4, slots))
+        th.join()
+        time.sleep(1.0)
+        metrics = client.get("/metrics").text
+        adapters = client.get("/v1/adapters").json()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        r = redis.Redis.from_url(settings.redis_url)
+        keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
+        if keys:
+            r.delete(*keys)
+        shutil.rmtree(tmp, ignore_errors=True)
+    applied = metric(metrics, 'adstream_serving_deltas_total{outcome="applied"}')
+    out = {
+        "benchmark": "hotswap",
+        "swaps": int(applied),
+        "deltas_published": args.swaps,
+        "publish_s": round(publish_s, 1),
+        "failed_requests": int(result["errors"]),  # type: ignore[arg-type]
+        "requests": result["requests"],
+        "max_pause_ms": round(metric(metrics, "adstream_serving_swap_pause_max_seconds") * 1000, 3),
+        "adapter_versions": {a["adapter_id"]: a["version"] for a in adapters},
+        "rejected": int(metric(metrics, 'adstream_serving_deltas_total{outcome="rejected"}')),
+        "load_rps": result["rps"],
+        "served_by": {
+            line.split('"')[1]: float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("adstream_serving_served_by_total{")
+        },
+        "latency_with_swaps": {k: result[k] for k in ("p50_ms", "p99_ms", "max_ms")},
+        "latency_without_swaps": {k: baseline[k] for k in ("p50_ms", "p99_ms", "max_ms")},
+    }
+    print(json.dumps(out, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
