@@ -37,7 +37,7 @@ class TrainSpec:
     epochs: int = 8
     batch_size: int = 512
     lr: float = 3e-3
-    weight_decay: float = 1e-6
+    weight_decay: float = 1e-4
     val_fraction: float = 0.1
     patience: int = 2
     seed: int = 0
@@ -126,6 +126,9 @@ def train_ranker(
     n_val = int(len(batch) * spec.val_fraction)
     fit = batch.select(torch.arange(0, len(batch) - n_val))
     val = batch.select(torch.arange(len(batch) - n_val, len(batch))) if n_val else None
+    with torch.no_grad():  # start from the base rate: the first epochs learn ranking, not the mean
+        rate = float(fit.label.mean().clamp(1e-4, 1 - 1e-4)) if fit.label is not None else 0.5
+        model.head.bias.fill_(math.log(rate / (1 - rate)))
     opt = torch.optim.Adam(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
     best, best_loss, stale = copy.deepcopy(model.state_dict()), math.inf, 0
     for epoch in range(spec.epochs):

@@ -11,6 +11,8 @@ Layers (names matter: LoRA adapters target them through `settings.lora_targets`)
   `x_{l+1} = x0 * cross_l(x_l) + x_l`, with `x0` = dense features ‖ embeddings (D wide).
 - `deep.<j>`: an MLP `Linear(D, H)`, ReLU, `Linear(H, H)`, ReLU (linear layers at 0 and 2).
 - `head`: `Linear(D + H, 1)` on the cross output ‖ deep output (not adapted by default).
+- `wide.<column>` (`wide=True`): a scalar bias per id value added to the logit (the
+  "LR on one-hot ids" part, which learns item/position effects from few clicks).
 
 Checkpoints are a directory with `ranker.safetensors` (weights) and `ranker.json`
 (`{"format": "adstream-ranker", "format_version": 1, "version": ..., "config": {...}}`);
@@ -38,7 +40,7 @@ from schemas.errors import ConfigError, ModelError
 from trainers.features import ID_COLUMNS, N_EXTRA_DENSE, RankerBatch
 
 FORMAT: Final = "adstream-ranker"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2  # 2: `wide` part (version-1 checkpoints load with wide=False)
 WEIGHTS_FILE: Final = "ranker.safetensors"
 CONFIG_FILE: Final = "ranker.json"
 
@@ -56,9 +58,14 @@ class RankerConfig:
     max_position: int = 16
     cross_layers: int = 2
     deep_hidden: int = 64
+    wide: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.wide, bool):
+            raise ConfigError(f"RankerConfig.wide must be a bool (got {self.wide!r})")
         for f in fields(self):
+            if f.name == "wide":
+                continue
             value = getattr(self, f.name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"RankerConfig.{f.name} must be a positive int (got {value!r})")
@@ -112,6 +119,13 @@ class Ranker(nn.Module):
             nn.init.zeros_(layer.bias)
         self.deep = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU())
         self.head = nn.Linear(d + h, 1)
+        # wide part: one learned bias per id value (logistic regression on one-hot ids), which
+        # learns item/position effects from few clicks where embeddings through the MLP cannot
+        self.wide = nn.ModuleDict(
+            {name: nn.Embedding(rows, 1) for name, rows in config.table_sizes.items()} if config.wide else {}
+        )
+        for table in self.wide.values():
+            nn.init.zeros_(table.weight)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Click logits, shape [B], for dense features [B, state_dim+3] and ids [B, 7]."""
@@ -122,7 +136,11 @@ class Ranker(nn.Module):
         for layer in self.cross:
             x = x0 * layer(x) + x
         deep = self.deep(x0)
-        return self.head(torch.cat([x, deep], dim=1)).squeeze(1)
+        logit = self.head(torch.cat([x, deep], dim=1)).squeeze(1)
+        for i, name in enumerate(ID_COLUMNS):
+            if name in self.wide:
+                logit = logit + self.wide[name](ids[:, i]).squeeze(1)
+        return logit
 
     @torch.no_grad()
     def score(self, batch: RankerBatch) -> torch.Tensor:
@@ -167,7 +185,7 @@ def read_checkpoint_meta(directory: Path | str) -> dict[str, Any]:
         raise ModelError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ModelError(f"{path}: field 'format' must be {FORMAT!r} (got {meta.get('format')!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") not in (1, FORMAT_VERSION):
         raise ModelError(
             f"{path}: field 'format_version' must be {FORMAT_VERSION} (got {meta.get('format_version')!r})"
         )
@@ -179,7 +197,10 @@ def read_checkpoint_meta(directory: Path | str) -> dict[str, Any]:
 def load_checkpoint(directory: Path | str, device: str | torch.device = "cpu") -> tuple[Ranker, str]:
     """Load a ranker and its version from a checkpoint directory (safetensors only)."""
     meta = read_checkpoint_meta(directory)
-    model = Ranker(RankerConfig.from_dict(meta["config"]))
+    config = dict(meta["config"])
+    if meta["format_version"] == 1:
+        config.setdefault("wide", False)
+    model = Ranker(RankerConfig.from_dict(config))
     weights = Path(directory) / WEIGHTS_FILE
     try:
         state = load_file(str(weights), device=str(device))

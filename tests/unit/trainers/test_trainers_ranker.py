@@ -130,3 +130,16 @@ def test_batch_select_and_learns() -> None:
         before = torch.nn.functional.binary_cross_entropy(frozen.score(batch), batch.label)
         after = torch.nn.functional.binary_cross_entropy(model.score(batch), batch.label)
     assert after < before - 0.05
+
+
+def test_version_1_checkpoints_load_without_the_wide_part(tmp_path) -> None:
+    old_cfg = RankerConfig(**{**CFG.__dict__, "wide": False})
+    torch.manual_seed(2)
+    model = Ranker(old_cfg)
+    save_checkpoint(model, tmp_path)
+    meta = json.loads((tmp_path / "ranker.json").read_text())
+    meta["format_version"] = 1
+    del meta["config"]["wide"]
+    (tmp_path / "ranker.json").write_text(json.dumps(meta))
+    loaded, _ = load_checkpoint(tmp_path)
+    assert loaded.config.wide is False and len(loaded.wide) == 0
