@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from ray import serve
+from ray.serve.config import BackpressureConfig
 
 from schemas import topics
 from schemas.api import AdapterInfo, AdRequest, AdResponse
@@ -143,6 +144,8 @@ class AdServer:
         if outcome == "gap":
             outcome = await self.applier.resync(msg.adapter_id, self.redis.snapshot)
             self.metrics.deltas.labels(f"resync_{outcome}").inc()
+            if outcome == "applied":  # the snapshot may end right before this delta: try it again
+                self.metrics.deltas.labels(f"after_resync_{self.applier.apply(msg, arms)}").inc()
 
     def _on_click(self, msg: Message) -> None:
         assert isinstance(msg, Click)
@@ -359,6 +362,8 @@ def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:
         num_replicas=settings.serve_replicas,
         max_ongoing_requests=settings.serve_max_ongoing,
         max_queued_requests=settings.serve_max_queued,
+        # Serve's own queue limit answers like our admission check: 503 + Retry-After
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=1),
         ray_actor_options={"num_cpus": 0},
         health_check_period_s=5,
     )

@@ -82,7 +82,48 @@ def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
         }
     )
     create_topics(s)
+    _write_snapshot(s, tmp / "models" / "ranker", "splash", seq=4, seed=4)
     return s
+
+
+def snapshot_delta(
+    model_dir: Path, adapter_id: str, seq: int, seed: int, rank: int, targets: tuple[str, ...]
+):  # type: ignore[no-untyped-def]
+    """A full snapshot of a small random adapter for the test ranker (what the trainer stores)."""
+    from trainers.delta import AdapterState, empty_state, full_parts, make_delta
+    from trainers.lora import target_modules
+    from trainers.ranker import load_checkpoint
+
+    model, version = load_checkpoint(model_dir)
+    shapes = {
+        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
+        for m in target_modules(model, targets)
+    }
+    st = empty_state(adapter_id, version, shapes, rank)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in st.tensors.items()}
+    st = AdapterState(adapter_id, version, rank, seq, tensors)
+    return make_delta(st, full_parts(tensors, rank), seq, snapshot=True)
+
+
+def _write_snapshot(s: Settings, model_dir: Path, adapter_id: str, seq: int, seed: int) -> None:
+    import redis
+
+    from schemas import codec
+    from trainers.snapshots import snapshot_key
+
+    snap = snapshot_delta(model_dir, adapter_id, seq, seed, s.lora_rank, s.lora_targets)
+    r = redis.Redis.from_url(s.redis_url)
+    r.set(snapshot_key(s.redis_prefix, adapter_id), codec.encode(snap))
+    r.close()
+
+
+@pytest.fixture(scope="session")
+def write_snapshot(serve_settings: Settings):  # type: ignore[no-untyped-def]
+    """Store an adapter snapshot in Redis the way the trainer does."""
+    return lambda adapter_id, seq, seed: _write_snapshot(
+        serve_settings, serve_settings.model_dir / "ranker", adapter_id, seq, seed
+    )
 
 
 @pytest.fixture(scope="session")

@@ -260,3 +260,45 @@ def test_overload_sheds_with_503_and_retry_after(server: httpx.Client) -> None:
     assert codes[503] > 0 and codes[200] > 0 and set(codes) <= {200, 503}, codes
     assert retry == {"1"}
     assert server.get("/healthz").status_code == 200
+
+
+def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
+    server: httpx.Client, serve_settings: Settings, write_snapshot
+) -> None:  # type: ignore[no-untyped-def]
+    s = serve_settings
+    if s.adapter_scheme != "slot":
+        pytest.skip("this test drives the per-slot adapter scheme")
+
+    def info() -> dict:
+        return next(a for a in server.get("/v1/adapters").json() if a["adapter_id"] == "splash")
+
+    assert info()["version"] == "seq-4"  # loaded from the snapshot the conftest stored before start
+    assert ads(server, "cold-splash", slot="splash")["adapter_version"] == "seq-4"
+    # the trainer moves on to seq 6 (snapshot in Redis) and the replica only sees delta 7: a gap
+    write_snapshot("splash", 6, 6)
+    from trainers.delta import AdapterState
+    from trainers.ranker import load_checkpoint
+
+    _, version = load_checkpoint(s.model_dir / "ranker")
+    snap6 = codec.decode(
+        AdapterDelta, __import__("redis").Redis.from_url(s.redis_url).get(f"{s.redis_prefix}adapter:splash")
+    )
+    assert isinstance(snap6, AdapterDelta) and snap6.seq == 6
+    from trainers.delta import apply_delta, empty_state
+    from trainers.lora import target_modules
+
+    model, _ = load_checkpoint(s.model_dir / "ranker")
+    shapes = {
+        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
+        for m in target_modules(model, s.lora_targets)
+    }
+    st6 = apply_delta(empty_state("splash", version, shapes, s.lora_rank), snap6, s.delta_max_norm)
+    assert isinstance(st6, AdapterState)
+    _, d7 = _step(st6, 0.05, 7)
+    asyncio.run(produce(s, [d7]))
+    # the gap made it re-sync from the snapshot (seq 6), then apply delta 7 on top of it
+    wait_for(lambda: info()["version"] == "seq-7")
+    metrics = server.get("/metrics").text
+    assert 'adstream_serving_deltas_total{outcome="gap"} 1.0' in metrics
+    assert 'adstream_serving_deltas_total{outcome="resync_applied"} 1.0' in metrics
+    assert 'adstream_serving_deltas_total{outcome="after_resync_applied"} 1.0' in metrics
