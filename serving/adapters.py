@@ -260,7 +260,8 @@ class BankedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self.ctx.rows
         if rows is None:
-            return self.base(x)
+            out: torch.Tensor = self.base(x)
+            return out
         groups = self.ctx.groups
         if groups is not None:
             # few distinct adapters (e.g. one per slot): merged weights, as fast as the base layer
@@ -279,7 +280,8 @@ class BankedLinear(nn.Module):
         b_table = buf.b[self.name].view(-1, self.base.out_features)  # row (adapter, j) = B[adapter, :, j]
         h = F.embedding_bag(self.ctx.bag_index(fan_in), a_table, per_sample_weights=x, mode="sum")
         lora = F.embedding_bag(self.ctx.bag_index(rank), b_table, per_sample_weights=h, mode="sum")
-        return self.base(x) + self.bank.scale * lora
+        base: torch.Tensor = self.base(x)
+        return base + self.bank.scale * lora
 
 
 class BankContext:

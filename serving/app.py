@@ -55,7 +55,9 @@ def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> J
 class AdServer:
     """The ingress replica: HTTP API, pipeline, adapter bank, hot swap and canary."""
 
-    async def __init__(self, settings_json: str, user_codec: UserCodec | None = None) -> None:
+    async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
+        self, settings_json: str, user_codec: UserCodec | None = None
+    ) -> None:
         s = self.settings = Settings(**json.loads(settings_json))
         torch.set_num_threads(1)
         self.metrics = ServingMetrics()
@@ -367,7 +369,7 @@ def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:
         ray_actor_options={"num_cpus": 0},
         health_check_period_s=5,
     )
-    return deployment.bind(settings_payload(settings), user_codec)
+    return deployment.bind(settings_payload(settings), user_codec)  # type: ignore[attr-defined]
 
 
 def settings_payload(settings: Settings) -> str:

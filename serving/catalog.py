@@ -122,10 +122,12 @@ class Catalog:
         return self.active[:n] & (spend < self.campaign_budget[self.campaign[:n]])
 
     def spend_of(self, rows: np.ndarray) -> np.ndarray:
-        return self.campaign_spend[self.campaign[rows]]
+        out: np.ndarray = self.campaign_spend[self.campaign[rows]]
+        return out
 
     def budget_of(self, rows: np.ndarray) -> np.ndarray:
-        return self.campaign_budget[self.campaign[rows]]
+        out: np.ndarray = self.campaign_budget[self.campaign[rows]]
+        return out
 
     def record_served(self, rows: np.ndarray, cost: np.ndarray) -> None:
         """Count impressions and expected spend of what this replica just served."""

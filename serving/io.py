@@ -80,7 +80,7 @@ class RedisIO:
 
     async def spend(self, now: datetime) -> dict[str, float]:
         raw = await self.client.hgetall(f"{self.prefix}spend:{day_of(now)}")
-        return {k.decode(): float(v) for k, v in raw.items()}
+        return {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
 
     async def snapshot(self, adapter_id: str) -> AdapterDelta | None:
         data = await self.client.get(f"{self.prefix}adapter:{adapter_id}")

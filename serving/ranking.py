@@ -19,7 +19,7 @@ from trainers.features import N_EXTRA_DENSE
 from trainers.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
 
 log = logging.getLogger(__name__)
-SLOT_INDEX = {s: i for i, s in enumerate(SLOTS)}
+SLOT_INDEX: dict[str, int] = {s: i for i, s in enumerate(SLOTS)}
 
 
 def resolve_device(setting: str) -> torch.device:
