@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from collections import Counter
@@ -41,7 +42,7 @@ def test_read_back_and_train(stack: Settings, tmp_path: Path, monkeypatch: pytes
     try:
         back = read_events(s.clickhouse_url)
         assert Counter(m.kind for m in back) == Counter(m.kind for m in events)
-        assert all(a.ts <= b.ts for a, b in zip(back, back[1:], strict=False))
+        assert all(a.ts <= b.ts for a, b in itertools.pairwise(back))
         original = {e.event_id: e for e in events}
         for m in back:
             o = original[m.event_id]
