@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 N_EXTRA_DENSE = 3
 ID_COLUMNS = ("ad", "advertiser", "campaign", "category", "slot", "position", "hour")
-_SLOT_INDEX = {s: i for i, s in enumerate(SLOTS)}
+_SLOT_INDEX: dict[str, int] = {s: i for i, s in enumerate(SLOTS)}
 
 
 class RankerInput(Protocol):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from schemas.errors import AdapterError, ConfigError
@@ -126,13 +126,17 @@ class AdapterBank:
         model = copy.deepcopy(base)
         self.modules = target_modules(model, spec.targets)
         self._lora_config = LoraConfig(
-            r=spec.rank, lora_alpha=spec.alpha, target_modules=self.modules, lora_dropout=0.0, bias="none"
+            r=spec.rank,
+            lora_alpha=spec.alpha,  # type: ignore[arg-type]  # PEFT takes floats; its hint says int
+            target_modules=self.modules,
+            lora_dropout=0.0,
+            bias="none",
         )
         # a private frozen copy scores the base: cheaper than toggling PEFT's adapters off per call
         self._base = copy.deepcopy(base).eval()
         for p in self._base.parameters():
             p.requires_grad_(False)
-        self.model: PeftModel = get_peft_model(model, self._lora_config, adapter_name=_PLACEHOLDER)
+        self.model: Any = get_peft_model(model, self._lora_config, adapter_name=_PLACEHOLDER)
         self._layers: dict[str, Any] = {m: self.model.get_base_model().get_submodule(m) for m in self.modules}
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -236,12 +240,14 @@ class AdapterBank:
         with torch.no_grad():
             if all(n == BASE_ADAPTER for n in names):
                 return self.base_logits(batch)
-            return self.model(batch.dense, batch.ids, adapter_names=names)
+            out: torch.Tensor = self.model(batch.dense, batch.ids, adapter_names=names)
+            return out
 
     def base_logits(self, batch: RankerBatch) -> torch.Tensor:
         """Logits of the frozen base model (every adapter disabled)."""
         with torch.no_grad():
-            return self._base(batch.dense, batch.ids)
+            out: torch.Tensor = self._base(batch.dense, batch.ids)
+            return out
 
     def train_logits(self, batch: RankerBatch, adapter_id: str) -> torch.Tensor:
         """Differentiable logits with only `adapter_id` active; gradients reach only its LoRA tensors."""
@@ -253,4 +259,5 @@ class AdapterBank:
             for p in self._params(name):
                 p.requires_grad_(True)
             self._training = name
-        return self.model(batch.dense, batch.ids)
+        out: torch.Tensor = self.model(batch.dense, batch.ids)
+        return out

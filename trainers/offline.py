@@ -106,7 +106,7 @@ def _epoch(
         assert part.label is not None
         opt.zero_grad()
         loss = F.binary_cross_entropy_with_logits(model(part.dense, part.ids), part.label)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         total += float(loss.detach()) * len(part)
     return total / max(len(batch), 1)

@@ -231,7 +231,7 @@ class OnlineTrainer:
         loss = F.binary_cross_entropy_with_logits(logits, batch.label)
         if not torch.isfinite(loss):
             return self._drop(run, before, "non_finite_loss")
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         params = self.bank.lora_params(run.adapter_id)
         mags = []
         for a, b in params.values():
@@ -268,7 +268,7 @@ class OnlineTrainer:
             self.log.adapters += [run.adapter_id] * len(y)
             self.log.impression_ids += ids
 
-    def _drop(self, run: AdapterRun, before: dict[str, torch.Tensor], reason: str) -> None:
+    def _drop(self, run: AdapterRun, before: dict[str, torch.Tensor], reason: str) -> AdapterDelta | None:
         self.bank.set_state(run.adapter_id, before)
         run.optimizer = self._optimizer(run.adapter_id)  # its moments saw the bad gradient
         run.counts[f"dropped_{reason}"] += 1

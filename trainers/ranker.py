@@ -106,26 +106,27 @@ class Ranker(nn.Module):
     def __init__(self, config: RankerConfig) -> None:
         super().__init__()
         self.config = config
-        self.emb = nn.ModuleDict(
-            {name: nn.Embedding(rows, config.emb_dim) for name, rows in config.table_sizes.items()}
-        )
-        for table in self.emb.values():
+        tables = {name: nn.Embedding(rows, config.emb_dim) for name, rows in config.table_sizes.items()}
+        for table in tables.values():
             nn.init.normal_(table.weight, std=0.01)
+        self.emb = nn.ModuleDict(tables)
         d, h = config.input_dim, config.deep_hidden
         self.input_norm = nn.LayerNorm(config.state_dim + N_EXTRA_DENSE)
-        self.cross = nn.ModuleList([nn.Linear(d, d) for _ in range(config.cross_layers)])
-        for layer in self.cross:
+        cross = [nn.Linear(d, d) for _ in range(config.cross_layers)]
+        for layer in cross:
             nn.init.normal_(layer.weight, std=0.01)
             nn.init.zeros_(layer.bias)
+        self.cross = nn.ModuleList(cross)
         self.deep = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU())
         self.head = nn.Linear(d + h, 1)
         # wide part: one learned bias per id value (logistic regression on one-hot ids), which
         # learns item/position effects from few clicks where embeddings through the MLP cannot
-        self.wide = nn.ModuleDict(
+        wide = (
             {name: nn.Embedding(rows, 1) for name, rows in config.table_sizes.items()} if config.wide else {}
         )
-        for table in self.wide.values():
-            nn.init.zeros_(table.weight)
+        for bias in wide.values():
+            nn.init.zeros_(bias.weight)
+        self.wide = nn.ModuleDict(wide)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Click logits, shape [B], for dense features [B, state_dim+3] and ids [B, 7]."""
@@ -136,7 +137,7 @@ class Ranker(nn.Module):
         for layer in self.cross:
             x = x0 * layer(x) + x
         deep = self.deep(x0)
-        logit = self.head(torch.cat([x, deep], dim=1)).squeeze(1)
+        logit: torch.Tensor = self.head(torch.cat([x, deep], dim=1)).squeeze(1)
         for i, name in enumerate(ID_COLUMNS):
             if name in self.wide:
                 logit = logit + self.wide[name](ids[:, i]).squeeze(1)

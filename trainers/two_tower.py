@@ -106,7 +106,7 @@ def user_features(
     for i, (vec, slot, hour) in enumerate(zip(vectors, slots, hours, strict=True)):
         v = list(vec)[:dim]
         out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
-        out[i, dim + SLOTS.index(slot)] = 1.0  # type: ignore[arg-type]
+        out[i, dim + SLOTS.index(slot)] = 1.0  # type: ignore[arg-type,unused-ignore]
         angle = 2 * math.pi * hour / 24
         out[i, dim + len(SLOTS)] = math.sin(angle)
         out[i, dim + len(SLOTS) + 1] = math.cos(angle)
@@ -196,7 +196,7 @@ def train_two_tower(
         for i in range(0, n, batch_size):
             b = batch.select(order[i : i + batch_size])
             opt.zero_grad()
-            F.binary_cross_entropy_with_logits(model(b.user_x, b.ad_ids, b.ad_text), b.label).backward()
+            F.binary_cross_entropy_with_logits(model(b.user_x, b.ad_ids, b.ad_text), b.label).backward()  # type: ignore[no-untyped-call]
             opt.step()
     model.eval()
     return model
