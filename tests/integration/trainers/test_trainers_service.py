@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from schemas import codec, topics
-from schemas.events import AdapterDelta, TrainingExample
+from schemas.events import AdapterDelta, DeadLetter, TrainingExample
 from schemas.settings import Settings
 from trainers.delta import AdapterState, SeqGapError, apply_delta, empty_state
 from trainers.lora import AdapterBank, LoraSpec
@@ -79,10 +79,14 @@ async def _produce(s: Settings, exs: list[TrainingExample]) -> None:
 
 
 async def _deltas(s: Settings) -> list[AdapterDelta]:
+    return [codec.decode(AdapterDelta, r.value) for r in await _records(s, topics.ADAPTER_DELTAS)]  # type: ignore[misc]
+
+
+async def _records(s: Settings, base_topic: str) -> list[Any]:
     from aiokafka import AIOKafkaConsumer
 
     c = AIOKafkaConsumer(
-        topics.topic_name(topics.ADAPTER_DELTAS, s.topic_prefix),
+        topics.topic_name(base_topic, s.topic_prefix),
         bootstrap_servers=s.kafka_bootstrap,
         auto_offset_reset="earliest",
     )
@@ -97,7 +101,7 @@ async def _deltas(s: Settings) -> list[AdapterDelta]:
             out += got
     finally:
         await c.stop()
-    return [codec.decode(AdapterDelta, r.value) for r in out]  # type: ignore[misc]
+    return out
 
 
 async def _run(svc: TrainerService, n: int, graceful: bool = True) -> None:
@@ -158,6 +162,9 @@ def test_publish_snapshot_and_graceful_restart(deployment: Settings, redis_clien
         finally:
             await client.aclose()
 
+    dlq = asyncio.run(_records(s, topics.DLQ))
+    assert len(dlq) == 1 and b"not json" in codec.decode(DeadLetter, dlq[0].value).raw  # type: ignore[attr-defined]
+
     known = asyncio.run(read())
     for aid in ADAPTERS:
         assert known[aid].snapshot is not None and known[aid].snapshot.seq == last[aid] == known[aid].last_seq
@@ -205,3 +212,45 @@ def test_crash_restart_realigns_without_reusing_seqs(deployment: Settings, redis
         st = empty_state("feed", "ranker-it", survivor.trainer.bank.shapes, 4)
         feed = [d for d in after if d.adapter_id == "feed" and not d.snapshot]
         apply_delta(apply_delta(st, feed[0], 10.0), feed[2], 10.0)
+
+
+def test_cli_trainer_live_until_max_examples(deployment: Settings, tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from trainers.ranker import save_checkpoint
+
+    s = deployment
+    torch.manual_seed(0)
+    save_checkpoint(Ranker(CFG), tmp_path / "ranker")
+    asyncio.run(_produce(s, _examples(300, seed=6)))
+    env = {
+        **os.environ,
+        "ADSTREAM_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+        "ADSTREAM_REDIS_URL": s.redis_url,
+        "ADSTREAM_TOPIC_PREFIX": s.topic_prefix,
+        "ADSTREAM_REDIS_PREFIX": s.redis_prefix,
+        "ADSTREAM_TRAINER_GROUP": s.trainer_group,
+        "ADSTREAM_MICRO_BATCH": "64",
+        "ADSTREAM_LORA_RANK": "4",
+        "ADSTREAM_MODEL_DIR": str(tmp_path),
+    }
+    port = 19000 + os.getpid() % 1000
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "trainer", "--max-examples", "300", "--metrics-port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "learned 300 examples" in text
+    deltas = asyncio.run(_deltas(s))
+    _assert_unique_contiguous(deltas)
+    assert {d.adapter_id for d in deltas if d.snapshot} == set(ADAPTERS)

@@ -1,0 +1,39 @@
+"""Prometheus export of the trainer: rolling AUC gauges and guard counters (no ids as labels)."""
+
+from __future__ import annotations
+
+import torch
+from helpers_trainers import make_examples
+from prometheus_client import REGISTRY
+
+from trainers import telemetry
+from trainers.lora import AdapterBank, LoraSpec
+from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.ranker import Ranker, RankerConfig
+from trainers.replay import replay
+
+CFG = RankerConfig(
+    state_dim=8, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8, deep_hidden=16
+)
+
+
+def test_export_and_counters() -> None:
+    torch.manual_seed(0)
+    tr = OnlineTrainer(
+        AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v"), OnlineSpec(min_step_examples=16)
+    )
+    replay(make_examples(400, dim=8, adapters=("feed", "search")), tr, 64)
+    telemetry.export(tr.runs, per_adapter_labels=True)
+    auc = REGISTRY.get_sample_value("adstream_trainers_rolling_auc", {"adapter": "feed", "model": "online"})
+    assert auc is not None and 0 <= auc <= 1
+    assert REGISTRY.get_sample_value("adstream_trainers_adapters") == 2
+    mean = REGISTRY.get_sample_value("adstream_trainers_rolling_auc_mean")
+    assert mean is not None and 0 <= mean <= 1
+    before = (
+        REGISTRY.get_sample_value("adstream_trainers_dropped_updates_total", {"reason": "oversized"}) or 0
+    )
+    telemetry.count_trainer({"dropped_oversized": 1}, {"dropped_oversized": 3, "resets": 1})
+    assert (
+        REGISTRY.get_sample_value("adstream_trainers_dropped_updates_total", {"reason": "oversized"})
+        == before + 2
+    )
