@@ -89,7 +89,9 @@ def main() -> None:
     )
     market = Market(cfg)
     examples = impression_order(training_examples(market.open_loop(args.impressions), settings))
-    drift_imp = market.summary().drift_impression
+    summary = market.summary()
+    drift_imp, drift_ts = summary.drift_impression, summary.drift_ts
+    assert drift_ts is not None
     pre, stream = examples[: args.pretrain], examples[args.pretrain :]
     base = train_ranker(pre, RankerConfig(state_dim=settings.state_dim), TrainSpec(epochs=6, seed=args.seed))
     spec = OnlineSpec.from_settings(settings)
@@ -108,7 +110,7 @@ def main() -> None:
     online, frozen = np.asarray(lg.online)[idx], np.asarray(lg.base)[idx]
     oracle = np.asarray([market.oracle_pctr(e.impression_id) for e in stream])
     # the drift falls on an impression index of the whole run; find it in the replayed stream
-    drift = next(i for i, e in enumerate(stream) if int(e.impression_id.rsplit("-", 1)[1]) >= drift_imp)
+    drift = next(i for i, e in enumerate(stream) if e.impression_ts >= drift_ts)
     w, h = args.window, args.horizon
     curves: dict[str, list[Any]] = {"events": [], "frozen": [], "online": [], "oracle": []}
     for end in range(w, len(y) + 1, max(1, w // 5)):
