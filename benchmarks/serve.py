@@ -92,6 +92,44 @@ def warm_users(settings: object, users: int, catalog: Path) -> None:
     pipe.execute()
 
 
+def write_adapters(settings: object, model_dir: Path, catalog: Path) -> int:
+    """Store a full snapshot for every adapter of the scheme in Redis, as the online trainer does."""
+    import redis
+    import torch
+
+    from schemas import codec
+    from trainers.delta import AdapterState, empty_state, full_parts, make_delta
+    from trainers.lora import adapter_id_for, target_modules
+    from trainers.ranker import load_checkpoint
+    from trainers.snapshots import snapshot_key
+
+    model, version = load_checkpoint(model_dir / "ranker")
+    s = settings
+    shapes = {
+        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
+        for m in target_modules(model, s.lora_targets)
+    }  # type: ignore[attr-defined]
+    advertisers = sorted(
+        {json.loads(line)["advertiser_id"] for line in catalog.open() if '"kind":"ad"' in line}
+    )
+    ids = sorted(
+        {
+            adapter_id_for(slot, adv, s.adapter_scheme)  # type: ignore[attr-defined]
+            for slot in ("feed", "search", "splash")
+            for adv in advertisers
+        }
+    )
+    r = redis.Redis.from_url(s.redis_url)  # type: ignore[attr-defined]
+    gen = torch.Generator().manual_seed(0)
+    for aid in ids:
+        st = empty_state(aid, version, shapes, s.lora_rank)  # type: ignore[attr-defined]
+        tensors = {k: torch.randn(v.shape, generator=gen) * 0.05 for k, v in st.tensors.items()}
+        st = AdapterState(aid, version, st.rank, 0, tensors)
+        snap = make_delta(st, full_parts(tensors, st.rank), 0, snapshot=True)
+        r.set(snapshot_key(s.redis_prefix, aid), codec.encode(snap))  # type: ignore[attr-defined]
+    return len(ids)
+
+
 def run_wrk(url: str, rate: int, duration: int, conns: int, users: int) -> dict[str, float]:
     env = {**os.environ, "RATE": str(rate), "CONNS": str(conns), "USERS": str(users), "K": "10"}
     out = subprocess.run(
@@ -134,6 +172,7 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=10)
     ap.add_argument("--users", type=int, default=5000)
     ap.add_argument("--port", type=int, default=8011)
+    ap.add_argument("--schemes", default="slot,advertiser", help="adapter schemes to run (first one → rates)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve.json")
     args = ap.parse_args()
 
@@ -148,77 +187,97 @@ def main() -> None:
     from schemas.settings import Settings
 
     tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-"))
-    run = uuid.uuid4().hex[:8]
     catalog = tmp / "catalog.jsonl"
     make_catalog(catalog, args.ads)
-    base = Settings()
-    model_note = make_model(tmp / "models", base.model_dir)
-    settings = Settings(
-        model_dir=tmp / "models",
-        serve_catalog_file=catalog,
-        http_port=args.port,
-        topic_prefix=f"bench{run}.",
-        redis_prefix=f"adstream-bench:{run}:",
-        serve_consume_deltas=False,
-    )
-    warm_users(settings, args.users, catalog)
-    t0 = time.monotonic()
-    endpoints = start(settings, name="bench")
-    url = endpoints.best
-    client = httpx.Client(base_url=url, timeout=10)
-    health = client.get("/healthz").json()
-    print(f"deployed in {time.monotonic() - t0:.1f}s: {health}")
-    rows = []
+    model_note = make_model(tmp / "models", Settings().model_dir)
+    by_scheme: dict[str, dict[str, object]] = {}
     try:
-        run_wrk(url, 50, 5, args.conns, args.users)  # warm-up (JIT paths, connections, caches)
-        for rate in [int(r) for r in args.rates.split(",")]:
-            rows.append(run_wrk(url, rate, args.duration, args.conns, args.users))
-        metrics = client.get("/metrics").text
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        r = redis.Redis.from_url(settings.redis_url)
-        keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
-        if keys:
-            r.delete(*keys)
-        shutil.rmtree(tmp, ignore_errors=True)
-    served_by = {
-        line.split('"')[1]: float(line.split()[-1])
-        for line in metrics.splitlines()
-        if line.startswith("adstream_serving_served_by_total{")
-    }
-    table = Table("target rps", "rps", "requests", "p50 ms", "p90 ms", "p99 ms", "max ms", "error rate")
-    for row in rows:
-        table.add_row(
-            *(
-                str(row[k])
-                for k in (
-                    "target_rps",
-                    "rps",
-                    "requests",
-                    "p50_ms",
-                    "p90_ms",
-                    "p99_ms",
-                    "max_ms",
-                    "error_rate",
-                )
+        for scheme in args.schemes.split(","):
+            run = uuid.uuid4().hex[:8]
+            settings = Settings(
+                model_dir=tmp / "models",
+                serve_catalog_file=catalog,
+                http_port=args.port,
+                topic_prefix=f"bench{run}.",
+                redis_prefix=f"adstream-bench:{run}:",
+                serve_consume_deltas=False,
+                adapter_scheme=scheme,
+                serve_adapter_capacity=4096,
             )
-        )
+            warm_users(settings, args.users, catalog)
+            n_adapters = write_adapters(settings, tmp / "models", catalog)
+            t0 = time.monotonic()
+            endpoints = start(settings, name="bench")
+            url = endpoints.best
+            client = httpx.Client(base_url=url, timeout=10)
+            health = client.get("/healthz").json()
+            print(f"{scheme}: deployed in {time.monotonic() - t0:.1f}s: {health}")
+            rows = []
+            try:
+                run_wrk(url, 50, 5, args.conns, args.users)  # warm-up (connections, caches)
+                for rate in [int(r) for r in args.rates.split(",")]:
+                    rows.append(run_wrk(url, rate, args.duration, args.conns, args.users))
+                metrics = client.get("/metrics").text
+            finally:
+                serve.shutdown()
+                ray.shutdown()
+                r = redis.Redis.from_url(settings.redis_url)
+                keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
+                if keys:
+                    r.delete(*keys)
+            served_by = {
+                line.split('"')[1]: float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("adstream_serving_served_by_total{")
+            }
+            by_scheme[scheme] = {
+                "adapters": n_adapters,
+                "served_by": served_by,
+                "rates": rows,
+                "url": "replica (direct ingress)" if url != endpoints.proxy else "Serve proxy",
+                "catalog_ads": health["ads"],
+                "device": health["device"],
+            }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    table = Table(
+        "adapter scheme",
+        "adapters",
+        "target rps",
+        "rps",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "error rate",
+    )
+    for scheme, res in by_scheme.items():
+        for row in res["rates"]:  # type: ignore[attr-defined]
+            table.add_row(
+                scheme,
+                str(res["adapters"]),
+                *(
+                    str(row[k])
+                    for k in ("target_rps", "rps", "p50_ms", "p90_ms", "p99_ms", "max_ms", "error_rate")
+                ),
+            )
     Console().print(table)
+    first = next(iter(by_scheme.values()))
     result = {
         "benchmark": "serve",
-        "catalog_ads": health["ads"],
+        "catalog_ads": first["catalog_ads"],
         "k": 10,
-        "url": "replica (direct ingress)" if url != endpoints.proxy else "Serve proxy",
-        "load_tool": "wrk 4.1 + benchmarks/serve_load.lua (paced connections)",
+        "url": first["url"],
+        "load_tool": "wrk 4.1 + benchmarks/serve_load.lua (one thread, paced connections)",
         "connections": args.conns,
         "duration_s": args.duration,
         "model": model_note,
-        "device": health["device"],
+        "device": first["device"],
         "cpus": os.cpu_count(),
         "throughput_optimized": os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1",
-        "served_by": served_by,
-        "rates": rows,
+        "adapter_scheme": next(iter(by_scheme)),
+        "rates": first["rates"],
+        "by_scheme": by_scheme,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

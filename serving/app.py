@@ -95,6 +95,7 @@ class AdServer:
                 asyncio.create_task(self._follow(topics.CLICKS, self._on_click, False)),
             ]
         self._tasks.append(asyncio.create_task(self._housekeeping()))
+        self._tasks.append(asyncio.create_task(self._flush_counters()))
         self.ready = True
         log.info("ad server ready: model %s on %s, %d ads", version, device, self.catalog.n)
 
@@ -153,6 +154,15 @@ class AdServer:
         assert isinstance(msg, Click)
         if self.canary.clicked(msg.impression_id):
             self.metrics.clicks_joined.inc()
+
+    async def _flush_counters(self) -> None:
+        """Frequency-cap and spend counters go to Redis in one pipeline every 50 ms, not per request."""
+        while True:
+            await asyncio.sleep(0.05)
+            try:
+                await self.redis.flush()
+            except Exception as exc:
+                log.warning("counter flush to Redis failed: %s", exc)
 
     async def _housekeeping(self) -> None:
         while True:
@@ -252,7 +262,6 @@ class AdServer:
         rung: Rung = plan_start(deadline.remaining_ms(), costs)
         rows = np.zeros(0, dtype=np.int64)
         pctr = np.zeros(0)
-        versions: list[str | None] = []
         if rung != "popular":
             t = time.perf_counter()
             try:
@@ -275,10 +284,8 @@ class AdServer:
                 use = rung == "adapter"
                 inp = rec.rank_input
                 if use:
-                    bank_rows = self.pipe.adapter_rows(rec.adapter_ids, arm)
+                    bank_rows = self.pipe.adapter_rows(req.slot, rows, arm)
                     inp = RankInput(inp.dense, inp.ids, torch.from_numpy(bank_rows))
-                    metas = self.rank.bank.meta
-                    versions = [metas[a].version if a in metas else None for a in rec.adapter_ids]
                 pctr = await self._rank_batch((inp, use))
                 stage["rank"] = (time.perf_counter() - t) * 1000
                 costs.observe("rank_adapter" if use else "rank_base", stage["rank"])
@@ -289,9 +296,10 @@ class AdServer:
             rung = "popular" if rows.shape[0] == 0 or rung == "popular" else rung
             rows = self.pipe.popular(max(req.k * 4, 40))
             pctr = np.full(rows.shape[0], 0.02)
-            versions = []
         t = time.perf_counter()
-        resp, imps, chosen, cost = self.pipe.finish(req, request_id, rows, pctr, rung, stage, now, versions)
+        resp, imps, chosen, cost = self.pipe.finish(
+            req, request_id, rows, pctr, rung, stage, now, rung == "adapter"
+        )
         stage["rerank"] = (time.perf_counter() - t) * 1000
         costs.observe("rerank", stage["rerank"])
         resp = resp.model_copy(
@@ -305,10 +313,7 @@ class AdServer:
             self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
         self.sink.emit(imps)
         if imps:
-            task = asyncio.get_running_loop().create_task(
-                self.redis.record(req.user_id, now, imps, list(cost))
-            )
-            task.add_done_callback(lambda t: t.exception())
+            self.redis.record(req.user_id, now, imps, list(cost))
         return resp
 
     @api.get("/healthz")

@@ -48,6 +48,8 @@ class RedisIO:
         self.client = aredis.Redis.from_url(settings.redis_url, socket_timeout=1.0)
         self.codec = codec_
         self.cap = settings.frequency_cap
+        self._fcap: dict[tuple[str, str], dict[str, int]] = {}
+        self._spend: dict[str, dict[str, float]] = {}
         self.errors = 0
 
     async def read(self, user_id: str, now: datetime) -> tuple[UserView | None, list[str]]:
@@ -64,19 +66,44 @@ class RedisIO:
             except Exception as exc:  # a bad record makes the user cold, never fails the request
                 self.errors += 1
                 log.warning("unreadable state record of a user: %s", exc)
-        return view, [k.decode() for k, v in res[-1].items() if int(v) >= self.cap]
+        pending = self._fcap.get((day_of(now), user_id), {})
+        counts = {k.decode(): int(v) for k, v in res[-1].items()}
+        for ad, n in pending.items():
+            counts[ad] = counts.get(ad, 0) + n
+        return view, [ad for ad, n in counts.items() if n >= self.cap]
 
-    async def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None:
-        """Count impressions per user/ad (frequency cap) and expected spend per campaign."""
+    def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None:
+        """Count impressions per user/ad (frequency cap) and expected spend per campaign, in memory
+        until the next `flush` (the cap check adds what is pending, so it holds in between)."""
         day = day_of(now)
-        fkey, skey = f"{self.prefix}fcap:{day}:{user_id}", f"{self.prefix}spend:{day}"
-        pipe = self.client.pipeline(transaction=False)
+        fcap = self._fcap.setdefault((day, user_id), {})
+        camp = self._spend.setdefault(day, {})
         for imp, cost in zip(imps, spend, strict=True):
-            pipe.hincrby(fkey, imp.ad_id, 1)
-            pipe.hincrbyfloat(skey, imp.campaign_id, float(cost))
-        pipe.expire(fkey, DAY_TTL_S)
-        pipe.expire(skey, DAY_TTL_S)
+            fcap[imp.ad_id] = fcap.get(imp.ad_id, 0) + 1
+            camp[imp.campaign_id] = camp.get(imp.campaign_id, 0.0) + float(cost)
+
+    async def flush(self) -> int:
+        """Write the pending counters in one pipeline; returns the number of commands sent."""
+        if not self._fcap and not self._spend:
+            return 0
+        fcap, spend = self._fcap, self._spend
+        self._fcap, self._spend = {}, {}
+        pipe = self.client.pipeline(transaction=False)
+        n = 0
+        for (day, user_id), ads in fcap.items():
+            key = f"{self.prefix}fcap:{day}:{user_id}"
+            for ad, count in ads.items():
+                pipe.hincrby(key, ad, count)
+            pipe.expire(key, DAY_TTL_S)
+            n += len(ads) + 1
+        for day, camps in spend.items():
+            key = f"{self.prefix}spend:{day}"
+            for camp, cost in camps.items():
+                pipe.hincrbyfloat(key, camp, cost)
+            pipe.expire(key, DAY_TTL_S)
+            n += len(camps) + 1
         await pipe.execute()
+        return n
 
     async def spend(self, now: datetime) -> dict[str, float]:
         raw = await self.client.hgetall(f"{self.prefix}spend:{day_of(now)}")

@@ -41,7 +41,6 @@ class Recalled:
     rows: np.ndarray
     scores: np.ndarray
     rank_input: RankInput | None
-    adapter_ids: list[str]
 
 
 def content_vectorizer(dim: int) -> Callable[[AdCreative], np.ndarray]:
@@ -78,6 +77,7 @@ class AdPipeline:
         self._popular: np.ndarray = np.zeros(0, dtype=np.int64)
         self._popular_version = -1
         self._centroid = np.zeros(settings.state_dim, dtype=np.float32)
+        self._adapter_tables: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray]] = {}
 
     # -- catalog ------------------------------------------------------------------------
     def add_ad(self, ad: AdCreative) -> None:
@@ -134,11 +134,9 @@ class AdPipeline:
                 code = cat.codes["category"].get(name)
                 if code is not None:
                     intents[code] = score
-        scheme = self.settings.adapter_scheme
-        adapter_ids = [adapter_id_for(req.slot, cat.rows[r].advertiser_id, scheme) for r in rows]
         vec = user.vector if user is not None else np.zeros(self.settings.state_dim, dtype=np.float32)
         return (
-            Recalled(rows, scores, None, adapter_ids)
+            Recalled(rows, scores, None)
             if rows.shape[0] == 0
             else Recalled(
                 rows,
@@ -154,20 +152,33 @@ class AdPipeline:
                     np.zeros(rows.shape[0], dtype=np.int64),
                     self.settings.state_dim,
                 ),
-                adapter_ids,
             )
         )
 
-    def adapter_rows(self, adapter_ids: list[str], arm: int) -> np.ndarray:
-        """Bank rows for each candidate's adapter in an arm (0-row when the adapter is unknown)."""
-        bank = self.rank.bank
-        cache: dict[str, int] = {}
-        out = np.empty(len(adapter_ids), dtype=np.int64)
-        for i, a in enumerate(adapter_ids):
-            r = cache.get(a)
-            if r is None:
-                r = cache[a] = bank.row(a, arm)
-            out[i] = r
+    def adapter_rows(self, slot: str, rows: np.ndarray, arm: int) -> np.ndarray:
+        """Bank row of each candidate's adapter (slot and/or advertiser) in an arm, vectorized:
+        a per-(slot, arm) table over advertiser codes, rebuilt when adapters or advertisers change."""
+        cat, bank = self.catalog, self.rank.bank
+        advertisers = cat.codes["advertiser"]
+        key = (slot, arm)
+        stamp = (len(bank.meta), len(advertisers))
+        cached = self._adapter_tables.get(key)
+        if cached is None or cached[0] != stamp:
+            scheme = self.settings.adapter_scheme
+            table = np.empty(max(len(advertisers), 1), dtype=np.int64)
+            for adv, code in advertisers.items():
+                table[code] = bank.row(adapter_id_for(slot, adv, scheme), arm)
+            cached = self._adapter_tables[key] = (stamp, table)
+        out: np.ndarray = cached[1][cat.advertiser[rows]]
+        return out
+
+    def adapter_versions(self, slot: str, rows: np.ndarray) -> list[str | None]:
+        """The version of each row's adapter (for the few ads actually served)."""
+        metas, scheme = self.rank.bank.meta, self.settings.adapter_scheme
+        out: list[str | None] = []
+        for r in rows:
+            meta = metas.get(adapter_id_for(slot, self.catalog.rows[int(r)].advertiser_id, scheme))
+            out.append(meta.version if meta is not None else None)
         return out
 
     # -- rerank -------------------------------------------------------------------------
@@ -180,7 +191,7 @@ class AdPipeline:
         rung: Rung,
         stage_ms: dict[str, float],
         now: datetime,
-        adapter_versions: list[str | None],
+        with_adapters: bool,
     ) -> tuple[AdResponse, list[Impression], np.ndarray, np.ndarray]:
         """Rerank candidates and build the response and its impression events."""
         cat = self.catalog
@@ -202,6 +213,7 @@ class AdPipeline:
         chosen_pctr = np.clip(pctr[res.order], 0.0, 1.0)
         ads, imps = [], []
         model_version = self.rank.version
+        versions = self.adapter_versions(req.slot, chosen) if with_adapters else [None] * len(chosen)
         for pos, (row, p, score, price) in enumerate(
             zip(chosen, chosen_pctr, res.scores, res.prices, strict=True)
         ):
@@ -229,7 +241,7 @@ class AdPipeline:
                     price=float(price),
                     pctr=float(p),
                     model_version=model_version,
-                    adapter_version=adapter_versions[int(res.order[pos])] if adapter_versions else None,
+                    adapter_version=versions[pos],
                 )
             )
         top_adapter = imps[0].adapter_version if imps and rung == "adapter" else None

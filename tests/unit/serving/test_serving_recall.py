@@ -10,6 +10,7 @@ import torch
 from schemas.api import AdRequest
 from schemas.events import AdCreative
 from schemas.settings import Settings
+from serving.adapters import CANDIDATE
 from serving.catalog import Catalog
 from serving.index import ExactIndex
 from serving.pipeline import AdPipeline, UserView, content_vectorizer
@@ -114,9 +115,20 @@ def test_recall_filters_inactive_spent_and_capped_ads_and_new_ads_enter_live() -
     got = {pipe.catalog.rows[r].ad_id for r in rec.rows}
     assert got and not got & {"a3", "a1", "a4"}
     assert all(pipe.catalog.rows[r].campaign_id != "c1" for r in rec.rows)
-    assert len(rec.adapter_ids) == len(rec.rows) and rec.adapter_ids[0] == adapter_id_for(
-        "feed", "v0", pipe.settings.adapter_scheme
+    bank = pipe.rank.bank
+    assert np.all(
+        pipe.adapter_rows("feed", rec.rows, CANDIDATE) == bank.row(None, CANDIDATE)
+    )  # none known yet
+    aid = adapter_id_for(
+        "feed", pipe.catalog.rows[int(rec.rows[0])].advertiser_id, pipe.settings.adapter_scheme
     )
+    zero = {
+        n: (torch.zeros(bank.rank, s.fan_in), torch.zeros(s.fan_out, bank.rank))
+        for n, s in bank.shapes.items()
+    }
+    bank.put(aid, zero, version="seq-3", seq=3, base_version="v0")
+    rows = pipe.adapter_rows("feed", rec.rows, CANDIDATE)
+    assert rows[0] == bank.row(aid, CANDIDATE) and pipe.adapter_versions("feed", rec.rows[:1]) == ["seq-3"]
     pipe.add_ad(ad(999, cat="tech"))  # a new ad is recallable at once
     rec2 = pipe.recall(req, user, capped=[], hour=12)
     assert pipe.catalog.row_of["a999"] in rec2.rows.tolist() or len(rec2.rows) == 30
@@ -133,7 +145,7 @@ def test_cold_user_uses_context_and_finish_builds_response_and_impressions() -> 
     assert rec.rank_input is not None
     pctr = pipe.rank.score([rec.rank_input], use_adapters=False)[0]
     stage = {"recall": 1.0, "rank": 2.0, "rerank": 0.0}
-    resp, imps, chosen, cost = pipe.finish(req, "req1", rec.rows, pctr, "base_model", stage, TS, [])
+    resp, imps, chosen, cost = pipe.finish(req, "req1", rec.rows, pctr, "base_model", stage, TS, False)
     assert len(resp.ads) == 4 and resp.degraded and resp.served_by == "base_model"
     assert [i.event_id for i in imps] == [f"req1/{p}" for p in range(4)]
     assert all(i.model_version == pipe.rank.version and i.request_id == "req1" for i in imps)
