@@ -89,12 +89,10 @@ def create_app(settings: Settings) -> faust.App:
     @app.timer(interval=0.1)
     async def tick() -> None:
         if rt.catalog_ready.is_set():
-            await rt.refresh_positions()
             await rt.drain()
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app: faust.App, revoked: set[Any], **_: Any) -> None:
-        rt.positions.clear()  # positions before a seek would claim a false catch-up
         if rt.pipeline is not None:
             # Faust seeks every assigned partition back to its committed offset after a
             # rebalance, so what the merge holds is read again: forget it with the partition

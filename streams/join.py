@@ -57,7 +57,7 @@ def _dt(ts: float) -> datetime:
 _PENDING = struct.Struct("<ddBIHB")  # deadline, intent, clicked, dwell_ms, dim, len(category)
 
 
-@dataclass
+@dataclass(eq=False)
 class Pending:
     """An impression waiting for its labels, with the features captured when it was served.
 
@@ -67,18 +67,27 @@ class Pending:
 
     impression: Impression
     category: str
-    user_vector: list[float]
+    user_vector: np.ndarray  # float32
     intent_score: float
     deadline: float
     clicked: bool = False
     dwell_ms: int = 0
     raw: bytes | None = field(default=None, compare=False, repr=False)
 
+    def same(self, other: Pending) -> bool:
+        """Field-wise equality (the vector compared element-wise)."""
+        return (
+            self.impression == other.impression
+            and (self.category, self.intent_score, self.deadline, self.clicked, self.dwell_ms)
+            == (other.category, other.intent_score, other.deadline, other.clicked, other.dwell_ms)
+            and bool(np.array_equal(self.user_vector, other.user_vector))
+        )
+
     def to_bytes(self) -> bytes:
         if self.raw is None:
             self.raw = self.impression.model_dump_json().encode()
         cat = self.category.encode()
-        vec = np.asarray(self.user_vector, dtype="<f4")
+        vec = self.user_vector.astype("<f4", copy=False)
         head = _PENDING.pack(
             self.deadline, self.intent_score, self.clicked, self.dwell_ms, len(vec), len(cat)
         )
@@ -90,12 +99,12 @@ class Pending:
         off = _PENDING.size
         cat = data[off : off + n].decode()
         off += n
-        vec = np.frombuffer(data, dtype="<f4", count=dim, offset=off)
+        vec = np.frombuffer(data, dtype="<f4", count=dim, offset=off).astype(np.float32)
         off += 4 * dim
         raw = data[off:]
         imp = Impression.model_validate_json(raw)
         assert isinstance(imp, Impression)
-        return cls(imp, cat, [float(x) for x in vec], intent, deadline, bool(clicked), dwell, raw)
+        return cls(imp, cat, vec, intent, deadline, bool(clicked), dwell, raw)
 
 
 @dataclass
@@ -155,7 +164,7 @@ class LabelJoin:
             slot=imp.slot,
             position=imp.position,
             hour=imp.ts.astimezone(UTC).hour,
-            user_vector=p.user_vector,
+            user_vector=p.user_vector.tolist(),
             intent_score=p.intent_score,
             served_pctr=imp.pctr,
             model_version=imp.model_version,
@@ -168,7 +177,7 @@ class LabelJoin:
         self,
         imp: Impression,
         category: str,
-        user_vector: list[float],
+        user_vector: np.ndarray,
         intent_score: float,
         raw: bytes | None = None,
     ) -> list[TrainingExample]:

@@ -192,16 +192,25 @@ class Pipeline:
                 await self._commit()
 
     async def revoke(self, partitions: Iterable[int]) -> None:
-        """Partitions moved away: commit what is done, then forget their state."""
-        await self.flush()
+        """Partitions moved away: commit what was released, then forget their state.
+
+        Nothing more is released here: mid-rebalance the assignment cannot say which inputs are
+        caught up, and what the merge still holds is read again by whoever gets the partition.
+        """
         async with self.lock:
+            if self.batch.count:
+                await self._commit()
             for p in partitions:
                 self.parts.pop(p, None)
 
     # -- processing --------------------------------------------------------------------------
     async def _release_all(self) -> None:
         for p, part in self.parts.items():
-            caught_up = lambda topic, last, _p=p: self.caught_up(topic, _p, last)  # noqa: E731
+            # with nothing received yet from an input, its last applied offset (from Redis) says
+            # where it stands; a client's fetch position would not (it runs ahead of delivery)
+            def caught_up(topic: str, last: int | None, _p: int = p, _part: _Part = part) -> bool:
+                return self.caught_up(topic, _p, last if last is not None else _part.applied.get(topic))
+
             for item in part.merge.release(caught_up, self.inputs):
                 self._process(p, part, item)
 

@@ -34,12 +34,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer = consumer
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        self.rt.positions.clear()  # positions before a seek would claim a false catch-up
         if self.rt.pipeline is not None and revoked:
             await self.rt.pipeline.revoke({tp.partition for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        self.rt.positions.clear()
         pipeline = await self.rt.start()
         for tp in assigned:
             snap = await pipeline.store.load_partition(tp.partition, [tp.topic])
@@ -70,7 +68,6 @@ async def run(settings: Settings) -> None:
     await rt.catalog_ready.wait()
     consumer.subscribe(names, listener=_Rebalance(rt, consumer))
     await consumer.start()
-    last_tick = 0.0
     try:
         while True:
             batches = await consumer.getmany(timeout_ms=100, max_records=5000)
@@ -79,10 +76,6 @@ async def run(settings: Settings) -> None:
                 for tp, recs in batches.items()
                 for r in recs
             ]
-            loop_now = asyncio.get_running_loop().time()
-            if loop_now - last_tick > 0.1:
-                await rt.refresh_positions()
-                last_tick = loop_now
             committed_before = pipeline.counts["committed"]
             if records:
                 await pipeline.feed(records)

@@ -100,7 +100,7 @@ class Processor:
             out += self.join.on_impression(
                 event,
                 category,
-                vec.tolist(),
+                vec,
                 intent_score(before, category, ts, self.params),
                 raw,
             )

@@ -3,14 +3,15 @@
 `Runtime` owns the producer (dead letters, training examples), the Redis store, the ClickHouse
 sink, the in-memory catalog (followed from `ad.catalog` from the beginning by a plain consumer,
 because every worker needs all of it) and the catch-up test the merge asks about: an input
-partition has nothing more to read when the next offset reaches the broker's high watermark.
-The consumer (Faust's or aiokafka's) is given as a function; both have `assignment()`,
-`highwater(tp)` and `position(tp)`.
+partition has nothing more to read when the offset after the last one received (or, before
+any, the last one applied per Redis) reaches the broker's high watermark. The consumer (Faust's
+or aiokafka's) is given as a function; both have `assignment()` and `highwater(tp)`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,6 +31,7 @@ from streams.store import RedisStateStore
 
 log = logging.getLogger(__name__)
 
+GC_GEN0 = 50_000
 FEED_EVERY = 500  # records handed to the pipeline at once (the timer drains the rest)
 
 
@@ -50,7 +52,6 @@ class Runtime:
         self.incoming: list[RawRecord] = []
         self.pipeline: Pipeline | None = None
         self.producer: AIOKafkaProducer | None = None
-        self.positions: dict[tuple[str, int], int] = {}
         self._started = asyncio.Lock()
 
     async def start(self) -> Pipeline:
@@ -69,6 +70,12 @@ class Runtime:
             pipeline = Pipeline(s, store, ClickHouseSink(s), self._send, self.ack, self.catalog)
             pipeline.caught_up = self._caught_up
             m.serve(s.metrics_port)
+            # Many short-lived objects per record (models, items) over a large live heap (states,
+            # pending labels, merge buffers): default GC thresholds spend a large share of the
+            # time in collections; collect young objects less often, and freeze start-up objects.
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(GC_GEN0, 20, 100)
             self.pipeline = pipeline
             return pipeline
 
@@ -81,36 +88,18 @@ class Runtime:
         tp = TopicPartition(topic, partition)
         consumer = self.consumer()
         if tp not in consumer.assignment():
-            return True  # not ours (or not assigned yet): it cannot hold the merge back
+            return False  # mid-rebalance: unknown, so wait (co-partitioned assignors give all of p)
         try:
             hw = consumer.highwater(tp)
         except Exception:
             hw = None
         if hw is None:
             return False
-        nxt = last_seen + 1 if last_seen is not None else self.positions.get((topic, partition))
-        if nxt is None:
+        if last_seen is None:
             return hw == 0
+        nxt = last_seen + 1
         m.LAG.labels(topic.removeprefix(self.settings.topic_prefix)).set(max(0, hw - nxt))
         return nxt >= hw
-
-    async def refresh_positions(self) -> None:
-        """Positions of assigned inputs nothing was received from (so their catch-up is known)."""
-        if self.pipeline is None:
-            return
-        consumer = self.consumer()
-        for tp in list(consumer.assignment()):
-            if tp.topic not in self.pipeline.base_of:
-                continue
-            part = self.pipeline.parts.get(tp.partition)
-            if part is not None and tp.topic in part.merge.last_seen:
-                continue
-            try:
-                pos = await consumer.position(tp)
-            except Exception:
-                continue
-            if pos is not None:
-                self.positions[(tp.topic, tp.partition)] = pos
 
     async def drain(self) -> None:
         pipeline = await self.start()

@@ -125,8 +125,22 @@ def check_state(r: redis.Redis, s: Settings, expected: dict[str, Any]) -> None:
     for uid, want in expected.items():
         got = read_user_state(r, s.redis_prefix, uid)
         if got is None or not same_state(got, want, rtol=1e-5, atol=1e-6):
-            mismatched.append(uid)
-    assert not mismatched, f"{len(mismatched)} of {len(expected)} users differ, e.g. {mismatched[:5]}"
+            mismatched.append((uid, _brief(got), _brief(want)))
+    assert not mismatched, f"{len(mismatched)} of {len(expected)} users differ (got, want): {mismatched[:3]}"
+
+
+def _brief(st: Any) -> Any:
+    if st is None:
+        return None
+    return (
+        st.events,
+        st.impressions,
+        st.clicks,
+        st.late,
+        st.sessions,
+        round(st.last_ts, 3),
+        st.top_intents(2),
+    )
 
 
 @pytest.mark.parametrize("engine", ["faust", "aiokafka"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from streams_helpers import click, creative, dwell, impression
 
@@ -71,10 +72,12 @@ def test_duplicates_late_and_out_of_order_are_counted() -> None:
 def test_pending_round_trip() -> None:
     j = LabelJoin(60.0)
     imp: Impression = impression("i1", 0)
-    j.on_impression(imp, "shoes", [0.5, -0.25], 0.3)
+    j.on_impression(imp, "shoes", np.array([0.5, -0.25], dtype=np.float32), 0.3)
     data = j.pending["i1"].to_bytes()
     back = Pending.from_bytes(data)
-    assert back == j.pending["i1"]
+    assert back.same(j.pending["i1"])
+    back.dwell_ms = 5
+    assert not back.same(j.pending["i1"])
     assert j.dirty == {"i1"}
 
 
