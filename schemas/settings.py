@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     reset_margin: float = Field(0.01, ge=0, description="Adapter AUC below base by more than this is bad")
     reset_patience: int = Field(20, ge=1, description="Bad micro-batches in a row before an adapter reset")
     trainer_group: str = Field("adstream-trainer", description="Consumer group of the online trainer")
+    trainer_hold_labels: bool = Field(
+        True, description="Learn examples in impression order after their attribution window closes"
+    )
 
     # -- serving -------------------------------------------------------------------------
     http_host: str = "127.0.0.1"

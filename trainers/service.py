@@ -8,6 +8,13 @@ Every `settings.snapshot_every_s`, each adapter that learned something is snapsh
 snapshot is published (next seq) and written to Redis with the input offsets it covers, and only
 then are those offsets committed to Kafka (see `trainers.snapshots` for the key layout).
 
+Delayed feedback: with `settings.trainer_hold_labels` (default) examples wait in a
+`trainers.reorder.DelayBuffer` until the join's clock has passed their impression time plus
+`settings.attribution_window_s`, and are learned in impression order (the join emits positives at
+the click but negatives only when the window closes; learning in arrival order biases the
+adapters and inflates progressive AUC). Offsets are committed only below the oldest held example,
+so a crash loses nothing; examples released after it may be learned twice (at-least-once).
+
 Restart: an adapter seen for the first time is restored from its Redis snapshot with its
 highest reserved seq (a fresh snapshot re-aligns replicas when deltas were published after
 it); assigned partitions resume after the snapshotted offsets, so nothing is learned twice or
@@ -32,6 +39,7 @@ from schemas.events import AdapterDelta, DeadLetter, TrainingExample
 from schemas.settings import Settings
 from trainers import telemetry
 from trainers.online import OnlineTrainer
+from trainers.reorder import DelayBuffer
 from trainers.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -68,6 +76,7 @@ class TrainerService:
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.store: SnapshotStore | None = None
+        self.held = DelayBuffer(settings.attribution_window_s) if settings.trainer_hold_labels else None
 
     async def start(self) -> None:
         """Connect to Redis and Kafka and join the consumer group."""
@@ -89,6 +98,8 @@ class TrainerService:
     async def stop(self) -> None:
         """Snapshot and commit what was learned, then disconnect."""
         try:
+            if self.held is not None and len(self.held):
+                await self._learn(self.held.drain())
             if self.consumer is not None and self.dirty:
                 await self.snapshot_all()
         finally:
@@ -111,6 +122,10 @@ class TrainerService:
                 self.adapter_partition.pop(aid)
         for p in gone:
             self.position.pop(p, None)
+        if self.held is not None:  # the new owner re-reads them from the committed offsets
+            keep = [(e, pos) for e, pos in self.held.drain() if pos[0] not in gone]
+            for e, (part, off) in keep:
+                self.held.push(e, part, off)
 
     async def on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         """Resume assigned partitions after what the Redis snapshots already contain."""
@@ -154,8 +169,7 @@ class TrainerService:
 
     async def process(self, records: Sequence[Any]) -> None:
         """Validate, restore unknown adapters, learn, and publish the resulting deltas."""
-        examples: list[TrainingExample] = []
-        offsets: list[tuple[int, int]] = []
+        decoded: list[tuple[TrainingExample, tuple[int, int]]] = []
         for r in records:
             self.position[r.partition] = max(r.offset, self.position.get(r.partition, -1))
             try:
@@ -164,10 +178,16 @@ class TrainerService:
                 await self._dead_letter(r, str(exc))
                 continue
             assert isinstance(msg, TrainingExample)
-            examples.append(msg)
-            offsets.append((r.partition, r.offset))
+            decoded.append((msg, (r.partition, r.offset)))
+        if self.held is not None:
+            for ex, (part, off) in decoded:
+                self.held.push(ex, part, off)
+            decoded = self.held.pop_ready()
+        await self._learn(decoded)
+
+    async def _learn(self, batch: Sequence[tuple[TrainingExample, tuple[int, int]]]) -> None:
         realign: list[AdapterDelta] = []
-        for ex, (part, _) in zip(examples, offsets, strict=True):
+        for ex, (part, _) in batch:
             if ex.adapter_id not in self.trainer.runs:
                 snap = await self._restore(ex.adapter_id)
                 if snap is not None:
@@ -176,8 +196,10 @@ class TrainerService:
             self.dirty.add(ex.adapter_id)
         if realign:
             await self.publish(realign)
-        if not examples:
+        if not batch:
             return
+        examples = [ex for ex, _ in batch]
+        offsets = [pos for _, pos in batch]
         before = dict(self.trainer.counts)
         t0 = time.perf_counter()
         deltas = self.trainer.learn(examples, offsets) + self.trainer.take_pending()
@@ -249,14 +271,13 @@ class TrainerService:
         await self.publish(self.trainer.flush() + self.trainer.take_pending())
         snaps = [self.trainer.snapshot(aid) for aid in sorted(self.dirty) if aid in self.trainer.runs]
         await self.publish(snaps)
-        await self.store.write(
-            [(s, self.trainer.runs[s.adapter_id].offsets) for s in snaps], dict(self.position)
-        )
-        if self.position:
-            await self.consumer.commit(
-                {TopicPartition(self.in_topic, p): o + 1 for p, o in self.position.items()}
-            )
+        low = self.held.low_offsets() if self.held is not None else {}
+        commit = {p: min(o + 1, low.get(p, o + 1)) for p, o in self.position.items()}
+        covered = {p: c - 1 for p, c in commit.items()}
+        await self.store.write([(s, self.trainer.runs[s.adapter_id].offsets) for s in snaps], covered)
+        if commit:
+            await self.consumer.commit({TopicPartition(self.in_topic, p): c for p, c in commit.items()})
         self.dirty.clear()
         self._last_snapshot = time.monotonic()
         telemetry.SNAPSHOT.observe(time.perf_counter() - t0)
-        log.info("snapshotted %d adapter(s); offsets %s", len(snaps), self.position)
+        log.info("snapshotted %d adapter(s); committed %s", len(snaps), commit)

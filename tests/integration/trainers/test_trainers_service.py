@@ -51,6 +51,7 @@ def deployment(stack: Settings) -> Settings:
             "micro_batch_s": 0.2,
             "snapshot_every_s": 3600.0,
             "trainer_group": f"g{tag}",
+            "trainer_hold_labels": False,
         }
     )
     create_topics(s)
@@ -235,6 +236,7 @@ def test_cli_trainer_live_until_max_examples(deployment: Settings, tmp_path: Any
         "ADSTREAM_MICRO_BATCH": "64",
         "ADSTREAM_LORA_RANK": "4",
         "ADSTREAM_MODEL_DIR": str(tmp_path),
+        "ADSTREAM_TRAINER_HOLD_LABELS": "false",
     }
     port = 19000 + os.getpid() % 1000
     proc = subprocess.Popen(
@@ -254,3 +256,47 @@ def test_cli_trainer_live_until_max_examples(deployment: Settings, tmp_path: Any
     deltas = asyncio.run(_deltas(s))
     _assert_unique_contiguous(deltas)
     assert {d.adapter_id for d in deltas if d.snapshot} == set(ADAPTERS)
+
+
+def test_held_labels_are_learned_in_impression_order_and_not_committed_early(deployment: Settings) -> None:
+    from datetime import timedelta
+
+    s = deployment.model_copy(update={"trainer_hold_labels": True, "attribution_window_s": 1800.0})
+    exs = _examples(300, seed=8)
+    late = exs[-1].model_copy(
+        update={"event_id": "late", "impression_id": "late", "ts": exs[0].ts + timedelta(seconds=1950)}
+    )
+    asyncio.run(_produce(s, [*exs, late]))
+    svc = _service(s)
+
+    async def go() -> tuple[int, int, dict[int, int | None]]:
+        await svc.start()
+        try:
+            stop = asyncio.Event()
+            task = asyncio.create_task(svc.run(stop))
+            for _ in range(200):
+                await asyncio.sleep(0.1)
+                if svc.learned >= 151:
+                    break
+            stop.set()
+            await task
+            learned_mid = svc.learned
+            assert svc.held is not None
+            held = len(svc.held)
+            await svc.snapshot_all()
+            assert svc.consumer is not None
+            parts = svc.consumer.assignment()
+            committed = {tp.partition: await svc.consumer.committed(tp) for tp in parts}
+            low = svc.held.low_offsets()
+            for p, c in committed.items():
+                if p in low:
+                    assert c == low[p]  # never past an example that was not learned yet
+            return learned_mid, held, committed
+        finally:
+            await svc.stop()
+
+    learned_mid, held, _ = asyncio.run(go())
+    # impressions up to ts(late) - window = T0 + 150 s are released: 151 of 300, plus none later
+    assert learned_mid == 151 and held == 150
+    assert svc.learned == 301  # shutdown drains the rest
+    assert set(svc.trainer.runs) == set(ADAPTERS)
