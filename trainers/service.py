@@ -183,6 +183,7 @@ class TrainerService:
             for ex, (part, off) in decoded:
                 self.held.push(ex, part, off)
             decoded = self.held.pop_ready()
+            telemetry.HELD.set(len(self.held))
         await self._learn(decoded)
 
     async def _learn(self, batch: Sequence[tuple[TrainingExample, tuple[int, int]]]) -> None:

@@ -32,6 +32,7 @@ STEP = Histogram(
 )
 SNAPSHOT = Histogram("adstream_trainers_snapshot_seconds", "Time to snapshot all adapters to Redis")
 ADAPTERS = Gauge("adstream_trainers_adapters", "Adapters owned by this trainer")
+HELD = Gauge("adstream_trainers_held_examples", "Examples waiting for their attribution window to close")
 AUC = Gauge("adstream_trainers_rolling_auc", "Rolling progressive AUC per slot adapter", ["adapter", "model"])
 LOGLOSS = Gauge(
     "adstream_trainers_rolling_logloss", "Rolling progressive log loss per slot adapter", ["adapter", "model"]
