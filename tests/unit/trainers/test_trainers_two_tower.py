@@ -109,3 +109,22 @@ def test_learns_indexes_and_round_trips(encoder: TitleEncoder, tmp_path) -> None
     assert same.mean() > other.mean()
     with pytest.raises(ModelError, match="no two-tower"):
         load_two_tower(tmp_path / "missing")
+
+
+def test_train_all_writes_both_models_and_the_index(encoder: TitleEncoder, tmp_path) -> None:
+    import json
+
+    from trainers.offline import TrainSpec
+    from trainers.pipeline import train_all
+
+    catalog = _catalog()
+    exs = make_examples(600, seed=6, dim=8)
+    exs = [
+        e.model_copy(update={"ad_id": f"ad{3 * (i % 6) + 'abc'.index(e.category)}"})
+        for i, e in enumerate(exs)
+    ]
+    report = train_all(exs, catalog, tmp_path, state_dim=8, spec=TrainSpec(epochs=1), encoder=encoder)
+    assert report["holdout"] == 120 and report["two_tower"]["ads_indexed"] == 20
+    assert json.loads((tmp_path / "train_report.json").read_text())["ranker"]["version"].startswith("ranker-")
+    ids, vecs, version = load_ad_index(tmp_path / "two_tower")
+    assert len(ids) == 20 == vecs.shape[0] and version == report["two_tower"]["version"]
