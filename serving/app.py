@@ -8,6 +8,7 @@ uses the settings from the environment and no user-state codec (every user cold)
 """
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -85,6 +86,8 @@ class AdServer:
         if s.serve_catalog_file is not None:
             self._load_catalog_file(s)
         self.rank.warmup()
+        self._rank_batch.set_max_batch_size(s.serve_batch_max)  # type: ignore[attr-defined]
+        self._rank_batch.set_batch_wait_timeout_s(s.serve_batch_wait_ms / 1000)  # type: ignore[attr-defined]
         await self.sink.start()
         await self._load_snapshots()
         self._tasks: list[asyncio.Task[None]] = []
@@ -96,6 +99,8 @@ class AdServer:
             ]
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         self._tasks.append(asyncio.create_task(self._flush_counters()))
+        gc.collect()
+        gc.freeze()  # what start-up allocated (catalog, model, Ray) is never scanned again
         self.ready = True
         log.info("ad server ready: model %s on %s, %d ads", version, device, self.catalog.n)
 
@@ -165,19 +170,28 @@ class AdServer:
                 log.warning("counter flush to Redis failed: %s", exc)
 
     async def _housekeeping(self) -> None:
+        """Every second: the day's spend from Redis (pacing) and gauges; every `canary_eval_s`:
+        the canary decision (it sorts the arms' windows, so not more often)."""
+        day = utcnow().date()
+        next_eval = time.time() + self.settings.canary_eval_s
         while True:
-            await asyncio.sleep(min(1.0, self.settings.canary_eval_s))
+            await asyncio.sleep(1.0)
             now = time.time()
+            if utcnow().date() != day:  # a new day: a new spend plan
+                day = utcnow().date()
+                self.catalog.reset_day()
             try:
                 self.catalog.set_spend(await self.redis.spend(utcnow()))
             except Exception as exc:
                 log.warning("spend refresh failed: %s", exc)
-            action = self.canary.evaluate(now)
-            if action != "hold":
-                self.metrics.canary_actions.labels(action).inc()
-            if self.canary.stage == "full":
-                self.rank.bank.promote()
-                self.canary.stage = "canary"
+            if now >= next_eval:
+                next_eval = now + self.settings.canary_eval_s
+                action = self.canary.evaluate(now)
+                if action != "hold":
+                    self.metrics.canary_actions.labels(action).inc()
+                if self.canary.stage == "full":  # promoted past 50 %: candidate becomes stable
+                    self.rank.bank.promote()
+                    self.canary.stage = "canary"
             self.metrics.canary_share.set(self.canary.share(now))
             self.metrics.swaps.set(self.rank.bank.swaps)
             self.metrics.adapters.set(len(self.rank.bank.meta))
