@@ -108,6 +108,7 @@ class Pipeline:
         self.counts: Counter[str] = Counter()
         self.lock = asyncio.Lock()
         self.caught_up: CaughtUp = lambda topic, partition, last: False
+        self._reported: Counter[str] = Counter()
 
     # -- intake ----------------------------------------------------------------------------
     async def _part(self, p: int) -> _Part:
@@ -284,6 +285,12 @@ class Pipeline:
         m.STATE_USERS.set(users)
         m.PENDING.set(pending)
         m.BUFFERED.set(buffered)
+        outcomes = self.outcome_counts()
+        for name, n in outcomes.items():  # duplicate, late, out_of_order, positive, negative…
+            delta = n - self._reported.get(name, 0)
+            if delta > 0:
+                m.JOIN.labels(name).inc(delta)
+        self._reported = outcomes
 
     def outcome_counts(self) -> Counter[str]:
         """State and join counters summed over partitions (duplicates, late, out of order…)."""

@@ -1,0 +1,109 @@
+"""Edge pieces of the worker without services: validation/dead letters, the merge rule, the
+Redis record's corruption check, migration parsing and sink rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from streams_helpers import click, creative, dwell, impression
+
+from attribution.migrate import migration_files, statements
+from schemas.codec import encode
+from schemas.errors import StoreError
+from schemas.events import DeadLetter
+from streams.ingest import Invalid, dead_letter_id, validate
+from streams.merge import Item, PartitionMerge
+from streams.record import decode_state, encode_state
+from streams.sink import COLUMNS, row_of
+from streams.state import UserState
+
+INPUTS = ("ad.impressions", "ad.clicks", "ad.dwell", "ad.conversions")
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"\x00\xff garbage", "bad_json"),
+        (None, "empty"),
+        (b"[1, 2]", "wrong_type"),
+        (b"{}", "missing_field"),
+    ],
+)
+def test_invalid_records_become_dead_letters(value: bytes | None, reason: str) -> None:
+    out = validate("ad.clicks", "p.ad.clicks", 3, 17, value, 1_767_225_600_000)
+    assert isinstance(out, Invalid) and out.reason == reason
+    dl = out.dead_letter
+    assert isinstance(dl, DeadLetter)
+    assert (dl.source_topic, dl.partition, dl.offset, dl.raw) == ("p.ad.clicks", 3, 17, value or b"")
+    assert dl.event_id == dead_letter_id("p.ad.clicks", 3, 17) and dl.error
+
+
+def test_contract_violations_are_named() -> None:
+    good = json.loads(encode(dwell("d1", 1, "i1", 500)))
+    cases = {
+        "unknown_field": {**good, "extra": 1},
+        "out_of_range": {**good, "dwell_ms": 3_600_001},
+        "wrong_type": {**good, "dwell_ms": "long"},
+        "naive_timestamp": {**good, "ts": "2026-01-01T00:00:00"},
+    }
+    for reason, obj in cases.items():
+        out = validate("ad.dwell", "ad.dwell", 0, 0, json.dumps(obj).encode(), 0)
+        assert isinstance(out, Invalid), reason
+        assert out.reason == reason, (reason, out.dead_letter.error)
+    ok = validate("ad.dwell", "ad.dwell", 0, 0, json.dumps(good).encode(), 0)
+    assert not isinstance(ok, Invalid) and ok.event_id == "d1"
+
+
+def _item(topic: str, offset: int, t: float) -> Item:
+    ev = impression(f"{topic}{offset}", t) if topic == "ad.impressions" else click(f"c{offset}", t, "i")
+    return Item(topic, offset, ev, ev.ts.timestamp())
+
+
+def test_merge_waits_for_an_input_that_is_not_caught_up() -> None:
+    m = PartitionMerge()
+    m.push(_item("ad.impressions", 0, 10))
+    m.push(_item("ad.impressions", 1, 30))
+    # clicks may still bring something older: nothing can be released
+    assert list(m.release(lambda topic, last: topic != "ad.clicks", INPUTS)) == []
+    m.push(_item("ad.clicks", 0, 20))
+    out = [(i.topic, i.offset) for i in m.release(lambda topic, last: topic != "ad.clicks", INPUTS)]
+    # the impression at t=10 and the click at t=20 are certain; t=30 waits for more clicks
+    assert out == [("ad.impressions", 0), ("ad.clicks", 0)]
+    out = [(i.topic, i.offset) for i in m.release(lambda topic, last: True, INPUTS)]
+    assert out == [("ad.impressions", 1)] and m.buffered() == 0
+
+
+def test_merge_keeps_offset_order_within_an_input_and_releases_invalid_at_once() -> None:
+    m = PartitionMerge()
+    m.push(_item("ad.impressions", 0, 50))
+    m.push(Item("ad.impressions", 1, None, 0.0))  # invalid: no time
+    m.push(_item("ad.impressions", 2, 5))  # out of order inside the input: still after offset 0
+    m.push(_item("ad.clicks", 0, 40))
+    out = [(i.topic, i.offset) for i in m.release(lambda topic, last: True, INPUTS)]
+    assert out == [("ad.clicks", 0), ("ad.impressions", 0), ("ad.impressions", 1), ("ad.impressions", 2)]
+
+
+def test_corrupt_record_is_a_store_error() -> None:
+    data = encode_state(UserState.empty("u", 8))
+    with pytest.raises(StoreError, match="truncated or corrupt"):
+        decode_state("u", data[:20])
+    with pytest.raises(StoreError, match="bad magic"):
+        decode_state("u", b"XX" + data[2:])
+
+
+def test_migrations_parse_into_statements() -> None:
+    files = migration_files()
+    assert files and files[0].stem == "001_raw_events"
+    stmts = statements(files[0].read_text())
+    assert len(stmts) == 5
+    assert all(s.startswith("CREATE TABLE IF NOT EXISTS") and "ReplacingMergeTree" in s for s in stmts)
+    assert statements("-- only a comment\n;\n") == []
+
+
+def test_sink_rows_follow_the_columns() -> None:
+    for ev in (impression("i1", 0), click("c1", 1, "i1"), dwell("d1", 2, "i1", 10), creative()):
+        table, row = row_of(ev, 4, 99)
+        _, cols = COLUMNS[type(ev)]
+        assert len(row) == len(cols) + 2 and row[-2:] == (4, 99) and row[0] == ev.event_id
+        assert table in {"impressions", "clicks", "dwell", "ads"}
