@@ -16,8 +16,13 @@ Reported (AUC over windows of `--window` examples):
 - `recovered_fraction` (online) = (after − dip) / (pre − dip), and the same for the frozen base;
 - `events_to_recover`: examples after the drift until the online window AUC is back within
   0.01 of its pre-drift level (null if it never is within the stream).
+- `auc_gain_after`: online − frozen at the horizon.
 Goal: online LoRA recovers ≥ 80% of the AUC lost within 20,000 events while the frozen base
-does not. Prints a table, writes `benchmarks/results/online_drift.json` and a PNG next to it.
+does not. The top-level keys are the interest-drift scenario (the goal's); `population_shift`
+holds a second scenario (`--no-population` skips it): the same world whose slot effects and
+position bias change at the drift point — a population-level shift that per-slot adapters can
+learn, while per-user taste redraws live in the user state, not in slot-level weights.
+Prints tables, writes `benchmarks/results/online_drift.json` and a PNG (both panels) next to it.
 Usage: `.venv/bin/python benchmarks/online_drift.py [--impressions 120000] [--seed 7]`.
 """
 
@@ -29,6 +34,7 @@ import json
 import math
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,34 +69,62 @@ def _fraction(pre: float, dip: float, after: float) -> float | None:
     return None if not lost > 0 else (after - dip) / lost
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--impressions", type=int, default=120_000)
-    ap.add_argument("--pretrain", type=int, default=40_000)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--users", type=int, default=200)
-    ap.add_argument("--drift-share", type=float, default=1.0)
-    ap.add_argument("--new-ads", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--window", type=int, default=5000)
-    ap.add_argument("--horizon", type=int, default=20_000)
-    ap.add_argument("--lr", type=float, default=None, help="online lr (default settings.online_lr)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args()
-    torch.set_num_threads(min(args.threads, 2))
-    settings = Settings()
+def _market_stream(
+    args: argparse.Namespace, settings: Settings, scenario: str
+) -> tuple[list[Any], Any, Any, dict[str, Any]]:
+    """(examples in impression order, drift time, oracle(impression_id), market description)."""
+    if scenario == "interest":
+        cfg = MarketConfig(
+            seed=args.seed,
+            n_users=args.users,
+            drift_at=0.5,
+            drift_share=args.drift_share,
+            new_ads_at=0.5 if args.new_ads else None,
+        )
+        market = Market(cfg)
+        examples = impression_order(training_examples(market.open_loop(args.impressions), settings))
+        summary = market.summary()
+        info = {
+            "drift_share": args.drift_share,
+            "new_ads": args.new_ads,
+            "drift_impression": summary.drift_impression,
+        }
+        return examples, summary.drift_ts, market.oracle_pctr, info
+    # population-level shift: the same world (seed, users, ads) whose slot effects and position
+    # bias change at the drift point — what a per-slot adapter can learn and user state cannot
+    a = Market(MarketConfig(seed=args.seed, n_users=args.users, drift_at=None, new_ads_at=None))
+    events = list(a.open_loop(args.impressions // 2))
+    drift_ts = events[-1].ts + timedelta(seconds=1)
+    shifted = {
+        "slot_effect": {"feed": 0.0, "search": -0.8, "splash": 1.0},
+        "position_bias": (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2),
+    }
+    b = Market(
+        MarketConfig(
+            seed=args.seed,
+            n_users=args.users,
+            drift_at=None,
+            new_ads_at=None,
+            start=drift_ts,
+            id_prefix="p-",
+            **shifted,
+        )
+    )  # type: ignore[arg-type]
+    events += list(b.open_loop(args.impressions - args.impressions // 2))
+    examples = impression_order(training_examples(events, settings))
+
+    def oracle(iid: str) -> float:
+        return b.oracle_pctr(iid) if iid.startswith("p-") else a.oracle_pctr(iid)
+
+    return examples, drift_ts, oracle, {"shift": {k: str(v) for k, v in shifted.items()}}
+
+
+def run_scenario(
+    args: argparse.Namespace, settings: Settings, scenario: str
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """Pretrain, replay online, and measure the AUC around the drift for one scenario."""
     t0 = time.perf_counter()
-    cfg = MarketConfig(
-        seed=args.seed,
-        n_users=args.users,
-        drift_at=0.5,
-        drift_share=args.drift_share,
-        new_ads_at=0.5 if args.new_ads else None,
-    )
-    market = Market(cfg)
-    examples = impression_order(training_examples(market.open_loop(args.impressions), settings))
-    summary = market.summary()
-    drift_imp, drift_ts = summary.drift_impression, summary.drift_ts
+    examples, drift_ts, oracle_of, info = _market_stream(args, settings, scenario)
     assert drift_ts is not None
     pre, stream = examples[: args.pretrain], examples[args.pretrain :]
     base = train_ranker(pre, RankerConfig(state_dim=settings.state_dim), TrainSpec(epochs=6, seed=args.seed))
@@ -108,8 +142,7 @@ def main() -> None:
     idx = np.argsort([order[i] for i in lg.impression_ids])  # back to impression order
     y = np.asarray(lg.labels)[idx]
     online, frozen = np.asarray(lg.online)[idx], np.asarray(lg.base)[idx]
-    oracle = np.asarray([market.oracle_pctr(e.impression_id) for e in stream])
-    # the drift falls on an impression index of the whole run; find it in the replayed stream
+    oracle = np.asarray([oracle_of(e.impression_id) for e in stream])
     drift = next(i for i, e in enumerate(stream) if e.impression_ts >= drift_ts)
     w, h = args.window, args.horizon
     curves: dict[str, list[Any]] = {"events": [], "frozen": [], "online": [], "oracle": []}
@@ -148,6 +181,7 @@ def main() -> None:
         None,
     )
     rep = progressive_report(trainer)
+    res["auc_gain_after"] = res["auc_online_after"] - res["auc_frozen_after"]
     res |= {
         "goal_met": bool(
             res["recovered_fraction"] is not None
@@ -158,14 +192,8 @@ def main() -> None:
         ),
         "progressive_overall": rep["overall"],
         "trainer_counts": rep["counts"],
-        "market": {
-            "seed": args.seed,
-            "users": args.users,
-            "impressions": args.impressions,
-            "drift_share": args.drift_share,
-            "new_ads": args.new_ads,
-            "drift_impression": drift_imp,
-        },
+        "scenario": scenario,
+        "market": {"seed": args.seed, "users": args.users, "impressions": args.impressions, **info},
         "pretrain_examples": len(pre),
         "stream_examples": len(stream),
         "drift_index_in_stream": drift,
@@ -176,8 +204,52 @@ def main() -> None:
         "total_s": round(time.perf_counter() - t0, 2),
         "curves": curves,
     }
-    _plot(curves, args.out.with_suffix(".png"), w)
-    table = Table(title=f"progressive AUC around the drift (windows of {w} examples)")
+    return res, curves
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impressions", type=int, default=120_000)
+    ap.add_argument("--pretrain", type=int, default=40_000)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--users", type=int, default=200)
+    ap.add_argument("--drift-share", type=float, default=1.0)
+    ap.add_argument("--new-ads", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--window", type=int, default=5000)
+    ap.add_argument("--horizon", type=int, default=20_000)
+    ap.add_argument("--lr", type=float, default=None, help="online lr (default settings.online_lr)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--population",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the population-shift scenario (slot/position effects change)",
+    )
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    torch.set_num_threads(min(args.threads, 2))
+    settings = Settings()
+    res, curves = run_scenario(args, settings, "interest")
+    panels = {"interest drift (users redraw tastes)": curves}
+    if args.population:
+        pop, pop_curves = run_scenario(args, settings, "population")
+        res["population_shift"] = pop
+        panels["population shift (slot and position effects change)"] = pop_curves
+    _plot(panels, args.out.with_suffix(".png"), args.window)
+    for title, r in [("interest drift", res)] + (
+        [("population shift", res["population_shift"])] if args.population else []
+    ):
+        _print(title, r)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(res, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+        + "\n"
+    )
+
+
+def _print(title: str, res: dict[str, Any]) -> None:
+    h = res["horizon"]
+    table = Table(title=f"{title}: progressive AUC around the drift (windows of {res['window']} examples)")
     for col in ("model", "pre-drift", f"lowest in {h}", f"+{h} events", "recovered"):
         table.add_column(col)
     for name in ("frozen", "online", "oracle"):
@@ -192,32 +264,30 @@ def main() -> None:
     Console().print(table)
     Console().print(
         f"events to recover (within 0.01 of pre-drift): online {res['events_to_recover']}, "
-        f"frozen {res['events_to_recover_frozen']}; goal met: {res['goal_met']}"
-    )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(res, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
-        + "\n"
+        f"frozen {res['events_to_recover_frozen']}; goal met: {res['goal_met']}; "
+        f"progressive AUC over the stream: online {res['progressive_overall']['auc_online']}, "
+        f"frozen {res['progressive_overall']['auc_base']}"
     )
 
 
-def _plot(curves: dict[str, list[Any]], path: Path, window: int) -> None:
+def _plot(panels: dict[str, dict[str, list[Any]]], path: Path, window: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, style in (("oracle", "k--"), ("online", "C0-"), ("frozen", "C3-")):
-        label = {"online": "online LoRA", "frozen": "frozen base", "oracle": "oracle"}[name]
-        ax.plot(curves["events"], curves[name], style, label=label)
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_xlabel("examples since the drift (window end)")
-    ax.set_ylabel(f"progressive AUC (last {window} examples)")
-    ax.set_title("learning under interest drift")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 4.5), squeeze=False)
+    for ax, (title, curves) in zip(axes[0], panels.items(), strict=True):
+        for name, style in (("oracle", "k--"), ("online", "C0-"), ("frozen", "C3-")):
+            label = {"online": "online LoRA", "frozen": "frozen base", "oracle": "oracle"}[name]
+            ax.plot(curves["events"], curves[name], style, label=label)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_xlabel("examples since the drift (window end)")
+        ax.set_ylabel(f"progressive AUC (last {window} examples)")
+        ax.set_title(title)
+        ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
