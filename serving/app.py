@@ -274,6 +274,8 @@ class AdServer:
         arm_name = arm_for(req.user_id, self.canary.share(time.time()))
         arm = CANDIDATE if arm_name == "candidate" else STABLE
         rung: Rung = plan_start(deadline.remaining_ms(), costs)
+        if rung == "popular":
+            costs.relax("recall")
         rows = np.zeros(0, dtype=np.int64)
         pctr = np.zeros(0)
         if rung != "popular":

@@ -39,9 +39,14 @@ class StageCosts:
     alpha: float = 0.1
 
     def observe(self, stage: str, ms: float) -> None:
-        """Fold one measured stage time into its estimate."""
+        """Fold one measured stage time into its estimate.
+
+        An observation counts at most 3× the current estimate: one request that was descheduled for
+        100 ms says little about the next one, and must not push every later request down the ladder.
+        """
         name = f"{stage}_ms"
         old = getattr(self, name)
+        ms = min(ms, 3.0 * max(old, 1.0))
         setattr(self, name, (1 - self.alpha) * old + self.alpha * ms)
 
     def relax(self, stage: str, factor: float = 0.9) -> None:

@@ -21,7 +21,10 @@ def test_costs_follow_observations_and_deadline_counts_down() -> None:
     c = StageCosts(rank_adapter_ms=4.0, alpha=0.5)
     c.observe("rank_adapter", 10.0)
     assert c.rank_adapter_ms == 7.0
-    c.observe("rank_adapter", 500.0)  # one outlier pushes adapters off the ladder…
+    c.observe("rank_adapter", 1000.0)  # an outlier counts as 3× the estimate
+    assert c.rank_adapter_ms == 0.5 * 7.0 + 0.5 * 21.0
+    for _ in range(10):  # a slow spell pushes adapters off the ladder (one outlier alone cannot)…
+        c.observe("rank_adapter", 500.0)
     assert plan_rank(50, c) != "adapter"
     for _ in range(60):  # …and skipping relaxes the estimate until adapters are tried again
         c.relax("rank_adapter")
