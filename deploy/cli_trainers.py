@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train the ranker and the two-tower model offline; report holdout AUC/log loss."""
         from trainers.offline import TrainSpec
-        from trainers.pipeline import set_threads, train_all
+        from trainers.pipeline import resolve_device, set_threads, train_all
 
         settings = Settings()
         set_threads(threads)
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
             out_dir,
             state_dim=settings.state_dim,
             holdout=holdout,
-            spec=TrainSpec(epochs=epochs),
+            spec=TrainSpec(epochs=epochs, device=resolve_device(settings.device)),
             two_tower=two_tower,
         )
         rows = [("ranker (DCN-v2)", report["ranker"]["auc"], report["ranker"]["logloss"])]

@@ -41,6 +41,7 @@ class TrainSpec:
     val_fraction: float = 0.1
     patience: int = 2
     seed: int = 0
+    device: str = "cpu"  # where the model trains ("cuda" on a GPU); the result is on the CPU
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -77,8 +78,9 @@ def time_split(
 def predict(model: Ranker, batch: RankerBatch, chunk: int = 8192) -> torch.Tensor:
     """Click probabilities of a (possibly large) batch, chunked to bound memory."""
     model.eval()
+    device = next(model.parameters()).device
     out = [
-        model.score(batch.select(torch.arange(i, min(i + chunk, len(batch)))))
+        model.score(batch.select(torch.arange(i, min(i + chunk, len(batch)))).to(device)).cpu()
         for i in range(0, len(batch), chunk)
     ]
     return torch.cat(out) if out else torch.empty(0)
@@ -99,7 +101,7 @@ def _epoch(
 ) -> float:
     model.train()
     assert batch.label is not None
-    order = torch.randperm(len(batch), generator=gen)
+    order = torch.randperm(len(batch), generator=gen).to(batch.dense.device)
     total = 0.0
     for i in range(0, len(batch), size):
         part = batch.select(order[i : i + size])
@@ -126,8 +128,10 @@ def train_ranker(
     n_val = int(len(batch) * spec.val_fraction)
     fit = batch.select(torch.arange(0, len(batch) - n_val))
     val = batch.select(torch.arange(len(batch) - n_val, len(batch))) if n_val else None
+    model.to(spec.device)
+    fit = fit.to(spec.device)
     with torch.no_grad():  # start from the base rate: the first epochs learn ranking, not the mean
-        rate = float(fit.label.mean().clamp(1e-4, 1 - 1e-4)) if fit.label is not None else 0.5
+        rate = float(fit.label.mean().clamp(1e-4, 1 - 1e-4).cpu()) if fit.label is not None else 0.5
         model.head.bias.fill_(math.log(rate / (1 - rate)))
     opt = torch.optim.Adam(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
     best, best_loss, stale = copy.deepcopy(model.state_dict()), math.inf, 0
@@ -152,5 +156,6 @@ def train_ranker(
                 break
     if val is not None:
         model.load_state_dict(best)
+    model.cpu()
     model.eval()
     return model

@@ -104,6 +104,13 @@ def train_all(
     return report
 
 
+def resolve_device(device: str) -> str:
+    """`settings.device` → a torch device name ("auto" picks CUDA when there is one)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def set_threads(n: int) -> None:
     """Bound torch's CPU threads (the machine is shared)."""
     torch.set_num_threads(max(1, n))
