@@ -20,8 +20,10 @@ and are written in ONE MULTI/EXEC per batch (`streams.store`); on restart record
 stored offset are skipped — exactly-once effect, no changelog, no recovery phase (the crash test
 in tests/integration/streams kills the worker with -9 and compares every user with the offline
 replay, which an uninterrupted run reproduces exactly). Re-run the table check with
-`.venv/bin/python tests/integration/streams/faust_table_check.py`. Faust provides the consumer group, a co-partitioned assignment (partition p of every
-input on one worker), offset commits (never past Redis: records are acked only after their batch
+`.venv/bin/python tests/integration/streams/faust_table_check.py`.
+
+Faust provides the consumer group, a co-partitioned assignment (partition p of every input on
+one worker), offset commits (never past Redis: records are acked only after their batch
 is committed) and the worker lifecycle. Throughput: Faust's per-record machinery caps an empty
 agent with manual acks near 15 k records/s on this machine, so `streams.plain` offers the same
 pipeline on a bare aiokafka consumer group (`adstream worker --engine aiokafka`).
@@ -83,7 +85,7 @@ def create_app(settings: Settings) -> faust.App:
     async def ingest(stream: faust.StreamT[bytes]) -> None:
         await rt.start()
         await rt.catalog_ready.wait()
-        async for event in stream.noack().events():
+        async for event in stream.noack().events():  # type: ignore[attr-defined]
             msg = event.message
             rt.incoming.append(
                 RawRecord(msg.topic, msg.partition, msg.offset, msg.value, int(msg.timestamp * 1000), event)
@@ -91,16 +93,16 @@ def create_app(settings: Settings) -> faust.App:
             if len(rt.incoming) >= FEED_EVERY:
                 await rt.drain()
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]
     async def catalog() -> None:
         await rt.follow_catalog()
 
-    @app.timer(interval=0.1)
+    @app.timer(interval=0.1)  # type: ignore[untyped-decorator]
     async def tick() -> None:
         if rt.catalog_ready.is_set():
             await rt.drain()
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: faust.App, revoked: set[Any], **_: Any) -> None:
         if rt.pipeline is not None:
             # Faust seeks every assigned partition back to its committed offset after a

@@ -206,7 +206,7 @@ class Pipeline:
 
     # -- processing --------------------------------------------------------------------------
     async def _release_all(self) -> None:
-        for p, part in self.parts.items():
+        for p, part in list(self.parts.items()):
             # with nothing received yet from an input, its last applied offset (from Redis) says
             # where it stands; a client's fetch position would not (it runs ahead of delivery)
             def caught_up(topic: str, last: int | None, _p: int = p, _part: _Part = part) -> bool:
@@ -214,6 +214,9 @@ class Pipeline:
 
             for item in part.merge.release(caught_up, self.inputs):
                 self._process(p, part, item)
+                if self.batch.count >= self.settings.sink_batch_size:
+                    # keep batches bounded even when a long-blocked merge releases a backlog
+                    await self._commit()
 
     def _process(self, p: int, part: _Part, item: Item) -> None:
         b = self.batch

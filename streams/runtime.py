@@ -96,10 +96,10 @@ class Runtime:
         if hw is None:
             return False
         if last_seen is None:
-            return hw == 0
+            return bool(hw == 0)
         nxt = last_seen + 1
         m.LAG.labels(topic.removeprefix(self.settings.topic_prefix)).set(max(0, hw - nxt))
-        return nxt >= hw
+        return bool(nxt >= hw)
 
     async def drain(self) -> None:
         pipeline = await self.start()
