@@ -136,6 +136,12 @@ def register(app: typer.Typer) -> None:
         if "two_tower" in report:
             rows.append(("two-tower (recall)", report["two_tower"]["auc"], None))
         console.print(_quality_table(f"time-ordered holdout: {report['holdout']} examples", rows))
+        if "ranker_minus_lr_auc_ci95" in report:
+            lo, hi = report["ranker_minus_lr_auc_ci95"]
+            console.print(
+                f"ranker − LR AUC, 95% paired-bootstrap interval: [{lo:+.4f}, {hi:+.4f}] "
+                f"({report['holdout_positives']} clicks in the holdout)"
+            )
         console.print(f"checkpoints under {out_dir} (ranker {report['ranker']['version']})")
         if json_out is not None:
             json_out.write_text(json.dumps(report, indent=2, default=str) + "\n")

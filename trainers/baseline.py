@@ -24,6 +24,13 @@ def _design(batch: RankerBatch, offsets: np.ndarray, width: int) -> sp.csr_matri
 
 def logistic_baseline(train: RankerBatch, holdout: RankerBatch, c: float = 1.0, seed: int = 0) -> EvalResult:
     """Fit LR on `train`, report AUC/log loss on `holdout` (both labelled)."""
+    probs = logistic_probs(train, holdout, c, seed)
+    y = holdout.label.numpy() if holdout.label is not None else np.zeros(0)
+    return EvalResult(auc(probs, y), logloss(probs, y), len(y), int(y.sum()))
+
+
+def logistic_probs(train: RankerBatch, holdout: RankerBatch, c: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Holdout click probabilities of LR fitted on `train`."""
     if train.label is None or holdout.label is None:
         raise ValueError("logistic_baseline needs labelled batches")
     sizes = np.maximum(train.ids.max(0).values.numpy(), holdout.ids.max(0).values.numpy()) + 1
@@ -31,6 +38,23 @@ def logistic_baseline(train: RankerBatch, holdout: RankerBatch, c: float = 1.0, 
     width = int(sizes.sum())
     model = LogisticRegression(C=c, max_iter=500, random_state=seed)
     model.fit(_design(train, offsets, width), train.label.numpy())
-    probs = model.predict_proba(_design(holdout, offsets, width))[:, 1]
-    y = holdout.label.numpy()
-    return EvalResult(auc(probs, y), logloss(probs, y), len(y), int(y.sum()))
+    probs: np.ndarray = model.predict_proba(_design(holdout, offsets, width))[:, 1]
+    return probs
+
+
+def auc_diff_ci(
+    a: np.ndarray, b: np.ndarray, labels: np.ndarray, n_boot: int = 500, seed: int = 0
+) -> tuple[float, float]:
+    """95% paired-bootstrap interval of AUC(a) − AUC(b) over the rows (resampled together)."""
+    rng = np.random.default_rng(seed)
+    diffs = []
+    n = len(labels)
+    for _ in range(n_boot):
+        idx = rng.integers(0, n, n)
+        d = auc(a[idx], labels[idx]) - auc(b[idx], labels[idx])
+        if not np.isnan(d):
+            diffs.append(d)
+    if not diffs:
+        return (float("nan"), float("nan"))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return float(lo), float(hi)

@@ -21,9 +21,10 @@ import torch
 
 from schemas.errors import ConfigError
 from schemas.events import AdCreative, TrainingExample
-from trainers.baseline import logistic_baseline
+from trainers.baseline import auc_diff_ci, logistic_probs
 from trainers.features import featurize
-from trainers.offline import TrainSpec, evaluate, time_split, train_ranker
+from trainers.metrics import auc, logloss
+from trainers.offline import TrainSpec, evaluate, predict, time_split, train_ranker
 from trainers.ranker import RankerConfig, save_checkpoint
 from trainers.text import TitleEncoder
 from trainers.two_tower import (
@@ -79,10 +80,13 @@ def train_all(
         },
     }
     log.info("ranker holdout AUC %.4f logloss %.4f", res.auc, res.logloss)
-    if baseline:
-        base = logistic_baseline(train_b, hold_b, seed=spec.seed)
-        report["logistic_baseline"] = {"auc": base.auc, "logloss": base.logloss}
-        log.info("LR baseline holdout AUC %.4f logloss %.4f", base.auc, base.logloss)
+    if baseline and hold_b.label is not None:
+        y = hold_b.label.numpy()
+        lr_p = logistic_probs(train_b, hold_b, seed=spec.seed)
+        lo, hi = auc_diff_ci(predict(ranker, hold_b).numpy(), lr_p, y, seed=spec.seed)
+        report["logistic_baseline"] = {"auc": auc(lr_p, y), "logloss": logloss(lr_p, y)}
+        report["ranker_minus_lr_auc_ci95"] = [lo, hi]
+        log.info("LR baseline holdout AUC %.4f; ranker − LR 95%% CI [%.4f, %.4f]", auc(lr_p, y), lo, hi)
     if two_tower:
         encoder = encoder or TitleEncoder()
         tcfg = TwoTowerConfig(state_dim=state_dim)

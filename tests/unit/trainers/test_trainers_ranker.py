@@ -143,3 +143,20 @@ def test_version_1_checkpoints_load_without_the_wide_part(tmp_path) -> None:
     (tmp_path / "ranker.json").write_text(json.dumps(meta))
     loaded, _ = load_checkpoint(tmp_path)
     assert loaded.config.wide is False and len(loaded.wide) == 0
+
+
+def test_logistic_baseline_and_paired_ci() -> None:
+    import numpy as np
+
+    from trainers.baseline import auc_diff_ci, logistic_baseline, logistic_probs
+
+    exs = make_examples(800, dim=8, seed=9)
+    train, hold = featurize(exs[:600], CFG), featurize(exs[600:], CFG)
+    res = logistic_baseline(train, hold)
+    assert 0.6 < res.auc <= 1 and res.n == 200
+    p = logistic_probs(train, hold)
+    y = hold.label.numpy()
+    lo, hi = auc_diff_ci(p, p, y)
+    assert lo == hi == 0.0
+    lo, hi = auc_diff_ci(p, np.random.default_rng(0).random(len(y)), y)
+    assert lo > 0  # LR is clearly better than random scores
