@@ -31,6 +31,7 @@ COMMIT_LATENCY = Histogram(
     "Redis MULTI/EXEC time per batch",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
 )
+RETRIES = Counter("adstream_streams_retries_total", "Failed writes retried", ["step"])
 STATE_USERS = Gauge("adstream_streams_state_users", "User states cached by this worker")
 PENDING = Gauge("adstream_streams_pending_impressions", "Impressions waiting for labels")
 BUFFERED = Gauge("adstream_streams_merge_buffered_events", "Records waiting in the merge")

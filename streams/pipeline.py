@@ -78,6 +78,22 @@ class _Batch:
     started: float = 0.0
 
 
+async def retrying(step: Callable[[], Awaitable[None]], what: str, max_wait_s: float = 30.0) -> None:
+    """Run `step` until it succeeds, backing off; the worker pauses instead of losing a batch."""
+    wait = min(0.5, max_wait_s)
+    while True:
+        try:
+            await step()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            m.RETRIES.labels(what).inc()
+            log.warning("%s failed (%s); retrying in %.1fs", what, exc, wait)
+            await asyncio.sleep(wait)
+            wait = min(max_wait_s, wait * 2)
+
+
 class Pipeline:
     """Validation, merge, state, labels and the batched commit of one worker."""
 
@@ -237,17 +253,7 @@ class Pipeline:
 
     async def _commit(self) -> None:
         b, self.batch = self.batch, _Batch()
-        t0 = time.perf_counter()
-        await self.sink.write(b.rows)
-        m.SINK_LATENCY.observe(time.perf_counter() - t0)
-        deliveries = [self.send(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
-        deliveries += [self.send(self.examples_topic, key_of(e), encode(e)) for e in b.examples]
-        if deliveries:
-            await asyncio.gather(*deliveries)
-        if b.dead:
-            m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
-        if b.examples:
-            m.EVENTS_OUT.labels(topics.TRAINING_EXAMPLES).inc(len(b.examples))
+        # everything the batch will write is fixed first, so a retry writes exactly the same
         commit = Commit(offsets=b.offsets)
         for p in b.parts:
             proc = self.parts[p].proc
@@ -261,9 +267,13 @@ class Pipeline:
             join.dirty.clear()
             join.removed.clear()
             commit.stream_ts[p] = join.stream_ts
-        t1 = time.perf_counter()
-        await self.store.commit(commit)
-        m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
+        messages = [(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
+        messages += [(self.examples_topic, key_of(e), encode(e)) for e in b.examples]
+        await retrying(lambda: self._write(b, commit, messages), "batch commit")
+        if b.dead:
+            m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
+        if b.examples:
+            m.EVENTS_OUT.labels(topics.TRAINING_EXAMPLES).inc(len(b.examples))
         self.ack(b.handles)
         for p in b.parts:
             part = self.parts[p]
@@ -276,6 +286,17 @@ class Pipeline:
         self.counts["examples"] += len(b.examples)
         self.counts["dead_letters"] += len(b.dead)
         self._gauges()
+
+    async def _write(self, b: _Batch, commit: Commit, messages: list[tuple[str, bytes, bytes]]) -> None:
+        """ClickHouse, then Kafka, then Redis: each step idempotent, so a retry is safe."""
+        t0 = time.perf_counter()
+        await self.sink.write(b.rows)
+        m.SINK_LATENCY.observe(time.perf_counter() - t0)
+        if messages:
+            await asyncio.gather(*(self.send(t, k, v) for t, k, v in messages))
+        t1 = time.perf_counter()
+        await self.store.commit(commit)
+        m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
 
     def _gauges(self) -> None:
         users = pending = buffered = 0

@@ -11,6 +11,7 @@ or aiokafka's) is given as a function; both have `assignment()` and `highwater(t
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 from collections.abc import Callable, Iterable
@@ -24,7 +25,7 @@ from schemas.errors import SchemaError
 from schemas.events import AdCreative
 from schemas.settings import Settings
 from streams import metrics as m
-from streams.pipeline import Pipeline, RawRecord
+from streams.pipeline import Pipeline, RawRecord, retrying
 from streams.processor import Catalog
 from streams.sink import ClickHouseSink, empty_rows, row_of
 from streams.store import RedisStateStore
@@ -140,7 +141,7 @@ class Runtime:
                         table, row = row_of(ad, tp.partition, r.offset)
                         rows[table].append(row)
                 if rows:
-                    await sink.write(rows)
+                    await retrying(functools.partial(sink.write, rows), "catalog sink")
                 if not self.catalog_ready.is_set():
                     done = all([await consumer.position(tp) >= end[tp] for tp in tps])
                     if done:

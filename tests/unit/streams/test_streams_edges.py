@@ -107,3 +107,34 @@ def test_sink_rows_follow_the_columns() -> None:
         _, cols = COLUMNS[type(ev)]
         assert len(row) == len(cols) + 2 and row[-2:] == (4, 99) and row[0] == ev.event_id
         assert table in {"impressions", "clicks", "dwell", "ads"}
+
+
+async def test_retrying_repeats_a_failing_step_until_it_succeeds() -> None:
+    from streams.pipeline import retrying
+
+    calls: list[int] = []
+
+    async def flaky() -> None:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("store down")
+
+    await retrying(flaky, "test step", max_wait_s=0.01)
+    assert len(calls) == 3
+
+
+def test_metric_names_follow_the_house_style() -> None:
+    from prometheus_client import REGISTRY
+
+    import streams.metrics  # noqa: F401  (registers the metrics)
+
+    names = {m.name for m in REGISTRY.collect() if "streams" in m.name}
+    assert names and all(n.startswith("adstream_streams_") for n in names)
+    labels = {
+        label
+        for metric in REGISTRY.collect()
+        if metric.name.startswith("adstream_streams_")
+        for sample in metric.samples
+        for label in sample.labels
+    }
+    assert not labels & {"user_id", "ad_id", "event_id", "impression_id"}
