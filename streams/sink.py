@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from operator import attrgetter
 from typing import Any, Protocol
 
 from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
@@ -38,22 +39,23 @@ COLUMNS: dict[type[Message], tuple[str, tuple[str, ...]]] = {
 TABLES = tuple(table for table, _ in COLUMNS.values())
 
 
+# every table starts with event_id, ts, ts_ms; the rest are plain attributes (bool → UInt8 is
+# done by the driver), read in one C call per event
+_REST = {model: attrgetter(*cols[3:]) for model, (_, cols) in COLUMNS.items()}
+
+
 def row_of(event: Message, partition: int, offset: int) -> tuple[str, tuple[Any, ...]]:
     """The table and row (columns as in COLUMNS, then kafka_partition, kafka_offset) of an event."""
-    table, cols = COLUMNS[type(event)]
-    ts = event.ts
-    values: list[Any] = []
-    for col in cols:
-        if col == "ts":
-            values.append(int(ts.timestamp()))
-        elif col == "ts_ms":
-            values.append(round(ts.timestamp() * 1000))
-        elif col == "active":
-            values.append(1 if getattr(event, col) else 0)
-        else:
-            values.append(getattr(event, col))
-    values += [partition, offset]
-    return table, tuple(values)
+    model = type(event)
+    t = event.ts.timestamp()
+    return COLUMNS[model][0], (
+        event.event_id,
+        int(t),
+        round(t * 1000),
+        *_REST[model](event),
+        partition,
+        offset,
+    )
 
 
 class EventSink(Protocol):
