@@ -1,1 +1,26 @@
-"""adstream serving room."""
+"""adstream serving: the Ray Serve ad server (recall → rank + LoRA → rerank) with deadlines,
+adapter hot swap and canary.
+
+Run it: `adstream serve [--catalog FILE] [--port N]` (prints the URL; `deploy/cli_serving.py`),
+or `serve run serving.app:app` (settings from `ADSTREAM_*`, every user cold: no state codec).
+
+Modules, each a pure core or a thin shell:
+
+- `app`       — the one ingress deployment (FastAPI through `@serve.ingress`): HTTP API, admission
+                (503 + Retry-After), `@serve.batch` ranking, background consumers, metrics.
+- `pipeline`  — per-request recall and rerank over the catalog (no Ray).
+- `catalog`   — ads as numpy columns (vectors, bids, budgets, spend, ranker id buckets).
+- `index`     — the recall index protocol and the exact numpy implementation.
+- `ranking`   — the base ranker with banked LoRA layers; features as `trainers.features`.
+- `adapters`  — the adapter bank: stacked, double-buffered LoRA tensors, guarded writes, swap,
+                rollback, promote; `BankedLinear` (merged weights / per-sample embedding_bag).
+- `hotswap`   — applying `AdapterDelta`s in seq order (`trainers.delta.apply_delta`), re-sync.
+- `rerank`    — eCPM, pacing, long-tail boost, diversity, GSP prices (pure).
+- `deadline`  — the request budget and the ladder adapter → base → recall score → popular (pure).
+- `canary`    — stable user buckets, online AUC per arm, the promote/rollback rule (pure).
+- `io`        — Redis (user state via a codec, frequency caps, spend, snapshots) and Kafka shells.
+- `metrics`   — `adstream_serving_*` Prometheus metrics (no ids as labels).
+
+Serving may import `schemas` and `trainers` (models, features, delta format) only; the user
+record format of streams arrives as a `io.UserCodec` from the deployer.
+"""

@@ -281,7 +281,7 @@ class BankedLinear(nn.Module):
         h = F.embedding_bag(self.ctx.bag_index(fan_in), a_table, per_sample_weights=x, mode="sum")
         lora = F.embedding_bag(self.ctx.bag_index(rank), b_table, per_sample_weights=h, mode="sum")
         base: torch.Tensor = self.base(x)
-        return base + self.bank.scale * lora
+        return base.add_(lora, alpha=self.bank.scale)
 
 
 class BankContext:
