@@ -156,6 +156,10 @@ def test_ten_thousand_events_with_one_percent_malformed(
     for rec in bad:  # interleave the malformed ones at random places
         records.insert(rng.randrange(len(records) + 1), rec)
     assert len(records) == 10_000
+    # producer retries: 50 valid events sent a second time right after the first
+    for i in sorted(rng.sample(range(len(records)), 50), reverse=True):
+        if not records[i][1].startswith(b"bad"):
+            records.insert(i + 1, records[i])
     produce_run(s, catalog, records)
     ends = end_offsets(s)
 
@@ -176,6 +180,7 @@ def test_ten_thousand_events_with_one_percent_malformed(
         # Redis holds what the pure offline computation gives
         expected = replay([*catalog, *valid], s)
         check_state(r, s, expected.states)
+        assert sum(st.events for st in expected.states.values()) == len(valid)
         # every example the worker emitted is the offline one; positives are all there
         got = [decode(TrainingExample, rec.value) for rec in consume_all(s, topics.TRAINING_EXAMPLES)]
         want_ex = {e.event_id: e for e in expected.examples}
