@@ -36,7 +36,7 @@ def logistic_probs(train: RankerBatch, holdout: RankerBatch, c: float = 1.0, see
     sizes = np.maximum(train.ids.max(0).values.numpy(), holdout.ids.max(0).values.numpy()) + 1
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     width = int(sizes.sum())
-    model = LogisticRegression(C=c, max_iter=500, random_state=seed)
+    model = LogisticRegression(C=c, max_iter=2000, random_state=seed)
     model.fit(_design(train, offsets, width), train.label.numpy())
     probs: np.ndarray = model.predict_proba(_design(holdout, offsets, width))[:, 1]
     return probs
