@@ -163,7 +163,7 @@ class LabelJoin:
             category=p.category,
             slot=imp.slot,
             position=imp.position,
-            hour=imp.ts.astimezone(UTC).hour,
+            hour=int(imp.ts.timestamp() // 3600 % 24),  # UTC hour
             user_vector=p.user_vector.tolist(),
             intent_score=p.intent_score,
             served_pctr=imp.pctr,
@@ -248,6 +248,8 @@ class LabelJoin:
         if ts <= self.stream_ts:
             return []
         self.stream_ts = ts
+        if not self.orphans and not (self._deadlines and self._deadlines[0][0] < ts):
+            return []  # the common case: nothing closes
         return self._close(lambda deadline: deadline < ts)
 
     def close_all(self) -> list[TrainingExample]:

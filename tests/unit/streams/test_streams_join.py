@@ -37,6 +37,7 @@ def test_positive_at_click_negative_at_window_close() -> None:
     assert pos.ts == click("c1", 5, "i1").ts and pos.adapter_id == "feed" and pos.category == "shoes"
     assert neg.ts.timestamp() == pytest.approx(impression("i2", 1).ts.timestamp() + 60)
     assert neg.dwell_ms == 4000 and pos.event_id == example_id("i1")
+    assert pos.hour == 12 and pos.impression_ts.hour == 12
     # the second impression's features include the first impression and click
     assert any(abs(x) > 0 for x in neg.user_vector) and neg.intent_score > 0
     assert all(x == 0 for x in pos.user_vector) and pos.intent_score == 0
