@@ -1,5 +1,17 @@
-"""Streams room: the Faust worker that validates events, keeps user state and joins labels.
+"""Streams room: the worker that validates events, keeps user state and joins labels.
 
-Pure cores: `streams.state` (decay, apply_event), `streams.record` (Redis record, read_user_state),
-`streams.join` (impression→click/dwell label join), `streams.offline` (the same code without Kafka).
+Run it with `adstream worker` (Faust agents; `--engine aiokafka` for the faster bare consumer
+group, same pipeline). Pure cores, usable without Kafka/Redis:
+
+* `streams.state` — `decay`, `apply_event(state, event, ad, params) -> UserState`, lazy reads
+  (`intent_scores`, `vector_at`), `same_state`;
+* `streams.record` — the compact Redis record (`encode_state`/`decode_state`), `user_key`,
+  `read_user_state(redis, prefix, user_id)` / `aread_user_state` and `served_view` for serving;
+* `streams.join` — the impression→click/dwell label join, `adapter_id`, `example_id`;
+* `streams.offline` — `training_examples(events, settings)` and `replay(...)`: the worker's
+  state and join over a time-ordered event list (trainer replay, drift benchmark, tests).
+
+Shells: `streams.pipeline` (validation → merge → state/join → batched ClickHouse/Kafka/Redis
+commit), `streams.app` (Faust; why Redis and not Faust tables is documented there),
+`streams.plain` (aiokafka), `streams.runtime`, `streams.store`, `streams.sink`, `streams.metrics`.
 """
