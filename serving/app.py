@@ -39,6 +39,7 @@ from serving.io import ImpressionSink, RedisIO, UserCodec, follow
 from serving.metrics import ServingMetrics
 from serving.pipeline import AdPipeline, content_vectorizer, recall_pctr, utcnow
 from serving.ranking import RankInput, RankModel, load_ranker, resolve_device
+from serving.towers import TowerSpace
 
 log = logging.getLogger(__name__)
 api = FastAPI(
@@ -65,8 +66,12 @@ class AdServer:
         device = resolve_device(s.device)
         model, version = load_ranker(s, device)
         self.rank = RankModel(model, version, s, device)
-        self.catalog = Catalog(s.state_dim, model.config, content_vectorizer(s.state_dim))
-        self.pipe = AdPipeline(s, self.rank, self.catalog)
+        self.towers = TowerSpace.load(s.model_dir)
+        if self.towers is not None:
+            self.catalog = Catalog(self.towers.dim, model.config, self.towers.ad_vector)
+        else:
+            self.catalog = Catalog(s.state_dim, model.config, content_vectorizer(s.state_dim))
+        self.pipe = AdPipeline(s, self.rank, self.catalog, self.towers)
         self.applier = DeltaApplier(self.rank.bank, version, s.delta_max_norm)
         self.canary = Canary(
             s.canary_share,
@@ -109,13 +114,17 @@ class AdServer:
         from schemas.codec import decode
 
         assert s.serve_catalog_file is not None
+        ads: list[AdCreative] = []
         with open(s.serve_catalog_file, "rb") as fh:
             for line in fh:
                 if b'"kind":"ad"' not in line.replace(b" ", b""):
                     continue
                 msg = decode(AdCreative, line)
                 assert isinstance(msg, AdCreative)
-                self.pipe.add_ad(msg)
+                ads.append(msg)
+        vectors = self.towers.ad_vectors(ads) if self.towers is not None else [None] * len(ads)
+        for ad, vec in zip(ads, vectors, strict=True):
+            self.pipe.add_ad(ad, vec)
 
     async def _load_snapshots(self) -> None:
         try:
@@ -135,9 +144,13 @@ class AdServer:
 
         await follow(self.settings, base, handle, from_beginning, invalid)
 
-    def _on_ad(self, msg: Message) -> None:
+    async def _on_ad(self, msg: Message) -> None:
         assert isinstance(msg, AdCreative)
-        self.pipe.add_ad(msg)
+        vec = None
+        if self.towers is not None and not self.towers.knows(msg):
+            # a new ad's title goes through MiniLM off the loop: requests keep being served meanwhile
+            vec = await asyncio.to_thread(self.towers.ad_vector, msg)
+        self.pipe.add_ad(msg, vec)
 
     async def _on_delta(self, msg: Message) -> None:
         assert isinstance(msg, AdapterDelta)

@@ -85,8 +85,8 @@ class Catalog:
                 )
         return code
 
-    def upsert(self, ad: AdCreative) -> int:
-        """Add or replace one ad; returns its row."""
+    def upsert(self, ad: AdCreative, vector: np.ndarray | None = None) -> int:
+        """Add or replace one ad (its vector from `vectorize` unless given); returns its row."""
         row = self.row_of.get(ad.ad_id)
         if row is None:
             if self.n == self.vectors.shape[0]:
@@ -98,7 +98,8 @@ class Catalog:
         else:
             self.rows[row] = CatalogRow(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.category)
         cfg = self.ranker
-        self.vectors[row] = np.asarray(self.vectorize(ad), dtype=np.float32)[: self.dim]
+        vec = self.vectorize(ad) if vector is None else vector
+        self.vectors[row] = np.asarray(vec, dtype=np.float32)[: self.dim]
         self.bid[row] = ad.bid
         self.budget[row] = ad.daily_budget
         self.active[row] = ad.active

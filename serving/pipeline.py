@@ -23,6 +23,7 @@ from serving.deadline import Rung, StageCosts
 from serving.index import ExactIndex
 from serving.ranking import RankInput, RankModel, build_input
 from serving.rerank import RerankParams, pacing_factor, rerank
+from serving.towers import TowerSpace
 from trainers.lora import adapter_id_for
 
 
@@ -61,8 +62,11 @@ def recall_pctr(scores: np.ndarray, prior_ctr: float = 0.02) -> np.ndarray:
 class AdPipeline:
     """Recall and rerank over the replica's catalog, with the rank model and adapter ids at hand."""
 
-    def __init__(self, settings: Settings, rank: RankModel, catalog: Catalog) -> None:
+    def __init__(
+        self, settings: Settings, rank: RankModel, catalog: Catalog, towers: TowerSpace | None = None
+    ) -> None:
         self.settings = settings
+        self.towers = towers
         self.rank = rank
         self.catalog = catalog
         self.index = ExactIndex(catalog.vectors, catalog.n)
@@ -76,13 +80,13 @@ class AdPipeline:
         )
         self._popular: np.ndarray = np.zeros(0, dtype=np.int64)
         self._popular_version = -1
-        self._centroid = np.zeros(settings.state_dim, dtype=np.float32)
+        self._centroid = np.zeros(catalog.dim, dtype=np.float32)
         self._adapter_tables: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray]] = {}
 
     # -- catalog ------------------------------------------------------------------------
-    def add_ad(self, ad: AdCreative) -> None:
+    def add_ad(self, ad: AdCreative, vector: np.ndarray | None = None) -> None:
         """A new or updated ad enters the catalog and the index (live)."""
-        self.catalog.upsert(ad)
+        self.catalog.upsert(ad, vector)
         self.index.update(self.catalog.vectors, self.catalog.n)
 
     def popular(self, k: int) -> np.ndarray:
@@ -96,9 +100,20 @@ class AdPipeline:
         return self._popular[:k]
 
     # -- recall -------------------------------------------------------------------------
-    def query(self, user: UserView | None, context: Mapping[str, object] | None) -> np.ndarray:
-        """The recall query: the user's state vector; cold users get context + popularity priors."""
+    def query(
+        self, user: UserView | None, context: Mapping[str, object] | None, slot: str = "feed", hour: int = 0
+    ) -> np.ndarray:
+        """The recall query: the user tower on the user's state (or, without a two-tower model, the
+        state vector itself); cold users get context and popularity priors."""
         dim = self.settings.state_dim
+        warm = user is not None and float(np.abs(user.vector).sum()) > 0
+        if self.towers is not None:
+            state = user.vector if user is not None and warm else np.zeros(dim, dtype=np.float32)
+            q = self.towers.query(state, slot, hour)
+            if not warm:  # cold: the tower's slot/hour prior, pulled towards what is popular
+                self.popular(1)
+                q = q + self._centroid
+            return q
         if user is not None and float(np.abs(user.vector).sum()) > 0:
             q = np.zeros(dim, dtype=np.float32)
             v = np.asarray(user.vector, dtype=np.float32)[:dim]
@@ -127,7 +142,8 @@ class AdPipeline:
             row = cat.row_of.get(ad_id)
             if row is not None:
                 allowed[row] = False
-        rows, scores = self.index.search(self.query(user, req.context), self.settings.recall_k, allowed)
+        query = self.query(user, req.context, req.slot, hour)
+        rows, scores = self.index.search(query, self.settings.recall_k, allowed)
         intents = np.zeros(len(cat.codes["category"]), dtype=np.float32)
         if user is not None:
             for name, score in user.intents.items():
