@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -9,6 +10,7 @@ from schemas.errors import ConfigError
 from schemas.events import SLOTS
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
+DRIFT_MODES = ("redraw", "trend")
 
 
 def _fail(name: str, value: object, why: str) -> None:
@@ -63,6 +65,13 @@ class MarketConfig:
     # -- non-stationarity ------------------------------------------------------------------
     drift_at: float | None = 0.5
     drift_share: float = 0.3
+    # redraw: each drifted user draws new tastes (idiosyncratic); trend: the drifted segment's
+    # interest in `trend_up` shared categories rises by `trend_delta` and in `trend_down` falls
+    # by it (a seasonal / holiday trend; which categories is drawn from the seed)
+    drift_mode: str = "redraw"
+    trend_up: int = 2
+    trend_down: int = 2
+    trend_delta: float = 2.0
     new_ads_at: float | None = 0.5
     n_new_ads: int = 20
     # -- logging policy (open loop) --------------------------------------------------------
@@ -88,6 +97,14 @@ class MarketConfig:
             _fail("favorite_categories", self.favorite_categories, "must be in [0, n_categories]")
         if not 0 <= self.drift_share <= 1:
             _fail("drift_share", self.drift_share, "must be in [0, 1]")
+        if self.drift_mode not in DRIFT_MODES:
+            _fail("drift_mode", self.drift_mode, f"must be one of {', '.join(DRIFT_MODES)}")
+        too_many = self.drift_mode == "trend" and self.trend_up + self.trend_down > self.n_categories
+        if self.trend_up < 0 or self.trend_down < 0 or too_many:
+            why = "trend_up and trend_down must be >= 0 with a sum <= n_categories"
+            _fail("trend_up", (self.trend_up, self.trend_down), why)
+        if not (math.isfinite(self.trend_delta) and self.trend_delta >= 0):
+            _fail("trend_delta", self.trend_delta, "must be a finite number >= 0")
         for name in ("drift_at", "new_ads_at"):
             value = getattr(self, name)
             if value is not None and not value > 0:

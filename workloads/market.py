@@ -20,7 +20,9 @@ dwell: a bounce under 2 s (likelier for poor matches) or a lognormal stay. Every
 channel c causes a conversion with probability lift[c] after an exponential delay, and each
 request converts organically with probability `base_conversion`: the hazard is additive, so the
 channel credit is lift[c]·touches[c] / Σ. At `drift_at` a `drift_share` of users redraw their
-tastes; at `new_ads_at` `n_new_ads` new creatives arrive. Users arrive in sessions (a few
+tastes (`drift_mode="redraw"`) or follow a shared trend (`"trend"`: interest in `trend_up`
+categories rises by `trend_delta`, in `trend_down` falls by it); at `new_ads_at` `n_new_ads` new
+creatives arrive. Users arrive in sessions (a few
 requests seconds apart; see `next_request`) at `rate` requests per simulated second on average.
 """
 

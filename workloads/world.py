@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -94,6 +94,8 @@ class World:
     drift_users: np.ndarray  # bool mask of users whose taste changes
     advertiser_effect: np.ndarray
     ads: Ads
+    trend_up: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # trend mode only
+    trend_down: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def build_world(cfg: MarketConfig) -> World:
@@ -108,6 +110,26 @@ def build_world(cfg: MarketConfig) -> World:
     ads = draw_ads(s_ads, cfg.n_ads + cfg.n_new_ads, cfg, vocabs)
     advertiser_effect = s_adv.normal(0.0, cfg.advertiser_sd, size=cfg.n_advertisers)
     drift_users = s_drift.random(cfg.n_users) < cfg.drift_share
+    if cfg.drift_mode == "trend":
+        up, down, shift = trend_shift(s_drift, cfg)
+        interests_after = interests + np.where(drift_users[:, None], shift, 0.0)
+        return World(
+            categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads, up, down
+        )
     fresh = draw_interests(s_drift, cfg.n_users, cfg)
     interests_after = np.where(drift_users[:, None], fresh, interests)
     return World(categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads)
+
+
+def trend_shift(rng: np.random.Generator, cfg: MarketConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A shared trend: (rising categories, falling categories, per-category interest shift).
+
+    The same shift applies to every drifted user, so the post-drift truth is the old one plus a
+    category effect — what a model can learn from everyone's clicks, unlike a taste redraw.
+    """
+    picks = rng.permutation(cfg.n_categories)
+    up, down = np.sort(picks[: cfg.trend_up]), np.sort(picks[cfg.trend_up : cfg.trend_up + cfg.trend_down])
+    shift = np.zeros(cfg.n_categories)
+    shift[up] += cfg.trend_delta
+    shift[down] -= cfg.trend_delta
+    return up, down, shift
