@@ -101,6 +101,7 @@ def create_app(settings: Settings) -> faust.App:
     async def tick() -> None:
         if rt.catalog_ready.is_set():
             await rt.drain()
+            rt.update_lag()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: faust.App, revoked: set[Any], **_: Any) -> None:

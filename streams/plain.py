@@ -83,6 +83,7 @@ async def run(settings: Settings) -> None:
                 await pipeline.tick()
             if pipeline.counts["committed"] != committed_before:
                 await _commit_kafka(consumer, pipeline)
+                rt.update_lag()
     finally:
         catalog_task.cancel()
         await consumer.stop()

@@ -98,9 +98,27 @@ class Runtime:
             return False
         if last_seen is None:
             return bool(hw == 0)
-        nxt = last_seen + 1
-        m.LAG.labels(topic.removeprefix(self.settings.topic_prefix)).set(max(0, hw - nxt))
-        return bool(nxt >= hw)
+        return bool(last_seen + 1 >= hw)
+
+    def update_lag(self) -> None:
+        """Per input topic: high watermark minus the next offset to read, over assigned partitions."""
+        if self.pipeline is None:
+            return
+        consumer = self.consumer()
+        lag: dict[str, int] = {}
+        for tp in list(consumer.assignment()):
+            base = self.pipeline.base_of.get(tp.topic)
+            part = self.pipeline.parts.get(tp.partition)
+            try:
+                hw = consumer.highwater(tp)
+            except Exception:
+                hw = None
+            if base is None or hw is None:
+                continue
+            last = part.merge.last_seen.get(tp.topic, part.applied.get(tp.topic)) if part else None
+            lag[base] = lag.get(base, 0) + max(0, hw - ((last if last is not None else -1) + 1))
+        for base, n in lag.items():
+            m.LAG.labels(base).set(n)
 
     async def drain(self) -> None:
         pipeline = await self.start()

@@ -30,7 +30,7 @@ def worker_env(s: Settings) -> dict[str, str]:
             "ADSTREAM_STATE_DIR": str(s.state_dir),
             "ADSTREAM_SINK_FLUSH_S": str(s.sink_flush_s),
             "ADSTREAM_SINK_BATCH_SIZE": str(s.sink_batch_size),
-            "ADSTREAM_METRICS_PORT": "0",
+            "ADSTREAM_METRICS_PORT": str(s.metrics_port),
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -138,3 +138,26 @@ def wait_for(
         time.sleep(every)
     tail = worker.tail() if worker is not None else ""
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{tail}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """`name{labels}` → value of every adstream_streams_* sample on a worker's /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("adstream_streams_"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out

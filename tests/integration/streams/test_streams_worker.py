@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import redis
-from streams_it import Worker, consume_all, produce, wait_for
+from streams_it import Worker, consume_all, free_port, produce, scrape, wait_for
 
 from attribution.migrate import clickhouse_client, database_name
 from schemas import topics
@@ -149,6 +149,8 @@ def test_ten_thousand_events_with_one_percent_malformed(
 ) -> None:
     s = deployment
     worker.engine = engine
+    port = free_port()
+    worker.s = s.model_copy(update={"metrics_port": port})
     rng = random.Random(7)
     catalog, valid = simulate(9_900, seed=11)
     bad = malformed(valid, 100, rng)
@@ -187,6 +189,16 @@ def test_ten_thousand_events_with_one_percent_malformed(
         assert got and all(g == want_ex[g.event_id] for g in got)
         positives = {e.event_id for e in expected.examples if e.click}
         assert positives and positives <= {g.event_id for g in got}
+        # the worker's metrics saw the same: 100 invalid by reason, every record in, batches
+        metrics = scrape(port)
+        invalid = {k: v for k, v in metrics.items() if k.startswith("adstream_streams_invalid_events_total{")}
+        assert sum(invalid.values()) == 100 and len(invalid) >= 4, invalid
+        ins = sum(v for k, v in metrics.items() if k.startswith("adstream_streams_events_in_total{"))
+        assert ins >= len(records)
+        assert metrics["adstream_streams_events_out_total{topic=ad.dlq}"] >= 100
+        assert metrics["adstream_streams_batch_size_events_count{}"] > 0
+        assert metrics["adstream_streams_join_events_total{outcome=duplicate}"] >= 1
+        assert any(k.startswith("adstream_streams_lag_events{") for k in metrics)
     finally:
         r.close()
 
