@@ -78,6 +78,7 @@ def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
             "canary_share": 1.0,  # every user on the live (candidate) adapters
             "serve_admission_limit": 6,
             "frequency_cap": 2,
+            "recall_k": 40,  # below the catalog size, so the user state decides what is recalled
             "deadline_ms": 1000,  # slow CI machines: the ladder tests set deadline_ms per request
         }
     )

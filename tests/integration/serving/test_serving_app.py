@@ -302,3 +302,34 @@ def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
     assert 'adstream_serving_deltas_total{outcome="gap"} 1.0' in metrics
     assert 'adstream_serving_deltas_total{outcome="resync_applied"} 1.0' in metrics
     assert 'adstream_serving_deltas_total{outcome="after_resync_applied"} 1.0' in metrics
+
+
+def test_warm_user_state_from_redis_steers_recall(
+    server: httpx.Client, serve_settings: Settings, catalog: list[AdCreative]
+) -> None:
+    """A user record written in streams' format (read through `StreamsUserCodec`) drives the query."""
+    import numpy as np
+    import redis
+
+    from schemas.vectors import content_vector
+    from streams.record import encode_state, user_key
+    from streams.state import UserState
+
+    s = serve_settings
+    now = time.time()
+    vec = np.asarray(content_vector("travel", "travel offer", s.state_dim), dtype=np.float32)
+    state = UserState(
+        user_id="u-travel",
+        dim=s.state_dim,
+        vector=vec,
+        intents={"travel": 3.0},
+        last_ts=now,
+        session_start_ts=now,
+    )
+    r = redis.Redis.from_url(s.redis_url)
+    r.set(user_key(s.redis_prefix, "u-travel"), encode_state(state))
+    r.close()
+    category = {ad.ad_id: ad.category for ad in catalog}
+    warm = [category.get(a["ad_id"], "") for a in ads(server, "u-travel", k=10)["ads"]]
+    cold = [category.get(a["ad_id"], "") for a in ads(server, "u-nobody", k=10)["ads"]]
+    assert warm.count("travel") >= 6 and warm.count("travel") > cold.count("travel")
