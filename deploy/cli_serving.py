@@ -122,9 +122,13 @@ def serve_cmd(
             overrides[key] = value
     settings = Settings(**overrides)
     t0 = time.monotonic()
-    url = start(settings, throughput_optimized=throughput_optimized)
+    ep = start(settings, throughput_optimized=throughput_optimized)
+    url = ep.best
     console.print(
         f"adstream serving at [bold]{url}[/] (docs: {url}/docs) — ready in {time.monotonic() - t0:.1f}s"
+    )
+    console.print(
+        f"proxy (load-balanced over replicas): {ep.proxy}; replicas: {', '.join(ep.replicas) or '-'}"
     )
     stop = False
 
@@ -136,9 +140,11 @@ def serve_cmd(
     signal.signal(signal.SIGINT, _stop)
     while not stop:
         time.sleep(0.5)
+    import ray
     from ray import serve
 
     serve.shutdown()
+    ray.shutdown()
 
 
 def register(app: typer.Typer) -> None:
