@@ -65,6 +65,8 @@ def start(settings: Settings, name: str = "adstream", throughput_optimized: bool
         os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
         os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", str(settings.http_port + 1))
         os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", str(settings.http_port + 64))
+        # a replica leaving keeps its port open this long for in-flight clients (Ray's default: 30 s)
+        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     import ray
     from ray import serve
 
