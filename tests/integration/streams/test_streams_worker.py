@@ -241,3 +241,37 @@ def test_crash_recovery_kill_9_mid_stream(deployment: Settings, worker: Worker, 
         check_state(r, s, expected.states)
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("engine", ["aiokafka", "faust"])
+def test_two_workers_share_the_partitions(
+    deployment: Settings, worker: Worker, engine: str, tmp_path: Any
+) -> None:
+    """Two workers in one group: co-partitioned assignment, the same states as one worker."""
+    s = deployment
+    catalog, valid = simulate(20_000, seed=31)
+    produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
+    ends = end_offsets(s)
+    ports = free_port(), free_port()
+    second = Worker(s.model_copy(update={"metrics_port": ports[1]}), tmp_path / "worker2.log", engine)
+    worker.s = s.model_copy(update={"metrics_port": ports[0]})
+    worker.engine = engine
+    worker.start()
+    second.start()
+    r = redis.Redis.from_url(s.redis_url)
+    try:
+        wait_for(lambda: all_applied(r, s, ends), 180, "every record applied by two workers", worker)
+        assert second.alive()
+        applied_by = [
+            sum(v for k, v in scrape(p).items() if k.startswith("adstream_streams_batch_size_events_sum"))
+            for p in ports
+        ]
+        assert min(applied_by) > 0 and sum(applied_by) >= len(valid), applied_by
+        want = Counter(TABLE[type(e).__name__] for e in valid)
+        counts = ch_counts(s)
+        for table, n in want.items():
+            assert counts[table][:2] == (n, n), (table, counts[table], n)
+        check_state(r, s, replay([*catalog, *valid], s).states)
+    finally:
+        second.stop()
+        r.close()
