@@ -61,7 +61,8 @@ class RawRecord:
 class _Part:
     proc: Processor
     merge: PartitionMerge
-    applied: dict[str, int]  # physical topic → last applied offset
+    applied: dict[str, int]  # physical topic → last offset applied in memory
+    committed: dict[str, int] = field(default_factory=dict)  # … and committed to Redis
     # re-deliveries of records this part already holds: acked once the original is committed
     redelivered: list[tuple[str, int, Any]] = field(default_factory=list)
 
@@ -134,7 +135,7 @@ class Pipeline:
             proc = Processor.from_settings(self.settings, self.catalog)
             proc.join.load(snap.pending)
             proc.join.stream_ts = snap.stream_ts
-            part = self.parts[p] = _Part(proc, PartitionMerge(), snap.offsets)
+            part = self.parts[p] = _Part(proc, PartitionMerge(), dict(snap.offsets), dict(snap.offsets))
         return part
 
     async def feed(self, records: Iterable[RawRecord]) -> None:
@@ -151,13 +152,12 @@ class Pipeline:
                     continue
                 seen[base] += 1
                 part = self.parts.get(rec.partition) or await self._part(rec.partition)
-                applied = part.applied.get(rec.topic, -1)
-                if rec.offset <= applied:
+                if rec.offset <= part.committed.get(rec.topic, -1):  # a replay of committed work
                     m.SKIPPED.inc()
                     skipped.append(rec.handle)
                     continue
-                last = part.merge.last_seen.get(rec.topic, -1)
-                if rec.offset <= last:  # a client re-delivered what the merge already holds
+                last = max(part.merge.last_seen.get(rec.topic, -1), part.applied.get(rec.topic, -1))
+                if rec.offset <= last:  # a client re-delivered what the merge or batch holds
                     m.SKIPPED.inc()
                     part.redelivered.append((rec.topic, rec.offset, rec.handle))
                     continue
@@ -275,11 +275,16 @@ class Pipeline:
         if b.examples:
             m.EVENTS_OUT.labels(topics.TRAINING_EXAMPLES).inc(len(b.examples))
         self.ack(b.handles)
+        for key, off in b.offsets.items():
+            topic, _, p_str = key.rpartition(":")
+            part = self.parts.get(int(p_str))
+            if part is not None:
+                part.committed[topic] = off
         for p in b.parts:
             part = self.parts[p]
             if part.redelivered:
-                done = [h for t, o, h in part.redelivered if o <= part.applied.get(t, -1)]
-                part.redelivered = [r for r in part.redelivered if r[1] > part.applied.get(r[0], -1)]
+                done = [h for t, o, h in part.redelivered if o <= part.committed.get(t, -1)]
+                part.redelivered = [r for r in part.redelivered if r[1] > part.committed.get(r[0], -1)]
                 self.ack(done)
         m.BATCH.observe(b.count)
         self.counts["committed"] += b.count

@@ -93,7 +93,7 @@ async def _commit_kafka(consumer: AIOKafkaConsumer, pipeline: Pipeline) -> None:
     offsets = {}
     assigned = consumer.assignment()
     for p, part in pipeline.parts.items():
-        for topic, off in part.applied.items():
+        for topic, off in part.committed.items():
             tp = TopicPartition(topic, p)
             if tp in assigned:
                 offsets[tp] = off + 1
