@@ -42,6 +42,29 @@ def deployment(stack: Settings) -> Iterator[Settings]:
     client = clickhouse_client(s)
     client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse_url.rsplit('/', 1)[1]}")
     client.disconnect()
+    _drop_topics(s)
+
+
+def _drop_topics(s: Settings) -> None:
+    """Best effort: the embedded broker keeps topics in memory."""
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        await admin.start()
+        try:
+            names = [n for n in await admin.list_topics() if n.startswith(s.topic_prefix)]
+            if names:
+                await admin.delete_topics(names)
+        finally:
+            await admin.close()
+
+    try:
+        asyncio.run(go())
+    except Exception:
+        pass
 
 
 @pytest.fixture
