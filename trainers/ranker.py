@@ -107,8 +107,12 @@ class Ranker(nn.Module):
         super().__init__()
         self.config = config
         tables = {name: nn.Embedding(rows, config.emb_dim) for name, rows in config.table_sizes.items()}
+        # unit-scale embeddings (PyTorch's default), like the layer-normed dense features: at
+        # std 0.01 the ids (category, ad, slot…) reached the cross/deep layers ~20× weaker than
+        # the user state, so online LoRA on those layers could barely learn an id-level shift
+        # (a category trend: benchmarks/online_drift.py); offline AUC also improves
         for table in tables.values():
-            nn.init.normal_(table.weight, std=0.01)
+            nn.init.normal_(table.weight, std=1.0)
         self.emb = nn.ModuleDict(tables)
         d, h = config.input_dim, config.deep_hidden
         self.input_norm = nn.LayerNorm(config.state_dim + N_EXTRA_DENSE)
