@@ -54,25 +54,28 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
     }  # type: ignore[attr-defined]
     states = {s: empty_state(s, version, shapes, settings.lora_rank) for s in slots}  # type: ignore[attr-defined]
     gen = torch.Generator().manual_seed(0)
+    msgs = []  # made before the load, so that publishing costs the machine next to nothing
+    for i in range(swaps):
+        slot = slots[i % len(slots)]
+        st = states[slot]
+        new = {k: v.clone() for k, v in st.tensors.items()}
+        d = i % st.rank
+        for k in new:
+            if k.endswith("lora_A"):
+                new[k][d] = torch.randn(new[k].shape[1], generator=gen) * 0.1
+            else:
+                new[k][:, d] = torch.randn(new[k].shape[0], generator=gen) * 0.1
+        parts = select_parts(new, {m: torch.tensor([d]) for m in st.modules})
+        msgs.append((slot, codec.encode(make_delta(st, parts, st.seq + 1))))
+        states[slot] = AdapterState(slot, version, st.rank, st.seq + 1, new)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)  # type: ignore[attr-defined]
     await producer.start()
     topic = topics.topic_name(topics.ADAPTER_DELTAS, settings.topic_prefix)  # type: ignore[attr-defined]
+    await asyncio.sleep(1.0)
     t0 = time.monotonic()
     try:
-        for i in range(swaps):
-            slot = slots[i % len(slots)]
-            st = states[slot]
-            new = {k: v.clone() for k, v in st.tensors.items()}
-            d = i % st.rank
-            for k in new:
-                if k.endswith("lora_A"):
-                    new[k][d] = torch.randn(new[k].shape[1], generator=gen) * 0.1
-                else:
-                    new[k][:, d] = torch.randn(new[k].shape[0], generator=gen) * 0.1
-            parts = select_parts(new, {m: torch.tensor([d]) for m in st.modules})
-            msg = make_delta(st, parts, st.seq + 1)
-            states[slot] = AdapterState(slot, version, st.rank, st.seq + 1, new)
-            await producer.send_and_wait(topic, codec.encode(msg), key=slot.encode())
+        for i, (slot, payload) in enumerate(msgs):
+            await producer.send_and_wait(topic, payload, key=slot.encode())
             await asyncio.sleep(max(0.0, t0 + (i + 1) * seconds / swaps - time.monotonic()))
     finally:
         await producer.stop()
@@ -130,7 +133,6 @@ def main() -> None:
 
         th = threading.Thread(target=load)
         th.start()
-        time.sleep(1.0)
         publish_s = asyncio.run(publish(settings, tmp / "models", args.swaps, args.duration - 4, slots))
         th.join()
         time.sleep(1.0)
@@ -153,6 +155,12 @@ def main() -> None:
         "failed_requests": int(result["errors"]),  # type: ignore[arg-type]
         "requests": result["requests"],
         "max_pause_ms": round(metric(metrics, "adstream_serving_swap_pause_max_seconds") * 1000, 3),
+        "mean_pause_ms": round(
+            1000
+            * metric(metrics, "adstream_serving_swap_pause_seconds_sum")
+            / max(metric(metrics, "adstream_serving_swap_pause_seconds_count"), 1),
+            3,
+        ),
         "adapter_versions": {a["adapter_id"]: a["version"] for a in adapters},
         "rejected": int(metric(metrics, 'adstream_serving_deltas_total{outcome="rejected"}')),
         "load_rps": result["rps"],
