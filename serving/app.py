@@ -291,6 +291,7 @@ class AdServer:
             costs.relax("recall")
         rows = np.zeros(0, dtype=np.int64)
         pctr = np.zeros(0)
+        capped: list[str] = []
         if rung != "popular":
             t = time.perf_counter()
             try:
@@ -324,6 +325,9 @@ class AdServer:
         if rung == "popular" or rows.shape[0] == 0:
             rung = "popular" if rows.shape[0] == 0 or rung == "popular" else rung
             rows = self.pipe.popular(max(req.k * 4, 40))
+            if capped:  # known caps still hold on the last rung
+                capped_rows = {self.catalog.row_of.get(a) for a in capped}
+                rows = np.asarray([r for r in rows if int(r) not in capped_rows], dtype=np.int64)
             pctr = np.full(rows.shape[0], 0.02)
         t = time.perf_counter()
         resp, imps, chosen, cost = self.pipe.finish(
