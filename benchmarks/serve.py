@@ -188,6 +188,12 @@ def main() -> None:
     ap.add_argument("--ads", type=int, default=10_000)
     ap.add_argument("--rates", default="50,100")
     ap.add_argument("--duration", type=int, default=15)
+    ap.add_argument(
+        "--proxy-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the top rate once through the Serve proxy (first scheme)",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="runs per rate; the median-p99 run is reported")
     ap.add_argument("--conns", type=int, default=10)
     ap.add_argument("--users", type=int, default=5000)
@@ -240,6 +246,11 @@ def main() -> None:
                         run_wrk(url, rate, args.duration, args.conns, args.users) for _ in range(args.repeats)
                     ]
                     rows.append(summarize(runs))
+                proxy_row = None
+                if args.proxy_check and not by_scheme and url != endpoints.proxy:
+                    # the same load through Serve's proxy actor, for comparison (one run at the top rate)
+                    top = max(int(r) for r in args.rates.split(","))
+                    proxy_row = run_wrk(endpoints.proxy, top, args.duration, args.conns, args.users)
                 metrics = client.get("/metrics").text
             finally:
                 serve.shutdown()
@@ -260,6 +271,7 @@ def main() -> None:
                 "url": "replica (direct ingress)" if url != endpoints.proxy else "Serve proxy",
                 "catalog_ads": health["ads"],
                 "device": health["device"],
+                "via_proxy": proxy_row,
             }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -300,6 +312,7 @@ def main() -> None:
         "throughput_optimized": os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1",
         "adapter_scheme": next(iter(by_scheme)),
         "rates": first["rates"],
+        "via_proxy": first["via_proxy"],
         "by_scheme": by_scheme,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
