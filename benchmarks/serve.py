@@ -212,6 +212,7 @@ def main() -> None:
     from deploy.cli_serving import start
     from schemas.settings import Settings
 
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-"))
     catalog = tmp / "catalog.jsonl"
     make_catalog(catalog, args.ads)
@@ -310,6 +311,7 @@ def main() -> None:
         "device": first["device"],
         "cpus": os.cpu_count(),
         "throughput_optimized": os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1",
+        "load_average_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "adapter_scheme": next(iter(by_scheme)),
         "rates": first["rates"],
         "via_proxy": first["via_proxy"],
