@@ -180,13 +180,18 @@ class LabelJoin:
         user_vector: np.ndarray,
         intent_score: float,
         raw: bytes | None = None,
+        ts: float | None = None,
     ) -> list[TrainingExample]:
-        """Open the impression's window; apply an orphan click/dwell that came before it."""
+        """Open the impression's window; apply an orphan click/dwell that came before it.
+
+        `ts` is `imp.ts.timestamp()` when the caller has it already (as for on_click/on_dwell).
+        """
         iid = imp.event_id
         if iid in self.pending:
             self.counts["duplicate_impression"] += 1
             return []
-        ts = imp.ts.timestamp()
+        if ts is None:
+            ts = imp.ts.timestamp()
         p = Pending(imp, category, user_vector, intent_score, ts + self.window_s, raw=raw)
         self._put(iid, p)
         heapq.heappush(self._deadlines, (p.deadline, iid))
@@ -206,9 +211,10 @@ class LabelJoin:
         self.counts["out_of_order"] += 1
         return self.orphans.setdefault(iid, Orphan(ts))
 
-    def on_click(self, click: Click) -> list[TrainingExample]:
+    def on_click(self, click: Click, ts: float | None = None) -> list[TrainingExample]:
         """A click: positive example now if its impression is pending and inside the window."""
-        ts = click.ts.timestamp()
+        if ts is None:
+            ts = click.ts.timestamp()
         p = self.pending.get(click.impression_id)
         if p is None:
             orphan = self._late_or_orphan(click.impression_id, ts)
@@ -225,9 +231,10 @@ class LabelJoin:
         self.dirty.add(click.impression_id)
         return [self._example(p, ts, True)]
 
-    def on_dwell(self, dwell: Dwell) -> list[TrainingExample]:
+    def on_dwell(self, dwell: Dwell, ts: float | None = None) -> list[TrainingExample]:
         """A dwell: remembered for the impression's example (if not emitted yet)."""
-        ts = dwell.ts.timestamp()
+        if ts is None:
+            ts = dwell.ts.timestamp()
         p = self.pending.get(dwell.impression_id)
         if p is None:
             orphan = self._late_or_orphan(dwell.impression_id, ts)

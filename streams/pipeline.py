@@ -13,6 +13,11 @@ seconds commits a batch in this order:
 
 A crash before 3 replays the batch with no visible effect but re-sent duplicates downstream
 dedupes by id; a crash after 3 skips it on replay. State changes happen exactly once.
+
+The write of a batch overlaps the processing of the next one (its contents are fixed before it
+starts, and a batch's write starts only when the previous one has finished, so the order above
+holds across batches); nothing is acked before its batch's write is done. The user cache is
+trimmed only while no write is in flight, so a user read back from Redis is never stale.
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ class Pipeline:
         self.batch = _Batch()
         self.counts: Counter[str] = Counter()
         self.lock = asyncio.Lock()
+        self._inflight: asyncio.Task[None] | None = None  # the batch being written
         self.caught_up: CaughtUp = lambda topic, partition, last: False
         self._reported: Counter[str] = Counter()
 
@@ -202,11 +208,12 @@ class Pipeline:
                 await self._commit()
 
     async def flush(self) -> None:
-        """Commit whatever is released now (shutdown, revocation)."""
+        """Commit whatever is released now and wait until it is written (shutdown, revocation)."""
         async with self.lock:
             await self._release_all()
             if self.batch.count:
                 await self._commit()
+            await self._settle()
 
     async def revoke(self, partitions: Iterable[int]) -> None:
         """Partitions moved away: commit what was released, then forget their state.
@@ -217,6 +224,7 @@ class Pipeline:
         async with self.lock:
             if self.batch.count:
                 await self._commit()
+            await self._settle()
             for p in partitions:
                 self.parts.pop(p, None)
 
@@ -247,11 +255,23 @@ class Pipeline:
             b.dead.append(item.dead)
             return
         event: Message = item.event
-        table, row = row_of(event, p, item.offset)
+        table, row = row_of(event, p, item.offset, item.ts)
         b.rows[table].append(row)
-        b.examples += part.proc.on_event(event, item.raw)
+        examples = part.proc.on_event(event, item.raw, item.ts)
+        if examples:
+            b.examples += examples
+
+    async def _settle(self) -> None:
+        """Wait until the batch being written (if any) is written and acked."""
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            await task
 
     async def _commit(self) -> None:
+        """Fix the batch's writes, then write them while the next batch is processed."""
+        if self._over_cache():
+            await self._settle()
+            self._trim_cache()
         b, self.batch = self.batch, _Batch()
         # everything the batch will write is fixed first, so a retry writes exactly the same
         commit = Commit(offsets=b.offsets)
@@ -269,6 +289,10 @@ class Pipeline:
             commit.stream_ts[p] = join.stream_ts
         messages = [(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
         messages += [(self.examples_topic, key_of(e), encode(e)) for e in b.examples]
+        await self._settle()
+        self._inflight = asyncio.create_task(self._finish(b, commit, messages))
+
+    async def _finish(self, b: _Batch, commit: Commit, messages: list[tuple[str, bytes, bytes]]) -> None:
         await retrying(lambda: self._write(b, commit, messages), "batch commit")
         if b.dead:
             m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
@@ -303,11 +327,30 @@ class Pipeline:
         await self.store.commit(commit)
         m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
 
+    def _over_cache(self) -> bool:
+        limit = self.cache_users // max(1, len(self.parts))
+        return any(len(part.proc.states) > limit for part in self.parts.values())
+
+    def _trim_cache(self) -> None:
+        """Forget cached users that Redis has (not changed in the open batch, nothing queued).
+
+        Called with no write in flight: every other cached user equals its Redis record.
+        """
+        limit = self.cache_users // max(1, len(self.parts))
+        for part in self.parts.values():
+            states = part.proc.states
+            if len(states) <= limit:
+                continue
+            keep = set(part.proc.dirty_users)
+            for q in part.merge.queues.values():  # loaded for records not released yet
+                keep.update(uid for it in q if (uid := getattr(it.event, "user_id", None)) is not None)
+            kept = {u: states[u] for u in keep if u in states}
+            states.clear()
+            states.update(kept)
+
     def _gauges(self) -> None:
         users = pending = buffered = 0
         for part in self.parts.values():
-            if len(part.proc.states) > self.cache_users // max(1, len(self.parts)):
-                part.proc.states.clear()  # all clean right after a commit; Redis has them
             users += len(part.proc.states)
             pending += len(part.proc.join.pending)
             buffered += part.merge.buffered()

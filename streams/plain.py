@@ -68,6 +68,7 @@ async def run(settings: Settings) -> None:
     await rt.catalog_ready.wait()
     consumer.subscribe(names, listener=_Rebalance(rt, consumer))
     await consumer.start()
+    committed_seen = 0
     try:
         while True:
             batches = await consumer.getmany(timeout_ms=100, max_records=5000)
@@ -76,12 +77,13 @@ async def run(settings: Settings) -> None:
                 for tp, recs in batches.items()
                 for r in recs
             ]
-            committed_before = pipeline.counts["committed"]
             if records:
                 await pipeline.feed(records)
             else:
                 await pipeline.tick()
-            if pipeline.counts["committed"] != committed_before:
+            # batches finish writing in the background: commit Kafka offsets when any has
+            if pipeline.counts["committed"] != committed_seen:
+                committed_seen = pipeline.counts["committed"]
                 await _commit_kafka(consumer, pipeline)
                 rt.update_lag()
     finally:

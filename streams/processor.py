@@ -11,16 +11,18 @@ from collections import Counter
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
-from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message, TrainingExample
+import numpy as np
+
+from schemas.events import AdCreative, Click, Dwell, Impression, Message, TrainingExample
 from schemas.settings import Settings
 from streams.join import AdapterScheme, LabelJoin
 from streams.state import (
+    USER_EVENTS,
     AdInfo,
     StateParams,
     UserState,
     apply_event,
-    intent_score,
-    vector_at,
+    decay_factor,
 )
 
 UNKNOWN_CATEGORY = "unknown"
@@ -71,42 +73,51 @@ class Processor:
         s = self.states.get(user_id)
         return s if s is not None else UserState.empty(user_id, self.params.dim)
 
-    def on_event(self, event: Message, raw: bytes | None = None) -> list[TrainingExample]:
+    def on_event(
+        self, event: Message, raw: bytes | None = None, ts: float | None = None
+    ) -> list[TrainingExample]:
         """Apply one valid event; return the examples it emits (duplicates change nothing).
 
-        `raw` is the event's JSON as received (kept for the pending impression, not re-encoded).
+        `raw` is the event's JSON as received (kept for the pending impression, not re-encoded);
+        `ts` is `event.ts.timestamp()` when the caller has it already.
         """
         if isinstance(event, AdCreative):
             self.catalog.update(event)
             return []
-        if not isinstance(event, Impression | Click | Dwell | Conversion):
+        if not isinstance(event, USER_EVENTS):
             return []
-        before = self.state_of(event.user_id)
-        ad = self.catalog.get(event.ad_id) if event.ad_id is not None else None
-        if ad is None and event.ad_id is not None:
+        uid = event.user_id
+        before = self.states.get(uid)
+        if before is None:
+            before = UserState.empty(uid, self.params.dim)
+        ad_id = event.ad_id
+        ad = self.catalog.get(ad_id) if ad_id is not None else None
+        if ad is None and ad_id is not None:
             self.counts["unknown_ad"] += 1
-        after = apply_event(before, event, ad, self.params)
+        if ts is None:
+            ts = event.ts.timestamp()
+        after = apply_event(before, event, ad, self.params, ts)
         if after is before:
             self.counts["duplicate"] += 1
             return []
-        self.states[event.user_id] = after
-        self.dirty_users.add(event.user_id)
+        self.states[uid] = after
+        self.dirty_users.add(uid)
         self.counts["applied"] += 1
-        out: list[TrainingExample] = []
-        ts = event.ts.timestamp()
+        join = self.join
         if isinstance(event, Impression):
             category = ad.category if ad is not None else UNKNOWN_CATEGORY
-            vec = vector_at(before, ts, self.params)
-            out += self.join.on_impression(
-                event,
-                category,
-                vec,
-                intent_score(before, category, ts, self.params),
-                raw,
-            )
+            # the features as served: `vector_at` and `intent_score` of the state before it
+            f = decay_factor(before, ts, self.params)
+            vec = before.vector if f == 1.0 else (before.vector * np.float32(f)).astype(np.float32)
+            score = before.intents.get(category, 0.0)
+            out = join.on_impression(event, category, vec, score * f if score else 0.0, raw, ts)
         elif isinstance(event, Click):
-            out += self.join.on_click(event)
+            out = join.on_click(event, ts)
         elif isinstance(event, Dwell):
-            out += self.join.on_dwell(event)
-        out += self.join.advance(ts)
+            out = join.on_dwell(event, ts)
+        else:
+            out = []
+        closed = join.advance(ts)
+        if closed:
+            out += closed
         return out

@@ -44,10 +44,15 @@ TABLES = tuple(table for table, _ in COLUMNS.values())
 _REST = {model: attrgetter(*cols[3:]) for model, (_, cols) in COLUMNS.items()}
 
 
-def row_of(event: Message, partition: int, offset: int) -> tuple[str, tuple[Any, ...]]:
-    """The table and row (columns as in COLUMNS, then kafka_partition, kafka_offset) of an event."""
+def row_of(
+    event: Message, partition: int, offset: int, ts: float | None = None
+) -> tuple[str, tuple[Any, ...]]:
+    """The table and row (columns as in COLUMNS, then kafka_partition, kafka_offset) of an event.
+
+    `ts` is `event.ts.timestamp()` when the caller has it already.
+    """
     model = type(event)
-    t = event.ts.timestamp()
+    t = event.ts.timestamp() if ts is None else ts
     return COLUMNS[model][0], (
         event.event_id,
         int(t),

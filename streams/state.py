@@ -38,6 +38,7 @@ from schemas.vectors import content_vector
 
 RECENT_IDS: Final = 32  # duplicate detection ring per user (retries arrive close together)
 RECENT_CLICKS: Final = 8  # clicked impressions remembered for the contradiction rule
+USER_EVENTS: Final = (Impression, Click, Dwell, Conversion)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,20 +190,23 @@ def _evidence(event: Message, state: UserState, params: StateParams) -> tuple[fl
     return 0.0, 0.0, 1.0
 
 
-def apply_event(state: UserState, event: Message, ad: AdInfo | None, params: StateParams) -> UserState:
+def apply_event(
+    state: UserState, event: Message, ad: AdInfo | None, params: StateParams, ts: float | None = None
+) -> UserState:
     """The state after one user event (`ad` from the catalog; None when unknown there).
 
     Returns `state` itself (the same object) for a duplicate or a non-user event, so callers can
-    tell "nothing changed" by identity.
+    tell "nothing changed" by identity. `ts` is `event.ts.timestamp()` when the caller has it.
     """
-    if not isinstance(event, Impression | Click | Dwell | Conversion):
+    if not isinstance(event, USER_EVENTS):
         return state
     h = id_hash(event.event_id)
     if h in state.recent_ids:
         return state
-    ts = event.ts.timestamp()
+    if ts is None:
+        ts = event.ts.timestamp()
     vec_w, inc, mult = _evidence(event, state, params)
-    intents = dict(state.intents)
+    intents = state.intents
     vector = state.vector
     late = ts < state.last_ts and state.events > 0
     sessions, session_events, session_start, last_ts = (
@@ -215,6 +219,7 @@ def apply_event(state: UserState, event: Message, ad: AdInfo | None, params: Sta
         age = decay(1.0, state.last_ts - ts, params.half_life_s)
         vec_w *= age
         inc *= age
+        intents = dict(intents)
     else:
         f = decay_factor(state, ts, params)
         if state.events == 0 or ts - state.last_ts > params.session_gap_s:
@@ -224,6 +229,8 @@ def apply_event(state: UserState, event: Message, ad: AdInfo | None, params: Sta
         if f != 1.0:
             intents = {c: s * f for c, s in intents.items()}
             vector = vector * np.float32(f)  # float32 × float32 scalar stays float32
+        else:
+            intents = dict(intents)
         last_ts = ts
     if ad is not None:
         cat = ad.category
