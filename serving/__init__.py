@@ -7,7 +7,8 @@ or `serve run serving.app:app` (settings from `ADSTREAM_*`, every user cold: no 
 Modules, each a pure core or a thin shell:
 
 - `app`       — the one ingress deployment (FastAPI through `@serve.ingress`): HTTP API, admission
-                (503 + Retry-After), `@serve.batch` ranking, background consumers, metrics.
+                (503 + Retry-After), `@serve.batch` ranking, the deadline ladder, metrics routes.
+- `loops`     — start-up loading and background loops (catalog, deltas, clicks, counters, canary).
 - `pipeline`  — per-request recall and rerank over the catalog (no Ray).
 - `catalog`   — ads as numpy columns (vectors, bids, budgets, spend, ranker id buckets).
 - `index`     — the recall index protocol and the exact numpy implementation.

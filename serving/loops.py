@@ -1,0 +1,142 @@
+"""The ad server replica's start-up loading and background loops (catalog, adapter deltas, clicks,
+counters, spend and canary), as a mixin of `serving.app.AdServer`: everything here runs on the
+replica's event loop between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from schemas import topics
+from schemas.events import AdapterDelta, AdCreative, Click, Message
+from schemas.settings import Settings
+from serving.adapters import CANDIDATE, STABLE
+from serving.canary import Canary
+from serving.catalog import Catalog
+from serving.hotswap import DeltaApplier
+from serving.io import RedisIO, follow
+from serving.metrics import ServingMetrics
+from serving.pipeline import AdPipeline, utcnow
+from serving.ranking import RankModel
+from serving.towers import TowerSpace
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaLoops:
+    """Start-up loading and background loops of a serving replica."""
+
+    settings: Settings
+    metrics: ServingMetrics
+    rank: RankModel
+    catalog: Catalog
+    pipe: AdPipeline
+    towers: TowerSpace | None
+    applier: DeltaApplier
+    canary: Canary
+    redis: RedisIO
+    max_swap_pause_s: float
+
+    def _load_catalog_file(self, s: Settings) -> None:
+        from schemas.codec import decode
+
+        assert s.serve_catalog_file is not None
+        ads: list[AdCreative] = []
+        with open(s.serve_catalog_file, "rb") as fh:
+            for line in fh:
+                if b'"kind":"ad"' not in line.replace(b" ", b""):
+                    continue
+                msg = decode(AdCreative, line)
+                assert isinstance(msg, AdCreative)
+                ads.append(msg)
+        vectors = self.towers.ad_vectors(ads) if self.towers is not None else [None] * len(ads)
+        for ad, vec in zip(ads, vectors, strict=True):
+            self.pipe.add_ad(ad, vec)
+
+    async def _load_snapshots(self) -> None:
+        try:
+            ids = await self.redis.snapshot_ids()
+        except Exception as exc:
+            log.warning("could not list adapter snapshots: %s", exc)
+            return
+        for adapter_id in ids:
+            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
+            self.metrics.deltas.labels(f"snapshot_{outcome}").inc()
+        self.rank.bank.promote()  # what the trainers last snapshotted is the stable starting point
+
+    async def _follow(self, base: str, handle: Any, from_beginning: bool) -> None:
+        def invalid(reason: str) -> None:
+            self.metrics.deltas.labels("invalid").inc() if base == topics.ADAPTER_DELTAS else None
+            log.warning("invalid message on %s: %s", base, reason)
+
+        await follow(self.settings, base, handle, from_beginning, invalid)
+
+    async def _on_ad(self, msg: Message) -> None:
+        assert isinstance(msg, AdCreative)
+        vec = None
+        if self.towers is not None and not self.towers.knows(msg):
+            # a new ad's title goes through MiniLM off the loop: requests keep being served meanwhile
+            vec = await asyncio.to_thread(self.towers.ad_vector, msg)
+        self.pipe.add_ad(msg, vec)
+
+    async def _on_delta(self, msg: Message) -> None:
+        assert isinstance(msg, AdapterDelta)
+        arms = (STABLE, CANDIDATE) if self.canary.share(time.time()) >= 1.0 else (CANDIDATE,)
+        t = time.perf_counter()
+        outcome = self.applier.apply(msg, arms)
+        pause = time.perf_counter() - t  # the loop (and every request on it) waited this long
+        self.metrics.swap_pause.observe(pause)
+        self.max_swap_pause_s = max(self.max_swap_pause_s, pause)
+        self.metrics.swap_pause_max.set(self.max_swap_pause_s)
+        self.metrics.deltas.labels(outcome).inc()
+        if outcome == "gap":
+            outcome = await self.applier.resync(msg.adapter_id, self.redis.snapshot)
+            self.metrics.deltas.labels(f"resync_{outcome}").inc()
+            if outcome == "applied":  # the snapshot may end right before this delta: try it again
+                self.metrics.deltas.labels(f"after_resync_{self.applier.apply(msg, arms)}").inc()
+
+    def _on_click(self, msg: Message) -> None:
+        assert isinstance(msg, Click)
+        if self.canary.clicked(msg.impression_id):
+            self.metrics.clicks_joined.inc()
+
+    async def _flush_counters(self) -> None:
+        """Frequency-cap and spend counters go to Redis in one pipeline every 50 ms, not per request."""
+        while True:
+            await asyncio.sleep(0.05)
+            try:
+                await self.redis.flush()
+            except Exception as exc:
+                log.warning("counter flush to Redis failed: %s", exc)
+
+    async def _housekeeping(self) -> None:
+        """Every second: the day's spend from Redis (pacing) and gauges; every `canary_eval_s`:
+        the canary decision (it sorts the arms' windows, so not more often)."""
+        day = utcnow().date()
+        next_eval = time.time() + self.settings.canary_eval_s
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            if utcnow().date() != day:  # a new day: a new spend plan
+                day = utcnow().date()
+                self.catalog.reset_day()
+            try:
+                self.catalog.set_spend(await self.redis.spend(utcnow()))
+            except Exception as exc:
+                log.warning("spend refresh failed: %s", exc)
+            if now >= next_eval:
+                next_eval = now + self.settings.canary_eval_s
+                action = self.canary.evaluate(now)
+                if action != "hold":
+                    self.metrics.canary_actions.labels(action).inc()
+                if self.canary.stage == "full":  # promoted past 50 %: candidate becomes stable
+                    self.rank.bank.promote()
+                    self.canary.stage = "canary"
+            self.metrics.canary_share.set(self.canary.share(now))
+            self.metrics.swaps.set(self.rank.bank.swaps)
+            self.metrics.adapters.set(len(self.rank.bank.meta))
+            self.metrics.staleness.set(self.applier.max_staleness_s())
+            self.metrics.catalog.set(self.catalog.n)
