@@ -23,7 +23,7 @@ demo: install
 
 # Unit and integration tests (real broker, Redis, ClickHouse, Ray), slow suites excluded.
 test: install
-	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not gpu" --durations=10 $(PYTEST_ARGS)
 
 # Everything, slow suites included.
 test-all: install
