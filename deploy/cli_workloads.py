@@ -99,6 +99,9 @@ def simulate(
         float, typer.Option(help="Drift point: fraction (0,1) or impression index; <=0 off")
     ] = 0.5,
     drift_share: Annotated[float, typer.Option(help="Share of users whose taste changes")] = 0.3,
+    drift_mode: Annotated[
+        str, typer.Option(help="redraw (each drifted user redraws) or trend (a shared category shift)")
+    ] = "redraw",
     new_ads: Annotated[int, typer.Option(help="Ads that arrive mid-stream (cold start)")] = 20,
     new_ads_at: Annotated[float, typer.Option(help="Arrival point of new ads, like --drift-at")] = 0.5,
     rate: Annotated[float, typer.Option(help="Ad requests per second of simulated time")] = 100.0,
@@ -114,6 +117,7 @@ def simulate(
         cfg = MarketConfig(
             seed=seed, n_users=users, n_ads=ads, n_categories=categories, n_advertisers=advertisers,
             drift_at=drift_at if drift_at > 0 else None, drift_share=drift_share, n_new_ads=new_ads,
+            drift_mode=drift_mode,
             new_ads_at=new_ads_at if new_ads_at > 0 else None, rate=rate, policy=policy,
         )  # fmt: skip
     except ConfigError as exc:
@@ -195,6 +199,9 @@ def closed_loop(
         float, typer.Option(help="Drift point (fraction of expected impressions); <=0 off")
     ] = 0.5,
     drift_share: Annotated[float, typer.Option(help="Share of users whose taste changes")] = 0.3,
+    drift_mode: Annotated[
+        str, typer.Option(help="redraw (each drifted user redraws) or trend (a shared category shift)")
+    ] = "redraw",
     out: OutOpt = None,
     kafka: KafkaOpt = False,
 ) -> None:
@@ -208,7 +215,7 @@ def closed_loop(
         raise typer.BadParameter("give exactly one of --out FILE or --kafka", param_hint="--out/--kafka")
     try:
         cfg = MarketConfig(seed=seed, n_users=users, n_ads=ads, drift_share=drift_share,
-                           drift_at=drift_at if drift_at > 0 else None)  # fmt: skip
+                           drift_at=drift_at if drift_at > 0 else None, drift_mode=drift_mode)  # fmt: skip
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
     market = Market(cfg)
