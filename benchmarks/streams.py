@@ -134,7 +134,9 @@ def applied_count(r: Any, s: Settings) -> int:
     return sum(int(v) + 1 for k, v in raw.items() if not k.startswith(b"stream_ts:"))
 
 
-def run_worker(s: Settings, total: int, profile: Path | None, log: Path, engine: str) -> dict[str, Any]:
+def run_worker(
+    s: Settings, total: int, profile: Path | None, log: Path, engine: str, idle: bool = False
+) -> dict[str, Any]:
     import redis
 
     r = redis.Redis.from_url(s.redis_url)
@@ -163,7 +165,8 @@ def run_worker(s: Settings, total: int, profile: Path | None, log: Path, engine:
                 if profile is not None and shutil.which("py-spy", path=str(Path(sys.executable).parent)):
                     spy = subprocess.Popen(
                         [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(proc.pid),
-                         "-r", "50", "--format", "raw", "-o", str(profile), "--nonblocking"],
+                         "-r", "100", "--format", "raw", "-o", str(profile), "--nonblocking",
+                         *(["--idle"] if idle else [])],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
             if n >= total:
@@ -293,6 +296,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--engines", default="faust,aiokafka", help="comma-separated: faust, aiokafka")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--profile-idle", action="store_true", help="py-spy samples idle threads too")
     args = ap.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
 
@@ -323,7 +327,7 @@ def main() -> None:
             profile = None if args.no_profile else out_dir / f"streams-{tag}-{engine}.pyspy.txt"
             log = out_dir / f"streams-{tag}-{engine}.log"
             try:
-                run = run_worker(es, len(events), profile, log, engine)
+                run = run_worker(es, len(events), profile, log, engine, args.profile_idle)
                 run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
                 runs[engine] = run
             finally:

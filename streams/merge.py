@@ -53,8 +53,10 @@ class PartitionMerge:
         """Yield records in merge order while the choice is certain.
 
         `caught_up(topic, last_seen_offset)` says whether an empty input has nothing more to read
-        right now; `inputs` are the topics of this co-partition.
+        right now; `inputs` are the topics of this co-partition. Its answer is kept for the rest
+        of the call (nothing is received while it runs).
         """
+        known: dict[str, bool] = {}
         while True:
             best: Item | None = None
             best_key: tuple[float, int, int] | None = None
@@ -62,7 +64,10 @@ class PartitionMerge:
             for topic in inputs:
                 q = self.queues.get(topic)
                 if not q:
-                    if not caught_up(topic, self.last_seen.get(topic)):
+                    done = known.get(topic)
+                    if done is None:
+                        done = known[topic] = caught_up(topic, self.last_seen.get(topic))
+                    if not done:
                         blocked = True
                     continue
                 head = q[0]

@@ -107,8 +107,15 @@ async def _commit_kafka(consumer: AIOKafkaConsumer, pipeline: Pipeline) -> None:
 
 
 def run_worker(settings: Settings) -> None:
-    """Run the aiokafka-engine worker in the foreground until interrupted."""
+    """Run the aiokafka-engine worker in the foreground until interrupted (on uvloop if present)."""
     try:
-        asyncio.run(run(settings))
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop comes with faust-streaming
+        loop_factory = None
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(run(settings))
     except KeyboardInterrupt:
         pass

@@ -56,8 +56,8 @@ def encode_state(state: UserState) -> bytes:
             state.version,
         ),
         np.asarray(state.vector, dtype="<f4").tobytes(),
-        np.asarray(state.recent_ids, dtype="<u4").tobytes(),
-        np.asarray(state.recent_clicks, dtype="<u4").tobytes(),
+        struct.pack(f"<{len(state.recent_ids)}I", *state.recent_ids),
+        struct.pack(f"<{len(state.recent_clicks)}I", *state.recent_clicks),
     ]
     for cat, score in intents:
         name = cat.encode()[:255]
