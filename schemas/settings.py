@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     delta_max_norm: float = Field(10.0, gt=0, description="Deltas with a larger norm are rejected")
     snapshot_every_s: float = Field(30.0, gt=0)
     model_dir: Path = Field(Path(".adstream/models"), description="Checkpoints and ad index")
-    online_lr: float = Field(0.001, gt=0, description="Adam learning rate of the online LoRA trainer")
+    online_lr: float = Field(0.003, gt=0, description="Adam learning rate of the online LoRA trainer")
     delta_window_steps: int = Field(50, ge=1, description="Steps in the ΔW direction-magnitude window")
     progressive_window: int = Field(2000, ge=10, description="Examples in rolling AUC/logloss windows")
     reset_margin: float = Field(0.01, ge=0, description="Adapter AUC below base by more than this is bad")
