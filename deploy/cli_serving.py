@@ -36,7 +36,8 @@ class StreamsUserCodec:
         from serving.pipeline import UserView
         from streams.record import decode_state, served_view
 
-        vector, top = served_view(decode_state(user_id, data), now_ts, self.params)
+        # every intent streams keeps (training saw all of them), not served_view's default top 8
+        vector, top = served_view(decode_state(user_id, data), now_ts, self.params, k=self.params.max_intents)
         return UserView(np.asarray(vector, dtype=np.float32), dict(top))
 
 

@@ -49,6 +49,7 @@ class RedisIO:
         self.codec = codec_
         self.cap = settings.frequency_cap
         self._fcap: dict[tuple[str, str], dict[str, int]] = {}
+        self._fcap_inflight: dict[tuple[str, str], dict[str, int]] = {}
         self._spend: dict[str, dict[str, float]] = {}
         self.errors = 0
 
@@ -66,10 +67,10 @@ class RedisIO:
             except Exception as exc:  # a bad record makes the user cold, never fails the request
                 self.errors += 1
                 log.warning("unreadable state record of a user: %s", exc)
-        pending = self._fcap.get((day_of(now), user_id), {})
         counts = {k.decode(): int(v) for k, v in res[-1].items()}
-        for ad, n in pending.items():
-            counts[ad] = counts.get(ad, 0) + n
+        for source in (self._fcap, self._fcap_inflight):  # not yet in Redis, or being written now
+            for ad, n in source.get((day_of(now), user_id), {}).items():
+                counts[ad] = counts.get(ad, 0) + n
         return view, [ad for ad, n in counts.items() if n >= self.cap]
 
     def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None:
@@ -88,7 +89,9 @@ class RedisIO:
             return 0
         fcap, spend = self._fcap, self._spend
         self._fcap, self._spend = {}, {}
-        pipe = self.client.pipeline(transaction=False)
+        self._fcap_inflight = fcap
+        # MULTI/EXEC: all or nothing, so a failed write can be retried without double counting
+        pipe = self.client.pipeline(transaction=True)
         n = 0
         for (day, user_id), ads in fcap.items():
             key = f"{self.prefix}fcap:{day}:{user_id}"
@@ -102,7 +105,15 @@ class RedisIO:
                 pipe.hincrbyfloat(key, camp, cost)
             pipe.expire(key, DAY_TTL_S)
             n += len(camps) + 1
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except Exception:
+            # keep the counts for the next flush: a lost count would let a capped ad through
+            _merge_counts(self._fcap, fcap)
+            _merge_counts(self._spend, spend)
+            raise
+        finally:
+            self._fcap_inflight = {}
         return n
 
     async def spend(self, now: datetime) -> dict[str, float]:
@@ -207,9 +218,17 @@ async def follow(
                 except SchemaError as exc:
                     on_invalid(str(exc))
                     continue
-                out = handle(msg)
-                if out is not None:
-                    await out
+                try:
+                    out = handle(msg)
+                    if out is not None:
+                        await out
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # one message the handler cannot use must not stall the topic: re-reading
+                    # from the start would hit it again forever. Count it and go on.
+                    log.exception("handler of %s failed on offset %d", topic, rec.offset)
+                    on_invalid(f"handler failed: {type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -217,3 +236,11 @@ async def follow(
             await asyncio.sleep(1.0)
         finally:
             await consumer.stop()
+
+
+def _merge_counts(into: dict[Any, dict[str, Any]], counts: dict[Any, dict[str, Any]]) -> None:
+    """Add nested counters `counts` into `into` (key → {name: count})."""
+    for key, inner in counts.items():
+        target = into.setdefault(key, {})
+        for name, n in inner.items():
+            target[name] = target.get(name, 0) + n

@@ -154,6 +154,8 @@ def decode_delta(payload: bytes) -> dict[str, DeltaPart]:
             if not torch.isfinite(t).all():
                 raise AdapterError(f"tensor '{m}.{name}' has non-finite values; the delta seems to be broken")
         k = dirs.numel()
+        if k == 0:
+            raise AdapterError(f"tensor '{m}.dirs' is empty; a module in a delta must change a direction")
         if a.shape[0] != k or b.shape[1] != k:
             raise AdapterError(
                 f"module {m!r}: {k} dirs but lora_A has {a.shape[0]} rows and lora_B {b.shape[1]} columns"

@@ -220,6 +220,7 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     wait_for(lambda: (info() or {}).get("rejected_deltas", 0) >= 3, why=state)
     assert info()["version"] == "seq-0"  # type: ignore[index]
     again = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-again", slot="search", k=20)["ads"]}
+    assert set(again) & set(served)
     assert all(again[a] == pytest.approx(served[a], abs=1e-6) for a in set(again) & set(served))
     metrics = server.get("/metrics").text
     assert 'adstream_serving_deltas_total{outcome="rejected"} 3.0' in metrics
@@ -238,6 +239,7 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
         == 404
     )
     back = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-back", slot="search", k=20)["ads"]}
+    assert set(back) & set(served)
     assert all(back[a] == pytest.approx(served[a], abs=1e-6) for a in set(back) & set(served))
 
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from safetensors.torch import save
 
 from schemas.settings import Settings
 from serving.hotswap import DeltaApplier
@@ -68,7 +69,7 @@ def test_deltas_apply_in_order_and_versions_advance(applier: DeltaApplier) -> No
     assert torch.allclose(applier.bank.weights("slot:feed")[m][0], st2.tensors[f"{m}.lora_A"])
 
 
-@pytest.mark.parametrize("poison", ["nan", "huge", "shape", "base"])
+@pytest.mark.parametrize("poison", ["nan", "inf", "huge", "shape", "base", "empty"])
 def test_poisoned_delta_is_rejected_and_old_version_keeps_serving(applier: DeltaApplier, poison: str) -> None:
     st = empty_state("adv:v1", "v0", _shapes(applier), 4)
     st1, d1 = _step(st, 0.05, 1)
@@ -79,9 +80,9 @@ def test_poisoned_delta_is_rejected_and_old_version_keeps_serving(applier: Delta
     else:
         tensors = {k: v.clone() for k, v in st1.tensors.items()}
         m = st1.modules[0]
-        if poison == "nan":
+        if poison in ("nan", "inf"):
             good = make_delta(st1, select_parts(tensors, {m: torch.tensor([0])}), st1.seq + 1)
-            tensors[f"{m}.lora_A"][0, 0] = float("nan")
+            tensors[f"{m}.lora_A"][0, 0] = float(poison)
             bad = good.model_copy(
                 update={"payload": encode_delta(select_parts(tensors, {m: torch.tensor([0])}))}
             )
@@ -101,6 +102,16 @@ def test_poisoned_delta_is_rejected_and_old_version_keeps_serving(applier: Delta
                 parts,
                 st1.seq + 1,
             )
+        elif poison == "empty":
+            # a module that names no direction: must be rejected, not crash the replica's consumer
+            good = _step(st1, 0.05, 2)[1]
+            fan_in, fan_out = tensors[f"{m}.lora_A"].shape[1], tensors[f"{m}.lora_B"].shape[0]
+            empty = {
+                f"{m}.dirs": torch.zeros(0, dtype=torch.int64),
+                f"{m}.lora_A": torch.zeros(0, fan_in),
+                f"{m}.lora_B": torch.zeros(fan_out, 0),
+            }
+            bad = good.model_copy(update={"payload": save(empty)})
         else:
             bad = _step(st1, 0.05, 2)[1].model_copy(update={"base_version": "other"})
     assert applier.apply(bad) == "rejected"

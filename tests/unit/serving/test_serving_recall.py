@@ -129,9 +129,10 @@ def test_recall_filters_inactive_spent_and_capped_ads_and_new_ads_enter_live() -
     bank.put(aid, zero, version="seq-3", seq=3, base_version="v0")
     rows = pipe.adapter_rows("feed", rec.rows, CANDIDATE)
     assert rows[0] == bank.row(aid, CANDIDATE) and pipe.adapter_versions("feed", rec.rows[:1]) == ["seq-3"]
-    pipe.add_ad(ad(999, cat="tech"))  # a new ad is recallable at once
-    rec2 = pipe.recall(req, user, capped=[], hour=12)
-    assert pipe.catalog.row_of["a999"] in rec2.rows.tolist() or len(rec2.rows) == 30
+    pipe.add_ad(ad(999, cat="gadgets"))  # a new ad, of a category nobody had: recallable at once
+    fan = UserView(np.asarray(content_vectorizer(16)(ad(999, cat="gadgets")), dtype=np.float32), {})
+    rec2 = pipe.recall(req, fan, capped=[], hour=12)
+    assert pipe.catalog.row_of["a999"] in rec2.rows.tolist()
     # tech user → recall prefers tech ads
     cats = [pipe.catalog.rows[r].category for r in rec.rows[:5]]
     assert cats.count("tech") >= 4
