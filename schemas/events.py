@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Final, Literal, TypeAlias
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -22,9 +23,30 @@ from pydantic import (
 Slot: TypeAlias = Literal["feed", "search", "splash"]
 SLOTS: Final[tuple[Slot, ...]] = ("feed", "search", "splash")
 
-EventId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-UserId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-Ident = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MAX_ID_BYTES: Final = 255
+# Timestamps must fit the stores downstream (ClickHouse DateTime: 1970-01-01 … 2106-02-07 UTC).
+MIN_TS: Final = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_TS: Final = datetime(2106, 1, 1, tzinfo=UTC)
+
+
+def _fits_bytes(value: str) -> str:
+    """Ids travel in binary records with a one-byte length: at most 255 UTF-8 bytes."""
+    size = len(value.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"is {size} UTF-8 bytes long; at most {MAX_ID_BYTES} are allowed")
+    return value
+
+
+def _in_range(value: datetime) -> datetime:
+    if not MIN_TS <= value < MAX_TS:
+        raise ValueError(f"must lie between {MIN_TS.date()} and {MAX_TS.date()} (UTC)")
+    return value
+
+
+EventId = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_fits_bytes)]
+UserId = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_fits_bytes)]
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_fits_bytes)]
+Timestamp = Annotated[AwareDatetime, AfterValidator(_in_range)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -69,7 +91,7 @@ class Message(Contract):
     """Anything with an id and an aware timestamp."""
 
     event_id: EventId
-    ts: AwareDatetime
+    ts: Timestamp
 
 
 class UserEvent(Message):
@@ -160,7 +182,7 @@ class TrainingExample(Message):
     kind: Literal["training_example"] = "training_example"
     adapter_id: Ident
     impression_id: EventId
-    impression_ts: AwareDatetime
+    impression_ts: Timestamp
     user_id: UserId
     ad_id: Ident
     campaign_id: Ident
@@ -194,7 +216,7 @@ class AdapterDelta(Message):
     rank: Annotated[int, Field(ge=1, le=256)]
     payload: Annotated[B64Bytes, Field(min_length=1, max_length=MAX_DELTA_BYTES)]
     norm: NonNegFloat
-    created_at: AwareDatetime
+    created_at: Timestamp
     snapshot: bool = False
 
 

@@ -68,6 +68,10 @@ def test_valid_impression_parses_with_aware_ts() -> None:
         ({"surprise": 1}, "surprise"),
         ({"price": "1.0"}, "price"),
         ({"kind": "click"}, "kind"),
+        ({"ts": "1969-12-31T23:59:59Z"}, "ts"),
+        ({"ts": "2106-01-01T00:00:00Z"}, "ts"),
+        ({"ad_id": "😀" * 64}, "ad_id"),
+        ({"user_id": "é" * 128}, "user_id"),
     ],
 )
 def test_impression_rejections_name_the_field(change: dict[str, object], field: str) -> None:
@@ -220,3 +224,8 @@ def test_error_reasons_are_low_cardinality() -> None:
         with pytest.raises(ValidationError) as info:
             Impression.model_validate_json(payload)
         assert error_reason(info.value) == reason, payload
+
+
+def test_ids_may_be_unicode_within_255_bytes() -> None:
+    msg = decode(Impression, raw(impression(ad_id="😀" * 63, user_id="é" * 127)))
+    assert msg.ad_id == "😀" * 63  # type: ignore[attr-defined]

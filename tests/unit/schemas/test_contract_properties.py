@@ -19,7 +19,9 @@ from schemas.events import (
     TrainingExample,
 )
 
-ids = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=64)
+ids = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=64).filter(
+    lambda v: len(v.encode()) <= 255
+)
 offsets = st.integers(-14 * 60, 14 * 60).map(lambda m: timezone(timedelta(minutes=m)))
 stamps = st.builds(
     lambda d, tz: d.replace(tzinfo=UTC).astimezone(tz),
