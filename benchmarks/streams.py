@@ -197,8 +197,12 @@ def run_worker(
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 OURS = ("streams", "schemas", "attribution", "deploy", "workloads")
-STEPS = {
-    "validate (pydantic decode + dead letters)": "validate (streams/ingest.py",
+# frame prefixes (str.startswith takes a tuple) of our main steps, for their inclusive share
+STEPS: dict[str, str | tuple[str, ...]] = {
+    "validate (pydantic decode + dead letters)": (
+        "validate (streams/ingest.py",
+        "BaseModel.model_validate_json (pydantic/main.py",
+    ),
     "merge (time-ordered release)": "PartitionMerge.release (streams/merge.py",
     "state + label join": "Processor.on_event (streams/processor.py",
     "ClickHouse insert": "ClickHouseSink._insert (streams/sink.py",
@@ -207,7 +211,11 @@ STEPS = {
     "encode pending labels": "Pending.to_bytes (streams/join.py",
     "produce examples/DLQ": "Runtime._send (streams/runtime.py",
     "Pipeline.feed (all intake)": "Pipeline.feed (streams/pipeline.py",
-    "Pipeline._commit (all output)": "Pipeline._commit (streams/pipeline.py",
+    "Pipeline._commit (all output)": (
+        "Pipeline._commit (streams/pipeline.py",
+        "Pipeline._finish (streams/pipeline.py",
+        "_WorkItem.run (concurrent/futures/thread.py",  # the ClickHouse insert's thread
+    ),
 }
 
 
