@@ -31,6 +31,8 @@ MAX_TS: Final = datetime(2106, 1, 1, tzinfo=UTC)
 
 def _fits_bytes(value: str) -> str:
     """Ids travel in binary records with a one-byte length: at most 255 UTF-8 bytes."""
+    if len(value) * 4 <= MAX_ID_BYTES:  # no UTF-8 character takes more than 4 bytes: skip encoding
+        return value
     size = len(value.encode("utf-8"))
     if size > MAX_ID_BYTES:
         raise ValueError(f"is {size} UTF-8 bytes long; at most {MAX_ID_BYTES} are allowed")

@@ -13,11 +13,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from schemas.events import Message
 
 TOPIC_RANK = {"ad.impressions": 0, "ad.clicks": 1, "ad.dwell": 2, "ad.conversions": 3}
+
+
+@lru_cache(maxsize=256)
+def topic_rank(topic: str) -> int:
+    """Tie-break rank of a (possibly prefixed) input topic: an impression before its click."""
+    for base, rank in TOPIC_RANK.items():
+        if topic.endswith(base):
+            return rank
+    return len(TOPIC_RANK)
 
 
 @dataclass(slots=True)
@@ -76,7 +86,7 @@ class PartitionMerge:
                     yield head
                     best = None
                     break
-                key = (head.ts, TOPIC_RANK.get(topic, 9), head.offset)
+                key = (head.ts, topic_rank(topic), head.offset)
                 if best_key is None or key < best_key:
                     best, best_key = head, key
             else:

@@ -84,6 +84,17 @@ def test_merge_keeps_offset_order_within_an_input_and_releases_invalid_at_once()
     assert out == [("ad.clicks", 0), ("ad.impressions", 0), ("ad.impressions", 1), ("ad.impressions", 2)]
 
 
+@pytest.mark.parametrize("prefix", ["", "t1234."])
+def test_merge_puts_an_impression_before_its_click_at_the_same_time(prefix: str) -> None:
+    # the worker pushes physical (prefixed) topic names: the tie-break must still know them
+    m = PartitionMerge()
+    m.push(_item(prefix + "ad.clicks", 0, 10))
+    m.push(_item(prefix + "ad.impressions", 5, 10))  # a later offset must not decide the tie
+    inputs = tuple(prefix + t for t in INPUTS)
+    out = [i.topic for i in m.release(lambda topic, last: True, inputs)]
+    assert out == [prefix + "ad.impressions", prefix + "ad.clicks"]
+
+
 def test_corrupt_record_is_a_store_error() -> None:
     data = encode_state(UserState.empty("u", 8))
     with pytest.raises(StoreError, match="truncated or corrupt"):
