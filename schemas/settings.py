@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     alpha_session: float = Field(0.85, gt=0, le=1, description="Decay applied on a session gap")
     alpha_contradict: float = Field(0.62, gt=0, le=1, description="Decay on a contradicting signal")
     contradict_dwell_ms: int = Field(2000, ge=0, description="A click then dwell below this contradicts")
+    max_event_skew_s: float = Field(
+        86400.0, gt=0, description="Events dated further after their Kafka record time are dead-lettered"
+    )
     attribution_window_s: float = Field(1800.0, gt=0, description="Impression→click/dwell join window")
     user_state_ttl_s: int = Field(7 * 24 * 3600, gt=0, description="TTL of a user's Redis record")
     state_dim: int = Field(32, ge=1, le=1024, description="Dimension of user state / ad vectors")

@@ -48,18 +48,47 @@ def validate(
         return decode(model, raw)
     except SchemaError as exc:
         reason = "empty" if value is None else reason_of(exc)
-        error = str(exc) or reason
-        if len(raw) > MAX_RAW_BYTES:
-            error = f"{error} (original {len(raw)} bytes truncated to {MAX_RAW_BYTES})"
-            raw = raw[:MAX_RAW_BYTES]
-        when = datetime.fromtimestamp(max(ts_ms, 0) / 1000, tz=UTC)
-        dl = DeadLetter(
-            event_id=dead_letter_id(physical_topic, partition, offset),
-            ts=when,
-            source_topic=physical_topic,
-            partition=partition,
-            offset=offset,
-            error=error[:4096],
-            raw=raw,
-        )
-        return Invalid(dl, reason)
+        return dead_letter(physical_topic, partition, offset, raw, ts_ms, str(exc) or reason, reason)
+
+
+def ahead_of_record(
+    event: Message,
+    physical_topic: str,
+    partition: int,
+    offset: int,
+    value: bytes,
+    ts_ms: int,
+    max_skew_s: float,
+) -> Invalid | None:
+    """A dead letter when the event claims a time far after its Kafka record was written.
+
+    One such event would drag the label join's event-time clock into the future, closing every
+    open attribution window at once. Judged against the record's own timestamp (not the wall
+    clock) so a replay decides the same way; records without a timestamp are not judged.
+    """
+    if ts_ms <= 0 or event.ts.timestamp() <= ts_ms / 1000 + max_skew_s:
+        return None
+    error = (
+        f"field 'ts': {event.ts.isoformat()} is more than {max_skew_s:.0f}s after the record's "
+        f"Kafka timestamp {datetime.fromtimestamp(ts_ms / 1000, tz=UTC).isoformat()}"
+    )
+    return dead_letter(physical_topic, partition, offset, value, ts_ms, error, "future_timestamp")
+
+
+def dead_letter(
+    physical_topic: str, partition: int, offset: int, raw: bytes, ts_ms: int, error: str, reason: str
+) -> Invalid:
+    """The `Invalid` of a record: its DeadLetter (original bytes, truncated if huge) and reason."""
+    if len(raw) > MAX_RAW_BYTES:
+        error = f"{error} (original {len(raw)} bytes truncated to {MAX_RAW_BYTES})"
+        raw = raw[:MAX_RAW_BYTES]
+    dl = DeadLetter(
+        event_id=dead_letter_id(physical_topic, partition, offset),
+        ts=datetime.fromtimestamp(max(ts_ms, 0) / 1000, tz=UTC),
+        source_topic=physical_topic,
+        partition=partition,
+        offset=offset,
+        error=error[:4096],
+        raw=raw,
+    )
+    return Invalid(dl, reason)

@@ -38,7 +38,7 @@ from schemas.codec import encode, key_of, model_for_topic
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from streams import metrics as m
-from streams.ingest import Invalid, validate
+from streams.ingest import Invalid, ahead_of_record, validate
 from streams.merge import Item, PartitionMerge
 from streams.processor import Catalog, Processor
 from streams.sink import EventSink, empty_rows, row_of
@@ -177,6 +177,11 @@ class Pipeline:
                     result: Message | Invalid = self.model_of[rec.topic].model_validate_json(rec.value)  # type: ignore[arg-type]
                 except Exception:
                     result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
+                if not isinstance(result, Invalid):
+                    result = ahead_of_record(
+                        result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
+                        self.settings.max_event_skew_s,
+                    ) or result  # fmt: skip
                 if isinstance(result, Invalid):
                     m.INVALID.labels(base, result.reason).inc()
                     self.counts[f"invalid:{result.reason}"] += 1

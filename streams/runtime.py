@@ -20,11 +20,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import topics
-from schemas.codec import decode
+from schemas.codec import decode, encode, key_of
 from schemas.errors import SchemaError
-from schemas.events import AdCreative
+from schemas.events import AdCreative, DeadLetter
 from schemas.settings import Settings
 from streams import metrics as m
+from streams.ingest import Invalid, validate
 from streams.pipeline import Pipeline, RawRecord, retrying
 from streams.processor import Catalog
 from streams.sink import ClickHouseSink, empty_rows, row_of
@@ -79,6 +80,17 @@ class Runtime:
             gc.set_threshold(GC_GEN0, 20, 100)
             self.pipeline = pipeline
             return pipeline
+
+    async def _dead_letters(self, dead: list[DeadLetter]) -> None:
+        """Send invalid catalog records to `ad.dlq`, like every other input's."""
+        await self.start()  # the producer
+        dlq = topics.topic_name(topics.DLQ, self.settings.topic_prefix)
+
+        async def send_all() -> None:
+            await asyncio.gather(*(self._send(dlq, key_of(d), encode(d)) for d in dead))
+
+        await retrying(send_all, "catalog dead letters")
+        m.EVENTS_OUT.labels(topics.DLQ).inc(len(dead))
 
     async def _send(self, topic: str, key: bytes, value: bytes) -> Any:
         assert self.producer is not None
@@ -145,14 +157,19 @@ class Runtime:
             while True:
                 batches = await consumer.getmany(timeout_ms=200, max_records=5000)
                 rows = empty_rows()
+                dead: list[DeadLetter] = []
                 for tp, records in batches.items():
                     for r in records:
                         m.EVENTS_IN.labels(topics.CATALOG).inc()
                         try:
                             ad = decode(AdCreative, r.value or b"")
                         except SchemaError as exc:
-                            m.INVALID.labels(topics.CATALOG, "invalid").inc()
+                            bad = validate(topics.CATALOG, name, tp.partition, r.offset, r.value, r.timestamp)
+                            reason = bad.reason if isinstance(bad, Invalid) else "invalid"
+                            m.INVALID.labels(topics.CATALOG, reason).inc()
                             log.warning("catalog record %s:%d invalid: %s", tp.partition, r.offset, exc)
+                            if isinstance(bad, Invalid):
+                                dead.append(bad.dead_letter)
                             continue
                         assert isinstance(ad, AdCreative)
                         self.catalog.update(ad)
@@ -160,6 +177,8 @@ class Runtime:
                         rows[table].append(row)
                 if rows:
                     await retrying(functools.partial(sink.write, rows), "catalog sink")
+                if dead:  # the catalog is re-read from the start on restart: ids are deterministic
+                    await self._dead_letters(dead)
                 if not self.catalog_ready.is_set():
                     done = all([await consumer.position(tp) >= end[tp] for tp in tps])
                     if done:

@@ -275,3 +275,19 @@ def test_two_workers_share_the_partitions(
     finally:
         second.stop()
         r.close()
+
+
+def test_malformed_catalog_record_is_dead_lettered(deployment: Settings, worker: Worker) -> None:
+    s = deployment
+    worker.engine = "aiokafka"
+    catalog, valid = simulate(200, seed=5)
+    broken = encode(catalog[0]).replace(b'"bid":', b'"bid":-', 1)  # a negative bid
+    produce(s, [(topics.CATALOG, b"bad-ad", broken)])
+    produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
+    worker.start()
+    dlq = [decode(DeadLetter, rec.value) for rec in consume_all(s, topics.DLQ, expect=1)]
+    assert len(dlq) == 1
+    d = dlq[0]
+    assert isinstance(d, DeadLetter)
+    assert d.source_topic == topics.topic_name(topics.CATALOG, s.topic_prefix)
+    assert d.raw == broken and "bid" in d.error

@@ -149,3 +149,17 @@ def test_metric_names_follow_the_house_style() -> None:
         for label in sample.labels
     }
     assert not labels & {"user_id", "ad_id", "event_id", "impression_id"}
+
+
+def test_event_dated_far_after_its_record_is_dead_lettered() -> None:
+    from streams.ingest import ahead_of_record
+
+    ev = impression("far", 0.0)
+    record_ms = int(ev.ts.timestamp() * 1000)
+    assert ahead_of_record(ev, "t.ad.impressions", 3, 7, b"{}", record_ms, 86400.0) is None
+    assert ahead_of_record(ev, "t.ad.impressions", 3, 7, b"{}", -1, 86400.0) is None  # no record time
+    late_record = record_ms - 2 * 86400 * 1000  # the event claims a time two days after its record
+    bad = ahead_of_record(ev, "t.ad.impressions", 3, 7, b"{}", late_record, 86400.0)
+    assert bad is not None and bad.reason == "future_timestamp"
+    assert bad.dead_letter.source_topic == "t.ad.impressions" and bad.dead_letter.offset == 7
+    assert "field 'ts'" in bad.dead_letter.error and bad.dead_letter.raw == b"{}"
