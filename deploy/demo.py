@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 import httpx
 
@@ -38,6 +39,7 @@ class DemoSpec:
     rate: float = 20.0
     seed: int = 7
     port: int = 8011
+    label_window_s: float = 2.0
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -56,13 +58,21 @@ class Demo:
         run_id = time.strftime("%Y%m%d%H%M%S")
         self.dir = (settings.state_dir / "demo" / run_id).resolve()
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        # each run its own topics, Redis keys and ClickHouse database, so its figures are its own
+        clickhouse_url = urlunparse(urlparse(settings.clickhouse_url)._replace(path=f"/demo_{run_id}"))
         self.env = dict(os.environ)
         self.env.update(
+            ADSTREAM_CLICKHOUSE_URL=clickhouse_url,
             ADSTREAM_TOPIC_PREFIX=f"demo{run_id}.",
             ADSTREAM_REDIS_PREFIX=f"adstream-demo:{run_id}:",
             ADSTREAM_MODEL_DIR=str(self.dir / "models"),
             ADSTREAM_HTTP_PORT=str(spec.port),
             ADSTREAM_STATE_DIR=str(settings.state_dir.resolve()),
+            # a demo lasts a minute of simulated time, not hours: close label windows after a few
+            # seconds and train in small micro-batches so deltas reach the server while it runs
+            ADSTREAM_ATTRIBUTION_WINDOW_S=str(spec.label_window_s),
+            ADSTREAM_MICRO_BATCH="64",
+            ADSTREAM_SNAPSHOT_EVERY_S="5",
         )
         self.settings = Settings(
             topic_prefix=self.env["ADSTREAM_TOPIC_PREFIX"],
@@ -72,7 +82,7 @@ class Demo:
             state_dir=settings.state_dir,
             kafka_bootstrap=settings.kafka_bootstrap,
             redis_url=settings.redis_url,
-            clickhouse_url=settings.clickhouse_url,
+            clickhouse_url=clickhouse_url,
         )
         self.children: dict[str, subprocess.Popen[bytes]] = {}
 
