@@ -127,6 +127,10 @@ class ArmWindow:
     errors: int = 0
     error_high_since: float | None = None
     total: int = 0
+    # [second, requests, errors] of the last `rate_window_s`: the error rate is a recent one, so a
+    # burst of failures after hours of healthy traffic shows at once (a lifetime rate hides it)
+    rate_window_s: float = 60.0
+    recent: deque[list[int]] = field(default_factory=deque)
 
     def served(self, pctr: float) -> int:
         """Record one served impression; returns its sequence number for a later click."""
@@ -149,6 +153,14 @@ class ArmWindow:
     def request(self, latency_ms: float, error: bool, now: float, max_error_rate: float) -> None:
         self.requests += 1
         self.errors += int(error)
+        second = int(now)
+        if self.recent and self.recent[-1][0] == second:
+            self.recent[-1][1] += 1
+            self.recent[-1][2] += int(error)
+        else:
+            self.recent.append([second, 1, int(error)])
+        while self.recent and self.recent[0][0] <= now - self.rate_window_s:
+            self.recent.popleft()
         if len(self.latency_ms) >= 2000:
             self.latency_ms.popleft()
         self.latency_ms.append(latency_ms)
@@ -159,7 +171,9 @@ class ArmWindow:
             self.error_high_since = None
 
     def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
+        """Errors per request over the last `rate_window_s` before the latest request."""
+        requests = sum(b[1] for b in self.recent)
+        return sum(b[2] for b in self.recent) / requests if requests else 0.0
 
     def stats(self, now: float) -> ArmStats:
         scores = np.fromiter(self.pctr, dtype=np.float64, count=len(self.pctr))

@@ -92,3 +92,16 @@ def test_canary_joins_clicks_promotes_in_stages_and_rolls_back_with_cooldown() -
         c.request("candidate", 10.0, True, 1.0 + i)
     assert c.evaluate(400.0) == "rollback" and c.share(401.0) == 0.0
     assert c.share(470.0) == 0.05 and c.stage == "canary"
+
+
+def test_error_rate_is_recent_so_a_burst_after_long_health_rolls_back() -> None:
+    c = Canary(base_share=0.05, rule=RULE, cooldown_s=60)
+    for t in range(1000):  # a long healthy history: 100 requests a second
+        for _ in range(100):
+            c.request("candidate", 10.0, False, float(t))
+    for t in range(1000, 1400):  # then 2 % errors, 10 requests a second, for ~6.5 minutes
+        for j in range(10):
+            c.request("candidate", 10.0, j == 0 and t % 5 == 0, float(t))
+    stats = c.arms["candidate"].stats(1400.0)
+    assert stats.error_rate == pytest.approx(0.02, abs=0.005)  # lifetime would be ~0.08 %
+    assert stats.error_high_for_s >= RULE.error_window_s
