@@ -162,18 +162,12 @@ async def read_back(settings: Settings, topics: set[str], expected: int, idle_s:
 
 async def _drop_topics(settings: Settings) -> None:
     """Delete this run's topics (the embedded broker keeps everything in memory)."""
-    from aiokafka.admin import AIOKafkaAdminClient
+    from deploy.stack import delete_topics_async
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
     try:
-        names = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
-        if names:
-            await admin.delete_topics(names)
+        await delete_topics_async(settings)
     except Exception as exc:  # the numbers stand even when the broker cannot delete topics
         Console(stderr=True).print(f"could not delete benchmark topics: {exc}")
-    finally:
-        await admin.close()
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from attribution.migrate import clickhouse_client, database_name  # noqa: E402
-from deploy.stack import create_topics  # noqa: E402
+from deploy.stack import create_topics, delete_topics_async  # noqa: E402
 from schemas import topics  # noqa: E402
 from schemas.codec import encode, key_of, topic_of  # noqa: E402
 from schemas.events import AdCreative  # noqa: E402
@@ -258,7 +258,6 @@ def summarise_profile(path: Path, top: int = 12) -> dict[str, Any]:
 
 def cleanup(s: Settings, topics_too: bool = True) -> None:
     import redis
-    from aiokafka.admin import AIOKafkaAdminClient
 
     r = redis.Redis.from_url(s.redis_url)
     keys = list(r.scan_iter(match=f"{s.redis_prefix}*", count=5000))
@@ -272,18 +271,8 @@ def cleanup(s: Settings, topics_too: bool = True) -> None:
     if not topics_too:
         return
 
-    async def drop_topics() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
-        await admin.start()
-        try:
-            names = [n for n in await admin.list_topics() if n.startswith(s.topic_prefix)]
-            if names:
-                await admin.delete_topics(names)
-        finally:
-            await admin.close()
-
     try:
-        asyncio.run(drop_topics())
+        asyncio.run(delete_topics_async(s))
     except Exception as exc:  # a broker without topic deletion keeps them; not fatal
         print(f"(could not delete bench topics: {exc})")
 

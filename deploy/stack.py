@@ -151,6 +151,24 @@ async def create_topics_async(settings: Settings) -> list[str]:
         await admin.close()
 
 
+async def delete_topics_async(settings: Settings) -> list[str]:
+    """Delete every topic under `settings.topic_prefix` (test and benchmark runs clean up with it;
+    the embedded broker keeps everything in memory). Returns the names deleted."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    if not settings.topic_prefix:
+        raise StackError("refusing to delete topics without a topic_prefix: that would be every topic")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        names = [n for n in await admin.list_topics() if n.startswith(settings.topic_prefix)]
+        if names:
+            await admin.delete_topics(names)
+        return names
+    finally:
+        await admin.close()
+
+
 def create_topics(settings: Settings) -> list[str]:
     """Blocking form of `create_topics_async`, for code that runs no event loop."""
     return asyncio.run(create_topics_async(settings))

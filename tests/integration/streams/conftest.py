@@ -49,20 +49,10 @@ def _drop_topics(s: Settings) -> None:
     """Best effort: the embedded broker keeps topics in memory."""
     import asyncio
 
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    async def go() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
-        await admin.start()
-        try:
-            names = [n for n in await admin.list_topics() if n.startswith(s.topic_prefix)]
-            if names:
-                await admin.delete_topics(names)
-        finally:
-            await admin.close()
+    from deploy.stack import delete_topics_async
 
     try:
-        asyncio.run(go())
+        asyncio.run(delete_topics_async(s))
     except Exception:
         pass
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli import app
-from deploy.stack import create_topics
+from deploy.stack import create_topics, delete_topics_async
 from schemas.codec import decode_any, key_of, topic_of
 from schemas.settings import Settings
 from schemas.topics import topic_name
@@ -49,26 +49,13 @@ async def _read_back(
     return got
 
 
-async def _drop_topics(settings: Settings) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        names = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
-        if names:
-            await admin.delete_topics(names)
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
 def own_topics(stack: Settings) -> Iterator[Settings]:
     """Settings with a prefix of this test's own, its contract topics created and dropped after."""
     settings = stack.model_copy(update={"topic_prefix": f"{stack.topic_prefix}w{uuid.uuid4().hex[:6]}."})
     create_topics(settings)
     yield settings
-    asyncio.run(_drop_topics(settings))
+    asyncio.run(delete_topics_async(settings))
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
