@@ -12,8 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import StoreError
-from schemas.settings import Settings
+from schemas.errors import ConfigError, StoreError
+from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
 
 log = logging.getLogger(__name__)
 
@@ -38,29 +38,17 @@ def statements(sql: str) -> list[str]:
 
 def clickhouse_client(settings: Settings, database: str | None = None) -> Any:
     """A clickhouse-driver Client for the settings' URL (optionally bound to a database)."""
-    from urllib.parse import urlparse
-
     from clickhouse_driver import Client
 
-    url = urlparse(settings.clickhouse_url)
-    return Client(
-        host=url.hostname or "127.0.0.1",
-        port=url.port or 9000,
-        user=url.username or "default",
-        password=url.password or "",
-        database=database or "default",
-        connect_timeout=5,
-    )
+    return Client(**clickhouse_connect_args(settings, database))
 
 
 def database_name(settings: Settings) -> str:
     """The database named in `clickhouse_url` (default `adstream`)."""
-    from urllib.parse import urlparse
-
-    name = urlparse(settings.clickhouse_url).path.strip("/") or "adstream"
-    if not name.replace("_", "").isalnum():
-        raise StoreError(f"clickhouse_url: database name {name!r} must be alphanumeric/underscore")
-    return name
+    try:
+        return clickhouse_database(settings)
+    except ConfigError as exc:
+        raise StoreError(str(exc)) from exc
 
 
 def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:

@@ -20,8 +20,11 @@ def register(app: typer.Typer) -> None:
         """Run the streams worker: validation, user state, label join, ClickHouse sink."""
         import logging
 
+        from attribution.migrate import migrate as run_migrations
         from schemas.settings import Settings
 
+        # the ClickHouse tables the worker's sink writes into belong to attribution: migrate first
+        run_migrations(Settings())
         if engine == "faust":
             from streams.app import run_worker
 

@@ -102,6 +102,35 @@ class Settings(BaseSettings):
     serve_catalog_file: Path | None = Field(None, description="JSON lines of AdCreative loaded at start")
 
 
+def clickhouse_connect_args(settings: Settings, database: str | None = None) -> dict[str, object]:
+    """clickhouse-driver `Client(**args)` for `settings.clickhouse_url` (bound to `database`, or to
+    `default` when None): every room that talks to ClickHouse connects the same way."""
+    from urllib.parse import urlparse
+
+    url = urlparse(settings.clickhouse_url)
+    return {
+        "host": url.hostname or "127.0.0.1",
+        "port": url.port or 9000,
+        "user": url.username or "default",
+        "password": url.password or "",
+        "database": database or "default",
+        "connect_timeout": 5,
+    }
+
+
+def clickhouse_database(settings: Settings) -> str:
+    """The database named in `clickhouse_url` (default `adstream`); ConfigError if it is not a plain
+    identifier (it is spliced into DDL)."""
+    from urllib.parse import urlparse
+
+    from schemas.errors import ConfigError
+
+    name = urlparse(settings.clickhouse_url).path.strip("/") or "adstream"
+    if not name.replace("_", "").isalnum():
+        raise ConfigError(f"clickhouse_url: database name {name!r} must be alphanumeric/underscore")
+    return name
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process-wide settings, read once from the environment."""

@@ -62,10 +62,7 @@ class Runtime:
                 return self.pipeline
             import redis.asyncio as aioredis
 
-            from attribution.migrate import migrate
-
             s = self.settings
-            await asyncio.to_thread(migrate, s)
             self.producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, linger_ms=5, acks=1)
             await self.producer.start()
             store = RedisStateStore(aioredis.Redis.from_url(s.redis_url), s.redis_prefix, s.user_state_ttl_s)

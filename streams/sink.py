@@ -75,9 +75,13 @@ class ClickHouseSink:
     """Batched inserts into the raw tables over the native protocol (in a worker thread)."""
 
     def __init__(self, settings: Settings) -> None:
-        from attribution.migrate import clickhouse_client, database_name
+        from clickhouse_driver import Client
 
-        self._client = clickhouse_client(settings, database_name(settings))
+        from schemas.settings import clickhouse_connect_args, clickhouse_database
+
+        # the tables are attribution's (its migrations create them: `adstream migrate`, run by
+        # `adstream worker` before it starts); streams only inserts into them
+        self._client = Client(**clickhouse_connect_args(settings, clickhouse_database(settings)))
         self._lock = asyncio.Lock()
 
     def _insert(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:

@@ -1,0 +1,31 @@
+"""How every room connects to ClickHouse: one parse of `clickhouse_url`."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.errors import ConfigError
+from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
+
+
+def test_connect_args_from_the_url() -> None:
+    s = Settings(clickhouse_url="clickhouse://ads:pw@10.0.0.5:9440/prod_ads")
+    assert clickhouse_database(s) == "prod_ads"
+    args = clickhouse_connect_args(s, clickhouse_database(s))
+    assert args == {
+        "host": "10.0.0.5",
+        "port": 9440,
+        "user": "ads",
+        "password": "pw",
+        "database": "prod_ads",
+        "connect_timeout": 5,
+    }
+    assert clickhouse_connect_args(s)["database"] == "default"
+
+
+def test_defaults_and_bad_database_name() -> None:
+    s = Settings(clickhouse_url="clickhouse://127.0.0.1")
+    assert clickhouse_database(s) == "adstream"
+    assert clickhouse_connect_args(s)["port"] == 9000 and clickhouse_connect_args(s)["user"] == "default"
+    with pytest.raises(ConfigError, match="'ads;drop'"):
+        clickhouse_database(Settings(clickhouse_url="clickhouse://127.0.0.1/ads;drop"))
