@@ -64,3 +64,4 @@ class AdapterInfo(Contract):
     previous_version: Version | None = None
     staleness_s: NonNegFloat
     rejected_deltas: Annotated[int, Field(ge=0)] = 0
+    pinned: bool = False  # an admin rollback holds it at this version until unpinned

@@ -9,6 +9,7 @@ uses the settings from the environment and no user-state codec (every user cold)
 
 import asyncio
 import gc
+import hmac
 import json
 import logging
 import time
@@ -276,20 +277,58 @@ class AdServer(ReplicaLoops):
         """Versions, staleness and rejected deltas of every adapter this replica holds."""
         return self.applier.infos()
 
-    @api.post("/v1/adapters/{adapter_id}/rollback", response_model=AdapterInfo)
-    async def rollback(self, adapter_id: str, request: Request) -> Response:
-        """Serve an adapter's previous version again (admin token: `Authorization: Bearer …`)."""
+    def _admin(self, request: Request) -> JSONResponse | None:
+        """None when the request carries the admin token, else the 401/403 answer."""
         auth = request.headers.get("authorization") or request.headers.get("x-admin-token")
         if not auth:
             return _error(401, "admin token required", {"WWW-Authenticate": "Bearer"})
-        token = auth.removeprefix("Bearer ").strip()
-        if token != self.settings.admin_token.get_secret_value():
+        token = auth.removeprefix("Bearer ").strip().encode()
+        if not hmac.compare_digest(token, self.settings.admin_token.get_secret_value().encode()):
             return _error(403, "wrong admin token")
+        return None
+
+    @api.post("/v1/adapters/{adapter_id}/rollback", response_model=AdapterInfo)
+    async def rollback(self, adapter_id: str, request: Request) -> Response:
+        """Serve an adapter's previous version again and pin it there on every replica until
+        `/unpin` (admin token: `Authorization: Bearer …`)."""
+        if (denied := self._admin(request)) is not None:
+            return denied
+        meta = self.rank.bank.meta.get(adapter_id)
+        if meta is None:
+            return _error(404, f"unknown adapter {adapter_id!r}")
+        if adapter_id not in self.applier.pinned:
+            if meta.previous is None:
+                return _error(409, f"adapter {adapter_id!r} has no previous version to roll back to")
+            try:  # the pin is shared first: a rollback other replicas don't follow is half a rollback
+                await self.redis.set_pin(adapter_id, meta.previous_seq)
+            except Exception as exc:
+                log.warning("could not store the pin of %s: %s", adapter_id, exc)
+                return _error(
+                    503, "adapter pins are unavailable (Redis); nothing changed", {"Retry-After": "1"}
+                )
+        if adapter_id not in self.applier.pinned:  # housekeeping may have followed the pin meanwhile
+            try:
+                self.applier.rollback(adapter_id)
+            except AdapterError as exc:
+                return _error(409, str(exc))
+        return Response(self.applier.info(adapter_id).model_dump_json(), media_type="application/json")
+
+    @api.post("/v1/adapters/{adapter_id}/unpin", response_model=AdapterInfo)
+    async def unpin(self, adapter_id: str, request: Request) -> Response:
+        """Lift an admin rollback: the adapter re-syncs from its latest snapshot and follows deltas again."""
+        if (denied := self._admin(request)) is not None:
+            return denied
+        if adapter_id not in self.rank.bank.meta:
+            return _error(404, f"unknown adapter {adapter_id!r}")
         try:
-            info = self.applier.rollback(adapter_id)
-        except AdapterError as exc:
-            return _error(404 if "unknown" in str(exc) else 409, str(exc))
-        return Response(info.model_dump_json(), media_type="application/json")
+            await self.redis.clear_pin(adapter_id)
+        except Exception as exc:
+            log.warning("could not clear the pin of %s: %s", adapter_id, exc)
+            return _error(503, "adapter pins are unavailable (Redis); nothing changed", {"Retry-After": "1"})
+        if self.applier.unpin(adapter_id):
+            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
+            self.metrics.deltas.labels(f"unpin_{outcome}").inc()
+        return Response(self.applier.info(adapter_id).model_dump_json(), media_type="application/json")
 
 
 def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:

@@ -1,6 +1,12 @@
 """Adapter hot swap: apply `AdapterDelta`s in `seq` order (checked by `trainers.delta.apply_delta`)
 into the bank's inactive buffer and swap; re-sync from a snapshot on a gap; count everything.
 
+An admin rollback *pins* the adapter at the version it rolled back to: later deltas for it are
+counted (`pinned`) and not applied, so the next delta's seq gap cannot quietly re-sync the
+rolled-back weights from the trainer's snapshot. `unpin` lifts the pin and marks the adapter for
+a re-sync (the caller loads the latest snapshot). Pins are shared between replicas through Redis
+(`serving.io.RedisIO.pins`); `sync_pins` makes a replica follow them.
+
 The replica keeps each adapter's `AdapterState` (the trainers' layout) next to the bank rows that
 serve it; `DeltaApplier.apply` is synchronous and runs between batches on the replica's loop.
 """
@@ -47,6 +53,8 @@ class DeltaApplier:
     needs_resync: set[str] = field(default_factory=set)
     last_delta_at: dict[str, float] = field(default_factory=dict)
     rejected_unknown: int = 0
+    pinned: dict[str, int] = field(default_factory=dict)  # adapter → the seq it is pinned at
+    unavailable_pins: set[tuple[str, int]] = field(default_factory=set)  # logged once each
 
     def _empty(self, adapter_id: str) -> AdapterState:
         shapes = {n: (s.fan_in, s.fan_out) for n, s in self.bank.shapes.items()}
@@ -55,8 +63,11 @@ class DeltaApplier:
     def apply(self, delta: AdapterDelta, arms: tuple[int, ...] = (CANDIDATE,)) -> str:
         """Apply one delta; returns the outcome (`applied`, `stale`, `gap`, `rejected`).
 
-        A rejected delta leaves the served weights untouched; a gap marks the adapter for re-sync.
+        A rejected delta leaves the served weights untouched; a gap marks the adapter for re-sync;
+        a pinned adapter (admin rollback) ignores deltas until it is unpinned.
         """
+        if delta.adapter_id in self.pinned:
+            return self._count("pinned")
         state = self.states.get(delta.adapter_id) or self._empty(delta.adapter_id)
         try:
             new = apply_delta(state, delta, self.max_norm)
@@ -106,8 +117,10 @@ class DeltaApplier:
         return self.apply(snap)
 
     def rollback(self, adapter_id: str) -> AdapterInfo:
-        """Serve the adapter's previous version again (both arms)."""
+        """Serve the adapter's previous version again (both arms) and pin it there."""
         meta = self.bank.rollback(adapter_id)
+        self.pinned[adapter_id] = meta.seq
+        self.needs_resync.discard(adapter_id)
         state = self.states.get(adapter_id)
         if state is not None:
             self.states[adapter_id] = AdapterState(
@@ -122,6 +135,37 @@ class DeltaApplier:
             )
         return self.info(adapter_id)
 
+    def unpin(self, adapter_id: str) -> bool:
+        """Lift an adapter's pin (True if it was pinned); it then needs a re-sync from its snapshot."""
+        if self.pinned.pop(adapter_id, None) is None:
+            return False
+        self.needs_resync.add(adapter_id)
+        return True
+
+    def sync_pins(self, shared: dict[str, int]) -> list[str]:
+        """Follow the replica-wide pins (`adapter → seq`); returns the adapters it unpinned (each
+        needs a re-sync from its snapshot).
+
+        A pin set by another replica is followed when this replica can serve that seq (it is the
+        current or the kept previous version); otherwise it is logged and counted, not guessed.
+        """
+        lifted = [a for a in self.pinned if a not in shared]
+        for adapter_id in lifted:
+            self.unpin(adapter_id)
+        for adapter_id, seq in shared.items():
+            if self.pinned.get(adapter_id) == seq:
+                continue
+            meta = self.bank.meta.get(adapter_id)
+            if meta is not None and meta.seq == seq:
+                self.pinned[adapter_id] = seq
+            elif meta is not None and meta.previous is not None and meta.previous_seq == seq:
+                self.rollback(adapter_id)
+            elif (adapter_id, seq) not in self.unavailable_pins:
+                self.unavailable_pins.add((adapter_id, seq))
+                self._count("pin_unavailable")
+                log.warning("adapter %s: pinned at seq %d elsewhere, not held here", adapter_id, seq)
+        return lifted
+
     def info(self, adapter_id: str) -> AdapterInfo:
         meta = self.bank.meta[adapter_id]
         return AdapterInfo(
@@ -131,6 +175,7 @@ class DeltaApplier:
             previous_version=meta.previous_version,
             staleness_s=max(0.0, time.time() - meta.updated_at),
             rejected_deltas=meta.rejected,
+            pinned=adapter_id in self.pinned,
         )
 
     def infos(self) -> list[AdapterInfo]:

@@ -6,6 +6,7 @@ Redis keys written/read by serving (under `settings.redis_prefix`):
 - `spend:{yyyymmdd}` hash campaign_id → expected spend today (pCTR × price, TTL 2 days)
 - the user record (key and layout owned by streams, decoded through a `UserCodec` given at start)
 - adapter snapshots (`adapter:{adapter_id}`: an `AdapterDelta` JSON with `snapshot=true`)
+- `adapter-pins` hash adapter_id → seq: adapters an admin rolled back (shared by all replicas)
 """
 
 from __future__ import annotations
@@ -138,6 +139,23 @@ class RedisIO:
             k.decode()[start:]
             async for k in self.client.scan_iter(match=f"{self.prefix}adapter:*", count=1000)
         ]
+
+    async def pins(self) -> dict[str, int]:
+        """The replica-wide adapter pins (admin rollbacks): adapter_id → pinned seq."""
+        raw = await self.client.hgetall(f"{self.prefix}adapter-pins")
+        out: dict[str, int] = {}
+        for k, v in raw.items():
+            try:
+                out[k.decode() if isinstance(k, bytes) else k] = int(v)
+            except ValueError:
+                log.warning("ignoring adapter pin %r=%r: seq is not an integer", k, v)
+        return out
+
+    async def set_pin(self, adapter_id: str, seq: int) -> None:
+        await self.client.hset(f"{self.prefix}adapter-pins", adapter_id, seq)
+
+    async def clear_pin(self, adapter_id: str) -> bool:
+        return bool(await self.client.hdel(f"{self.prefix}adapter-pins", adapter_id))
 
     async def close(self) -> None:
         await self.client.aclose()

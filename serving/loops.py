@@ -112,6 +112,17 @@ class ReplicaLoops:
             except Exception as exc:
                 log.warning("counter flush to Redis failed: %s", exc)
 
+    async def _sync_pins(self) -> None:
+        """Follow the admin pins other replicas set or lifted (Redis); re-sync what was unpinned."""
+        try:
+            shared = await self.redis.pins()
+        except Exception as exc:
+            log.warning("adapter pin refresh failed: %s", exc)
+            return
+        for adapter_id in self.applier.sync_pins(shared):
+            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
+            self.metrics.deltas.labels(f"unpin_{outcome}").inc()
+
     async def _housekeeping(self) -> None:
         """Every second: the day's spend from Redis (pacing) and gauges; every `canary_eval_s`:
         the canary decision (it sorts the arms' windows, so not more often)."""
@@ -135,6 +146,7 @@ class ReplicaLoops:
                 if self.canary.stage == "full":  # promoted past 50 %: candidate becomes stable
                     self.rank.bank.promote()
                     self.canary.stage = "canary"
+            await self._sync_pins()
             self.metrics.canary_share.set(self.canary.share(now))
             self.metrics.swaps.set(self.rank.bank.swaps)
             self.metrics.adapters.set(len(self.rank.bank.meta))

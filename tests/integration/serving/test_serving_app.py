@@ -11,15 +11,17 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+import redis
 import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas import codec, topics
 from schemas.events import AdapterDelta, AdCreative, Impression
 from schemas.settings import Settings
-from trainers.delta import AdapterState, empty_state, encode_delta, make_delta, select_parts
+from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
 from trainers.lora import adapter_id_for, target_modules
 from trainers.ranker import load_checkpoint
+from trainers.snapshots import snapshot_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka]
 
@@ -226,7 +228,7 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     assert 'adstream_serving_deltas_total{outcome="rejected"} 3.0' in metrics
 
     # a good next delta, then an admin rollback to the version before it
-    _, d2 = _step(st1, 0.1, 3)
+    st2, d2 = _step(st1, 0.1, 3)
     asyncio.run(produce(s, [d2]))
     wait_for(lambda: (info() or {}).get("version") == "seq-1", why=state)
     url = f"/v1/adapters/{aid}/rollback"
@@ -241,6 +243,31 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     back = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-back", slot="search", k=20)["ads"]}
     assert set(back) & set(served)
     assert all(back[a] == pytest.approx(served[a], abs=1e-6) for a in set(back) & set(served))
+
+    # the rollback is pinned (shared in Redis): the trainer's next delta — a seq gap for the replica,
+    # which would otherwise re-sync the rolled-back weights from the snapshot — is held back
+    st3, d3 = _step(st2, 0.1, 4)
+    rc = redis.Redis.from_url(s.redis_url)
+    try:
+        assert rc.hget(f"{s.redis_prefix}adapter-pins", aid) == b"0"
+        rc.set(
+            snapshot_key(s.redis_prefix, aid),
+            codec.encode(make_delta(st3, full_parts(st3.tensors, s.lora_rank), st3.seq, snapshot=True)),
+        )
+        asyncio.run(produce(s, [d3]))
+        wait_for(
+            lambda: 'adstream_serving_deltas_total{outcome="pinned"} 1.0' in server.get("/metrics").text,
+            why=state,
+        )
+        assert info()["version"] == "seq-0" and info()["pinned"]  # type: ignore[index]
+        unpin = f"/v1/adapters/{aid}/unpin"
+        assert server.post(unpin, headers={"Authorization": "Bearer wrong"}).status_code == 403
+        r = server.post(unpin, headers={"Authorization": "Bearer test-admin"})
+        assert r.status_code == 200 and not r.json()["pinned"] and r.json()["version"] == f"seq-{st3.seq}"
+        assert rc.hget(f"{s.redis_prefix}adapter-pins", aid) is None
+    finally:
+        rc.delete(snapshot_key(s.redis_prefix, aid))
+        rc.close()
 
 
 def test_overload_sheds_with_503_and_retry_after(server: httpx.Client) -> None:

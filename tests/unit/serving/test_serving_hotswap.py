@@ -147,3 +147,52 @@ def test_rollback_restores_previous(applier: DeltaApplier) -> None:
     assert info.version == "seq-0"
     m = st1.modules[0]
     assert torch.allclose(applier.bank.weights("slot:feed")[m][0], st1.tensors[f"{m}.lora_A"])
+
+
+def test_rollback_pins_until_unpinned_and_a_gap_cannot_undo_it(applier: DeltaApplier) -> None:
+    st = empty_state("slot:feed", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    st2, d2 = _step(st1, 0.05, 2)
+    st3, d3 = _step(st2, 0.05, 3)
+    st4, d4 = _step(st3, 0.05, 4)
+    applier.apply(d1)
+    applier.apply(d2)
+    info = applier.rollback("slot:feed")
+    assert info.pinned and info.version == "seq-0"
+    m = st1.modules[0]
+    pinned_a = st1.tensors[f"{m}.lora_A"]
+    # the trainer goes on publishing: neither the next delta nor a later one (a gap) moves the pin
+    assert applier.apply(d3) == "pinned" and applier.apply(d4) == "pinned"
+    assert torch.allclose(applier.bank.weights("slot:feed")[m][0], pinned_a)
+    assert applier.outcomes["pinned"] == 2 and not applier.needs_resync
+    snap = make_delta(st4, full_parts(st4.tensors, 4), st4.seq, snapshot=True)
+
+    async def source(adapter_id: str) -> object:
+        return snap
+
+    assert asyncio.run(applier.resync("slot:feed", source)) == "pinned"  # type: ignore[arg-type]
+    assert applier.info("slot:feed").seq == 0
+    # unpinned: it re-syncs from the newest snapshot and follows deltas again
+    assert applier.unpin("slot:feed") and "slot:feed" in applier.needs_resync
+    assert asyncio.run(applier.resync("slot:feed", source)) == "applied"  # type: ignore[arg-type]
+    info = applier.info("slot:feed")
+    assert not info.pinned and info.seq == st4.seq
+    assert torch.allclose(applier.bank.weights("slot:feed")[m][0], st4.tensors[f"{m}.lora_A"])
+    assert not applier.unpin("slot:feed")
+
+
+def test_sync_pins_follows_other_replicas(applier: DeltaApplier) -> None:
+    st = empty_state("adv:v9", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    _, d2 = _step(st1, 0.05, 2)
+    applier.apply(d1)
+    applier.apply(d2)
+    # another replica rolled adv:v9 back to seq 0, which this replica keeps as its previous version
+    assert applier.sync_pins({"adv:v9": 0}) == []
+    assert applier.pinned == {"adv:v9": 0} and applier.info("adv:v9").version == "seq-0"
+    # a pin on a version this replica does not hold is counted, not guessed
+    assert applier.sync_pins({"adv:v9": 0, "adv:other": 7}) == []
+    assert applier.outcomes["pin_unavailable"] == 1 and "adv:other" not in applier.pinned
+    # lifted elsewhere: unpinned here and returned for a re-sync
+    assert applier.sync_pins({}) == ["adv:v9"] and not applier.pinned
+    assert "adv:v9" in applier.needs_resync
