@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from schemas.errors import ConfigError
+from schemas.settings import clickhouse_database as settings_clickhouse_database
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -49,10 +50,7 @@ def url_endpoint(url: str, field: str, default_port: int) -> Endpoint:
 
 def clickhouse_database(url: str) -> str:
     """The database named in a ClickHouse URL's path (default `adstream`)."""
-    name = urlparse(url).path.strip("/") or "adstream"
-    if not name.replace("_", "").isalnum():
-        raise ConfigError(f"clickhouse_url: database name {name!r} must be alphanumeric/underscore")
-    return name
+    return settings_clickhouse_database(url)
 
 
 def port_open(ep: Endpoint, timeout: float = 0.5) -> bool:

@@ -118,14 +118,15 @@ def clickhouse_connect_args(settings: Settings, database: str | None = None) -> 
     }
 
 
-def clickhouse_database(settings: Settings) -> str:
-    """The database named in `clickhouse_url` (default `adstream`); ConfigError if it is not a plain
-    identifier (it is spliced into DDL)."""
+def clickhouse_database(settings: Settings | str) -> str:
+    """The database named in `clickhouse_url` (settings or the URL itself; default `adstream`);
+    ConfigError if it is not a plain identifier (it is spliced into DDL)."""
     from urllib.parse import urlparse
 
     from schemas.errors import ConfigError
 
-    name = urlparse(settings.clickhouse_url).path.strip("/") or "adstream"
+    url = settings if isinstance(settings, str) else settings.clickhouse_url
+    name = urlparse(url).path.strip("/") or "adstream"
     if not name.replace("_", "").isalnum():
         raise ConfigError(f"clickhouse_url: database name {name!r} must be alphanumeric/underscore")
     return name
