@@ -9,10 +9,11 @@ each arm is all zeros (no adapter). A sample with row index `i` computes
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -57,6 +58,19 @@ class _Buffers:
         # of the tables is one input column's r weights / one rank direction's out weights
         self.a = {s.name: torch.zeros(rows, s.fan_in, rank, device=device) for s in shapes}
         self.b = {s.name: torch.zeros(rows, rank, s.fan_out, device=device) for s in shapes}
+        # per row, the bank generation that wrote its content (equal content ⇔ equal version in
+        # both copies): keys the merged-weight caches, so one adapter's update keeps the others'
+        self.version = [0] * rows
+        self.readers = 0  # batches bound to this copy (`AdapterBank.reading`)
+
+    def clone(self) -> _Buffers:
+        """A copy with the same weights and versions, read by nobody."""
+        twin = copy.copy(self)
+        twin.a = {n: t.clone() for n, t in self.a.items()}
+        twin.b = {n: t.clone() for n, t in self.b.items()}
+        twin.version = list(self.version)
+        twin.readers = 0
+        return twin
 
 
 class AdapterBank:
@@ -82,6 +96,8 @@ class AdapterBank:
         self._buffers = [_Buffers(shapes, rows, rank, self.device), _Buffers(shapes, rows, rank, self.device)]
         self._active = 0
         self._lock = threading.Lock()
+        # changes made to the active copy that the other copy has yet to catch up with
+        self._pending: list[tuple[Callable[[_Buffers, int], None], int]] = []
         self.meta: dict[str, AdapterMeta] = {}
         self.generation = 0
         self.swaps = 0
@@ -91,6 +107,18 @@ class AdapterBank:
     def active(self) -> _Buffers:
         """The buffers batches read; replaced (never mutated) by a swap."""
         return self._buffers[self._active]
+
+    @contextmanager
+    def reading(self) -> Iterator[_Buffers]:
+        """The active buffers, held for one batch: until released, no swap writes into them."""
+        with self._lock:
+            buf = self.active
+            buf.readers += 1
+        try:
+            yield buf
+        finally:
+            with self._lock:
+                buf.readers -= 1
 
     def row(self, adapter_id: str | None, arm: int) -> int:
         """The row index of an adapter in an arm (0-row of the arm when unknown)."""
@@ -142,22 +170,39 @@ class AdapterBank:
             self.meta[adapter_id] = meta
         return meta
 
-    def _write(self, rows: list[int], weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write into the inactive buffers, swap, then bring the other copy up to date."""
+    def _swap(self, change: Callable[[_Buffers, int], None]) -> None:
+        """Apply `change` to the inactive copy and make it the active one (one swap).
+
+        The copy batches may still be reading is left alone until the next swap, which first
+        replays this change onto it; if a batch still holds it then (one batch spanning two
+        swaps), that swap writes a fresh copy instead: a bound batch never sees weights move.
+        """
         with self._lock:
+            version = self.generation + 1
             inactive = self._buffers[1 - self._active]
-            for name, (a, b) in weights.items():
-                for r in rows:
-                    inactive.a[name][r].copy_(a.T)
-                    inactive.b[name][r].copy_(b.T)
+            if inactive.readers:
+                inactive = self._buffers[1 - self._active] = self.active.clone()
+            else:
+                for pending, pending_version in self._pending:
+                    pending(inactive, pending_version)
+            change(inactive, version)
+            self._pending = [(change, version)]
             self._active = 1 - self._active
             self.swaps += 1
-            stale = self._buffers[1 - self._active]
+            self.generation = version
+
+    def _write(self, rows: list[int], weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write full weights into some rows (one swap)."""
+
+        def change(buf: _Buffers, version: int) -> None:
             for name, (a, b) in weights.items():
                 for r in rows:
-                    stale.a[name][r].copy_(a.T)
-                    stale.b[name][r].copy_(b.T)
-            self.generation += 1
+                    buf.a[name][r].copy_(a.T)
+                    buf.b[name][r].copy_(b.T)
+            for r in rows:
+                buf.version[r] = version
+
+        self._swap(change)
 
     def put(
         self,
@@ -217,25 +262,26 @@ class AdapterBank:
 
     def promote(self) -> None:
         """Candidate arm becomes the stable arm for every adapter (one swap)."""
-        with self._lock:
-            inactive = self._buffers[1 - self._active]
-            for buf in (inactive,):
-                for name in self.shapes:
-                    buf.a[name][: self.stride].copy_(buf.a[name][self.stride :])
-                    buf.b[name][: self.stride].copy_(buf.b[name][self.stride :])
-            self._active = 1 - self._active
-            self.swaps += 1
-            stale = self._buffers[1 - self._active]
+
+        def change(buf: _Buffers, version: int) -> None:
             for name in self.shapes:
-                stale.a[name][: self.stride].copy_(stale.a[name][self.stride :])
-                stale.b[name][: self.stride].copy_(stale.b[name][self.stride :])
-            for meta in self.meta.values():
-                meta.stable_version = meta.version
-            self.generation += 1
+                buf.a[name][: self.stride].copy_(buf.a[name][self.stride :])
+                buf.b[name][: self.stride].copy_(buf.b[name][self.stride :])
+            buf.version[: self.stride] = [version] * self.stride
+
+        self._swap(change)
+        for meta in self.meta.values():
+            meta.stable_version = meta.version
 
 
 class BankedLinear(nn.Module):
-    """A Linear layer plus per-sample LoRA from the bank: rows come from `BankContext.rows`."""
+    """A Linear layer plus per-sample LoRA from the bank, computed the way `BankContext` planned.
+
+    Adapters with many samples in the batch go through merged weights `W + scale·B·A` (one
+    GEMM per adapter over its contiguous rows: no LoRA cost beyond ~30 µs per call); the rest
+    go through the per-sample path (base GEMM + two embedding_bag gathers of each sample's A
+    and B).
+    """
 
     def __init__(self, base: nn.Linear, name: str, bank: AdapterBank, ctx: BankContext) -> None:
         super().__init__()
@@ -246,82 +292,197 @@ class BankedLinear(nn.Module):
         self._merged: dict[tuple[int, int], torch.Tensor] = {}
 
     def merged(self, row: int) -> torch.Tensor:
-        """W + scale·B·A of one bank row, cached until the bank changes."""
-        key = (self.ctx.generation, row)
+        """W + scale·B·A of one bank row of the bound buffers, cached per (row, row version).
+
+        Keyed by the row's own version, so an update of another adapter does not throw away
+        the merged weights of the busy ones.
+        """
+        buf = self.ctx.buffers
+        key = (row, buf.version[row])
         w = self._merged.get(key)
         if w is None:
-            if len(self._merged) > 64 or any(k[0] != key[0] for k in self._merged):
-                self._merged.clear()
-            buf = self.ctx.buffers
+            if len(self._merged) >= self.ctx.merged_cache:
+                del self._merged[next(iter(self._merged))]  # oldest first
             delta = buf.b[self.name][row].T @ buf.a[self.name][row].T
-            w = self._merged[key] = self.base.weight + self.bank.scale * delta
+            w = self._merged[key] = torch.add(self.base.weight, delta, alpha=self.bank.scale)
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self.ctx.rows
-        if rows is None:
+        ctx = self.ctx
+        if ctx.rows is None:
             out: torch.Tensor = self.base(x)
             return out
-        groups = self.ctx.groups
-        if groups is not None:
-            # few distinct adapters (e.g. one per slot): merged weights, as fast as the base layer
-            if len(groups) == 1:
-                return F.linear(x, self.merged(groups[0][0]), self.base.bias)
-            y = x.new_empty(x.shape[0], self.base.out_features)
-            for row, index in groups:
-                assert index is not None
-                y[index] = F.linear(x.index_select(0, index), self.merged(row), self.base.bias)
-            return y
-        # many adapters: a fused gather-and-weighted-sum (embedding_bag) over the flattened tables;
-        # it never materialises per-sample weight copies (index_select + mul is 2×, bmm 5× slower)
+        groups, tail = ctx.groups, ctx.tail
+        if not groups:
+            return self._per_sample(x, None)
+        bias = self.base.bias
+        if tail is None and len(groups) == 1:
+            return F.linear(x, self.merged(groups[0][0]), bias)
+        y = x.new_empty(x.shape[0], self.base.out_features)
+        for row, where in groups:
+            w = self.merged(row)
+            if isinstance(where, slice):  # contiguous rows (the ranker sorts them so): no copies
+                _linear_into(y[where], x[where], w, bias)
+            else:
+                y.index_copy_(0, where, F.linear(x.index_select(0, where), w, bias))
+        if isinstance(tail, slice):
+            self._per_sample(x[tail], y[tail])
+        elif tail is not None:
+            y.index_copy_(0, tail, self._per_sample(x.index_select(0, tail), None))
+        return y
+
+    def _per_sample(self, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """Base + LoRA of each sample's own adapter (the tail rows), written into `out` if given.
+
+        Two fused gather-and-weighted-sum passes (embedding_bag) over the flattened tables, so
+        no per-sample weight copy is ever made, and with rows sorted by adapter each adapter's
+        weights come from memory once and then from cache. Measured on one CPU thread (4,000
+        candidates over 1,000 adapters), the LoRA term costs ~3× as much with a gathered weight
+        copy + bmm per sample and ~2.5× with bmm over per-adapter chunks padded to 4 or 8 rows.
+        """
         buf = self.ctx.buffers
-        fan_in, rank = self.base.in_features, self.bank.rank
+        rank = self.bank.rank
         a_table = buf.a[self.name].view(-1, rank)  # row (adapter, i) = A[adapter, :, i]
         b_table = buf.b[self.name].view(-1, self.base.out_features)  # row (adapter, j) = B[adapter, :, j]
-        h = F.embedding_bag(self.ctx.bag_index(fan_in), a_table, per_sample_weights=x, mode="sum")
+        h = F.embedding_bag(
+            self.ctx.bag_index(self.base.in_features), a_table, per_sample_weights=x, mode="sum"
+        )
+        h.mul_(self.bank.scale)  # [n, r]: cheaper to scale than the [n, out] LoRA term
         lora = F.embedding_bag(self.ctx.bag_index(rank), b_table, per_sample_weights=h, mode="sum")
-        base: torch.Tensor = self.base(x)
-        return base.add_(lora, alpha=self.bank.scale)
+        # y = lora + b + x Wᵀ with the GEMM accumulating onto the LoRA term (one pass less than
+        # a separate add); into `out` when given, so a slice of the layer's output needs no copy
+        bias = self.base.bias
+        if out is None:
+            out = lora if bias is None else lora.add_(bias)
+        elif bias is None:
+            out.copy_(lora)
+        else:
+            torch.add(lora, bias, out=out)
+        return out.addmm_(x, self.base.weight.T)
+
+
+def _linear_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """`out = x Wᵀ + b` written into `out` (a row slice of the layer's output)."""
+    if bias is None:
+        torch.mm(x, weight.T, out=out)
+    else:
+        torch.addmm(bias, x, weight.T, out=out)
+
+
+Where = slice | torch.Tensor
 
 
 class BankContext:
-    """Per-forward state shared by the banked layers: the buffers snapshot and the sample rows."""
+    """Per-forward state shared by the banked layers: the bound buffers and the batch's plan.
 
-    def __init__(self) -> None:
+    The plan (`use`) splits the samples into `groups`, adapters computed with merged weights,
+    each `(row, where)`, and the `tail`, samples computed per sample; `where` is a slice when
+    the samples are contiguous (after `order`), else an index tensor.
+    """
+
+    def __init__(self, group_limit: int = 8, merge_min: int = 64, merge_max: int = 32) -> None:
+        self.group_limit = group_limit
+        self.merge_min = merge_min
+        self.merge_max = merge_max
+        self.merged_cache = 4 * max(merge_max, group_limit)
         self.rows: torch.Tensor | None = None
+        self.tail_rows: torch.Tensor | None = None
         self.generation = -1
         self._bags: dict[int, torch.Tensor] = {}
-        self.groups: list[tuple[int, torch.Tensor | None]] | None = None
+        self.groups: list[tuple[int, Where]] = []
+        self.tail: Where | None = None
         self.buffers: _Buffers
 
+    def merge_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The bank rows of a batch to compute with merged weights, sorted.
+
+        All of them when the batch has at most `group_limit` distinct rows (e.g. one adapter
+        per slot); else the up to `merge_max` rows with at least `merge_min` samples (the heavy
+        advertisers of skewed traffic), since merging pays off only over enough samples.
+        """
+        if rows.numel() == 0:
+            return rows
+        counts = torch.bincount(rows)
+        present = counts.nonzero().squeeze(1)
+        if present.numel() <= self.group_limit:
+            return present
+        heavy = (counts >= self.merge_min).nonzero().squeeze(1)
+        if heavy.numel() > self.merge_max:
+            top = torch.argsort(counts[heavy], descending=True, stable=True)[: self.merge_max]
+            heavy = torch.sort(heavy[top]).values
+        return heavy
+
+    def order(self, rows: torch.Tensor) -> torch.Tensor:
+        """A permutation of a batch that makes every `where` of its plan a slice: merged
+        adapters first, then the tail, each sorted by bank row (which also keeps one adapter's
+        samples adjacent, so its weights stay in cache)."""
+        merged = self.merge_rows(rows)
+        key = rows if merged.numel() == 0 else rows + (~torch.isin(rows, merged)) * (int(rows.max()) + 1)
+        return torch.argsort(key, stable=True)
+
     def bag_index(self, width: int) -> torch.Tensor:
-        """[n, width] indices `row·width + k` into a flattened table (cached per batch and width)."""
+        """[n, width] indices `row·width + k` into a flattened table for the tail rows (cached
+        per batch and width)."""
         index = self._bags.get(width)
         if index is None:
-            assert self.rows is not None
-            index = self.rows.unsqueeze(1) * width + torch.arange(width, device=self.rows.device)
+            assert self.tail_rows is not None
+            rows = self.tail_rows
+            # int32 when it fits: half the index bytes to build and to read (~10% of the path)
+            dtype = torch.int32 if len(self.buffers.version) * width < 2**31 else torch.int64
+            index = rows.to(dtype).unsqueeze(1) * width + torch.arange(width, device=rows.device, dtype=dtype)
             self._bags[width] = index
         return index
 
     @contextmanager
-    def use(self, bank: AdapterBank, rows: torch.Tensor | None, group_limit: int = 8) -> Iterator[None]:
-        """Bind one batch's rows (None = base model only) and the bank's current buffers."""
-        self.buffers = bank.active  # a swap during this batch does not affect it
-        self.generation = bank.generation
-        self.rows = rows
-        self.groups = None
-        self._bags = {}
-        if rows is not None:
-            uniq = torch.unique(rows)
-            if uniq.numel() == 1:
-                self.groups = [(int(uniq[0]), None)]
-            elif uniq.numel() <= group_limit:
-                self.groups = [(int(u), (rows == u).nonzero().squeeze(1)) for u in uniq]
-        try:
-            yield
-        finally:
-            self.rows = None
-            self.groups = None
+    def use(self, bank: AdapterBank, rows: torch.Tensor | None) -> Iterator[None]:
+        """Bind one batch's rows (None = base model only) and the bank's current buffers.
+
+        Any order of `rows` is exact; the order of `order` avoids gathers and scatters.
+        """
+        with bank.reading() as buffers:
+            self.buffers = buffers  # held for the batch: a swap meanwhile does not affect it
+            self.generation = bank.generation
+            self.rows = None if rows is None or rows.numel() == 0 else rows
+            self.groups, self.tail, self.tail_rows = [], None, None
+            self._bags = {}
+            if self.rows is not None:
+                self._plan(self.rows)
+            try:
+                yield
+            finally:
+                self.rows = self.tail_rows = None
+                self.groups, self.tail = [], None
+                self._bags = {}
+
+    def _plan(self, rows: torch.Tensor) -> None:
+        merged = self.merge_rows(rows)
+        n = rows.shape[0]
+        if merged.numel() == 0:
+            self.tail, self.tail_rows = slice(0, n), rows
+            return
+        is_merged = torch.isin(rows, merged)
+        lead = int(is_merged.sum())
+        if bool(is_merged[:lead].all()):  # in `order`: merged rows first, one run each?
+            runs, counts = torch.unique_consecutive(rows[:lead], return_counts=True)
+            if runs.numel() == merged.numel():
+                ends = torch.cumsum(counts, 0).tolist()
+                starts = [0, *ends[:-1]]
+                self.groups = [(r, slice(a, b)) for r, a, b in zip(runs.tolist(), starts, ends, strict=True)]
+                if lead < n:
+                    self.tail, self.tail_rows = slice(lead, n), rows[lead:]
+                return
+        for row in merged.tolist():  # any other order: index tensors (gathers and scatters)
+            self.groups.append((row, _where((rows == row).nonzero().squeeze(1))))
+        rest = (~is_merged).nonzero().squeeze(1)
+        if rest.numel():
+            self.tail = _where(rest)
+            self.tail_rows = rows[self.tail]
+
+
+def _where(index: torch.Tensor) -> Where:
+    """A slice for sorted contiguous indices (the common case after `BankContext.order`)."""
+    first, last = int(index[0]), int(index[-1])
+    return slice(first, last + 1) if last - first + 1 == index.numel() else index
 
 
 def target_layers(model: nn.Module, targets: tuple[str, ...] | list[str]) -> list[LayerShape]:
@@ -338,9 +499,9 @@ def target_layers(model: nn.Module, targets: tuple[str, ...] | list[str]) -> lis
     return found
 
 
-def install(model: nn.Module, bank: AdapterBank) -> BankContext:
+def install(model: nn.Module, bank: AdapterBank, ctx: BankContext | None = None) -> BankContext:
     """Replace the bank's layers in `model` by BankedLinear (in place); returns their context."""
-    ctx = BankContext()
+    ctx = ctx or BankContext()
     ctx.buffers = bank.active
     for name in bank.shapes:
         parent_name, _, child = name.rpartition(".")

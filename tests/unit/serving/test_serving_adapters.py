@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -135,3 +137,168 @@ def test_swap_rollback_and_promote(models: tuple[RankModel, PeftBank, Ranker]) -
         bank.rollback("adv:z")
     with pytest.raises(AdapterError, match="unknown"):
         bank.rollback("adv:unknown")
+
+
+# -- the batch plan: merged groups + per-sample tail, against an independent reference ---------
+
+N_ADAPTERS = 30
+
+
+@pytest.fixture(scope="module")
+def planned() -> tuple[RankModel, Ranker, dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]]:
+    """A rank model whose plan thresholds are small enough for tiny batches to hit every case:
+    ≤ 2 distinct rows are all merged, else the 2 busiest rows with ≥ 3 samples."""
+    torch.manual_seed(1)
+    base = Ranker(CFG).eval()
+    settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4)
+    rank = RankModel(
+        copy.deepcopy(base), "v0", settings, torch.device("cpu"), group_limit=2, merge_min=3, merge_max=2
+    )
+    g = torch.Generator().manual_seed(2)
+    weights = {}
+    for i in range(N_ADAPTERS):
+        w = {
+            m: (torch.randn(4, s.fan_in, generator=g) * 0.2, torch.randn(s.fan_out, 4, generator=g) * 0.2)
+            for m, s in rank.bank.shapes.items()
+        }
+        rank.bank.put(f"adv:{i}", w, version="seq-0", seq=0, base_version="v0")
+        weights[f"adv:{i}"] = w
+    return rank, base, weights
+
+
+def _reference(
+    base: Ranker,
+    scale: float,
+    weights: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    dense: torch.Tensor,
+    ids: torch.Tensor,
+    adapters: list[str | None],
+) -> torch.Tensor:
+    """pCTR of each sample from the base model with its own adapter merged in (W + scale·B·A),
+    one sample at a time: what any batching of the bank must reproduce."""
+    params = dict(base.named_parameters())
+    out = []
+    with torch.no_grad():
+        for i, a in enumerate(adapters):
+            p = dict(params)
+            for m, (wa, wb) in (weights[a] if a is not None else {}).items():
+                p[f"{m}.weight"] = params[f"{m}.weight"] + scale * (wb @ wa)
+            out.append(torch.sigmoid(torch.func.functional_call(base, p, (dense[i : i + 1], ids[i : i + 1]))))
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def _layout(name: str, n: int) -> list[str | None]:
+    """Which adapter each of n samples uses (None: no adapter), in a deliberately unsorted order."""
+    if name == "one":
+        ids: list[str | None] = ["adv:3"] * n
+    elif name == "none":
+        ids = [None] * n
+    elif name == "two":  # ≤ group_limit distinct rows: all merged
+        ids = ["adv:1" if i % 3 else "adv:2" for i in range(n)]
+    elif name == "all_different":  # every sample its own adapter: all per sample
+        ids = [f"adv:{i % N_ADAPTERS}" for i in range(n)]
+    else:  # "heavy_and_tail": adv:5 ×9 and adv:6 ×6 merged, adv:7 ×3 (≥ merge_min but not top-2) in the tail
+        ids = ["adv:5"] * 9 + ["adv:6"] * 6 + ["adv:7"] * 3 + [None] * 2
+        ids += [f"adv:{10 + i % 15}" for i in range(n - len(ids))]
+    return [ids[(7 * i) % n] for i in range(n)] if n else []  # 7 is coprime to the sizes used
+
+
+@pytest.mark.parametrize("layout", ["one", "none", "two", "all_different", "heavy_and_tail"])
+@pytest.mark.parametrize("chunk", [4096, 5])
+def test_planned_batches_match_the_per_sample_reference(
+    planned: tuple[RankModel, Ranker, dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]],
+    layout: str,
+    chunk: int,
+) -> None:
+    rank, base, weights = planned
+    n = 37
+    adapters = _layout(layout, n)
+    batch = featurize([Ex(i) for i in range(n)], CFG)
+    rows = torch.tensor([rank.bank.row(a, CANDIDATE) for a in adapters])
+    want = _reference(base, rank.bank.scale, weights, batch.dense, batch.ids, adapters)
+    rank.chunk = chunk  # 5: chunk boundaries cut through merged groups and the tail
+    try:
+        # three requests of uneven size, scored in one call
+        cuts = [0, 11, 12, n]
+        inputs = [RankInput(batch.dense[a:b], batch.ids[a:b], rows[a:b]) for a, b in itertools.pairwise(cuts)]
+        got = np.concatenate(rank.score(inputs, use_adapters=True))
+    finally:
+        rank.chunk = 4096
+    assert torch.allclose(torch.from_numpy(got), want, atol=1e-5)
+
+
+def test_plan_of_an_ordered_batch_is_slices_and_any_order_is_exact(
+    planned: tuple[RankModel, Ranker, dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]],
+) -> None:
+    rank, base, weights = planned
+    n = 40
+    adapters = _layout("heavy_and_tail", n)
+    batch = featurize([Ex(i) for i in range(n)], CFG)
+    rows = torch.tensor([rank.bank.row(a, CANDIDATE) for a in adapters])
+    want = _reference(base, rank.bank.scale, weights, batch.dense, batch.ids, adapters)
+    busy = sorted([rank.bank.row("adv:5", CANDIDATE), rank.bank.row("adv:6", CANDIDATE)])
+    assert rank.ctx.merge_rows(rows).tolist() == busy
+    order = rank.ctx.order(rows)
+    with torch.inference_mode():
+        with rank.ctx.use(rank.bank, rows[order]):
+            assert [r for r, _ in rank.ctx.groups] == busy
+            assert all(isinstance(w, slice) for _, w in rank.ctx.groups)
+            assert isinstance(rank.ctx.tail, slice) and rank.ctx.tail.stop == n
+            got_ordered = torch.sigmoid(rank.model(batch.dense[order], batch.ids[order]))
+        with rank.ctx.use(rank.bank, rows):  # unordered: gathers and scatters, same scores
+            assert not isinstance(rank.ctx.tail, slice)
+            got_unordered = torch.sigmoid(rank.model(batch.dense, batch.ids))
+    assert torch.allclose(got_ordered, want[order], atol=1e-5)
+    assert torch.allclose(got_unordered, want, atol=1e-5)
+
+
+def test_empty_batch(
+    planned: tuple[RankModel, Ranker, dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]],
+) -> None:
+    rank = planned[0]
+    batch = featurize([Ex(i) for i in range(3)], CFG)
+    empty = RankInput(batch.dense[:0], batch.ids[:0], torch.zeros(0, dtype=torch.int64))
+    for use in (True, False):
+        out = rank.score([empty], use_adapters=use)
+        assert len(out) == 1 and out[0].shape == (0,)
+        two = rank.score([empty, RankInput(batch.dense, batch.ids, torch.zeros(3, dtype=torch.int64))], use)
+        assert [p.shape for p in two] == [(0,), (3,)]
+
+
+@pytest.mark.parametrize("layout", ["one", "all_different", "heavy_and_tail"])
+def test_a_swap_during_a_batch_does_not_touch_it(layout: str) -> None:
+    torch.manual_seed(3)
+    base = Ranker(CFG).eval()
+    settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4)
+    rank = RankModel(
+        copy.deepcopy(base), "v0", settings, torch.device("cpu"), group_limit=2, merge_min=3, merge_max=2
+    )
+    shapes = rank.bank.shapes
+    weights = {
+        f"adv:{i}": {
+            m: (torch.full((4, s.fan_in), 0.01 * (i % 5 + 1)), torch.full((s.fan_out, 4), 0.02))
+            for m, s in shapes.items()
+        }
+        for i in range(N_ADAPTERS)
+    }
+    for a, w in weights.items():
+        rank.bank.put(a, w, version="seq-0", seq=0, base_version="v0")
+    n = 30
+    adapters = _layout(layout, n)
+    batch = featurize([Ex(i) for i in range(n)], CFG)
+    rows = torch.tensor([rank.bank.row(a, CANDIDATE) for a in adapters])
+    want = _reference(base, rank.bank.scale, weights, batch.dense, batch.ids, adapters)
+    new = {m: (torch.full((4, s.fan_in), 0.05), torch.full((s.fan_out, 4), -0.05)) for m, s in shapes.items()}
+    with torch.inference_mode():
+        with rank.ctx.use(rank.bank, rows):
+            for a in {a for a in adapters if a is not None}:  # one swap per adapter of the batch
+                rank.bank.put(a, new, version="seq-1", seq=1, base_version="v0")
+            during = torch.sigmoid(rank.model(batch.dense, batch.ids))
+        after = rank.score([RankInput(batch.dense, batch.ids, rows)], use_adapters=True)[0]
+    assert torch.allclose(during, want, atol=1e-5)
+    updated = {a: new for a in weights}
+    assert torch.allclose(
+        torch.from_numpy(after),
+        _reference(base, rank.bank.scale, updated, batch.dense, batch.ids, adapters),
+        atol=1e-5,
+    )
