@@ -19,6 +19,20 @@ Restart: an adapter seen for the first time is restored from its Redis snapshot 
 highest reserved seq (a fresh snapshot re-aligns replicas when deltas were published after
 it); assigned partitions resume after the snapshotted offsets, so nothing is learned twice or
 skipped, and no seq is reused.
+
+Guards: every message is checked before its seq is reserved: a snapshot must pass what a replica
+checks (`trainers.snapshots.check_snapshot`: structure, finite values, ΔW norm within
+`settings.serve_adapter_max_norm`) and so must the state replicas reach after the batch. A refused
+adapter is not published; it is put back to its last Redis snapshot (or to zero when there is no
+valid one) and that state is published as a fresh snapshot with a new seq. A stored snapshot
+that fails the same checks is not resumed from: the adapter starts at zero, after every seq
+Redis records for it.
+
+Redis errors: `SnapshotStore` retries transient errors with capped exponential backoff
+(`RedisRetry`; counted in `adstream_trainers_redis_errors_total`). Until an operation succeeds the
+loop waits: no seq is produced before it is reserved, and Kafka offsets are committed only after
+the snapshots covering them are in Redis. When `give_up_s` runs out, `run` raises StoreError and
+`stop` skips the final snapshot: a restart resumes from what Redis holds.
 """
 
 from __future__ import annotations
@@ -34,13 +48,21 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from pydantic import ValidationError
 
 from schemas import codec, topics
-from schemas.errors import SchemaError
+from schemas.errors import SchemaError, StoreError
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample
 from schemas.settings import Settings
 from trainers import telemetry
 from trainers.online import OnlineTrainer
 from trainers.reorder import DelayBuffer
-from trainers.snapshots import SnapshotStore
+from trainers.snapshots import (
+    RedisRetry,
+    Restored,
+    ServeBound,
+    SnapshotRefused,
+    SnapshotStore,
+    check_snapshot,
+    check_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +81,15 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 class TrainerService:
     """The online trainer wired to Kafka and Redis (see the module docstring)."""
 
-    def __init__(self, settings: Settings, trainer: OnlineTrainer) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        trainer: OnlineTrainer,
+        *,
+        redis: Any = None,
+        retry: RedisRetry | None = None,
+    ) -> None:
+        """`redis`: a `redis.asyncio.Redis`-like client to use instead of one from `redis_url`."""
         self.s = settings
         self.trainer = trainer
         self.in_topic = topics.topic_name(topics.TRAINING_EXAMPLES, settings.topic_prefix)
@@ -72,7 +102,13 @@ class TrainerService:
         self.published = 0
         self.learned = 0
         self._last_snapshot = time.monotonic()
-        self._redis: Any = None
+        self._redis: Any = redis
+        self.retry = retry or RedisRetry()
+        self.failure: StoreError | None = None  # Redis gave up: no final snapshot, `run` re-raises
+        bank = trainer.bank
+        self.bound = ServeBound(
+            bank.base_version, bank.spec.rank, bank.spec.scaling, settings.serve_adapter_max_norm, bank.shapes
+        )
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.store: SnapshotStore | None = None
@@ -80,10 +116,20 @@ class TrainerService:
 
     async def start(self) -> None:
         """Connect to Redis and Kafka and join the consumer group."""
-        import redis.asyncio as aredis
+        if self._redis is None:
+            import redis.asyncio as aredis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
 
-        self._redis = aredis.Redis.from_url(self.s.redis_url)
-        self.store = SnapshotStore(self._redis, self.s.redis_prefix, self.in_topic)
+            # the store retries (bounded, counted); the client's own silent retries would hide errors
+            self._redis = aredis.Redis.from_url(self.s.redis_url, retry=Retry(NoBackoff(), 0))
+        self.store = SnapshotStore(
+            self._redis,
+            self.s.redis_prefix,
+            self.in_topic,
+            self.retry,
+            lambda op, outcome: telemetry.REDIS_ERRORS.labels(op, outcome).inc(),
+        )
         self.producer = AIOKafkaProducer(bootstrap_servers=self.s.kafka_bootstrap, acks="all")
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(
@@ -96,12 +142,16 @@ class TrainerService:
         await self.consumer.start()
 
     async def stop(self) -> None:
-        """Snapshot and commit what was learned, then disconnect."""
+        """Snapshot and commit what was learned, then disconnect (no snapshot after Redis gave up:
+        the offsets stay at the last snapshot, and a restart re-learns from there)."""
         try:
-            if self.held is not None and len(self.held):
-                await self._learn(self.held.drain())
-            if self.consumer is not None and self.dirty:
-                await self.snapshot_all()
+            if self.failure is None:
+                if self.held is not None and len(self.held):
+                    await self._learn(self.held.drain())
+                if self.consumer is not None and self.dirty:
+                    await self.snapshot_all()
+        except StoreError as exc:
+            log.error("final snapshot not written, offsets not committed (a restart re-learns): %s", exc)
         finally:
             if self.consumer is not None:
                 await self.consumer.stop()
@@ -112,14 +162,20 @@ class TrainerService:
 
     # -- rebalance -------------------------------------------------------------------------
     async def on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        """Partitions are leaving: snapshot and commit, then forget their adapters."""
-        if self.dirty:
-            await self.snapshot_all()
+        """Partitions are leaving: snapshot and commit, then forget their adapters (also when the
+        snapshot failed: the new owner resumes from Redis and the committed offsets, realigning
+        replicas past any seq we reserved)."""
+        if self.dirty and self.failure is None:
+            try:
+                await self.snapshot_all()
+            except StoreError as exc:
+                log.error("snapshot before revocation failed; the new owner re-learns from Redis: %s", exc)
         gone = {tp.partition for tp in revoked}
         for aid, part in list(self.adapter_partition.items()):
             if part in gone:
                 self.trainer.runs.pop(aid, None)
                 self.adapter_partition.pop(aid)
+                self.dirty.discard(aid)
         for p in gone:
             self.position.pop(p, None)
         if self.held is not None:  # the new owner re-reads them from the committed offsets
@@ -130,7 +186,14 @@ class TrainerService:
     async def on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         """Resume assigned partitions after what the Redis snapshots already contain."""
         assert self.store is not None and self.consumer is not None
-        snap_offsets = await self.store.partition_offsets()
+        try:
+            snap_offsets = await self.store.partition_offsets()
+        except StoreError as exc:
+            # resuming at the committed offsets could learn twice what a snapshot holds: stop instead
+            # (aiokafka swallows listener errors, so `run` raises it)
+            log.error("cannot read snapshotted offsets; stopping: %s", exc)
+            self.failure = exc
+            return
         for tp in assigned:
             if tp.partition in snap_offsets:
                 committed = await self.consumer.committed(tp)
@@ -143,14 +206,24 @@ class TrainerService:
     async def run(self, stop: asyncio.Event | None = None, max_examples: int | None = None) -> None:
         """Consume, learn and publish until `stop` is set (or `max_examples` were learned)."""
         stop = stop or asyncio.Event()
-        while not stop.is_set():
-            records = await self._collect(stop)
-            if records:
-                await self.process(records)
-            if self.dirty and time.monotonic() - self._last_snapshot >= self.s.snapshot_every_s:
-                await self.snapshot_all()
-            if max_examples is not None and self.learned >= max_examples:
-                break
+        assert self.store is not None
+        self.store.abort = stop  # a stop request ends Redis retries
+        try:
+            while not stop.is_set():
+                if self.failure is not None:
+                    raise self.failure
+                records = await self._collect(stop)
+                if records:
+                    await self.process(records)
+                if self.dirty and time.monotonic() - self._last_snapshot >= self.s.snapshot_every_s:
+                    await self.snapshot_all()
+                if max_examples is not None and self.learned >= max_examples:
+                    break
+        except StoreError as exc:
+            self.failure = exc
+            raise
+        finally:
+            self.store.abort = None
 
     async def _collect(self, stop: asyncio.Event) -> list[Any]:
         assert self.consumer is not None
@@ -212,21 +285,39 @@ class TrainerService:
         telemetry.export(self.trainer.runs, per_adapter_labels=self.s.adapter_scheme == "slot")
 
     async def _restore(self, adapter_id: str) -> AdapterDelta | None:
-        assert self.store is not None
-        known = await self.store.read(adapter_id)
-        if known.snapshot is None and known.last_seq < 0:
+        known = await self._last_good(adapter_id, "restore")
+        snap = known.snapshot
+        if snap is None and known.last_seq < 0:
             self.trainer.run_for(adapter_id)
             return None
-        self.trainer.restore(adapter_id, known.snapshot, known.last_seq, known.offsets)
+        self.trainer.restore(adapter_id, snap, known.last_seq, known.offsets if snap is not None else {})
         log.info(
             "adapter %s restored (snapshot seq %s, last seq %d)",
             adapter_id,
-            known.snapshot.seq if known.snapshot else None,
+            snap.seq if snap else None,
             known.last_seq,
         )
-        if known.snapshot is None or known.last_seq > known.snapshot.seq:
+        if snap is None or known.last_seq > snap.seq:
             return self.trainer.snapshot(adapter_id)  # replicas may hold later deltas: re-align
         return None
+
+    async def _last_good(self, adapter_id: str, stage: str) -> Restored:
+        """The adapter's Redis record, its snapshot dropped (logged, counted) if serving would refuse it.
+
+        The seqs stay: a fresh start continues after every seq Redis records, so none is reused."""
+        assert self.store is not None
+        known = await self.store.read(adapter_id)
+        problem, reason = known.invalid, "invalid"
+        if known.snapshot is not None:
+            try:
+                check_snapshot(known.snapshot, adapter_id, self.bound)
+            except SnapshotRefused as exc:
+                problem, reason = str(exc), exc.reason
+        if problem is None:
+            return known
+        telemetry.REFUSED.labels(stage, reason).inc()
+        log.warning("adapter %s: Redis snapshot not used (%s); starting from zero", adapter_id, problem)
+        return Restored(None, known.last_seq, {}, problem)
 
     async def _dead_letter(self, record: Any, error: str) -> None:
         assert self.producer is not None
@@ -250,11 +341,13 @@ class TrainerService:
         )
         await self.producer.send_and_wait(self.dlq_topic, codec.encode(dl), key=self.in_topic.encode())
 
-    async def publish(self, deltas: Sequence[AdapterDelta]) -> None:
-        """Reserve the seqs in Redis, then produce the deltas in order (acks=all)."""
+    async def publish(self, deltas: Sequence[AdapterDelta]) -> list[AdapterDelta]:
+        """Guard, reserve the seqs in Redis, then produce the deltas in order (acks=all); returns
+        what was produced (an adapter serving would refuse is replaced by a rollback snapshot)."""
         if not deltas:
-            return
+            return []
         assert self.store is not None and self.producer is not None
+        deltas = await self._guard(deltas)
         await self.store.reserve({d.adapter_id: d.seq for d in deltas})
         futures = []
         for d in deltas:
@@ -264,14 +357,59 @@ class TrainerService:
             telemetry.DELTA_BYTES.observe(len(d.payload))
         await asyncio.gather(*futures)
         self.published += len(deltas)
+        return deltas
+
+    async def _guard(self, deltas: Sequence[AdapterDelta]) -> list[AdapterDelta]:
+        """Check each adapter's messages (snapshots) and the state they bring replicas to; an
+        adapter that fails loses its messages and is rolled back (`_roll_back`)."""
+        out = list(deltas)
+        for aid in dict.fromkeys(d.adapter_id for d in deltas):
+            mine = [d for d in out if d.adapter_id == aid]
+            try:
+                for d in mine:
+                    if d.snapshot:
+                        check_snapshot(d, aid, self.bound)
+                run = self.trainer.runs.get(aid)
+                if run is not None:
+                    check_state(run.published.tensors, self.bound)
+            except SnapshotRefused as exc:
+                telemetry.REFUSED.labels("publish", exc.reason).inc()
+                log.warning("adapter %s: seq(s) %s not published: %s", aid, [d.seq for d in mine], exc)
+                out = [d for d in out if d.adapter_id != aid]
+                out.append(await self._roll_back(aid, max(d.seq for d in mine)))
+        return out
+
+    async def _roll_back(self, adapter_id: str, refused_seq: int) -> AdapterDelta:
+        """Put a refused adapter back to its last Redis snapshot (zero when there is no valid one);
+        returns a snapshot of that state with a seq past `refused_seq`.
+
+        Why not zero (the base) every time: an out-of-bound ΔW is one bad stretch of training, and
+        the last snapshot is what replicas serve now and what a restart would resume from, so an
+        advertiser keeps its learned lift and serving sees no jump; resetting to the base is the
+        quality guard's call (rolling AUC below the base). The examples learned since that
+        snapshot are dropped, not re-learned: they led the adapter out of bounds. A fresh
+        optimizer is used (its moments belong to the refused trajectory).
+        """
+        known = await self._last_good(adapter_id, "rollback")
+        last = max(known.last_seq, refused_seq)  # refused seqs are skipped, never reused
+        self.trainer.restore(adapter_id, known.snapshot, last, known.offsets)
+        to = "last_snapshot" if known.snapshot is not None else "zero"
+        telemetry.ROLLBACKS.labels(to).inc()
+        log.warning(
+            "adapter %s rolled back to %s (seq %s)",
+            adapter_id,
+            to,
+            known.snapshot.seq if known.snapshot is not None else None,
+        )
+        return self.trainer.snapshot(adapter_id)
 
     async def snapshot_all(self) -> None:
         """Snapshot every adapter that learned since the last time; store in Redis; commit offsets."""
         assert self.store is not None and self.consumer is not None
         t0 = time.perf_counter()
         await self.publish(self.trainer.flush() + self.trainer.take_pending())
-        snaps = [self.trainer.snapshot(aid) for aid in sorted(self.dirty) if aid in self.trainer.runs]
-        await self.publish(snaps)
+        made = [self.trainer.snapshot(aid) for aid in sorted(self.dirty) if aid in self.trainer.runs]
+        snaps = await self.publish(made)  # guarded: rolled-back adapters come back as their new snapshot
         low = self.held.low_offsets() if self.held is not None else {}
         commit = {p: min(o + 1, low.get(p, o + 1)) for p, o in self.position.items()}
         covered = {p: c - 1 for p, c in commit.items()}

@@ -18,19 +18,47 @@ key                                    type        value
 
 A seq is reserved in `adapter-seq` **before** its delta is produced, so a restarted trainer never
 reuses one; snapshots, their metadata and the partition offsets are written in one MULTI/EXEC.
+
+Redis errors that can pass (connection refused or reset, timeouts, a server still loading) are
+retried with capped exponential backoff (`RedisRetry`) before `StoreError` is raised; every
+operation is idempotent (SET/HSET of the same values, reads), so a retry after a reply was lost
+is harmless.
+
+`ServeBound` holds the checks a serving replica applies to a whole adapter (`check_snapshot`,
+`check_state`): the trainer neither publishes nor resumes from an adapter serving would refuse.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping, Sequence
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
+
+import torch
+from redis import exceptions as redis_errors
 
 from schemas import codec
-from schemas.errors import SchemaError, StoreError
+from schemas.errors import AdapterError, ConfigError, SchemaError, StoreError
 from schemas.events import AdapterDelta
+from trainers.delta import apply_delta, empty_state
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# errors after which the same command may succeed; anything else (a WRONGTYPE reply, a bug) is not retried
+TRANSIENT: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,  # refused, reset, BusyLoadingError
+    redis_errors.TimeoutError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
 
 
 def snapshot_key(prefix: str, adapter_id: str) -> str:
@@ -53,31 +81,180 @@ def offsets_key(prefix: str, topic: str) -> str:
     return f"{prefix}trainer-offsets:{topic}"
 
 
+# -- what serving accepts --------------------------------------------------------------------
+class SnapshotRefused(AdapterError):
+    """An adapter state or snapshot that a serving replica would refuse; `reason` is a metric label
+    (`norm`: ΔW over the bound, `non_finite`: NaN/inf weights, `invalid`: anything else)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ServeBound:
+    """The checks a serving replica applies to a whole adapter (see `check_snapshot`).
+
+    `max_norm` is `settings.serve_adapter_max_norm`: replicas check every adapter they install with
+    `serving.adapters.AdapterBank.check` against it. (`settings.delta_max_norm` bounds only the
+    change an incremental delta makes; serving does not apply it to snapshots.)
+    """
+
+    base_version: str
+    rank: int
+    scale: float  # lora_alpha / lora_rank
+    max_norm: float
+    shapes: Mapping[str, tuple[int, int]]  # module → (in_features, out_features)
+
+    def __post_init__(self) -> None:
+        if not self.max_norm > 0:
+            raise ConfigError(f"ServeBound.max_norm must be > 0 (got {self.max_norm!r})")
+
+
+def delta_w_norm(tensors: Mapping[str, torch.Tensor], scale: float) -> float:
+    """Norm of the change an adapter makes to the base, as serving computes it: the Frobenius norm
+    of `scale · B @ A` per module, combined over modules (root of the summed squares)."""
+    total = 0.0
+    for m in sorted({k.rsplit(".", 1)[0] for k in tensors}):
+        a, b = tensors[f"{m}.lora_A"], tensors[f"{m}.lora_B"]
+        total += float(torch.linalg.matrix_norm(scale * (b.double() @ a.double()))) ** 2
+    return math.sqrt(total)
+
+
+def check_state(tensors: Mapping[str, torch.Tensor], bound: ServeBound) -> float:
+    """The ΔW norm of full adapter weights (`{<m>.lora_A, <m>.lora_B}`), or SnapshotRefused."""
+    for key, t in sorted(tensors.items()):
+        if not torch.isfinite(t).all():
+            raise SnapshotRefused("non_finite", f"tensor {key!r} has non-finite values")
+    norm = delta_w_norm(tensors, bound.scale)
+    if not norm <= bound.max_norm:
+        raise SnapshotRefused(
+            "norm", f"adapter ΔW norm {norm:.4g} exceeds serve_adapter_max_norm {bound.max_norm:.4g}"
+        )
+    return norm
+
+
+def check_snapshot(snap: AdapterDelta, adapter_id: str, bound: ServeBound) -> float:
+    """What a replica does with a snapshot, without a replica: apply it to an empty adapter
+    (adapter id, base version, rank, every module in full, shapes, dtypes, finite values, the
+    declared norm) and bound the result's ΔW norm. Returns that norm, or raises SnapshotRefused."""
+    if not snap.snapshot:
+        raise SnapshotRefused("invalid", f"message seq {snap.seq} of {adapter_id!r} is not a snapshot")
+    start = empty_state(adapter_id, bound.base_version, bound.shapes, bound.rank)
+    try:
+        state = apply_delta(start, snap, bound.max_norm)  # max_norm bounds only incremental deltas
+    except AdapterError as exc:
+        raise SnapshotRefused("invalid", f"snapshot seq {snap.seq} of {adapter_id!r}: {exc}") from exc
+    return check_state(state.tensors, bound)
+
+
+# -- retries ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RedisRetry:
+    """How long the trainer rides out Redis errors: waits of `first_s`, doubling up to `max_s`,
+    until `give_up_s` have passed since the first failure of an operation (then StoreError)."""
+
+    first_s: float = 0.05
+    max_s: float = 2.0
+    give_up_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first_s <= self.max_s:
+            raise ConfigError(
+                f"RedisRetry needs 0 < first_s <= max_s (got first_s={self.first_s!r}, max_s={self.max_s!r})"
+            )
+        if not self.give_up_s >= 0:
+            raise ConfigError(f"RedisRetry.give_up_s must be >= 0 (got {self.give_up_s!r})")
+
+
+Observer = Callable[[str, str], None]  # (operation, "retried" | "gave_up")
+
+
 @dataclass(frozen=True)
 class Restored:
-    """What Redis knows about one adapter: its snapshot (if any) and the highest reserved seq."""
+    """What Redis knows about one adapter: its snapshot (if any and decodable), the highest seq
+    reserved or snapshotted (-1 if none), the snapshot's offsets, and why a stored snapshot was
+    discarded (`invalid`, None when it was fine or absent)."""
 
     snapshot: AdapterDelta | None
     last_seq: int
     offsets: dict[int, int]
+    invalid: str | None = None
 
 
 class SnapshotStore:
-    """Async Redis access for the trainer (a `redis.asyncio.Redis` client is passed in)."""
+    """Async Redis access for the trainer (a `redis.asyncio.Redis` client is passed in).
 
-    def __init__(self, client: Any, prefix: str, topic: str) -> None:
+    `observer(op, outcome)` hears of every retried error and every give-up (for metrics); setting
+    `abort` (e.g. the service's stop event) makes the next failure final instead of waiting.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        prefix: str,
+        topic: str,
+        retry: RedisRetry | None = None,
+        observer: Observer | None = None,
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.topic = topic
+        self.retry = retry or RedisRetry()
+        self.observer = observer
+        self.abort: asyncio.Event | None = None
+
+    async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        t0 = time.monotonic()
+        delay = self.retry.first_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await fn()
+            except TRANSIENT as exc:
+                waited = time.monotonic() - t0
+                if waited + delay > self.retry.give_up_s or (self.abort is not None and self.abort.is_set()):
+                    self._observe(op, "gave_up")
+                    raise StoreError(
+                        f"Redis {op} failed {attempt} time(s) over {waited:.1f} s "
+                        f"(give_up_s={self.retry.give_up_s}): {_describe(exc)}"
+                    ) from exc
+                self._observe(op, "retried")
+                if attempt == 1 or attempt % 20 == 0:
+                    log.warning(
+                        "Redis %s failed (attempt %d), retrying in %.2f s: %s",
+                        op,
+                        attempt,
+                        delay,
+                        _describe(exc),
+                    )
+                await self._sleep(delay)
+                delay = min(2 * delay, self.retry.max_s)
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise StoreError(f"Redis {op} failed: {_describe(exc)}") from exc
+
+    def _observe(self, op: str, outcome: str) -> None:
+        if self.observer is not None:
+            self.observer(op, outcome)
+
+    async def _sleep(self, seconds: float) -> None:
+        if self.abort is None:
+            await asyncio.sleep(seconds)
+            return
+        try:  # a stop request ends the wait early; the next failure is then final
+            await asyncio.wait_for(self.abort.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
 
     async def reserve(self, seqs: Mapping[str, int]) -> None:
         """Record that these seqs are about to be published (call before producing)."""
         if not seqs:
             return
-        try:
-            await self.client.hset(seq_key(self.prefix), mapping={k: str(v) for k, v in seqs.items()})
-        except Exception as exc:
-            raise StoreError(f"could not reserve adapter seqs in Redis: {exc}") from exc
+        mapping = {k: str(v) for k, v in seqs.items()}
+        await self._call("reserve", lambda: self.client.hset(seq_key(self.prefix), mapping=mapping))
 
     async def write(
         self,
@@ -87,12 +264,15 @@ class SnapshotStore:
     ) -> None:
         """Store snapshots, their metadata and the snapshotted partition offsets atomically."""
         now = now or datetime.now(UTC)
-        try:
+        for snap, _ in snaps:
+            if not snap.snapshot:
+                raise StoreError(f"delta seq {snap.seq} of {snap.adapter_id!r} is not a snapshot")
+        encoded = [(snap, codec.encode(snap), offsets) for snap, offsets in snaps]
+
+        async def transaction() -> None:
             async with self.client.pipeline(transaction=True) as pipe:
-                for snap, offsets in snaps:
-                    if not snap.snapshot:
-                        raise StoreError(f"delta seq {snap.seq} of {snap.adapter_id!r} is not a snapshot")
-                    pipe.set(snapshot_key(self.prefix, snap.adapter_id), codec.encode(snap))
+                for snap, payload, offsets in encoded:
+                    pipe.set(snapshot_key(self.prefix, snap.adapter_id), payload)
                     pipe.hset(
                         meta_key(self.prefix, snap.adapter_id),
                         mapping={
@@ -109,36 +289,74 @@ class SnapshotStore:
                         mapping={str(k): str(v) for k, v in partition_offsets.items()},
                     )
                 await pipe.execute()
-        except StoreError:
-            raise
-        except Exception as exc:
-            raise StoreError(f"could not write adapter snapshots to Redis: {exc}") from exc
+
+        await self._call("write", transaction)
 
     async def read(self, adapter_id: str) -> Restored:
-        """The adapter's snapshot (None if absent or invalid), highest reserved seq (-1) and offsets."""
-        try:
-            raw = await self.client.get(snapshot_key(self.prefix, adapter_id))
-            seq = await self.client.hget(seq_key(self.prefix), adapter_id)
-            offsets_raw = await self.client.hget(meta_key(self.prefix, adapter_id), "offsets")
-        except Exception as exc:
-            raise StoreError(f"could not read adapter {adapter_id!r} from Redis: {exc}") from exc
-        snap = None
+        """The adapter's snapshot (None if absent or unreadable; `invalid` says why), the highest
+        seq any key records for it (-1) and the snapshot's offsets."""
+
+        async def fetch() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.get(snapshot_key(self.prefix, adapter_id))
+                pipe.hget(seq_key(self.prefix), adapter_id)
+                pipe.hmget(meta_key(self.prefix, adapter_id), ["seq", "offsets"])
+                result: list[Any] = await pipe.execute()
+                return result
+
+        raw, reserved, (meta_seq, offsets_raw) = await self._call("read", fetch)
+        snap, invalid = None, None
         if raw is not None:
             try:
                 msg = codec.decode(AdapterDelta, raw)
-                snap = msg if isinstance(msg, AdapterDelta) and msg.snapshot else None
-            except SchemaError:
-                snap = None
-        offsets = {int(k): int(v) for k, v in json.loads(offsets_raw).items()} if offsets_raw else {}
-        last = int(seq) if seq is not None else -1
-        if snap is not None:
-            last = max(last, snap.seq)
-        return Restored(snap, last, offsets)
+            except SchemaError as exc:
+                invalid = f"stored snapshot is not a valid AdapterDelta: {exc}"
+            else:
+                if isinstance(msg, AdapterDelta) and msg.snapshot:
+                    snap = msg
+                else:
+                    invalid = f"stored message seq {getattr(msg, 'seq', '?')} is not a snapshot"
+        seqs = [
+            -1,
+            snap.seq if snap is not None else None,
+            _int_or_none(reserved, "adapter-seq", adapter_id),
+            _int_or_none(meta_seq, "adapter-meta seq", adapter_id),
+        ]
+        last = max(v for v in seqs if v is not None)
+        offsets: dict[int, int] = {}
+        if snap is not None and offsets_raw:
+            try:
+                offsets = {int(k): int(v) for k, v in json.loads(offsets_raw).items()}
+            except (ValueError, TypeError, AttributeError) as exc:
+                log.warning(
+                    "adapter %s: snapshot offsets %r unreadable (%s); ignored", adapter_id, offsets_raw, exc
+                )
+        return Restored(snap, last, offsets, invalid)
 
     async def partition_offsets(self) -> dict[int, int]:
         """Snapshotted input offset per partition (empty before the first snapshot)."""
-        try:
-            raw = await self.client.hgetall(offsets_key(self.prefix, self.topic))
-        except Exception as exc:
-            raise StoreError(f"could not read trainer offsets from Redis: {exc}") from exc
-        return {int(k): int(v) for k, v in raw.items()}
+        raw: dict[Any, Any] = await self._call(
+            "offsets", lambda: self.client.hgetall(offsets_key(self.prefix, self.topic))
+        )
+        out = {}
+        for k, v in raw.items():
+            try:
+                out[int(k)] = int(v)
+            except ValueError:
+                key = offsets_key(self.prefix, self.topic)
+                raise StoreError(f"Redis key {key!r}: partition {k!r} → {v!r} is not an offset") from None
+        return out
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"  # redis-py's reprs drop the message
+
+
+def _int_or_none(value: Any, field: str, adapter_id: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        log.warning("adapter %s: %s value %r is not a seq; ignored", adapter_id, field, value)
+        return None

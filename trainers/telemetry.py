@@ -31,6 +31,21 @@ STEP = Histogram(
     buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
 )
 SNAPSHOT = Histogram("adstream_trainers_snapshot_seconds", "Time to snapshot all adapters to Redis")
+REDIS_ERRORS = Counter(
+    "adstream_trainers_redis_errors_total",
+    "Redis errors by operation (reserve, write, read, offsets) and outcome (retried, gave_up)",
+    ["op", "outcome"],
+)
+REFUSED = Counter(
+    "adstream_trainers_refused_snapshots_total",
+    "Adapter states serving would refuse: not published (publish), not resumed (restore, rollback)",
+    ["stage", "reason"],
+)
+ROLLBACKS = Counter(
+    "adstream_trainers_adapter_rollbacks_total",
+    "Adapters put back after a refused state, to their last Redis snapshot or to zero (the base)",
+    ["to"],
+)
 ADAPTERS = Gauge("adstream_trainers_adapters", "Adapters owned by this trainer")
 HELD = Gauge("adstream_trainers_held_examples", "Examples waiting for their attribution window to close")
 AUC = Gauge("adstream_trainers_rolling_auc", "Rolling progressive AUC per slot adapter", ["adapter", "model"])
