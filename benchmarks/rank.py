@@ -1,11 +1,22 @@
 """Rank throughput (candidates/s) of the serving rank model on this machine's CPU (or GPU):
 the base ranker vs base + LoRA adapters, and the exact recall matmul for reference.
 
-Cases, each a forward pass over `--requests` requests × `--candidates` candidates (what one
-`@serve.batch` call scores):
-- base: the frozen ranker only;
-- 1,000 adapters mixed: every candidate's adapter drawn from 1,000 (per-advertiser adapters);
-- slot adapters: three per-slot adapters (the default scheme), requests of mixed slots.
+Every case scores the same candidate features (`--requests` requests × `--candidates`
+candidates, what one `@serve.batch` call scores); only the adapter of each candidate differs:
+- base: the frozen ranker only (the headline's denominator);
+- adapters_uniform: each candidate's adapter drawn uniformly from `--adapters` (1,000
+  per-advertiser adapters, the headline's numerator: almost every candidate its own adapter);
+- adapters_zipf: drawn from a Zipf(`--zipf`) law over the same adapters (skewed advertiser
+  traffic: a few adapters take most candidates), heavy ranks at random bank slots;
+- adapters_zipf_per_sample: the same batch with merged weights off (every candidate through
+  the per-sample path), to show what merging the heavy adapters buys;
+- slot_adapters: three per-slot adapters (the default scheme), requests of mixed slots;
+- one_request_*: one request of `--candidates` alone;
+- with `--large R`: base and adapters_uniform for R requests (more candidates per adapter).
+
+Cases run in interleaved rounds (medians per case), `--runs` times; the JSON keeps every run
+and the machine's load average. Before timing, the adapter cases' scores are checked against
+an independent per-candidate reference (base model with that candidate's adapter merged).
 
     .venv/bin/python benchmarks/rank.py
 """
@@ -13,18 +24,21 @@ Cases, each a forward pass over `--requests` requests × `--candidates` candidat
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def timed(fn, seconds: float) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object], seconds: float) -> float:
     """Median seconds per call over repeated calls for about `seconds`."""
     for _ in range(5):
         fn()
@@ -34,7 +48,27 @@ def timed(fn, seconds: float) -> tuple[float, int]:  # type: ignore[no-untyped-d
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times), len(times)
+    return statistics.median(times)
+
+
+def interleaved(
+    cases: dict[str, Callable[[], object]], seconds: float
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(wall, thread CPU) seconds per call of each case, in rounds that run every case once:
+    a burst of load from other processes on a shared machine then hits every case alike."""
+    for fn in cases.values():
+        for _ in range(3):
+            fn()
+    wall: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    end = time.perf_counter() + seconds * len(cases)
+    while time.perf_counter() < end or min(len(t) for t in wall.values()) < 10:
+        for name, fn in cases.items():
+            t, c = time.perf_counter(), time.thread_time()
+            fn()
+            cpu[name].append(time.thread_time() - c)
+            wall[name].append(time.perf_counter() - t)
+    return wall, cpu
 
 
 def main() -> None:
@@ -42,8 +76,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--candidates", type=int, default=500)
     ap.add_argument("--adapters", type=int, default=1000)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--zipf", type=float, default=1.1, help="exponent of the skewed adapter distribution")
+    ap.add_argument("--large", type=int, default=32, help="requests of the extra large-batch rows (0: none)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="seconds per case per run")
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a serving replica uses 1)")
+    ap.add_argument("--chunk", type=int, default=None, help="RankModel chunk (default: its own)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rank.json")
     args = ap.parse_args()
@@ -55,6 +93,7 @@ def main() -> None:
 
     from schemas.settings import Settings
     from serving.adapters import CANDIDATE
+    from serving.index import ExactIndex
     from serving.ranking import RankInput, RankModel, resolve_device
     from trainers.ranker import Ranker, RankerConfig
 
@@ -63,10 +102,14 @@ def main() -> None:
     settings = Settings(serve_adapter_capacity=args.adapters + 3)
     torch.manual_seed(0)
     cfg = RankerConfig(state_dim=settings.state_dim)
-    model = RankModel(Ranker(cfg).eval().to(device), "bench", settings, device)
+    base_model = Ranker(cfg).eval()
+    model = RankModel(copy.deepcopy(base_model).to(device), "bench", settings, device)
+    if args.chunk:
+        model.chunk = args.chunk
     bank = model.bank
     gen = torch.Generator().manual_seed(1)
-    for i in range(args.adapters):
+    names = [f"adv:{i}" for i in range(args.adapters)] + ["feed", "search", "splash"]
+    for name in names:
         w = {
             n: (
                 torch.randn(bank.rank, s.fan_in, generator=gen) * 0.05,
@@ -74,87 +117,180 @@ def main() -> None:
             )
             for n, s in bank.shapes.items()
         }
-        bank.put(f"adv:{i}", w, version="seq-0", seq=0, base_version="bench")
-    for slot in ("feed", "search", "splash"):
-        w = {
-            n: (
-                torch.randn(bank.rank, s.fan_in, generator=gen) * 0.05,
-                torch.randn(s.fan_out, bank.rank, generator=gen) * 0.05,
-            )
-            for n, s in bank.shapes.items()
-        }
-        bank.put(slot, w, version="seq-0", seq=0, base_version="bench")
+        bank.put(name, w, version="seq-0", seq=0, base_version="bench")
 
     rng = np.random.default_rng(0)
     n = args.candidates
-    dense_dim = cfg.state_dim + 3
     sizes = list(cfg.table_sizes.values())
 
-    def request(rows: np.ndarray, slot: int) -> RankInput:
-        ids = np.stack([rng.integers(0, s, n) for s in sizes], axis=1)
-        ids[:, 4] = slot
-        return RankInput(
-            torch.from_numpy(rng.normal(size=(n, dense_dim)).astype(np.float32)),
-            torch.from_numpy(ids),
-            torch.from_numpy(rows),
-        )
+    def features(requests: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = []
+        for j in range(requests):
+            ids = np.stack([rng.integers(0, s, n) for s in sizes], axis=1)
+            ids[:, 4] = j % 3
+            dense = rng.normal(size=(n, cfg.state_dim + 3)).astype(np.float32)
+            out.append((torch.from_numpy(dense), torch.from_numpy(ids)))
+        return out
 
-    mixed = [
-        request(np.array([bank.row(f"adv:{i}", CANDIDATE) for i in rng.integers(0, args.adapters, n)]), 0)
-        for _ in range(args.requests)
-    ]
-    slots = ["feed", "search", "splash"]
-    per_slot = [request(np.full(n, bank.row(slots[j % 3], CANDIDATE)), j % 3) for j in range(args.requests)]
-    total = n * args.requests
+    adapter_rows = np.array([bank.row(f"adv:{i}", CANDIDATE) for i in range(args.adapters)])
+    zipf_p = 1.0 / np.arange(1, args.adapters + 1) ** args.zipf
+    zipf_p /= zipf_p.sum()
+    zipf_rows = adapter_rows[rng.permutation(args.adapters)]  # heavy ranks at random slots
+    slots = [bank.row(s, CANDIDATE) for s in ("feed", "search", "splash")]
 
-    cases = {
-        "base": lambda: model.score(mixed, use_adapters=False),
-        "adapters_mixed": lambda: model.score(mixed, use_adapters=True),
-        "slot_adapters": lambda: model.score(per_slot, use_adapters=True),
-        "one_request_base": lambda: model.score(mixed[:1], use_adapters=False),
-        "one_request_adapters_mixed": lambda: model.score(mixed[:1], use_adapters=True),
+    def draw(kind: str, requests: int) -> list[np.ndarray]:
+        if kind == "uniform":
+            return [adapter_rows[rng.integers(0, args.adapters, n)] for _ in range(requests)]
+        if kind == "zipf":
+            return [zipf_rows[rng.choice(args.adapters, size=n, p=zipf_p)] for _ in range(requests)]
+        if kind == "one":
+            return [np.full(n, adapter_rows[0]) for _ in range(requests)]
+        return [np.full(n, slots[j % 3]) for j in range(requests)]
+
+    def batch(feats: list[tuple[torch.Tensor, torch.Tensor]], rows: list[np.ndarray]) -> list[RankInput]:
+        return [RankInput(d, i, torch.from_numpy(r)) for (d, i), r in zip(feats, rows, strict=True)]
+
+    feats = features(args.requests)
+    batches = {kind: batch(feats, draw(kind, args.requests)) for kind in ("uniform", "zipf", "slot", "one")}
+    large_feats = features(args.large) if args.large else []
+    large = batch(large_feats, draw("uniform", args.large)) if args.large else []
+
+    def describe(inputs: list[RankInput]) -> dict[str, Any]:
+        """The adapter-id distribution of a batch and how the rank model splits it."""
+        rows = torch.cat([i.rows for i in inputs])
+        counts = torch.bincount(rows)
+        counts = counts[counts > 0]
+        ordered = rows[model.ctx.order(rows)]
+        merged_adapters = on_merged = 0
+        for part in ordered.split(model.chunk):  # planned per forward chunk, as `RankModel` does
+            merged = model.ctx.merge_rows(part)
+            merged_adapters += merged.numel()
+            on_merged += int(torch.isin(part, merged).sum())
+        return {
+            "candidates": int(rows.numel()),
+            "distinct_adapters": int(counts.numel()),
+            "max_candidates_per_adapter": int(counts.max()),
+            "median_candidates_per_adapter": float(counts.float().median()),
+            "top10_adapters_share": round(
+                float(counts.sort(descending=True).values[:10].sum()) / rows.numel(), 3
+            ),
+            "merged_adapters_over_chunks": merged_adapters,
+            "merged_candidates_share": round(on_merged / rows.numel(), 3),
+        }
+
+    @torch.no_grad()
+    def reference(inputs: list[RankInput]) -> np.ndarray:
+        """pCTR per candidate from the plain base model with that candidate's adapter merged."""
+        dense = torch.cat([i.dense for i in inputs])
+        ids = torch.cat([i.ids for i in inputs])
+        rows = torch.cat([i.rows for i in inputs])
+        by_row = {bank.row(a, CANDIDATE): a for a in names}
+        params = dict(base_model.named_parameters())
+        out = torch.empty(rows.numel())
+        for row in rows.unique().tolist():
+            idx = (rows == row).nonzero().squeeze(1)
+            p = dict(params)
+            for layer, (a, b) in bank.weights(by_row[row], CANDIDATE).items():
+                p[f"{layer}.weight"] = params[f"{layer}.weight"] + bank.scale * (b @ a)
+            out[idx] = torch.sigmoid(torch.func.functional_call(base_model, p, (dense[idx], ids[idx])))
+        return out.numpy()
+
+    def per_sample(inputs: list[RankInput]) -> list[np.ndarray]:
+        """Scores with merged weights off: every candidate through the per-sample path."""
+        ctx = model.ctx
+        saved = ctx.group_limit, ctx.merge_max
+        ctx.group_limit = ctx.merge_max = 0
+        try:
+            return model.score(inputs, use_adapters=True)
+        finally:
+            ctx.group_limit, ctx.merge_max = saved
+
+    checks = {}
+    for kind, inputs in batches.items():
+        want = reference(inputs)
+        checks[kind] = float(np.abs(np.concatenate(model.score(inputs, use_adapters=True)) - want).max())
+        checks[f"{kind}_per_sample"] = float(np.abs(np.concatenate(per_sample(inputs)) - want).max())
+    if max(checks.values()) > 1e-5:
+        raise SystemExit(f"adapter scores differ from the per-candidate reference: {checks}")
+
+    cases: dict[str, Callable[[], object]] = {
+        "base": lambda: model.score(batches["uniform"], use_adapters=False),
+        "adapters_uniform": lambda: model.score(batches["uniform"], use_adapters=True),
+        "adapters_zipf": lambda: model.score(batches["zipf"], use_adapters=True),
+        "adapters_zipf_per_sample": lambda: per_sample(batches["zipf"]),
+        "slot_adapters": lambda: model.score(batches["slot"], use_adapters=True),
+        "one_adapter_per_sample": lambda: per_sample(batches["one"]),
+        "one_request_base": lambda: model.score(batches["uniform"][:1], use_adapters=False),
+        "one_request_adapters_uniform": lambda: model.score(batches["uniform"][:1], use_adapters=True),
     }
-    # interleaved rounds, median per case: a burst of load from other processes on this shared
-    # machine then hits every case alike instead of whichever case happened to be running
-    for fn in cases.values():
-        for _ in range(5):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    end = time.perf_counter() + args.seconds * len(cases)
-    while time.perf_counter() < end or min(len(t) for t in times.values()) < 10:
-        for name, fn in cases.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
+    if large:
+        cases["large_base"] = lambda: model.score(large, use_adapters=False)
+        cases["large_adapters_uniform"] = lambda: model.score(large, use_adapters=True)
+    size = {name: n if name.startswith("one_request") else n * args.requests for name in cases}
+    size.update({name: n * args.large for name in cases if name.startswith("large")})
+
+    # thread CPU time excludes the time other processes of a shared machine hold the core
+    # (what a replica on its own core would see); only valid with one torch thread
+    clock = "thread_cpu" if args.threads == 1 and device.type == "cpu" else "wall"
+    runs = []
+    for _ in range(args.runs):
+        load_before = os.getloadavg()[0]
+        wall, cpu = interleaved(cases, args.seconds)
+        runs.append(
+            {
+                "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                "ms_per_batch": {
+                    k: round(statistics.median((cpu if clock == "thread_cpu" else wall)[k]) * 1000, 3)
+                    for k in cases
+                },
+                "wall_ms_per_batch": {k: round(statistics.median(v) * 1000, 3) for k, v in wall.items()},
+                "reps": min(len(v) for v in wall.values()),
+            }
+        )
     results = {}
     for name in cases:
-        sec = statistics.median(times[name])
-        cands = n if name.startswith("one_request") else total
+        ms = statistics.median(r["ms_per_batch"][name] for r in runs)
         results[name] = {
-            "ms_per_batch": round(sec * 1000, 3),
-            "candidates": cands,
-            "candidates_per_s": round(cands / sec),
-            "reps": len(times[name]),
+            "ms_per_batch": round(ms, 3),
+            "candidates": size[name],
+            "candidates_per_s": round(size[name] / ms * 1000),
         }
+
+    def cost(case: str, base: str = "base", key: str = "ms_per_batch") -> float:
+        """Fraction of base throughput lost, per run, median over runs (same-run pairs)."""
+        return statistics.median(1 - r[key][base] / r[key][case] for r in runs)
 
     vecs = rng.normal(size=(10_000, settings.state_dim)).astype(np.float32)
     q = rng.normal(size=settings.state_dim).astype(np.float32)
-    from serving.index import ExactIndex
-
     index = ExactIndex(vecs, 10_000)
     allowed = np.ones(10_000, dtype=bool)
-    sec, _ = timed(lambda: index.search(q, settings.recall_k, allowed), args.seconds / 2)
-    recall_ms = round(sec * 1000, 3)
+    recall_ms = round(timed(lambda: index.search(q, settings.recall_k, allowed), args.seconds / 2) * 1000, 3)
 
-    table = Table("case", "candidates / batch", "ms / batch", "candidates / s")
+    # each adapter case against the base case of the same batch
+    baseline = {name: "base" for name in cases if name != "base" and "base" not in name}
+    baseline["one_request_adapters_uniform"] = "one_request_base"
+    if large:
+        baseline["large_adapters_uniform"] = "large_base"
+    costs = {name: cost(name, base) for name, base in baseline.items()}
+    wall_costs = {name: cost(name, base, "wall_ms_per_batch") for name, base in baseline.items()}
+    table = Table("case", "candidates / batch", "ms / batch", "candidates / s", "cost vs base")
     for name, r in results.items():
-        table.add_row(name, str(r["candidates"]), str(r["ms_per_batch"]), f"{r['candidates_per_s']:,}")
+        c = costs.get(name)
+        table.add_row(
+            name,
+            str(r["candidates"]),
+            str(r["ms_per_batch"]),
+            f"{r['candidates_per_s']:,}",
+            "" if c is None else f"{c:.1%}",
+        )
     Console().print(table)
-    base, mixed_r = results["base"]["candidates_per_s"], results["adapters_mixed"]["candidates_per_s"]
-    cost = 1 - mixed_r / base
+    loads = [x for r in runs for x in r["load_avg_1min"]]
+    per_run = [round(1 - r["ms_per_batch"]["base"] / r["ms_per_batch"]["adapters_uniform"], 3) for r in runs]
     print(
-        f"1,000 mixed adapters cost {cost:.0%} of base throughput (goal ≤ 20%); "
-        f"slot adapters cost {1 - results['slot_adapters']['candidates_per_s'] / base:.0%}; "
+        f"{args.adapters:,} uniform adapters cost {costs['adapters_uniform']:.1%} of base throughput "
+        f"(goal ≤ 20%; per run {per_run}; wall clock {wall_costs['adapters_uniform']:.1%}), "
+        f"Zipf({args.zipf}) {costs['adapters_zipf']:.1%}, slot adapters {costs['slot_adapters']:.1%}; "
+        f"clock {clock}; load average {min(loads)}–{max(loads)} on {os.cpu_count()} CPUs; "
         f"exact recall over 10k ads: {recall_ms} ms"
     )
     out = {
@@ -163,15 +299,35 @@ def main() -> None:
         "torch_threads": args.threads,
         "cpus": os.cpu_count(),
         "batch": f"{args.requests} requests x {n} candidates",
+        "clock": clock,
         "adapters": args.adapters,
+        "adapter_distribution": "uniform over the adapters (headline); Zipf case: p(k) ∝ k^-s",
+        "zipf_exponent": args.zipf,
         "lora_rank": settings.lora_rank,
         "lora_layers": list(bank.shapes),
-        "candidates_per_s_base": base,
-        "candidates_per_s_adapters": mixed_r,
+        "plan": {
+            "chunk": model.chunk,
+            "group_limit": model.ctx.group_limit,
+            "merge_min": model.ctx.merge_min,
+            "merge_max": model.ctx.merge_max,
+        },
+        "candidates_per_s_base": results["base"]["candidates_per_s"],
+        "candidates_per_s_adapters": results["adapters_uniform"]["candidates_per_s"],
+        "candidates_per_s_adapters_zipf": results["adapters_zipf"]["candidates_per_s"],
         "candidates_per_s_slot_adapters": results["slot_adapters"]["candidates_per_s"],
-        "adapter_cost_fraction": round(cost, 3),
+        "adapter_cost_fraction": round(costs["adapters_uniform"], 3),
+        "cost_fractions": {k: round(v, 3) for k, v in costs.items()},
+        "cost_fractions_wall_clock": {k: round(v, 3) for k, v in wall_costs.items()},
+        "distributions": {
+            "uniform": describe(batches["uniform"]),
+            "zipf": describe(batches["zipf"]),
+            "slot": describe(batches["slot"]),
+            **({f"large_uniform_{args.large}x{n}": describe(large)} if large else {}),
+        },
+        "max_abs_diff_vs_reference": checks,
         "recall_exact_10k_ms": recall_ms,
         "cases": results,
+        "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
