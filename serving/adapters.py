@@ -485,29 +485,68 @@ def _where(index: torch.Tensor) -> Where:
     return slice(first, last + 1) if last - first + 1 == index.numel() else index
 
 
+class BankedEmbedding(nn.Module):
+    """An id table plus per-sample LoRA from the bank, PEFT's embedding LoRA: a sample with bank
+    row `a` looking up id `i` gets `E[i] + scale · B[a] A[a][:, i]` (A [r, num_embeddings],
+    B [dim, r]; stored transposed like every bank table). Rows come from `BankContext.rows`.
+
+    One gather of r values and one of B per sample (r·dim floats): for the small id tables it
+    adapts (`wide.category`: dim 1) this costs next to nothing beside the Linear layers.
+    """
+
+    def __init__(self, base: nn.Embedding, name: str, bank: AdapterBank, ctx: BankContext) -> None:
+        super().__init__()
+        self.base = base
+        self.name = name
+        self.bank = bank
+        self.ctx = ctx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.base(ids)
+        rows = self.ctx.rows
+        if rows is None:
+            return out
+        buf = self.ctx.buffers
+        h = buf.a[self.name][rows, ids]  # [n, r]: column `id` of each sample's A
+        lora = torch.bmm(h.unsqueeze(1), buf.b[self.name].index_select(0, rows)).squeeze(1)  # [n, dim]
+        return out.add(lora, alpha=self.bank.scale)
+
+
+def _matches(name: str, targets: tuple[str, ...] | list[str]) -> bool:
+    return any(name == t or name.endswith(f".{t}") or name.startswith(f"{t}.") for t in targets)
+
+
 def target_layers(model: nn.Module, targets: tuple[str, ...] | list[str]) -> list[LayerShape]:
-    """The Linear layers of `model` a target list names: a target matches a module name exactly,
-    as its last component, or as a prefix (`"cross"` adapts `cross.0`, `cross.1`, …)."""
+    """The Linear layers and id tables (Embedding) of `model` a target list names: a target
+    matches a module name exactly, as its last component, or as a prefix (`"cross"` adapts
+    `cross.0`, `cross.1`, …). An Embedding's shape is (num_embeddings, embedding_dim), PEFT's
+    (in, out) of an embedding LoRA."""
     found = []
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        if any(name == t or name.endswith(f".{t}") or name.startswith(f"{t}.") for t in targets):
+        if isinstance(module, nn.Linear) and _matches(name, targets):
             found.append(LayerShape(name, module.in_features, module.out_features))
+        elif isinstance(module, nn.Embedding) and _matches(name, targets):
+            found.append(LayerShape(name, module.num_embeddings, module.embedding_dim))
     if not found:
-        raise AdapterError(f"no Linear layer of the model matches the LoRA targets {list(targets)}")
+        raise AdapterError(
+            f"no Linear or Embedding layer of the model matches the LoRA targets {list(targets)}"
+        )
     return found
 
 
 def install(model: nn.Module, bank: AdapterBank, ctx: BankContext | None = None) -> BankContext:
-    """Replace the bank's layers in `model` by BankedLinear (in place); returns their context."""
+    """Replace the bank's layers in `model` by BankedLinear / BankedEmbedding (in place); returns
+    their context."""
     ctx = ctx or BankContext()
     ctx.buffers = bank.active
     for name in bank.shapes:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         base = parent.get_submodule(child)
-        if not isinstance(base, nn.Linear):
-            raise AdapterError(f"layer {name!r} is {type(base).__name__}, not Linear")
-        setattr(parent, child, BankedLinear(base, name, bank, ctx))
+        if isinstance(base, nn.Linear):
+            setattr(parent, child, BankedLinear(base, name, bank, ctx))
+        elif isinstance(base, nn.Embedding):
+            setattr(parent, child, BankedEmbedding(base, name, bank, ctx))
+        else:
+            raise AdapterError(f"layer {name!r} is {type(base).__name__}, not Linear or Embedding")
     return ctx

@@ -302,3 +302,39 @@ def test_a_swap_during_a_batch_does_not_touch_it(layout: str) -> None:
         _reference(base, rank.bank.scale, updated, batch.dense, batch.ids, adapters),
         atol=1e-5,
     )
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [("cross", "deep", "wide.category", "emb.category"), ("wide.category",)],
+    ids=["mixed", "table"],
+)
+def test_embedding_targets_match_peft(targets: tuple[str, ...]) -> None:
+    """LoRA on id tables (PEFT's embedding LoRA, e.g. a per-category bias shift) serves the same
+    scores as the trainers' PEFT bank, alone or with Linear targets, for any mix of adapters."""
+    torch.manual_seed(1)
+    base = Ranker(CFG).eval()
+    peft = PeftBank(base, LoraSpec(rank=4, alpha=8.0, targets=targets), "v0")
+    settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=16, lora_targets=targets)
+    rank = RankModel(copy.deepcopy(base), "v0", settings, torch.device("cpu"))
+    assert "wide.category" in rank.bank.shapes
+    assert rank.bank.shapes["wide.category"].fan_in == CFG.category_buckets
+    peft.ensure("x")
+    ids = [f"adv:{i}" for i in range(5)]
+    for n, a in enumerate(ids):
+        state = _random_state(peft, 100 + n)
+        peft.set_state(a, state)
+        weights = {m: (state[f"{m}.lora_A"], state[f"{m}.lora_B"]) for m in peft.modules}
+        rank.bank.put(a, weights, version=f"seq-{n}", seq=n, base_version="v0")
+    batch = featurize([Ex(i) for i in range(30)], CFG)
+    for per_sample in (
+        [ids[i % 5] if i % 4 else None for i in range(30)],  # mixed, some without adapter
+        [ids[3]] * 30,  # one adapter (merged path of the Linear layers)
+    ):
+        want = torch.sigmoid(peft.logits(batch, per_sample))
+        rows = torch.tensor([rank.bank.row(a, CANDIDATE) for a in per_sample])
+        got = rank.score([RankInput(batch.dense, batch.ids, rows)], use_adapters=True)[0]
+        assert torch.allclose(torch.from_numpy(got), want, atol=1e-5)
+    # the embedding adapter really moves scores (a zero lora_A would make this test vacuous)
+    plain = torch.sigmoid(base(batch.dense, batch.ids))
+    assert not torch.allclose(torch.from_numpy(got), plain, atol=1e-3)
