@@ -420,6 +420,15 @@ class BankContext:
         key = rows if merged.numel() == 0 else rows + (~torch.isin(rows, merged)) * (int(rows.max()) + 1)
         return torch.argsort(key, stable=True)
 
+    def bag_index_of(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """[n, width] indices `row·width + k` for all of a batch's rows (id-table adapters)."""
+        key = -width  # cached apart from the tail's indices of the same width
+        index = self._bags.get(key)
+        if index is None:
+            index = rows.unsqueeze(1) * width + torch.arange(width, device=rows.device)
+            self._bags[key] = index
+        return index
+
     def bag_index(self, width: int) -> torch.Tensor:
         """[n, width] indices `row·width + k` into a flattened table for the tail rows (cached
         per batch and width)."""
@@ -507,9 +516,13 @@ class BankedEmbedding(nn.Module):
         if rows is None:
             return out
         buf = self.ctx.buffers
-        h = buf.a[self.name][rows, ids]  # [n, r]: column `id` of each sample's A
-        lora = torch.bmm(h.unsqueeze(1), buf.b[self.name].index_select(0, rows)).squeeze(1)  # [n, dim]
-        return out.add(lora, alpha=self.bank.scale)
+        rank, n_ids = self.bank.rank, self.base.num_embeddings
+        # column `id` of each sample's A: row `row·num_embeddings + id` of the flattened Aᵀ
+        h = buf.a[self.name].view(-1, rank).index_select(0, rows * n_ids + ids)  # [n, r]
+        h.mul_(self.bank.scale)
+        b_table = buf.b[self.name].view(-1, self.base.embedding_dim)  # row (adapter, k) = B[adapter][:, k]
+        lora = F.embedding_bag(self.ctx.bag_index_of(rows, rank), b_table, per_sample_weights=h, mode="sum")
+        return out.add_(lora)
 
 
 def _matches(name: str, targets: tuple[str, ...] | list[str]) -> bool:
