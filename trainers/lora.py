@@ -4,8 +4,17 @@ An `AdapterBank` owns a private copy of a `Ranker` wrapped by PEFT (`get_peft_mo
 `LoraConfig` whose `target_modules` are the `nn.Linear` layers under `settings.lora_targets`,
 e.g. `cross.0`, `cross.1`, `deep.0`, `deep.2`). Base weights never get gradients.
 
+Targets may also name id tables (`nn.Embedding`: `emb.category`, `wide.category`, …), adapted
+the PEFT way: A [r, num_embeddings] (init zeros), B [dim, r] (init normal), the lookup of id i
+gains `(alpha / r) · B @ A[:, i]`. A shift shared by everyone (a category trend) is one column
+of such a table; through the cross/deep layers it needs many steps. A published rank
+direction of a table carries a whole row of A (`num_embeddings` floats), so small tables suit
+(`wide.category`: 256; `wide.ad` would be 64 KiB per direction). Serving applies Linear deltas
+only (`serving.adapters`), so embedding targets stay out of the default `settings.lora_targets`;
+`bank.embedding_modules` lists them.
+
 - `bank.ensure(adapter_id)` adds an adapter (A: PEFT's Kaiming init seeded by the adapter id,
-  B: zeros, so a new adapter starts equal to the base model).
+  B: zeros — embeddings the other way round — so a new adapter starts equal to the base model).
 - `bank.logits(batch, adapter_ids)` scores a **mixed** batch: row i uses adapter
   `adapter_ids[i]` (None = base model), through PEFT's per-sample `adapter_names=`.
 - `bank.train_logits(batch, adapter_id)` is the differentiable forward with only that adapter
@@ -13,7 +22,8 @@ e.g. `cross.0`, `cross.1`, `deep.0`, `deep.2`). Base weights never get gradients
   adapter).
 - `bank.get_state(id)` / `bank.set_state(id, tensors)` move an adapter's weights as a plain
   dict `{"<module>.lora_A": [r, in], "<module>.lora_B": [out, r]}` (float32) — the layout
-  `trainers.delta` encodes; the effective weight of a module is `W + (alpha / r) · B @ A`.
+  `trainers.delta` encodes; the effective weight of a module is `W + (alpha / r) · B @ A`
+  (for an embedding, in = num_embeddings, out = dim and the table is `W + (alpha / r) · (B @ A)ᵀ`).
 
 Adapter ids (`adapter_id_for`, identical to what streams writes into TrainingExamples):
 `<slot>`, `adv:<advertiser_id>` or `<slot>/adv:<advertiser_id>` for `settings.adapter_scheme`
@@ -96,15 +106,25 @@ def adapter_id_for(slot: str, advertiser_id: str, scheme: str) -> str:
 
 
 def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
-    """Full names of the `nn.Linear` layers at or under each target prefix (e.g. `cross.0`)."""
+    """Full names of the `nn.Linear` and `nn.Embedding` layers at or under each target prefix
+    (e.g. `cross.0`, `emb.category`)."""
     names = [
         name
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and any(name == t or name.startswith(t + ".") for t in targets)
+        if isinstance(module, nn.Linear | nn.Embedding)
+        and any(name == t or name.startswith(t + ".") for t in targets)
     ]
     if not names:
-        raise ConfigError(f"lora_targets {tuple(targets)!r} match no Linear layer of the model")
+        raise ConfigError(f"lora_targets {tuple(targets)!r} match no Linear or Embedding layer of the model")
     return names
+
+
+def _shape(module: nn.Module) -> tuple[int, int]:
+    """(in, out) of a target: (in_features, out_features) or (num_embeddings, embedding_dim)."""
+    if isinstance(module, nn.Embedding):
+        return module.num_embeddings, module.embedding_dim
+    assert isinstance(module, nn.Linear)
+    return module.in_features, module.out_features
 
 
 def _peft_name(adapter_id: str) -> str:
@@ -143,11 +163,9 @@ class AdapterBank:
         self.model.eval()
         self._ids: dict[str, str] = {}
         self._training: str | None = None  # the adapter set up by the last train_logits
-        self.shapes: dict[str, tuple[int, int]] = {
-            name: (mod.in_features, mod.out_features)
-            for name, mod in base.named_modules()
-            if name in self.modules and isinstance(mod, nn.Linear)
-        }
+        kinds = dict(base.named_modules())
+        self.shapes: dict[str, tuple[int, int]] = {m: _shape(kinds[m]) for m in self.modules}
+        self.embedding_modules: list[str] = [m for m in self.modules if isinstance(kinds[m], nn.Embedding)]
 
     @property
     def adapters(self) -> list[str]:
@@ -186,7 +204,8 @@ class AdapterBank:
             raise AdapterError(f"adapter {adapter_id!r} is not in the bank") from None
 
     def _params(self, name: str) -> list[nn.Parameter]:
-        return [p for n, p in self.model.named_parameters() if f".{name}." in n]
+        # Linear: `….lora_A.<name>.weight`; Embedding: `….lora_embedding_A.<name>`
+        return [p for n, p in self.model.named_parameters() if f".{name}." in n or n.endswith(f".{name}")]
 
     def parameters_of(self, adapter_id: str) -> list[nn.Parameter]:
         """The trainable tensors (every lora_A and lora_B) of one adapter."""
@@ -195,23 +214,22 @@ class AdapterBank:
     def lora_params(self, adapter_id: str) -> dict[str, tuple[nn.Parameter, nn.Parameter]]:
         """`{module: (A [r, in], B [out, r])}`: the live parameters of one adapter."""
         name = self._require(adapter_id)
-        out = {}
-        for module in self.modules:
-            layer = self._module(module)
-            out[module] = (layer.lora_A[name].weight, layer.lora_B[name].weight)
-        return out
+        return {module: self._pair(module, name) for module in self.modules}
 
-    def _module(self, module: str) -> Any:
-        return self._layers[module]
+    def _pair(self, module: str, name: str) -> tuple[nn.Parameter, nn.Parameter]:
+        layer = self._layers[module]
+        if module in self.embedding_modules:
+            return layer.lora_embedding_A[name], layer.lora_embedding_B[name]
+        return layer.lora_A[name].weight, layer.lora_B[name].weight
 
     def get_state(self, adapter_id: str) -> dict[str, torch.Tensor]:
         """A detached copy of the adapter's weights as `{<module>.lora_A, <module>.lora_B}`."""
         name = self._require(adapter_id)
         out: dict[str, torch.Tensor] = {}
         for module in self.modules:
-            layer = self._module(module)
-            out[f"{module}.lora_A"] = layer.lora_A[name].weight.detach().clone()
-            out[f"{module}.lora_B"] = layer.lora_B[name].weight.detach().clone()
+            a, b = self._pair(module, name)
+            out[f"{module}.lora_A"] = a.detach().clone()
+            out[f"{module}.lora_B"] = b.detach().clone()
         return out
 
     def set_state(self, adapter_id: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -220,12 +238,10 @@ class AdapterBank:
         name = self._ids[adapter_id]
         with torch.no_grad():
             for module in self.modules:
-                layer = self._module(module)
-                for part in ("lora_A", "lora_B"):
+                for part, dest in zip(("lora_A", "lora_B"), self._pair(module, name), strict=True):
                     key = f"{module}.{part}"
                     if key not in tensors:
                         raise AdapterError(f"adapter state for {adapter_id!r} lacks tensor {key!r}")
-                    dest = getattr(layer, part)[name].weight
                     got, want = tuple(tensors[key].shape), tuple(dest.shape)
                     if got != want:
                         raise AdapterError(f"tensor {key!r} has shape {got}, expected {want}")

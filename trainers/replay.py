@@ -35,8 +35,13 @@ def replay(
     trainer: OnlineTrainer,
     micro_batch: int,
     on_deltas: Callable[[list[AdapterDelta]], None] | None = None,
+    before_learn: Callable[[list[TrainingExample]], None] | None = None,
 ) -> int:
-    """Feed `examples` (in order) to `trainer` in micro-batches; returns how many were learned."""
+    """Feed `examples` (in order) to `trainer` in micro-batches; returns how many were learned.
+
+    `on_deltas` gets each micro-batch's deltas (to publish, or to apply to a replica);
+    `before_learn` sees each micro-batch before the trainer does, e.g. to score it with what
+    replicas hold at that moment (the published state, progressive like the trainer's own)."""
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
     n = 0
@@ -44,10 +49,10 @@ def replay(
     for ex in examples:
         chunk.append(ex)
         if len(chunk) >= micro_batch:
-            n += _feed(trainer, chunk, on_deltas)
+            n += _feed(trainer, chunk, on_deltas, before_learn)
             chunk = []
     if chunk:
-        n += _feed(trainer, chunk, on_deltas)
+        n += _feed(trainer, chunk, on_deltas, before_learn)
     rest = trainer.flush() + trainer.take_pending()
     if on_deltas is not None and rest:
         on_deltas(rest)
@@ -58,7 +63,10 @@ def _feed(
     trainer: OnlineTrainer,
     chunk: list[TrainingExample],
     on_deltas: Callable[[list[AdapterDelta]], None] | None,
+    before_learn: Callable[[list[TrainingExample]], None] | None = None,
 ) -> int:
+    if before_learn is not None:
+        before_learn(chunk)
     deltas = trainer.learn(chunk) + trainer.take_pending()
     if on_deltas is not None and deltas:
         on_deltas(deltas)
