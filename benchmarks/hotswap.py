@@ -44,14 +44,11 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
 
     from schemas import codec, topics
     from trainers.delta import AdapterState, empty_state, make_delta, select_parts
-    from trainers.lora import target_modules
+    from trainers.lora import target_shapes
     from trainers.ranker import load_checkpoint
 
     model, version = load_checkpoint(model_dir / "ranker")
-    shapes = {
-        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
-        for m in target_modules(model, settings.lora_targets)
-    }  # type: ignore[attr-defined]
+    shapes = target_shapes(model, settings.lora_targets)  # type: ignore[attr-defined]
     states = {s: empty_state(s, version, shapes, settings.lora_rank) for s in slots}  # type: ignore[attr-defined]
     gen = torch.Generator().manual_seed(0)
     msgs = []  # made before the load, so that publishing costs the machine next to nothing

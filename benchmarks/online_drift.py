@@ -466,7 +466,7 @@ def main() -> None:
     ap.add_argument(
         "--targets",
         type=lambda v: tuple(x for x in v.split(",") if x),
-        default=(*settings.lora_targets, "wide.category"),
+        default=tuple(dict.fromkeys((*settings.lora_targets, "wide.category"))),
         help="LoRA targets of the online model (comma-separated; default: settings' + wide.category)",
     )
     ap.add_argument("--lr", type=float, default=settings.online_lr, help="Adam lr, Linear targets")

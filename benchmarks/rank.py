@@ -83,6 +83,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a serving replica uses 1)")
     ap.add_argument("--chunk", type=int, default=None, help="RankModel chunk (default: its own)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--targets",
+        type=lambda v: tuple(t for t in v.split(",") if t),
+        default=None,
+        help="LoRA targets, comma-separated (default: settings.lora_targets)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rank.json")
     args = ap.parse_args()
 
@@ -100,6 +106,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     settings = Settings(serve_adapter_capacity=args.adapters + 3)
+    if args.targets:
+        settings = settings.model_copy(update={"lora_targets": args.targets})
     torch.manual_seed(0)
     cfg = RankerConfig(state_dim=settings.state_dim)
     base_model = Ranker(cfg).eval()
@@ -304,6 +312,7 @@ def main() -> None:
         "adapter_distribution": "uniform over the adapters (headline); Zipf case: p(k) ∝ k^-s",
         "zipf_exponent": args.zipf,
         "lora_rank": settings.lora_rank,
+        "lora_targets": list(settings.lora_targets),
         "lora_layers": list(bank.shapes),
         "plan": {
             "chunk": model.chunk,

@@ -99,16 +99,13 @@ def write_adapters(settings: object, model_dir: Path, catalog: Path) -> int:
 
     from schemas import codec
     from trainers.delta import AdapterState, empty_state, full_parts, make_delta
-    from trainers.lora import adapter_id_for, target_modules
+    from trainers.lora import adapter_id_for, target_shapes
     from trainers.ranker import load_checkpoint
     from trainers.snapshots import snapshot_key
 
     model, version = load_checkpoint(model_dir / "ranker")
     s = settings
-    shapes = {
-        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
-        for m in target_modules(model, s.lora_targets)
-    }  # type: ignore[attr-defined]
+    shapes = target_shapes(model, s.lora_targets)  # type: ignore[attr-defined]
     advertisers = sorted(
         {json.loads(line)["advertiser_id"] for line in catalog.open() if '"kind":"ad"' in line}
     )

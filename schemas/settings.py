@@ -53,7 +53,10 @@ class Settings(BaseSettings):
     # -- trainers ------------------------------------------------------------------------
     lora_rank: int = Field(8, ge=1, le=256)
     lora_alpha: float = Field(16.0, gt=0)
-    lora_targets: tuple[str, ...] = Field(("cross", "deep"), description="Ranker modules to adapt")
+    lora_targets: tuple[str, ...] = Field(
+        ("cross", "deep", "wide.category"),
+        description="Ranker modules to adapt: Linear layers and small id tables (name or prefix)",
+    )
     adapter_scheme: Literal["slot", "advertiser", "slot+advertiser"] = "slot"
     micro_batch: int = Field(256, ge=1)
     micro_batch_s: float = Field(0.5, gt=0)
@@ -62,6 +65,9 @@ class Settings(BaseSettings):
     snapshot_every_s: float = Field(30.0, gt=0)
     model_dir: Path = Field(Path(".adstream/models"), description="Checkpoints and ad index")
     online_lr: float = Field(0.003, gt=0, description="Adam learning rate of the online LoRA trainer")
+    online_embedding_lr: float = Field(
+        0.2, gt=0, description="SGD learning rate of LoRA on id tables (lora_targets like wide.category)"
+    )
     delta_window_steps: int = Field(50, ge=1, description="Steps in the ΔW direction-magnitude window")
     progressive_window: int = Field(2000, ge=10, description="Examples in rolling AUC/logloss windows")
     reset_margin: float = Field(0.01, ge=0, description="Adapter AUC below base by more than this is bad")

@@ -526,14 +526,16 @@ class BankedEmbedding(nn.Module):
 
 
 def _matches(name: str, targets: tuple[str, ...] | list[str]) -> bool:
-    return any(name == t or name.endswith(f".{t}") or name.startswith(f"{t}.") for t in targets)
+    # the trainers' rule (`trainers.lora.target_modules`): a name or a prefix, nothing else, so
+    # a replica adapts exactly the modules the trainer publishes
+    return any(name == t or name.startswith(f"{t}.") for t in targets)
 
 
 def target_layers(model: nn.Module, targets: tuple[str, ...] | list[str]) -> list[LayerShape]:
     """The Linear layers and id tables (Embedding) of `model` a target list names: a target
-    matches a module name exactly, as its last component, or as a prefix (`"cross"` adapts
-    `cross.0`, `cross.1`, …). An Embedding's shape is (num_embeddings, embedding_dim), PEFT's
-    (in, out) of an embedding LoRA."""
+    matches a module name exactly or as a prefix (`"cross"` adapts `cross.0`, `cross.1`, …).
+    An Embedding's shape is (num_embeddings, embedding_dim), PEFT's (in, out) of an embedding
+    LoRA."""
     found = []
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and _matches(name, targets):

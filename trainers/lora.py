@@ -119,8 +119,17 @@ def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
     return names
 
 
-def _shape(module: nn.Module) -> tuple[int, int]:
-    """(in, out) of a target: (in_features, out_features) or (num_embeddings, embedding_dim)."""
+def target_shapes(model: nn.Module, targets: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """`{module: (in, out)}` of every LoRA target of `model` (what `empty_state` needs)."""
+    return {m: module_shape(model.get_submodule(m)) for m in target_modules(model, targets)}
+
+
+def module_shape(module: nn.Module) -> tuple[int, int]:
+    """(in, out) of a target: (in_features, out_features) or (num_embeddings, embedding_dim).
+
+    >>> module_shape(nn.Embedding(256, 1)), module_shape(nn.Linear(3, 5))
+    ((256, 1), (3, 5))
+    """
     if isinstance(module, nn.Embedding):
         return module.num_embeddings, module.embedding_dim
     assert isinstance(module, nn.Linear)
@@ -164,7 +173,7 @@ class AdapterBank:
         self._ids: dict[str, str] = {}
         self._training: str | None = None  # the adapter set up by the last train_logits
         kinds = dict(base.named_modules())
-        self.shapes: dict[str, tuple[int, int]] = {m: _shape(kinds[m]) for m in self.modules}
+        self.shapes: dict[str, tuple[int, int]] = {m: module_shape(kinds[m]) for m in self.modules}
         self.embedding_modules: list[str] = [m for m in self.modules if isinstance(kinds[m], nn.Embedding)]
 
     @property

@@ -96,6 +96,7 @@ class OnlineSpec:
         """The trainer knobs of `settings`."""
         return cls(
             lr=s.online_lr,
+            embedding_lr=s.online_embedding_lr,
             delta_percentile=s.delta_percentile,
             delta_window_steps=s.delta_window_steps,
             max_norm=s.delta_max_norm,

@@ -92,14 +92,11 @@ def snapshot_delta(
 ):  # type: ignore[no-untyped-def]
     """A full snapshot of a small random adapter for the test ranker (what the trainer stores)."""
     from trainers.delta import AdapterState, empty_state, full_parts, make_delta
-    from trainers.lora import target_modules
+    from trainers.lora import target_shapes
     from trainers.ranker import load_checkpoint
 
     model, version = load_checkpoint(model_dir)
-    shapes = {
-        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
-        for m in target_modules(model, targets)
-    }
+    shapes = target_shapes(model, targets)
     st = empty_state(adapter_id, version, shapes, rank)
     g = torch.Generator().manual_seed(seed)
     tensors = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in st.tensors.items()}

@@ -19,7 +19,7 @@ from schemas import codec, topics
 from schemas.events import AdapterDelta, AdCreative, Impression
 from schemas.settings import Settings
 from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
-from trainers.lora import adapter_id_for, target_modules
+from trainers.lora import adapter_id_for, target_shapes
 from trainers.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
 
@@ -171,10 +171,7 @@ def _step(state: AdapterState, scale: float, seed: int) -> tuple[AdapterState, A
 def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Settings) -> None:
     s = serve_settings
     model, version = load_checkpoint(s.model_dir / "ranker")
-    shapes = {
-        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
-        for m in target_modules(model, s.lora_targets)
-    }
+    shapes = target_shapes(model, s.lora_targets)
     aid = adapter_id_for("search", "", s.adapter_scheme) if s.adapter_scheme == "slot" else None
     if aid is None:
         pytest.skip("this test drives the per-slot adapter scheme")
@@ -314,13 +311,10 @@ def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
     )
     assert isinstance(snap6, AdapterDelta) and snap6.seq == 6
     from trainers.delta import apply_delta, empty_state
-    from trainers.lora import target_modules
+    from trainers.lora import target_shapes
 
     model, _ = load_checkpoint(s.model_dir / "ranker")
-    shapes = {
-        m: (model.get_submodule(m).in_features, model.get_submodule(m).out_features)
-        for m in target_modules(model, s.lora_targets)
-    }
+    shapes = target_shapes(model, s.lora_targets)
     st6 = apply_delta(empty_state("splash", version, shapes, s.lora_rank), snap6, s.delta_max_norm)
     assert isinstance(st6, AdapterState)
     _, d7 = _step(st6, 0.05, 7)

@@ -182,7 +182,10 @@ def _reference(
         for i, a in enumerate(adapters):
             p = dict(params)
             for m, (wa, wb) in (weights[a] if a is not None else {}).items():
-                p[f"{m}.weight"] = params[f"{m}.weight"] + scale * (wb @ wa)
+                delta = wb @ wa  # [out, in]; an id table is stored [num_embeddings, dim]
+                if isinstance(base.get_submodule(m), torch.nn.Embedding):
+                    delta = delta.T
+                p[f"{m}.weight"] = params[f"{m}.weight"] + scale * delta
             out.append(torch.sigmoid(torch.func.functional_call(base, p, (dense[i : i + 1], ids[i : i + 1]))))
     return torch.cat(out) if out else torch.zeros(0)
 
