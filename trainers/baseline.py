@@ -1,7 +1,9 @@
 """A logistic-regression CTR baseline (scikit-learn) on the ranker's own features.
 
-Dense columns as they are plus one-hot ids (ad, advertiser, campaign, category, slot, position,
-hour): the classic "LR on hashed ids" production baseline the ranker has to beat.
+Dense columns standardised with the training rows' mean and standard deviation, plus one-hot ids
+(ad, advertiser, campaign, category, slot, position, hour): the classic "LR on hashed ids"
+production baseline the ranker has to beat. (Raw user-state sums reach the hundreds for heavy
+users; unscaled, lbfgs stopped at its iteration limit before converging.)
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from trainers.metrics import auc, logloss
 from trainers.offline import EvalResult
 
 
-def _design(batch: RankerBatch, offsets: np.ndarray, width: int) -> sp.csr_matrix:
+def _design(
+    batch: RankerBatch, offsets: np.ndarray, width: int, mean: np.ndarray, std: np.ndarray
+) -> sp.csr_matrix:
     ids = batch.ids.numpy() + offsets[None, :]
     n, k = ids.shape
     onehot = sp.csr_matrix((np.ones(n * k), (np.repeat(np.arange(n), k), ids.ravel())), shape=(n, width))
-    return sp.hstack([sp.csr_matrix(batch.dense.numpy()), onehot]).tocsr()
+    dense = (batch.dense.numpy().astype(np.float64) - mean) / std
+    return sp.hstack([sp.csr_matrix(dense), onehot]).tocsr()
 
 
 def logistic_baseline(train: RankerBatch, holdout: RankerBatch, c: float = 1.0, seed: int = 0) -> EvalResult:
@@ -36,9 +41,13 @@ def logistic_probs(train: RankerBatch, holdout: RankerBatch, c: float = 1.0, see
     sizes = np.maximum(train.ids.max(0).values.numpy(), holdout.ids.max(0).values.numpy()) + 1
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     width = int(sizes.sum())
+    dense = train.dense.numpy().astype(np.float64)
+    mean = dense.mean(0) if len(dense) else np.zeros(dense.shape[1])
+    std = dense.std(0) if len(dense) else np.ones(dense.shape[1])
+    std = np.where(std > 1e-6, std, 1.0)  # constant columns (e.g. no recall score) stay as they are
     model = LogisticRegression(C=c, max_iter=2000, random_state=seed)
-    model.fit(_design(train, offsets, width), train.label.numpy())
-    probs: np.ndarray = model.predict_proba(_design(holdout, offsets, width))[:, 1]
+    model.fit(_design(train, offsets, width, mean, std), train.label.numpy())
+    probs: np.ndarray = model.predict_proba(_design(holdout, offsets, width, mean, std))[:, 1]
     return probs
 
 
