@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     # -- trainers ------------------------------------------------------------------------
     lora_rank: int = Field(8, ge=1, le=256)
     lora_alpha: float = Field(16.0, gt=0)
+    # Linear layers of the cross/deep towers + the per-category bias table (a trend shared by
+    # many users is one column of it: benchmarks/online_drift.py). Cheaper sets (e.g. `deep.0`,
+    # `wide.category`) cost about half at serving (benchmarks/rank.py --targets …)
     lora_targets: tuple[str, ...] = Field(
         ("cross", "deep", "wide.category"),
         description="Ranker modules to adapt: Linear layers and small id tables (name or prefix)",

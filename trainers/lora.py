@@ -57,7 +57,7 @@ class LoraSpec:
 
     rank: int = 8
     alpha: float = 16.0
-    targets: tuple[str, ...] = ("cross", "deep")
+    targets: tuple[str, ...] = ("cross", "deep", "wide.category")  # as `Settings.lora_targets`
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or not 1 <= self.rank <= 256:

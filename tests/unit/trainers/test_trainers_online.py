@@ -98,13 +98,16 @@ def test_snapshot_makes_published_equal_to_full_state_and_restore_keeps_seq() ->
 
 
 def test_poisoned_examples_are_dropped_not_learned() -> None:
-    tr = _trainer(OnlineSpec(lr=1e6, max_norm=0.5, min_step_examples=16))
+    tr = _trainer(OnlineSpec(lr=1e6, embedding_lr=1e6, max_norm=0.5, min_step_examples=16))
     replay(make_examples(200, dim=8), tr, micro_batch=64)
     assert tr.counts["dropped_oversized"] > 0
     state = tr.bank.get_state("feed")
     assert all(torch.isfinite(v).all() for v in state.values())
-    # dropped steps leave the adapter unchanged (B stays zero: scores equal the base)
-    assert all(float(v.abs().sum()) == 0 for k, v in state.items() if k.endswith("lora_B"))
+    # dropped steps leave the adapter unchanged (its zero-initialised half stays zero, so scores
+    # equal the base): B of a Linear target, A of an id table (PEFT initialises them that way)
+    tables = set(tr.bank.embedding_modules)
+    zero_half = [f"{m}.lora_A" if m in tables else f"{m}.lora_B" for m in tr.bank.modules]
+    assert zero_half and all(float(state[k].abs().sum()) == 0 for k in zero_half)
 
 
 def test_guard_resets_an_adapter_worse_than_base() -> None:

@@ -39,7 +39,7 @@ VERSION = "ranker-unit"
 def trained() -> OnlineTrainer:
     torch.manual_seed(0)
     tr = OnlineTrainer(
-        AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), VERSION),
+        AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=("cross", "deep")), VERSION),
         OnlineSpec(lr=0.01, min_step_examples=16),
     )
     replay(make_examples(600, dim=8, adapters=("feed",)), tr, 64)
