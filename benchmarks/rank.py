@@ -199,7 +199,10 @@ def main() -> None:
             idx = (rows == row).nonzero().squeeze(1)
             p = dict(params)
             for layer, (a, b) in bank.weights(by_row[row], CANDIDATE).items():
-                p[f"{layer}.weight"] = params[f"{layer}.weight"] + bank.scale * (b @ a)
+                delta = b @ a  # [out, in]; an id table is stored [num_embeddings, dim]
+                if isinstance(base_model.get_submodule(layer), torch.nn.Embedding):
+                    delta = delta.T
+                p[f"{layer}.weight"] = params[f"{layer}.weight"] + bank.scale * delta
             out[idx] = torch.sigmoid(torch.func.functional_call(base_model, p, (dense[idx], ids[idx])))
         return out.numpy()
 
