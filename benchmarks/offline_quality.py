@@ -1,0 +1,530 @@
+"""Benchmark: offline ranker quality — simulator (ranker, LR, oracle, per-user ceiling) and OBD.
+
+Everything goes through the real pipeline: contract events → `streams.offline.training_examples`
+(the streams label join and user state, the live worker's code) → `trainers.offline` (time-ordered
+split, `train_ranker`, `predict`) and `trainers.baseline` (LR on the ranker's own features, the
+paired-bootstrap CI of the AUC difference).
+
+**Simulator** (`workloads.Market`, open loop, random logging policy). For every config of
+`--configs` and every seed of `--seeds`: the last `--holdout` (20 %) of the examples by impression
+time is held out; on the same holdout rows we score
+- `ranker`: `train_ranker` with the default `TrainSpec` (seeded);
+- `lr`: `trainers.baseline.logistic_probs` on the same split;
+- `oracle`: the simulator's true click probability of each impression (`market.oracle_pctr`);
+- `ceiling`: an estimate of the best AUC reachable from per-user data — the posterior-predictive
+  click probability of a Bayes estimator that knows the true generative model (the prior of
+  tastes: `favorite_categories` favourites with `favorite_boost` plus N(0, `interest_noise`²)
+  noise, and the drift's time and share) and every non-user effect exactly (ad quality,
+  advertiser, slot, position, bias), and learns the user's tastes only from that user's own
+  earlier impressions and clicks (exact over the favourite sets, Gauss–Hermite over the noise).
+  It ignores dwell (a little information) and sees each click as soon as its impression is
+  shown, so it is a near-upper bound, not a strict one. `oracle − ceiling` is the part of the
+  gap no learner can close with this much data per user; `ceiling − ranker` is what is left.
+
+Configs (impressions = users × per-user count; the rest is `MarketConfig`'s defaults):
+- `default`: 1000 users × 200 (the simulator's defaults; drift and new ads half-way);
+- `rich`: `--rich-users` (20) users × `--rich-per-user` (10,000), no drift. Why: the same
+  200,000 impressions (same cost) with enough clicks per user (~100) that the ceiling comes
+  within ~0.005 of the oracle, so the remaining gap measures the ranker, not the data. Drift is
+  off because the market's default rate (100 requests/s) packs the whole run into ~12 simulated
+  minutes, far below the state's 1 h intent half-life: a user who redraws tastes keeps the old
+  ones in the state for the whole holdout, which caps any state-based model (not the oracle);
+- `rich-drift` (opt-in): `rich` with the default drift, to show that cap.
+
+**Open Bandit Dataset** (`workloads.obd`, the six files of `obp==0.4.1`: 60,000 impressions,
+287 clicks). Each file alone holds ~40 clicks, so a 20 % holdout has ~8: no comparison. The six
+logs cover the same week and are pooled into one time-ordered stream (item ids made
+campaign-specific, since each campaign numbers its items from 0; cohorts keep their ids), then
+evaluated with rolling-origin folds (`--obd-origins` 0.5…0.9: train on everything before the
+origin, score the next block; a fresh ranker and LR per fold on the same rows). The pooled
+out-of-fold predictions (~144 clicks) give both AUCs and the paired-bootstrap 95 % CI of
+ranker − LR; `per_file` splits those rows by source file; `standalone` (skip with
+`--no-obd-standalone`) repeats the folds on each file alone.
+
+Usage: `.venv/bin/python benchmarks/offline_quality.py [--part sim|obd|all] [--seeds 0,1]
+[--configs default,rich] [--impression-weight W] [--no-obd-standalone] [--out PATH]`; writes
+`benchmarks/results/offline_quality.json`. About 9 minutes on 2 busy cores: each simulator run
+~1.5 minutes (a third of it making the examples), the OBD part ~2.5.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+# run as a script, this folder comes first on sys.path and its streams.py would shadow the package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from schemas.events import AdCreative, Click, Impression, Message, TrainingExample
+from schemas.settings import Settings
+from streams.offline import training_examples
+from streams.processor import Processor
+from streams.state import EngagementWeights
+from trainers.baseline import auc_diff_ci, logistic_probs
+from trainers.features import featurize
+from trainers.metrics import auc
+from trainers.offline import TrainSpec, predict, time_split, train_ranker
+from trainers.ranker import RankerConfig
+from workloads import Market, MarketConfig
+from workloads.obd import CAMPAIGNS, POLICIES, replay_obd
+
+OUT = Path(__file__).parent / "results" / "offline_quality.json"
+console = Console(width=150)
+
+
+# -- the per-user Bayes ceiling ------------------------------------------------------------
+class _History:
+    """Log-likelihood of some of a user's clicks per category × favourite? × noise node, with its
+    marginal over the noise nodes kept up to date row by row."""
+
+    def __init__(self, n_cat: int, log_w: np.ndarray) -> None:
+        self.log_w = log_w
+        self.ll = np.zeros((n_cat, 2, len(log_w)))
+        self.log_m = np.zeros((n_cat, 2))  # log Σ_g w_g exp(ll): the marginal over the noise
+
+    def add(self, cat: int, loglik: np.ndarray) -> None:
+        self.ll[cat] += loglik
+        self.log_m[cat] = np.logaddexp.reduce(self.ll[cat] + self.log_w, axis=1)
+
+    def predictive(self, cat: int, logits: np.ndarray, sets: np.ndarray) -> tuple[float, float]:
+        """(posterior-predictive click probability in `cat`, log marginal likelihood).
+
+        `logits` [2, G]: this impression's click logit per (favourite?, noise node); `sets` [S, C]:
+        every possible set of favourite categories as a 0/1 row (a uniform prior over them).
+        """
+        log_m = self.log_m
+        scores = log_m[:, 0].sum() + sets @ (log_m[:, 1] - log_m[:, 0])  # [S]
+        log_z = float(np.logaddexp.reduce(scores))
+        p_fav = float(np.exp(np.logaddexp.reduce(scores[sets[:, cat] == 1]) - log_z))
+        p = 0.0
+        for fav, share in ((0, 1.0 - p_fav), (1, p_fav)):
+            node_post = np.exp(self.ll[cat, fav] + self.log_w - log_m[cat, fav])
+            p += share * float((node_post / (1.0 + np.exp(-logits[fav]))).sum())
+        return p, log_z
+
+
+def bayes_ceiling(
+    market: Market, examples: Sequence[TrainingExample], holdout_ids: set[str], nodes: int = 15
+) -> dict[str, float]:
+    """Posterior-predictive pCTR of each holdout impression from its user's earlier clicks.
+
+    The estimator knows the market's true model except each user's tastes (see the module
+    docstring); impressions are processed in emission order, each updating its user's posterior
+    after it is scored. After the drift it mixes "kept the tastes" (all history) and "redrew
+    them" (history since the drift) by their marginal likelihoods and the drift share.
+    Returns impression id → probability for the ids in `holdout_ids`.
+    """
+    cfg, world = market.config, market.world
+    cat_index = {c: i for i, c in enumerate(world.categories)}
+    ad_index = {a: i for i, a in enumerate(world.ads.ad_ids)}
+    n_cat = cfg.n_categories
+    z, w = np.polynomial.hermite_e.hermegauss(nodes)
+    log_w = np.log(w / w.sum())
+    interest = np.array([0.0, cfg.favorite_boost])[:, None] + (z * cfg.interest_noise)[None, :]
+    sets = np.array(
+        [
+            [1.0 if c in s else 0.0 for c in range(n_cat)]
+            for s in itertools.combinations(range(n_cat), cfg.favorite_categories)
+        ]
+    )
+    pos_bias = np.asarray(cfg.position_bias)
+    drift_at = market.drift_impression
+    share = cfg.drift_share if drift_at is not None else 0.0
+    users: dict[str, tuple[_History, _History, _History]] = {}  # all, before, since the drift
+    out: dict[str, float] = {}
+    # emission order: impression ids are the market's event counter, zero-padded
+    for k, ex in enumerate(sorted(examples, key=lambda e: e.impression_id)):
+        ad = ad_index[ex.ad_id]
+        cat = cat_index[ex.category]
+        offset = (
+            world.ads.quality[ad]
+            + world.advertiser_effect[world.ads.advertiser[ad]]
+            + cfg.slot_effect[ex.slot]
+            + pos_bias[min(ex.position, len(pos_bias) - 1)]
+            + cfg.bias
+        )
+        logits = cfg.interest_scale * interest + offset
+        if ex.user_id not in users:
+            users[ex.user_id] = (_History(n_cat, log_w), _History(n_cat, log_w), _History(n_cat, log_w))
+        every, before, since = users[ex.user_id]
+        after = drift_at is not None and k >= drift_at
+        if ex.impression_id in holdout_ids:
+            p, log_z = every.predictive(cat, logits, sets)
+            if after and 0 < share < 1:  # a mixture: the user kept or redrew their tastes
+                p_new, log_z_since = since.predictive(cat, logits, sets)
+                _, log_z_before = before.predictive(cat, logits, sets)
+                kept = math.log(1 - share) + log_z
+                redrawn = math.log(share) + log_z_before + log_z_since
+                w_redrawn = 1.0 / (1.0 + math.exp(min(700.0, kept - redrawn)))
+                p = (1 - w_redrawn) * p + w_redrawn * p_new
+            elif after and share >= 1:
+                p, _ = since.predictive(cat, logits, sets)
+            out[ex.impression_id] = p
+        loglik = -np.logaddexp(0.0, -logits) if ex.click else -np.logaddexp(0.0, logits)
+        every.add(cat, loglik)
+        (since if after else before).add(cat, loglik)
+    return out
+
+
+def examples_of(
+    events: Sequence[Message], settings: Settings, impression_weight: float | None
+) -> list[TrainingExample]:
+    """`streams.offline.training_examples` (the worker's state and label join); with
+    `impression_weight`, the same with that impression weight in the user state (an ablation)."""
+    if impression_weight is None:
+        return list(training_examples(events, settings))
+    proc = Processor.from_settings(settings)
+    weights = dataclasses.replace(proc.params.weights, impression=impression_weight)
+    proc.params = dataclasses.replace(proc.params, weights=weights)
+    out = [ex for event in events for ex in proc.on_event(event)]  # as training_examples does
+    return out + proc.join.close_all()
+
+
+# -- simulator runs ------------------------------------------------------------------------
+def sim_config(name: str, seed: int, args: argparse.Namespace) -> tuple[MarketConfig, int]:
+    """(market config, impressions) of a named config."""
+    if name == "default":
+        return MarketConfig(seed=seed), 1000 * 200
+    if name in ("rich", "rich-drift"):
+        cfg = MarketConfig(seed=seed, n_users=args.rich_users)
+        if name == "rich":
+            cfg = MarketConfig(seed=seed, n_users=args.rich_users, drift_at=None)
+        return cfg, args.rich_users * args.rich_per_user
+    raise ValueError(f"--configs: unknown config {name!r} (default, rich, rich-drift)")
+
+
+def sim_run(name: str, seed: int, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """One simulator run: every model scored on the same time-ordered holdout."""
+    mcfg, n = sim_config(name, seed, args)
+    t0 = time.perf_counter()
+    market = Market(mcfg)
+    events = list(market.open_loop(n))
+    examples = examples_of(events, settings, args.impression_weight)
+    t_data = time.perf_counter() - t0
+    train, hold = time_split(examples, args.holdout)
+    rcfg = RankerConfig(state_dim=settings.state_dim)
+    train_b, hold_b = featurize(train, rcfg), featurize(hold, rcfg)
+    assert hold_b.label is not None
+    y = hold_b.label.numpy()
+    t1 = time.perf_counter()
+    spec = TrainSpec(seed=seed)
+    ranker = train_ranker(train_b, rcfg, spec)
+    p_rank = predict(ranker, hold_b).numpy()
+    t_rank = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    p_lr = logistic_probs(train_b, hold_b, seed=seed)
+    t_lr = time.perf_counter() - t2
+    p_oracle = np.array([market.oracle_pctr(e.impression_id) for e in hold])
+    t3 = time.perf_counter()
+    ceiling = bayes_ceiling(market, examples, {e.impression_id for e in hold})
+    p_ceiling = np.array([ceiling[e.impression_id] for e in hold])
+    t_ceiling = time.perf_counter() - t3
+    lo, hi = auc_diff_ci(p_rank, p_lr, y, seed=seed)
+    a_rank, a_lr, a_oracle, a_ceiling = (auc(p, y) for p in (p_rank, p_lr, p_oracle, p_ceiling))
+    seconds = {"data": t_data, "ranker": t_rank, "lr": t_lr, "ceiling": t_ceiling}
+    res: dict[str, Any] = {
+        "config": name,
+        "seed": seed,
+        "users": mcfg.n_users,
+        "impressions": n,
+        "drift_at": mcfg.drift_at,
+        "examples": len(examples),
+        "holdout": len(hold),
+        "holdout_clicks": int(y.sum()),
+        "auc_ranker": a_rank,
+        "auc_lr": a_lr,
+        "auc_oracle": a_oracle,
+        "auc_ceiling": a_ceiling,
+        "ranker_minus_lr_ci95": [lo, hi],
+        "gap_oracle_ranker": a_oracle - a_rank,
+        "gap_oracle_ceiling": a_oracle - a_ceiling,
+        "gap_ceiling_ranker": a_ceiling - a_rank,
+        "spec": asdict(spec),
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+    }
+    console.print(
+        f"sim {name} seed {seed}: ranker {a_rank:.4f} LR {a_lr:.4f} ceiling {a_ceiling:.4f} "
+        f"oracle {a_oracle:.4f} ({sum(seconds.values()):.0f} s)"
+    )
+    return res
+
+
+def summarize_sim(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over seeds per config, and whether the 0.02 goal holds in each seed."""
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(r["config"] for r in runs):
+        rs = [r for r in runs if r["config"] == name]
+        keys = ("auc_ranker", "auc_lr", "auc_ceiling", "auc_oracle", "gap_oracle_ranker")
+        mean = {k: float(np.mean([r[k] for r in rs])) for k in keys}
+        mean["gap_oracle_ceiling"] = float(np.mean([r["gap_oracle_ceiling"] for r in rs]))
+        mean["gap_ceiling_ranker"] = float(np.mean([r["gap_ceiling_ranker"] for r in rs]))
+        out[name] = {
+            "seeds": [r["seed"] for r in rs],
+            "mean": mean,
+            "max_gap_oracle_ranker": max(r["gap_oracle_ranker"] for r in rs),
+            "goal_within_0_02_every_seed": all(r["gap_oracle_ranker"] <= 0.02 for r in rs),
+        }
+    return out
+
+
+# -- Open Bandit Dataset -------------------------------------------------------------------
+def _file_events(policy: str, campaign: str) -> Iterator[Message]:
+    """One OBD file's events with campaign-specific item ids (each campaign counts from 0)."""
+    for m in replay_obd(policy, campaign):
+        if isinstance(m, AdCreative | Impression | Click):
+            m = m.model_copy(update={"ad_id": m.ad_id.replace("obd-item", f"obd-{campaign}-item")})
+        yield m
+
+
+def _source(ex: TrainingExample) -> str:
+    """'policy/campaign' of an OBD example (its impression id is `obd-{policy}-{campaign}-{row}`)."""
+    return "/".join(ex.impression_id.split("-")[1:3])
+
+
+def obd_examples(
+    files: Sequence[tuple[str, str]], settings: Settings, impression_weight: float | None
+) -> list[TrainingExample]:
+    """The training examples of the given OBD files merged into one stream, by impression time."""
+    streams = [list(_file_events(p, c)) for p, c in files]
+    events = list(heapq.merge(*streams, key=lambda m: m.ts))
+    examples = examples_of(events, settings, impression_weight)
+    examples.sort(key=lambda e: (e.impression_ts, e.impression_id))
+    return examples
+
+
+def rolling_folds(
+    examples: Sequence[TrainingExample], origins: Sequence[float], seed: int, settings: Settings
+) -> dict[str, Any]:
+    """Rolling-origin evaluation: per origin, fit on everything before it, score the next block."""
+    rcfg = RankerConfig(state_dim=settings.state_dim)
+    batch = featurize(examples, rcfg)
+    assert batch.label is not None
+    n = len(batch)
+    rows: list[int] = []
+    p_rank: list[np.ndarray] = []
+    p_lr: list[np.ndarray] = []
+    folds = []
+    bounds = [*origins, 1.0]
+    for a_frac, z_frac in itertools.pairwise(bounds):
+        a, z = int(a_frac * n), int(z_frac * n)
+        train, test = batch.select(torch.arange(0, a)), batch.select(torch.arange(a, z))
+        assert test.label is not None
+        ranker = train_ranker(train, rcfg, TrainSpec(seed=seed))
+        p_rank.append(predict(ranker, test).numpy())
+        p_lr.append(logistic_probs(train, test, seed=seed))
+        y = test.label.numpy()
+        folds.append(
+            {
+                "origin": a_frac,
+                "train": a,
+                "test": z - a,
+                "clicks": int(y.sum()),
+                "auc_ranker": auc(p_rank[-1], y),
+                "auc_lr": auc(p_lr[-1], y),
+            }
+        )
+        rows += range(a, z)
+    labels = batch.label.numpy()[rows]
+    pr, pl = np.concatenate(p_rank), np.concatenate(p_lr)
+    lo, hi = auc_diff_ci(pr, pl, labels, seed=seed)
+    chance = np.zeros_like(pr)  # a constant score: AUC 0.5, so these are CIs of AUC − 0.5
+    return {
+        "rows": np.asarray(rows),
+        "p_ranker": pr,
+        "p_lr": pl,
+        "labels": labels,
+        "summary": {
+            "scored": len(rows),
+            "clicks": int(labels.sum()),
+            "auc_ranker": auc(pr, labels),
+            "auc_lr": auc(pl, labels),
+            "ranker_minus_lr_ci95": [lo, hi],
+            "ranker_minus_chance_ci95": list(auc_diff_ci(pr, chance, labels, seed=seed)),
+            "lr_minus_chance_ci95": list(auc_diff_ci(pl, chance, labels, seed=seed)),
+            "folds": folds,
+        },
+    }
+
+
+def obd_run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """Pooled rolling-origin ranker vs LR on the six OBD files (plus each file alone)."""
+    files = [(p, c) for p in POLICIES for c in CAMPAIGNS]
+    t0 = time.perf_counter()
+    examples = obd_examples(files, settings, args.impression_weight)
+    pooled = rolling_folds(examples, args.obd_origins, args.obd_seed, settings)
+    summary = pooled["summary"]
+    sources = np.array([_source(examples[r]) for r in pooled["rows"]])
+    per_file = {}
+    for src in sorted(set(sources)):
+        k = sources == src
+        y = pooled["labels"][k]
+        per_file[src] = {
+            "scored": int(k.sum()),
+            "clicks": int(y.sum()),
+            "auc_ranker": auc(pooled["p_ranker"][k], y),
+            "auc_lr": auc(pooled["p_lr"][k], y),
+        }
+    out: dict[str, Any] = {
+        "examples": len(examples),
+        "clicks": sum(e.click for e in examples),
+        "origins": list(args.obd_origins),
+        "pooled": summary,
+        "per_file": per_file,
+        "seconds_pooled": round(time.perf_counter() - t0, 1),
+    }
+    console.print(
+        f"OBD pooled: {summary['clicks']} scored clicks, ranker {summary['auc_ranker']:.4f} "
+        f"LR {summary['auc_lr']:.4f} CI {summary['ranker_minus_lr_ci95']}"
+    )
+    if args.obd_standalone:
+        t1 = time.perf_counter()
+        alone = {}
+        for p, c in files:
+            res = rolling_folds(
+                obd_examples([(p, c)], settings, args.impression_weight),
+                args.obd_origins,
+                args.obd_seed,
+                settings,
+            )
+            alone[f"{p}/{c}"] = res["summary"]
+        out["standalone"] = alone
+        out["seconds_standalone"] = round(time.perf_counter() - t1, 1)
+    return out
+
+
+# -- output --------------------------------------------------------------------------------
+def _f(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+def _ci(ci: Sequence[float]) -> str:
+    return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    """Rich tables of whatever parts ran."""
+    if "sim" in result:
+        t = Table(title="simulator: time-ordered holdout (last 20 %), same rows for every model")
+        for col in ("config", "seed", "clicks", "ranker", "LR", "ranker−LR 95% CI", "ceiling", "oracle"):
+            t.add_column(col)
+        t.add_column("oracle−ranker", style="bold")
+        t.add_column("oracle−ceiling")
+        for r in result["sim"]["runs"]:
+            t.add_row(
+                r["config"], str(r["seed"]), str(r["holdout_clicks"]), _f(r["auc_ranker"]), _f(r["auc_lr"]),
+                _ci(r["ranker_minus_lr_ci95"]), _f(r["auc_ceiling"]), _f(r["auc_oracle"]),
+                _f(r["gap_oracle_ranker"]), _f(r["gap_oracle_ceiling"]),
+            )  # fmt: skip
+        for name, s in result["sim"]["summary"].items():
+            m = s["mean"]
+            t.add_row(
+                f"[bold]{name} mean", "", "", _f(m["auc_ranker"]), _f(m["auc_lr"]), "",
+                _f(m["auc_ceiling"]), _f(m["auc_oracle"]), _f(m["gap_oracle_ranker"]),
+                _f(m["gap_oracle_ceiling"]),
+            )  # fmt: skip
+        console.print(t)
+        for name, sm in result["sim"]["summary"].items():
+            console.print(
+                f"{name}: oracle − ranker ≤ 0.02 in every seed: {sm['goal_within_0_02_every_seed']} "
+                f"(largest {sm['max_gap_oracle_ranker']:.4f})"
+            )
+    if "obd" in result:
+        o = result["obd"]
+        t = Table(title=f"OBD: rolling-origin folds at {o['origins']} (out-of-fold rows)")
+        for col in ("evaluation", "scored", "clicks", "ranker", "LR", "ranker−LR 95% CI"):
+            t.add_column(col)
+        t.add_column("ranker−0.5 / LR−0.5 95% CI")
+        p = o["pooled"]
+        t.add_row(
+            "[bold]pooled 6 files", str(p["scored"]), str(p["clicks"]), _f(p["auc_ranker"]),
+            _f(p["auc_lr"]), _ci(p["ranker_minus_lr_ci95"]),
+            f"{_ci(p['ranker_minus_chance_ci95'])} / {_ci(p['lr_minus_chance_ci95'])}",
+        )  # fmt: skip
+        for src, r in o["per_file"].items():
+            t.add_row(f"  pooled, rows of {src}", str(r["scored"]), str(r["clicks"]), _f(r["auc_ranker"]),
+                      _f(r["auc_lr"]), "")  # fmt: skip
+        for src, r in o.get("standalone", {}).items():
+            t.add_row(
+                f"  {src} alone", str(r["scored"]), str(r["clicks"]), _f(r["auc_ranker"]), _f(r["auc_lr"]),
+                _ci(r["ranker_minus_lr_ci95"]),
+                f"{_ci(r['ranker_minus_chance_ci95'])} / {_ci(r['lr_minus_chance_ci95'])}",
+            )  # fmt: skip
+        console.print(t)
+
+
+def _plain(x: Any) -> Any:
+    """JSON-ready: NaN → null (an AUC with one class only), numpy scalars → Python."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return x
+
+
+def main() -> None:
+    """Run the parts asked for; print tables; write the JSON."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--part", choices=("sim", "obd", "all"), default="all")
+    ap.add_argument("--seeds", default="0,1", help="simulator seeds, comma-separated")
+    ap.add_argument("--configs", default="default,rich", help="default, rich, rich-drift")
+    ap.add_argument("--rich-users", type=int, default=20)
+    ap.add_argument("--rich-per-user", type=int, default=10_000)
+    ap.add_argument("--holdout", type=float, default=0.2)
+    ap.add_argument(
+        "--obd-origins", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.6, 0.7, 0.8, 0.9]
+    )
+    ap.add_argument("--obd-seed", type=int, default=0)
+    ap.add_argument("--obd-standalone", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument(
+        "--impression-weight",
+        type=float,
+        default=None,
+        help="ablation: EngagementWeights.impression of the user state (default: the state's own)",
+    )
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    settings = Settings()
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    }
+    if args.part in ("sim", "all"):
+        seeds = [int(s) for s in args.seeds.split(",")]
+        runs = [sim_run(name, seed, args, settings) for name in args.configs.split(",") for seed in seeds]
+        result["sim"] = {"runs": runs, "summary": summarize_sim(runs)}
+    if args.part in ("obd", "all"):
+        result["obd"] = obd_run(args, settings)
+    result["total_s"] = round(time.perf_counter() - t0, 1)
+    print_tables(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result["impression_weight"] = (
+        args.impression_weight if args.impression_weight is not None else EngagementWeights().impression
+    )
+    args.out.write_text(json.dumps(_plain(result), indent=2) + "\n")
+    console.print(f"wrote {args.out} ({result['total_s']} s)")
+
+
+if __name__ == "__main__":
+    main()
