@@ -38,29 +38,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
 FAST = RedisRetry(first_s=0.01, max_s=0.1, give_up_s=30.0)
 
 
-@pytest.fixture
-def dep(stack: Settings) -> Settings:
-    """Own topics, Redis keys and consumer group (as `test_trainers_service.deployment`)."""
-    import uuid
-
-    from deploy.stack import create_topics
-
-    tag = uuid.uuid4().hex[:6]
-    s = stack.model_copy(
-        update={
-            "topic_prefix": f"{stack.topic_prefix}{tag}.",
-            "redis_prefix": f"{stack.redis_prefix}{tag}:",
-            "micro_batch": 64,
-            "micro_batch_s": 0.2,
-            "snapshot_every_s": 3600.0,
-            "trainer_group": f"g{tag}",
-            "trainer_hold_labels": False,
-        }
-    )
-    create_topics(s)
-    return s
-
-
 def _client(url: str, **kw: Any) -> Any:
     import redis.asyncio as aredis
     from redis.asyncio.retry import Retry
@@ -296,8 +273,8 @@ def _redis_offsets(redis_client: Any, s: Settings) -> dict[int, int]:
 
 
 @pytest.mark.kafka
-def test_trainer_rides_out_redis_errors(dep: Settings, redis_client: Any) -> None:
-    s = dep
+def test_trainer_rides_out_redis_errors(deployment: Settings, redis_client: Any) -> None:
+    s = deployment
     before = {
         o: _metric("adstream_trainers_redis_errors_total", op=o, outcome="retried")
         for o in ("reserve", "write", "read")
@@ -333,9 +310,9 @@ def test_trainer_rides_out_redis_errors(dep: Settings, redis_client: Any) -> Non
 
 @pytest.mark.kafka
 def test_failed_snapshot_write_commits_nothing_and_a_restart_resumes(
-    dep: Settings, redis_client: Any
+    deployment: Settings, redis_client: Any
 ) -> None:
-    s = dep
+    s = deployment
     asyncio.run(_produce(s, _examples(300, seed=12)))
     asyncio.run(_go(_service(s), 300))
     offsets_1, committed_1 = _redis_offsets(redis_client, s), asyncio.run(_committed(s))
@@ -386,9 +363,9 @@ def _oversized(snap: AdapterDelta, svc: TrainerService) -> AdapterDelta:
 
 @pytest.mark.kafka
 def test_restart_does_not_resume_from_a_corrupt_or_oversized_snapshot(
-    dep: Settings, redis_client: Any
+    deployment: Settings, redis_client: Any
 ) -> None:
-    s = dep
+    s = deployment
     asyncio.run(_produce(s, _examples(300, seed=14)))
     first = _service(s)
     asyncio.run(_go(first, 300))
@@ -428,8 +405,10 @@ def test_restart_does_not_resume_from_a_corrupt_or_oversized_snapshot(
 
 
 @pytest.mark.kafka
-def test_refused_snapshot_rolls_back_to_the_last_snapshot_or_zero(dep: Settings, redis_client: Any) -> None:
-    s = dep
+def test_refused_snapshot_rolls_back_to_the_last_snapshot_or_zero(
+    deployment: Settings, redis_client: Any
+) -> None:
+    s = deployment
     asyncio.run(_produce(s, _examples(300, seed=16)))
     asyncio.run(_go(_service(s), 300))
     key = f"{s.redis_prefix}adapter:"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -36,26 +35,6 @@ def _examples(n: int, seed: int) -> list[TrainingExample]:
     from helpers_trainers import make_examples
 
     return make_examples(n, seed=seed, dim=8, adapters=ADAPTERS)
-
-
-@pytest.fixture
-def deployment(stack: Settings) -> Settings:
-    from deploy.stack import create_topics
-
-    tag = uuid.uuid4().hex[:6]
-    s = stack.model_copy(
-        update={
-            "topic_prefix": f"{stack.topic_prefix}{tag}.",
-            "redis_prefix": f"{stack.redis_prefix}{tag}:",
-            "micro_batch": 64,
-            "micro_batch_s": 0.2,
-            "snapshot_every_s": 3600.0,
-            "trainer_group": f"g{tag}",
-            "trainer_hold_labels": False,
-        }
-    )
-    create_topics(s)
-    return s
 
 
 def _service(s: Settings) -> TrainerService:
