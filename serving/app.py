@@ -326,8 +326,7 @@ class AdServer(ReplicaLoops):
             log.warning("could not clear the pin of %s: %s", adapter_id, exc)
             return _error(503, "adapter pins are unavailable (Redis); nothing changed", {"Retry-After": "1"})
         if self.applier.unpin(adapter_id):
-            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
-            self.metrics.deltas.labels(f"unpin_{outcome}").inc()
+            await self._resync(adapter_id, "unpin")
         return Response(self.applier.info(adapter_id).model_dump_json(), media_type="application/json")
 
 

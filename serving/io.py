@@ -39,6 +39,27 @@ def day_of(now: datetime) -> str:
     return now.strftime("%Y%m%d")
 
 
+def parse_pins(raw: dict[Any, Any]) -> dict[str, int]:
+    """The `adapter-pins` hash as adapter_id → seq; an entry whose seq is not a non-negative
+    integer (written by hand, say) is logged and skipped, never followed.
+
+    >>> parse_pins({b"feed": b"3", b"adv:x": b"soon", "adv:y": "-1"})
+    {'feed': 3}
+    """
+    out: dict[str, int] = {}
+    for k, v in raw.items():
+        key = k.decode() if isinstance(k, bytes) else str(k)
+        try:
+            seq = int(v)
+        except (TypeError, ValueError):
+            seq = -1
+        if seq < 0:
+            log.warning("ignoring adapter pin %r=%r: seq must be a non-negative integer", key, v)
+            continue
+        out[key] = seq
+    return out
+
+
 class RedisIO:
     """Per-request reads in one round trip, and fire-and-forget writes of what was served."""
 
@@ -142,14 +163,7 @@ class RedisIO:
 
     async def pins(self) -> dict[str, int]:
         """The replica-wide adapter pins (admin rollbacks): adapter_id → pinned seq."""
-        raw = await self.client.hgetall(f"{self.prefix}adapter-pins")
-        out: dict[str, int] = {}
-        for k, v in raw.items():
-            try:
-                out[k.decode() if isinstance(k, bytes) else k] = int(v)
-            except ValueError:
-                log.warning("ignoring adapter pin %r=%r: seq is not an integer", k, v)
-        return out
+        return parse_pins(await self.client.hgetall(f"{self.prefix}adapter-pins"))
 
     async def set_pin(self, adapter_id: str, seq: int) -> None:
         await self.client.hset(f"{self.prefix}adapter-pins", adapter_id, seq)

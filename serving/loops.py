@@ -63,8 +63,7 @@ class ReplicaLoops:
             log.warning("could not list adapter snapshots: %s", exc)
             return
         for adapter_id in ids:
-            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
-            self.metrics.deltas.labels(f"snapshot_{outcome}").inc()
+            await self._resync(adapter_id, "snapshot")
         self.rank.bank.promote()  # what the trainers last snapshotted is the stable starting point
 
     async def _follow(self, base: str, handle: Any, from_beginning: bool) -> None:
@@ -93,8 +92,7 @@ class ReplicaLoops:
         self.metrics.swap_pause_max.set(self.max_swap_pause_s)
         self.metrics.deltas.labels(outcome).inc()
         if outcome == "gap":
-            outcome = await self.applier.resync(msg.adapter_id, self.redis.snapshot)
-            self.metrics.deltas.labels(f"resync_{outcome}").inc()
+            outcome = await self._resync(msg.adapter_id, "resync")
             if outcome == "applied":  # the snapshot may end right before this delta: try it again
                 self.metrics.deltas.labels(f"after_resync_{self.applier.apply(msg, arms)}").inc()
 
@@ -112,6 +110,12 @@ class ReplicaLoops:
             except Exception as exc:
                 log.warning("counter flush to Redis failed: %s", exc)
 
+    async def _resync(self, adapter_id: str, why: str) -> str:
+        """Load an adapter's latest snapshot from Redis; counts the outcome as `<why>_<outcome>`."""
+        outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
+        self.metrics.deltas.labels(f"{why}_{outcome}").inc()
+        return outcome
+
     async def _sync_pins(self) -> None:
         """Follow the admin pins other replicas set or lifted (Redis); re-sync what was unpinned."""
         try:
@@ -120,8 +124,7 @@ class ReplicaLoops:
             log.warning("adapter pin refresh failed: %s", exc)
             return
         for adapter_id in self.applier.sync_pins(shared):
-            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
-            self.metrics.deltas.labels(f"unpin_{outcome}").inc()
+            await self._resync(adapter_id, "unpin")
 
     async def _housekeeping(self) -> None:
         """Every second: the day's spend from Redis (pacing) and gauges; every `canary_eval_s`:

@@ -196,3 +196,10 @@ def test_sync_pins_follows_other_replicas(applier: DeltaApplier) -> None:
     # lifted elsewhere: unpinned here and returned for a re-sync
     assert applier.sync_pins({}) == ["adv:v9"] and not applier.pinned
     assert "adv:v9" in applier.needs_resync
+
+
+def test_malformed_pins_are_skipped_not_followed() -> None:
+    from serving.io import parse_pins
+
+    raw = {b"feed": b"3", b"adv:x": b"soon", "adv:y": "-1", b"adv:z": b""}
+    assert parse_pins(raw) == {"feed": 3}
