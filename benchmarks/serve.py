@@ -147,6 +147,8 @@ def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run_wrk(url: str, rate: int, duration: int, conns: int, users: int) -> dict[str, float]:
+    if shutil.which("wrk") is None:
+        raise SystemExit("benchmarks need the HTTP load tool wrk: apt-get install wrk")
     env = {**os.environ, "RATE": str(rate), "CONNS": str(conns), "USERS": str(users), "K": "10"}
     out = subprocess.run(
         [
