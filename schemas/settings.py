@@ -53,11 +53,15 @@ class Settings(BaseSettings):
     # -- trainers ------------------------------------------------------------------------
     lora_rank: int = Field(8, ge=1, le=256)
     lora_alpha: float = Field(16.0, gt=0)
-    # Linear layers of the cross/deep towers + the per-category bias table (a trend shared by
-    # many users is one column of it: benchmarks/online_drift.py). Cheaper sets (e.g. `deep.0`,
-    # `wide.category`) cost about half at serving (benchmarks/rank.py --targets …)
+    # The head (Linear 155 → 1 on the cross ‖ deep outputs) and the per-category, per-slot and
+    # per-position bias tables: a trend shared by many users is one column of wide.category, a
+    # position-bias or slot change one of wide.position / wide.slot. Against (cross, deep,
+    # wide.category) the same drift runs learned as well (trend a little less, slot/position
+    # shift more; benchmarks/results/online_drift_targets.json), and served with 1,000 mixed
+    # adapters they cost 16 % of base throughput instead of 52 %: narrow layers are served from
+    # their ΔW (serving.adapters). cross/deep targets remain available (benchmarks/rank.py --targets)
     lora_targets: tuple[str, ...] = Field(
-        ("cross", "deep", "wide.category"),
+        ("head", "wide.category", "wide.slot", "wide.position"),
         description="Ranker modules to adapt: Linear layers and small id tables (name or prefix)",
     )
     adapter_scheme: Literal["slot", "advertiser", "slot+advertiser"] = "slot"

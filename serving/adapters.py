@@ -5,6 +5,11 @@ Layout per adapted Linear layer (in → out, rank r): `Aᵀ [2·(N+1), in, r]`, 
 Row `arm·(N+1) + slot` holds adapter `slot` (1 … N) of arm 0 (stable) or 1 (candidate); slot 0 of
 each arm is all zeros (no adapter). A sample with row index `i` computes
 `y = W x + b + scale · B[i] (A[i] x)`; see `BankedLinear`.
+
+Narrow layers (`in·out ≤ r·(in+out)`: the ranker's `head`, 155 → 1, and small id tables such as
+`wide.category`, 256 × 1) also keep the product `ΔWᵀ = scale·(B A)ᵀ [rows, in, out]`, written
+with the factors on each swap: per sample that is `in·out` multiply-adds and one gather instead of
+`r·(in+out)`, no larger in memory than the factors, and needs no batch plan (`LayerShape.dense`).
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ class LayerShape:
     fan_in: int
     fan_out: int
 
+    def dense(self, rank: int) -> bool:
+        """Whether the bank keeps this layer's ΔW itself: no more numbers than its factors."""
+        return self.fan_in * self.fan_out <= rank * (self.fan_in + self.fan_out)
+
 
 class _Buffers:
     def __init__(self, shapes: list[LayerShape], rows: int, rank: int, device: torch.device) -> None:
@@ -58,6 +67,10 @@ class _Buffers:
         # of the tables is one input column's r weights / one rank direction's out weights
         self.a = {s.name: torch.zeros(rows, s.fan_in, rank, device=device) for s in shapes}
         self.b = {s.name: torch.zeros(rows, rank, s.fan_out, device=device) for s in shapes}
+        # ΔWᵀ [rows, in, out] of the narrow layers, kept in step with a and b (`LayerShape.dense`)
+        self.d = {
+            s.name: torch.zeros(rows, s.fan_in, s.fan_out, device=device) for s in shapes if s.dense(rank)
+        }
         # per row, the bank generation that wrote its content (equal content ⇔ equal version in
         # both copies): keys the merged-weight caches, so one adapter's update keeps the others'
         self.version = [0] * rows
@@ -68,6 +81,7 @@ class _Buffers:
         twin = copy.copy(self)
         twin.a = {n: t.clone() for n, t in self.a.items()}
         twin.b = {n: t.clone() for n, t in self.b.items()}
+        twin.d = {n: t.clone() for n, t in self.d.items()}
         twin.version = list(self.version)
         twin.readers = 0
         return twin
@@ -86,6 +100,7 @@ class AdapterBank:
         device: torch.device | str = "cpu",
     ) -> None:
         self.shapes = {s.name: s for s in shapes}
+        self.dense = frozenset(s.name for s in shapes if s.dense(rank))
         self.rank = rank
         self.scale = alpha / rank
         self.capacity = capacity
@@ -194,11 +209,16 @@ class AdapterBank:
     def _write(self, rows: list[int], weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write full weights into some rows (one swap)."""
 
+        deltas = {n: (self.scale * (b @ a)).T for n, (a, b) in weights.items() if n in self.dense}
+
         def change(buf: _Buffers, version: int) -> None:
             for name, (a, b) in weights.items():
                 for r in rows:
                     buf.a[name][r].copy_(a.T)
                     buf.b[name][r].copy_(b.T)
+            for name, delta in deltas.items():
+                for r in rows:
+                    buf.d[name][r].copy_(delta)
             for r in rows:
                 buf.version[r] = version
 
@@ -267,6 +287,8 @@ class AdapterBank:
             for name in self.shapes:
                 buf.a[name][: self.stride].copy_(buf.a[name][self.stride :])
                 buf.b[name][: self.stride].copy_(buf.b[name][self.stride :])
+            for name in self.dense:
+                buf.d[name][: self.stride].copy_(buf.d[name][self.stride :])
             buf.version[: self.stride] = [version] * self.stride
 
         self._swap(change)
@@ -280,7 +302,8 @@ class BankedLinear(nn.Module):
     Adapters with many samples in the batch go through merged weights `W + scale·B·A` (one
     GEMM per adapter over its contiguous rows: no LoRA cost beyond ~30 µs per call); the rest
     go through the per-sample path (base GEMM + two embedding_bag gathers of each sample's A
-    and B).
+    and B). A narrow layer (`LayerShape.dense`) adds each sample's own ΔW row instead, whatever
+    the plan.
     """
 
     def __init__(self, base: nn.Linear, name: str, bank: AdapterBank, ctx: BankContext) -> None:
@@ -290,6 +313,7 @@ class BankedLinear(nn.Module):
         self.bank = bank
         self.ctx = ctx
         self._merged: dict[tuple[int, int], torch.Tensor] = {}
+        self.dense = name in bank.dense
 
     def merged(self, row: int) -> torch.Tensor:
         """W + scale·B·A of one bank row of the bound buffers, cached per (row, row version).
@@ -312,6 +336,8 @@ class BankedLinear(nn.Module):
         if ctx.rows is None:
             out: torch.Tensor = self.base(x)
             return out
+        if self.dense:
+            return self._dense(x, ctx.rows)
         groups, tail = ctx.groups, ctx.tail
         if not groups:
             return self._per_sample(x, None)
@@ -330,6 +356,17 @@ class BankedLinear(nn.Module):
         elif tail is not None:
             y.index_copy_(0, tail, self._per_sample(x.index_select(0, tail), None))
         return y
+
+    def _dense(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Base + each sample's own ΔW row: `y = W x + b + ΔW[row] x` (any order of rows)."""
+        table = self.ctx.buffers.d[self.name]  # ΔWᵀ [rows, in, out]
+        y: torch.Tensor = self.base(x)
+        n, fan_in, fan_out = x.shape[0], self.base.in_features, self.base.out_features
+        if fan_out == 1:  # one dot product per sample: a batched [1, in] × [in, 1] (fastest measured)
+            w = table.view(-1, fan_in).index_select(0, rows)
+            return y.add_(torch.bmm(x.unsqueeze(1), w.unsqueeze(2)).view(n, 1))
+        index = self.ctx.bag_index_of(rows, fan_in)
+        return y.add_(F.embedding_bag(index, table.view(-1, fan_out), per_sample_weights=x, mode="sum"))
 
     def _per_sample(self, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         """Base + LoRA of each sample's own adapter (the tail rows), written into `out` if given.
@@ -385,6 +422,8 @@ class BankContext:
         self.merge_min = merge_min
         self.merge_max = merge_max
         self.merged_cache = 4 * max(merge_max, group_limit)
+        # whether any banked Linear reads the plan (groups/tail); `install` sets it
+        self.needs_plan = True
         self.rows: torch.Tensor | None = None
         self.tail_rows: torch.Tensor | None = None
         self.generation = -1
@@ -454,7 +493,7 @@ class BankContext:
             self.rows = None if rows is None or rows.numel() == 0 else rows
             self.groups, self.tail, self.tail_rows = [], None, None
             self._bags = {}
-            if self.rows is not None:
+            if self.rows is not None and self.needs_plan:
                 self._plan(self.rows)
             try:
                 yield
@@ -517,6 +556,10 @@ class BankedEmbedding(nn.Module):
             return out
         buf = self.ctx.buffers
         rank, n_ids = self.bank.rank, self.base.num_embeddings
+        if self.name in buf.d:  # a small table: row `id` of each sample's ΔEᵀ, one gather
+            return out.add_(
+                buf.d[self.name].view(-1, self.base.embedding_dim).index_select(0, rows * n_ids + ids)
+            )
         # column `id` of each sample's A: row `row·num_embeddings + id` of the flattened Aᵀ
         h = buf.a[self.name].view(-1, rank).index_select(0, rows * n_ids + ids)  # [n, r]
         h.mul_(self.bank.scale)
@@ -554,12 +597,14 @@ def install(model: nn.Module, bank: AdapterBank, ctx: BankContext | None = None)
     their context."""
     ctx = ctx or BankContext()
     ctx.buffers = bank.active
+    ctx.needs_plan = False
     for name in bank.shapes:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         base = parent.get_submodule(child)
         if isinstance(base, nn.Linear):
             setattr(parent, child, BankedLinear(base, name, bank, ctx))
+            ctx.needs_plan = ctx.needs_plan or name not in bank.dense
         elif isinstance(base, nn.Embedding):
             setattr(parent, child, BankedEmbedding(base, name, bank, ctx))
         else:

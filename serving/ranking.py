@@ -148,12 +148,13 @@ class RankModel:
         order = None
         if use_adapters:
             rows = torch.cat([i.rows for i in inputs]) if len(inputs) > 1 else inputs[0].rows
-            order = self.ctx.order(rows)
-            dense, ids, rows = (
-                dense.index_select(0, order),
-                ids.index_select(0, order),
-                rows.index_select(0, order),
-            )
+            if self.ctx.needs_plan:  # only the merged/per-sample factor paths care about order
+                order = self.ctx.order(rows)
+                dense, ids, rows = (
+                    dense.index_select(0, order),
+                    ids.index_select(0, order),
+                    rows.index_select(0, order),
+                )
         dense, ids = dense.to(self.device, non_blocking=True), ids.to(self.device, non_blocking=True)
         if rows is not None:
             rows = rows.to(self.device)

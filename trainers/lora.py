@@ -9,9 +9,9 @@ the PEFT way: A [r, num_embeddings] (init zeros), B [dim, r] (init normal), the 
 gains `(alpha / r) · B @ A[:, i]`. A shift shared by everyone (a category trend) is one column
 of such a table; through the cross/deep layers it needs many steps. A published rank
 direction of a table carries a whole row of A (`num_embeddings` floats), so small tables suit
-(`wide.category`: 256; `wide.ad` would be 64 KiB per direction). Serving applies Linear deltas
-only (`serving.adapters`), so embedding targets stay out of the default `settings.lora_targets`;
-`bank.embedding_modules` lists them.
+(`wide.category`: 256; `wide.ad` would be 64 KiB per direction). Serving applies both
+(`serving.adapters`: small tables and the head from their ΔW); `bank.embedding_modules` lists
+the embedding targets.
 
 - `bank.ensure(adapter_id)` adds an adapter (A: PEFT's Kaiming init seeded by the adapter id,
   B: zeros — embeddings the other way round — so a new adapter starts equal to the base model).
@@ -57,7 +57,7 @@ class LoraSpec:
 
     rank: int = 8
     alpha: float = 16.0
-    targets: tuple[str, ...] = ("cross", "deep", "wide.category")  # as `Settings.lora_targets`
+    targets: tuple[str, ...] = ("head", "wide.category", "wide.slot", "wide.position")  # as Settings
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or not 1 <= self.rank <= 256:

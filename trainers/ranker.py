@@ -10,7 +10,8 @@ Layers (names matter: LoRA adapters target them through `settings.lora_targets`)
 - `cross.<i>` (`Linear(D, D)`, i < `cross_layers`): DCN-v2 cross layers,
   `x_{l+1} = x0 * cross_l(x_l) + x_l`, with `x0` = dense features ‖ embeddings (D wide).
 - `deep.<j>`: an MLP `Linear(D, H)`, ReLU, `Linear(H, H)`, ReLU (linear layers at 0 and 2).
-- `head`: `Linear(D + H, 1)` on the cross output ‖ deep output (not adapted by default).
+- `head`: `Linear(D + H, 1)` on the cross output ‖ deep output (adapted by default, with the
+  `wide.category`, `wide.slot` and `wide.position` bias tables).
 - `wide.<column>` (`wide=True`): a scalar bias per id value added to the logit (the
   "LR on one-hot ids" part, which learns item/position effects from few clicks).
 

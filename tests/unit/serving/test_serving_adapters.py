@@ -150,7 +150,11 @@ def planned() -> tuple[RankModel, Ranker, dict[str, dict[str, tuple[torch.Tensor
     ≤ 2 distinct rows are all merged, else the 2 busiest rows with ≥ 3 samples."""
     torch.manual_seed(1)
     base = Ranker(CFG).eval()
-    settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4)
+    # the factor layers (cross, deep) follow the plan; head and the table are served from ΔW
+    targets = ("cross", "deep", "head", "wide.category")
+    settings = Settings(
+        lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4, lora_targets=targets
+    )
     rank = RankModel(
         copy.deepcopy(base), "v0", settings, torch.device("cpu"), group_limit=2, merge_min=3, merge_max=2
     )
@@ -272,7 +276,11 @@ def test_empty_batch(
 def test_a_swap_during_a_batch_does_not_touch_it(layout: str) -> None:
     torch.manual_seed(3)
     base = Ranker(CFG).eval()
-    settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4)
+    # the factor layers (cross, deep) follow the plan; head and the table are served from ΔW
+    targets = ("cross", "deep", "head", "wide.category")
+    settings = Settings(
+        lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4, lora_targets=targets
+    )
     rank = RankModel(
         copy.deepcopy(base), "v0", settings, torch.device("cpu"), group_limit=2, merge_min=3, merge_max=2
     )
@@ -309,8 +317,13 @@ def test_a_swap_during_a_batch_does_not_touch_it(layout: str) -> None:
 
 @pytest.mark.parametrize(
     "targets",
-    [("cross", "deep", "wide.category", "emb.category"), ("wide.category",)],
-    ids=["mixed", "table"],
+    [
+        ("cross", "deep", "wide.category", "emb.category"),
+        ("wide.category",),
+        ("head", "wide.category"),
+        ("cross", "head"),
+    ],
+    ids=["mixed", "table", "head-table", "cross-head"],
 )
 def test_embedding_targets_match_peft(targets: tuple[str, ...]) -> None:
     """LoRA on id tables (PEFT's embedding LoRA, e.g. a per-category bias shift) serves the same
@@ -320,8 +333,10 @@ def test_embedding_targets_match_peft(targets: tuple[str, ...]) -> None:
     peft = PeftBank(base, LoraSpec(rank=4, alpha=8.0, targets=targets), "v0")
     settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=16, lora_targets=targets)
     rank = RankModel(copy.deepcopy(base), "v0", settings, torch.device("cpu"))
-    assert "wide.category" in rank.bank.shapes
-    assert rank.bank.shapes["wide.category"].fan_in == CFG.category_buckets
+    if "wide.category" in targets:
+        assert rank.bank.shapes["wide.category"].fan_in == CFG.category_buckets
+    # the narrow layers (head: out 1; the small id tables) take the ΔW path, the others the factors
+    assert rank.bank.dense == {t for t in rank.bank.shapes if t in ("head", "wide.category", "emb.category")}
     peft.ensure("x")
     ids = [f"adv:{i}" for i in range(5)]
     for n, a in enumerate(ids):
@@ -341,3 +356,61 @@ def test_embedding_targets_match_peft(targets: tuple[str, ...]) -> None:
     # the embedding adapter really moves scores (a zero lora_A would make this test vacuous)
     plain = torch.sigmoid(base(batch.dense, batch.ids))
     assert not torch.allclose(torch.from_numpy(got), plain, atol=1e-3)
+
+
+def test_dense_layers_follow_every_swap_and_match_the_factors() -> None:
+    """Narrow layers serve from ΔW = scale·B A kept in the bank: per sample it equals the factors'
+    LoRA, for out = 1 and out > 1, and it follows puts, promote and rollback in both arms."""
+    from torch import nn
+
+    from serving.adapters import AdapterBank, install, target_layers
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 3), nn.Tanh(), nn.Linear(3, 1)).eval()
+    plain = copy.deepcopy(model)
+    bank = AdapterBank(target_layers(model, ["0", "2"]), rank=4, alpha=8.0, capacity=4, max_norm=1e3)
+    assert bank.dense == {"0", "2"}
+    ctx = install(model, bank)
+    assert not ctx.needs_plan
+
+    def rand(seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(seed)
+        return {
+            n: (torch.randn(4, s.fan_in, generator=g) * 0.3, torch.randn(s.fan_out, 4, generator=g) * 0.3)
+            for n, s in bank.shapes.items()
+        }
+
+    def reference(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Per sample: the plain model with W + scale·B A of that sample's row (from the factors)."""
+        out = []
+        buf = bank.active
+        for i in range(x.shape[0]):
+            m = copy.deepcopy(plain)
+            r = int(rows[i])
+            for name in ("0", "2"):
+                layer = m.get_submodule(name)
+                delta = bank.scale * (buf.b[name][r].T @ buf.a[name][r].T)
+                layer.weight.data += delta
+            out.append(m(x[i : i + 1]))
+        return torch.cat(out)
+
+    x = torch.randn(12, 6)
+    bank.put("a", rand(1), version="1", seq=1, base_version="v")
+    bank.put("b", rand(2), version="2", seq=2, base_version="v", arms=(STABLE, CANDIDATE))
+    bank.put("a", rand(3), version="3", seq=3, base_version="v")
+    checks = []
+    for step in ("put", "promote", "rollback"):
+        if step == "promote":
+            bank.promote()
+        elif step == "rollback":
+            bank.rollback("a")
+        rows = torch.tensor(
+            [bank.row(["a", "b", None][i % 3], [STABLE, CANDIDATE][i % 2]) for i in range(12)]
+        )
+        with torch.inference_mode(), ctx.use(bank, rows):
+            got = model(x)
+        want = reference(x, rows)
+        assert torch.allclose(got, want, atol=1e-5), step
+        checks.append(got)
+    assert not torch.allclose(checks[0], plain(x), atol=1e-3)  # the adapters really move the outputs
+    assert not torch.allclose(checks[1], checks[2], atol=1e-4)  # rollback changed "a"
