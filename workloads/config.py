@@ -10,7 +10,7 @@ from schemas.errors import ConfigError
 from schemas.events import SLOTS
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
-DRIFT_MODES = ("redraw", "trend")
+DRIFT_MODES = ("redraw", "trend", "handover")
 
 
 def _fail(name: str, value: object, why: str) -> None:
@@ -67,7 +67,10 @@ class MarketConfig:
     drift_share: float = 0.3
     # redraw: each drifted user draws new tastes (idiosyncratic); trend: the drifted segment's
     # interest in `trend_up` shared categories rises by `trend_delta` and in `trend_down` falls
-    # by it (a seasonal / holiday trend; which categories is drawn from the seed)
+    # by it (a seasonal / holiday trend; which categories is drawn from the seed); handover: the
+    # segment's interest is raised by `trend_delta` in `trend_up` in-season categories before
+    # the drift and in `trend_up` other ones after it (one season handing over to the next: as
+    # many hot categories, as hot, before and after, so clicks are as easy to predict)
     drift_mode: str = "redraw"
     trend_up: int = 2
     trend_down: int = 2
@@ -99,7 +102,9 @@ class MarketConfig:
             _fail("drift_share", self.drift_share, "must be in [0, 1]")
         if self.drift_mode not in DRIFT_MODES:
             _fail("drift_mode", self.drift_mode, f"must be one of {', '.join(DRIFT_MODES)}")
-        too_many = self.drift_mode == "trend" and self.trend_up + self.trend_down > self.n_categories
+        too_many = (self.drift_mode == "trend" and self.trend_up + self.trend_down > self.n_categories) or (
+            self.drift_mode == "handover" and 2 * self.trend_up > self.n_categories
+        )
         if self.trend_up < 0 or self.trend_down < 0 or too_many:
             why = "trend_up and trend_down must be >= 0 with a sum <= n_categories"
             _fail("trend_up", (self.trend_up, self.trend_down), why)

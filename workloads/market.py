@@ -21,7 +21,9 @@ channel c causes a conversion with probability lift[c] after an exponential dela
 request converts organically with probability `base_conversion`: the hazard is additive, so the
 channel credit is lift[c]·touches[c] / Σ. At `drift_at` a `drift_share` of users redraw their
 tastes (`drift_mode="redraw"`) or follow a shared trend (`"trend"`: interest in `trend_up`
-categories rises by `trend_delta`, in `trend_down` falls by it); at `new_ads_at` `n_new_ads` new
+categories rises by `trend_delta`, in `trend_down` falls by it) or see one season hand over to
+the next (`"handover"`: `trend_up` categories in season before, `trend_up` others after); at
+`new_ads_at` `n_new_ads` new
 creatives arrive. Users arrive in sessions (a few
 requests seconds apart; see `next_request`) at `rate` requests per simulated second on average.
 """

@@ -94,7 +94,8 @@ class World:
     drift_users: np.ndarray  # bool mask of users whose taste changes
     advertiser_effect: np.ndarray
     ads: Ads
-    trend_up: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # trend mode only
+    # trend / handover modes: the categories whose interest rises / falls at the drift
+    trend_up: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     trend_down: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
@@ -116,9 +117,38 @@ def build_world(cfg: MarketConfig) -> World:
         return World(
             categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads, up, down
         )
+    if cfg.drift_mode == "handover":
+        before, after, shift_before, shift_after = handover_shift(s_drift, cfg)
+        segment = drift_users[:, None]
+        return World(
+            categories,
+            vocabs,
+            interests + np.where(segment, shift_before, 0.0),
+            interests + np.where(segment, shift_after, 0.0),
+            drift_users,
+            advertiser_effect,
+            ads,
+            after,
+            before,
+        )
     fresh = draw_interests(s_drift, cfg.n_users, cfg)
     interests_after = np.where(drift_users[:, None], fresh, interests)
     return World(categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads)
+
+
+def handover_shift(
+    rng: np.random.Generator, cfg: MarketConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One season handing over to the next: (in-season categories before, after, the interest
+    shift per category before, after). `trend_up` categories each, disjoint, raised by
+    `trend_delta`: the same number of hot categories, as hot, on both sides of the drift."""
+    picks = rng.permutation(cfg.n_categories)
+    k = cfg.trend_up
+    before, after = np.sort(picks[:k]), np.sort(picks[k : 2 * k])
+    shift_before, shift_after = np.zeros(cfg.n_categories), np.zeros(cfg.n_categories)
+    shift_before[before] = cfg.trend_delta
+    shift_after[after] = cfg.trend_delta
+    return before, after, shift_before, shift_after
 
 
 def trend_shift(rng: np.random.Generator, cfg: MarketConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -90,3 +90,30 @@ def test_trend_market_is_deterministic_and_differs_from_redraw() -> None:
 def test_bad_trend_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field.split("_")[0]):
         MarketConfig(n_categories=12, **{"drift_mode": "trend", field: value})  # type: ignore[arg-type]
+
+
+HANDOVER = {"drift_mode": "handover", "trend_up": 2, "trend_delta": 2.0}
+
+
+def test_handover_moves_the_season_to_other_categories_with_the_same_spread() -> None:
+    """Before the drift the segment's interest is raised in 2 categories, after it in 2 others by
+    as much; the rest of the world is the redraw world's, and users outside the segment keep it."""
+    cfg = MarketConfig(seed=4, n_users=300, n_categories=12, drift_share=0.5, **HANDOVER)  # type: ignore[arg-type]
+    w = Market(cfg).world
+    plain = Market(MarketConfig(seed=4, n_users=300, n_categories=12, drift_share=0.5)).world
+    after, before = w.trend_up, w.trend_down
+    assert len(after) == 2 and len(before) == 2 and not set(after) & set(before)
+    seg = w.drift_users
+    want_before, want_after = np.zeros(12), np.zeros(12)
+    want_before[before], want_after[after] = 2.0, 2.0
+    assert np.allclose((w.interests - plain.interests)[seg], want_before)
+    assert np.allclose((w.interests_after - plain.interests)[seg], want_after)
+    assert np.array_equal(w.interests[~seg], plain.interests[~seg])
+    assert np.array_equal(w.interests_after[~seg], plain.interests[~seg])
+    # as many hot categories, as hot, on both sides: sorted interest profiles have the same spread
+    assert np.isclose(np.sort(w.interests, axis=1).std(), np.sort(w.interests_after, axis=1).std(), rtol=0.05)
+
+
+def test_handover_needs_room_for_two_disjoint_seasons() -> None:
+    with pytest.raises(ConfigError, match="trend_up"):
+        MarketConfig(n_categories=3, **HANDOVER)  # type: ignore[arg-type]
