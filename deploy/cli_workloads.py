@@ -100,7 +100,11 @@ def simulate(
     ] = 0.5,
     drift_share: Annotated[float, typer.Option(help="Share of users whose taste changes")] = 0.3,
     drift_mode: Annotated[
-        str, typer.Option(help="redraw (each drifted user redraws) or trend (a shared category shift)")
+        str,
+        typer.Option(
+            help="redraw (each drifted user redraws), trend (a shared category shift) or handover "
+            "(the in-season categories change)"
+        ),
     ] = "redraw",
     new_ads: Annotated[int, typer.Option(help="Ads that arrive mid-stream (cold start)")] = 20,
     new_ads_at: Annotated[float, typer.Option(help="Arrival point of new ads, like --drift-at")] = 0.5,
@@ -200,7 +204,11 @@ def closed_loop(
     ] = 0.5,
     drift_share: Annotated[float, typer.Option(help="Share of users whose taste changes")] = 0.3,
     drift_mode: Annotated[
-        str, typer.Option(help="redraw (each drifted user redraws) or trend (a shared category shift)")
+        str,
+        typer.Option(
+            help="redraw (each drifted user redraws), trend (a shared category shift) or handover "
+            "(the in-season categories change)"
+        ),
     ] = "redraw",
     out: OutOpt = None,
     kafka: KafkaOpt = False,
