@@ -12,7 +12,11 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
 3. drops the step (restoring the adapter) if the loss, gradients or new weights are not finite
    or the step changed the adapter by more than `max_norm` — counted in `dropped`;
 4. **sparsifies**: the magnitude of rank direction i of module m is
-   `sqrt(|∇A[i,:]|² + |∇B[:,i]|²)`; the directions at or above the `delta_percentile`-th
+   `sqrt(|∇A[i,:]|² + |∇B[:,i]|²)`, summed over the steps since that direction was last
+   published (error feedback, as in Deep Gradient Compression: a direction whose gradient is
+   steady but never the largest of a step still reaches replicas once its sum is large; without
+   it, replicas recovered 71–76 % of a drift the trainer recovered 68–92 % of, see
+   `benchmarks/online_drift.py`); the directions at or above the `delta_percentile`-th
    percentile of that module's sliding window (its last `delta_window_steps` steps'
    magnitudes; per module because gradient scales differ by module — with one pooled
    percentile an id-table target took ~all published directions and the cross/deep layers'
@@ -150,6 +154,8 @@ class AdapterRun:
     online: RollingMetrics
     base: RollingMetrics
     magnitudes: deque[np.ndarray]
+    # per [module, direction]: gradient magnitude summed since the direction was last published
+    unpublished: np.ndarray | None = None
     offsets: dict[int, int] = field(default_factory=dict)  # input partition → last offset learned
     buffer: list[TrainingExample] = field(default_factory=list)  # waiting for min_step_examples
     buffer_offsets: list[tuple[int, int]] = field(default_factory=list)
@@ -329,12 +335,12 @@ class OnlineTrainer:
     def _sparse_delta(
         self, run: AdapterRun, state: dict[str, torch.Tensor], mags: np.ndarray
     ) -> AdapterDelta | None:
-        run.magnitudes.append(mags)
+        acc = mags if run.unpublished is None else run.unpublished + mags
+        run.unpublished = acc
+        run.magnitudes.append(acc)
         thresholds = module_thresholds(run.magnitudes, self.spec.delta_percentile)
-        dirs = {
-            m: torch.from_numpy(np.flatnonzero(mags[i] >= thresholds[i]))
-            for i, m in enumerate(self.bank.modules)
-        }
+        chosen = acc >= thresholds[:, None]
+        dirs = {m: torch.from_numpy(np.flatnonzero(chosen[i])) for i, m in enumerate(self.bank.modules)}
         parts = select_parts(state, dirs)
         if not parts:
             return None
@@ -342,6 +348,7 @@ class OnlineTrainer:
             self.counts["oversized_as_snapshot"] += 1
             return self.snapshot(run.adapter_id)
         delta = make_delta(run.published, parts, run.seq + 1, now=self.clock())
+        run.unpublished = np.where(chosen, 0.0, acc)
         run.published = AdapterState(
             run.adapter_id,
             run.published.base_version,
@@ -401,6 +408,7 @@ class OnlineTrainer:
         run.published = AdapterState(
             adapter_id, run.published.base_version, run.published.rank, snap.seq, state
         )
+        run.unpublished = None  # replicas hold everything now
         run.counts["snapshots"] += 1
         self.counts["snapshots"] += 1
         return snap
@@ -425,6 +433,7 @@ class OnlineTrainer:
             tensors = start.tensors
         seq = max(last_seq, snap.seq if snap is not None else -1)
         run.published = AdapterState(adapter_id, start.base_version, start.rank, seq, tensors)
+        run.unpublished = None
         run.optimizer = self._optimizer(adapter_id)
         run.offsets = dict(offsets or {})
         return run

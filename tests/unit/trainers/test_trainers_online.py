@@ -214,3 +214,27 @@ def test_replay_shows_each_micro_batch_before_it_is_learned() -> None:
     replay(exs, tr, micro_batch=64, before_learn=before)
     assert seen == [e.impression_id for e in exs]
     assert len(tr.log.labels) == 300
+
+
+def test_a_steady_direction_is_published_once_its_summed_gradient_is_large() -> None:
+    """Error feedback: a direction whose gradient is steady but never the largest of a step is
+    still published (its magnitude is summed until it is), then its sum starts again."""
+    tr = _trainer(OnlineSpec(lr=0.01, min_step_examples=16, delta_percentile=95))
+    run = tr.run_for("feed")
+    state = tr._state(run)
+    n_modules, rank = len(tr.bank.modules), 4
+    published_steady = []
+    for step in range(40):
+        mags = np.full((n_modules, rank), 0.1)
+        mags[:, step % 3] = 5.0  # one spike per step among directions 0-2
+        mags[:, 3] = 0.5  # direction 3: steady, a tenth of a spike
+        delta = tr._sparse_delta(run, state, mags)
+        assert delta is not None  # a spike passes every step
+        dirs = decode_delta(delta.payload)
+        if all(3 in part.dirs.tolist() for part in dirs.values()):
+            published_steady.append(step)
+            assert run.unpublished is not None and np.all(run.unpublished[:, 3] == 0)
+    # a single step's 0.5 never reaches the window's 95th percentile (a spike, 5.0): without the
+    # sum it would never be published; summed, it is, every ~10 steps
+    assert len(published_steady) >= 3, published_steady
+    assert published_steady[0] >= 5
