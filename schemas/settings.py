@@ -91,13 +91,18 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(64 * 1024, ge=1)
     recall_k: int = Field(500, ge=1)
     canary_share: float = Field(0.05, ge=0, le=1)
-    canary_auc_gain: float = Field(0.005)
+    canary_auc_gain: float = Field(
+        0.005, ge=0, description="Online AUC gain over stable a candidate needs to be promoted"
+    )
     canary_latency_slack: float = Field(0.03, ge=0)
     canary_max_error_rate: float = Field(0.005, ge=0, le=1)
     canary_error_window_s: float = Field(300.0, gt=0)
     frequency_cap: int = Field(5, ge=1, description="Max impressions of one ad per user per day")
     canary_min_samples: int = Field(500, ge=1, description="Impressions per arm before canary decides")
     canary_eval_s: float = Field(10.0, gt=0, description="How often a replica re-evaluates its canary")
+    canary_cooldown_s: float = Field(
+        300.0, ge=0, description="After a rollback, seconds before a candidate is canaried again"
+    )
     rerank_max_per_advertiser: int = Field(2, ge=1, description="Diversity: ads per advertiser in a response")
     rerank_category_decay: float = Field(0.8, gt=0, le=1, description="Score factor per repeat of a category")
     rerank_long_tail_boost: float = Field(0.1, ge=0, description="Extra score share for rarely shown ads")

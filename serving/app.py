@@ -31,7 +31,7 @@ from schemas.codec import describe_validation_error
 from schemas.errors import AdapterError
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
-from serving.canary import Canary, CanaryRule, arm_for
+from serving.canary import Arm, Canary, CanaryRule, arm_for
 from serving.catalog import Catalog
 from serving.deadline import Deadline, Rung, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
@@ -83,6 +83,7 @@ class AdServer(ReplicaLoops):
                 s.canary_error_window_s,
                 s.canary_min_samples,
             ),
+            cooldown_s=s.canary_cooldown_s,
         )
         self.redis = RedisIO(s, user_codec)
         self.sink = ImpressionSink(s, lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n))
@@ -160,7 +161,7 @@ class AdServer(ReplicaLoops):
         self.in_flight += 1
         arm = arm_for(req.user_id, self.canary.share(time.time()))
         try:
-            resp = await self._serve(req)
+            resp = await self._serve(req, arm)
         except Exception:
             log.exception("request failed")
             self.canary.request(arm, (time.perf_counter() - t0) * 1000, True, time.time())
@@ -176,14 +177,15 @@ class AdServer(ReplicaLoops):
         self.metrics.requests.labels(str(code)).inc()
         return resp
 
-    async def _serve(self, req: AdRequest) -> AdResponse:
+    async def _serve(self, req: AdRequest, arm_name: Arm) -> AdResponse:
+        """One request on the canary arm `ads` chose for it (once: latency, errors and
+        impressions are all counted for that arm, even if the share moves meanwhile)."""
         s = self.settings
         deadline = Deadline(float(req.deadline_ms or s.deadline_ms))
         now = utcnow()
         request_id = uuid.uuid4().hex
         costs = self.pipe.costs
         stage = {"recall": 0.0, "rank": 0.0, "rerank": 0.0}
-        arm_name = arm_for(req.user_id, self.canary.share(time.time()))
         arm = CANDIDATE if arm_name == "candidate" else STABLE
         rung: Rung = plan_start(deadline.remaining_ms(), costs)
         if rung == "popular":
@@ -230,7 +232,7 @@ class AdServer(ReplicaLoops):
             pctr = np.full(rows.shape[0], 0.02)
         t = time.perf_counter()
         resp, imps, chosen, cost = self.pipe.finish(
-            req, request_id, rows, pctr, rung, stage, now, rung == "adapter"
+            req, request_id, rows, pctr, rung, stage, now, rung == "adapter", arm
         )
         stage["rerank"] = (time.perf_counter() - t) * 1000
         costs.observe("rerank", stage["rerank"])

@@ -18,6 +18,7 @@ from schemas.events import AdCreative, Impression
 from schemas.ids import impression_event_id
 from schemas.settings import Settings
 from schemas.vectors import content_vector
+from serving.adapters import CANDIDATE
 from serving.catalog import Catalog
 from serving.deadline import Rung, StageCosts
 from serving.index import ExactIndex
@@ -188,13 +189,18 @@ class AdPipeline:
         out: np.ndarray = cached[1][cat.advertiser[rows]]
         return out
 
-    def adapter_versions(self, slot: str, rows: np.ndarray) -> list[str | None]:
-        """The version of each row's adapter (for the few ads actually served)."""
+    def adapter_versions(self, slot: str, rows: np.ndarray, arm: int = CANDIDATE) -> list[str | None]:
+        """The version of each row's adapter in the arm that served it (for the few ads actually
+        served): the live version on the candidate arm, the last promoted one on the stable arm
+        (None where the stable arm has none yet)."""
         metas, scheme = self.rank.bank.meta, self.settings.adapter_scheme
         out: list[str | None] = []
         for r in rows:
             meta = metas.get(adapter_id_for(slot, self.catalog.rows[int(r)].advertiser_id, scheme))
-            out.append(meta.version if meta is not None else None)
+            if meta is None:
+                out.append(None)
+            else:
+                out.append(meta.version if arm == CANDIDATE else (meta.stable_version or None))
         return out
 
     # -- rerank -------------------------------------------------------------------------
@@ -208,6 +214,7 @@ class AdPipeline:
         stage_ms: dict[str, float],
         now: datetime,
         with_adapters: bool,
+        arm: int = CANDIDATE,
     ) -> tuple[AdResponse, list[Impression], np.ndarray, np.ndarray]:
         """Rerank candidates and build the response and its impression events."""
         cat = self.catalog
@@ -229,7 +236,7 @@ class AdPipeline:
         chosen_pctr = np.clip(pctr[res.order], 0.0, 1.0)
         ads, imps = [], []
         model_version = self.rank.version
-        versions = self.adapter_versions(req.slot, chosen) if with_adapters else [None] * len(chosen)
+        versions = self.adapter_versions(req.slot, chosen, arm) if with_adapters else [None] * len(chosen)
         for pos, (row, p, score, price) in enumerate(
             zip(chosen, chosen_pctr, res.scores, res.prices, strict=True)
         ):

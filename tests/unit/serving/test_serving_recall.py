@@ -10,7 +10,7 @@ import torch
 from schemas.api import AdRequest
 from schemas.events import AdCreative
 from schemas.settings import Settings
-from serving.adapters import CANDIDATE
+from serving.adapters import CANDIDATE, STABLE
 from serving.catalog import Catalog
 from serving.index import ExactIndex
 from serving.pipeline import AdPipeline, UserView, content_vectorizer
@@ -129,6 +129,12 @@ def test_recall_filters_inactive_spent_and_capped_ads_and_new_ads_enter_live() -
     bank.put(aid, zero, version="seq-3", seq=3, base_version="v0")
     rows = pipe.adapter_rows("feed", rec.rows, CANDIDATE)
     assert rows[0] == bank.row(aid, CANDIDATE) and pipe.adapter_versions("feed", rec.rows[:1]) == ["seq-3"]
+    # the stable arm serves (and its impressions name) only what was promoted
+    assert pipe.adapter_versions("feed", rec.rows[:1], STABLE) == [None]
+    bank.promote()
+    bank.put(aid, zero, version="seq-4", seq=4, base_version="v0")
+    assert pipe.adapter_versions("feed", rec.rows[:1], STABLE) == ["seq-3"]
+    assert pipe.adapter_versions("feed", rec.rows[:1], CANDIDATE) == ["seq-4"]
     pipe.add_ad(ad(999, cat="gadgets"))  # a new ad, of a category nobody had: recallable at once
     fan = UserView(np.asarray(content_vectorizer(16)(ad(999, cat="gadgets")), dtype=np.float32), {})
     rec2 = pipe.recall(req, fan, capped=[], hour=12)
