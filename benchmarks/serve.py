@@ -98,8 +98,9 @@ def write_adapters(settings: object, model_dir: Path, catalog: Path) -> int:
     import torch
 
     from schemas import codec
+    from schemas.ids import adapter_id_for
     from trainers.delta import AdapterState, empty_state, full_parts, make_delta
-    from trainers.lora import adapter_id_for, target_shapes
+    from trainers.lora import target_shapes
     from trainers.ranker import load_checkpoint
     from trainers.snapshots import snapshot_key
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from schemas.errors import ConfigError
+
 MAX_ID = 64
 
 
@@ -25,3 +27,29 @@ def impression_event_id(request_id: str, position: int) -> str:
         return value
     digest = hashlib.blake2b(request_id.encode(), digest_size=16).hexdigest()
     return f"h{digest}/{position}"
+
+
+def adapter_id_for(slot: str, advertiser_id: str, scheme: str) -> str:
+    """The adapter that owns an impression under `settings.adapter_scheme`: the slot (`feed`),
+    `adv:<advertiser_id>`, or `<slot>/adv:<advertiser_id>`. Streams writes it into
+    `TrainingExample.adapter_id` (the trainer's partition key) and serving looks adapters up by
+    it; ids over 64 characters are cut and suffixed with a hash so they stay distinct and within
+    the contract.
+
+    >>> adapter_id_for("feed", "v7", "slot+advertiser")
+    'feed/adv:v7'
+    >>> len(adapter_id_for("feed", "v" * 80, "advertiser")) == MAX_ID
+    True
+    """
+    if scheme == "slot":
+        aid = slot
+    elif scheme == "advertiser":
+        aid = f"adv:{advertiser_id}"
+    elif scheme == "slot+advertiser":
+        aid = f"{slot}/adv:{advertiser_id}"
+    else:
+        raise ConfigError(f"adapter_scheme must be slot, advertiser or slot+advertiser (got {scheme!r})")
+    if len(aid) > MAX_ID:
+        digest = hashlib.blake2b(aid.encode(), digest_size=12).hexdigest()
+        aid = f"{aid[: MAX_ID - 25]}~{digest}"
+    return aid

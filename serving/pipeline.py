@@ -15,7 +15,7 @@ import numpy as np
 
 from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
 from schemas.events import AdCreative, Impression
-from schemas.ids import impression_event_id
+from schemas.ids import adapter_id_for, impression_event_id
 from schemas.settings import Settings
 from schemas.vectors import content_vector
 from serving.adapters import CANDIDATE
@@ -25,7 +25,6 @@ from serving.index import ExactIndex
 from serving.ranking import RankInput, RankModel, build_input
 from serving.rerank import RerankParams, pacing_factor, rerank
 from serving.towers import TowerSpace
-from trainers.lora import adapter_id_for
 
 
 @dataclass(frozen=True)

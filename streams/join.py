@@ -26,23 +26,9 @@ from typing import Any, Literal
 import numpy as np
 
 from schemas.events import Click, Dwell, Impression, TrainingExample
+from schemas.ids import adapter_id_for
 
 AdapterScheme = Literal["slot", "advertiser", "slot+advertiser"]
-MAX_ID = 64
-
-
-def adapter_id(slot: str, advertiser_id: str, scheme: AdapterScheme) -> str:
-    """The adapter an impression trains: its slot, `adv:<advertiser>`, or both joined by `/`."""
-    if scheme == "slot":
-        aid = slot
-    elif scheme == "advertiser":
-        aid = f"adv:{advertiser_id}"
-    else:
-        aid = f"{slot}/adv:{advertiser_id}"
-    if len(aid) > MAX_ID:  # keep within the contract's id length, stable and still distinct
-        digest = hashlib.blake2b(aid.encode(), digest_size=12).hexdigest()
-        aid = f"{aid[: MAX_ID - 25]}~{digest}"
-    return aid
 
 
 def example_id(impression_id: str) -> str:
@@ -153,7 +139,7 @@ class LabelJoin:
         return TrainingExample(
             event_id=example_id(imp.event_id),
             ts=_dt(ts),
-            adapter_id=adapter_id(imp.slot, imp.advertiser_id, self.scheme),
+            adapter_id=adapter_id_for(imp.slot, imp.advertiser_id, self.scheme),
             impression_id=imp.event_id,
             impression_ts=imp.ts,
             user_id=imp.user_id,

@@ -78,33 +78,6 @@ class LoraSpec:
         return cls(settings.lora_rank, settings.lora_alpha, tuple(settings.lora_targets))
 
 
-MAX_ADAPTER_ID = 64  # the contract's Ident length
-
-
-def adapter_id_for(slot: str, advertiser_id: str, scheme: str) -> str:
-    """The adapter that owns an impression under `settings.adapter_scheme`.
-
-    The same ids as the streams worker writes into `TrainingExample.adapter_id`: the slot
-    (`feed`), `adv:<advertiser_id>`, or `<slot>/adv:<advertiser_id>`; ids over 64 characters
-    are cut and suffixed with a hash so they stay distinct and within the contract.
-
-    >>> adapter_id_for("feed", "v7", "slot+advertiser")
-    'feed/adv:v7'
-    """
-    if scheme == "slot":
-        aid = slot
-    elif scheme == "advertiser":
-        aid = f"adv:{advertiser_id}"
-    elif scheme == "slot+advertiser":
-        aid = f"{slot}/adv:{advertiser_id}"
-    else:
-        raise ConfigError(f"adapter_scheme must be slot, advertiser or slot+advertiser (got {scheme!r})")
-    if len(aid) > MAX_ADAPTER_ID:
-        digest = hashlib.blake2b(aid.encode(), digest_size=12).hexdigest()
-        aid = f"{aid[: MAX_ADAPTER_ID - 25]}~{digest}"
-    return aid
-
-
 def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
     """Full names of the `nn.Linear` and `nn.Embedding` layers at or under each target prefix
     (e.g. `cross.0`, `emb.category`)."""

@@ -1,19 +1,25 @@
-"""Rooms that derive the same identifier separately must agree (they may not import each other)."""
+"""Identifiers several rooms derive (they may not import each other): one definition in schemas."""
 
 from __future__ import annotations
 
 import pytest
 
+from schemas.errors import ConfigError
+from schemas.ids import MAX_ID, adapter_id_for
 from schemas.settings import Settings
-from streams.join import adapter_id as streams_adapter_id
-from trainers.lora import adapter_id_for
 
 
 @pytest.mark.parametrize("scheme", ["slot", "advertiser", "slot+advertiser"])
-@pytest.mark.parametrize("slot", ["feed", "search", "splash"])
-def test_streams_and_trainers_name_adapters_alike(scheme: str, slot: str) -> None:
+def test_adapter_ids_fit_the_contract_and_stay_distinct(scheme: str) -> None:
     settings = Settings(adapter_scheme=scheme)  # type: ignore[arg-type]
-    for advertiser in ("v1", "adv-ü-42", "x" * 64):
-        assert streams_adapter_id(slot, advertiser, settings.adapter_scheme) == adapter_id_for(
-            slot, advertiser, settings.adapter_scheme
-        )
+    advertisers = ["v1", "adv-ü-42", "x" * 64, "x" * 63 + "y", "x" * 200]
+    for slot in ("feed", "search", "splash"):
+        ids = [adapter_id_for(slot, a, settings.adapter_scheme) for a in advertisers]
+        assert all(0 < len(i) <= MAX_ID for i in ids)
+        if scheme == "slot":
+            assert set(ids) == {slot}
+        else:
+            assert len(set(ids)) == len(advertisers)  # long ids are cut but stay distinct
+            assert ids[0] == ("adv:v1" if scheme == "advertiser" else f"{slot}/adv:v1")
+    with pytest.raises(ConfigError, match=r"adapter_scheme.*bogus"):
+        adapter_id_for("feed", "v1", "bogus")

@@ -17,9 +17,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas import codec, topics
 from schemas.events import AdapterDelta, AdCreative, Impression
+from schemas.ids import adapter_id_for
 from schemas.settings import Settings
 from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
-from trainers.lora import adapter_id_for, target_shapes
+from trainers.lora import target_shapes
 from trainers.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
 

@@ -9,6 +9,7 @@ import torch
 
 from schemas.api import AdRequest
 from schemas.events import AdCreative
+from schemas.ids import adapter_id_for
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
 from serving.catalog import Catalog
@@ -16,7 +17,6 @@ from serving.index import ExactIndex
 from serving.pipeline import AdPipeline, UserView, content_vectorizer
 from serving.ranking import RankModel, build_input
 from trainers.features import featurize
-from trainers.lora import adapter_id_for
 from trainers.ranker import Ranker, RankerConfig
 
 TS = datetime(2026, 1, 1, 12, tzinfo=UTC)

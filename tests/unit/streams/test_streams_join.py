@@ -7,8 +7,9 @@ import pytest
 from streams_helpers import click, creative, dwell, impression
 
 from schemas.events import Impression
+from schemas.ids import adapter_id_for as adapter_id
 from schemas.settings import Settings
-from streams.join import LabelJoin, Pending, adapter_id, example_id
+from streams.join import LabelJoin, Pending, example_id
 from streams.offline import replay, training_examples
 
 S = Settings(attribution_window_s=60.0)
