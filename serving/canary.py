@@ -143,9 +143,10 @@ class ArmWindow:
         return self.total - 1
 
     def click(self, seq: int) -> bool:
-        """Mark the impression with this sequence number clicked; False if it left the window."""
+        """Mark the impression with this sequence number clicked; False if it left the window or
+        was clicked already (a re-delivered click joins once)."""
         idx = seq - (self.total - len(self.pctr))
-        if 0 <= idx < len(self.clicked):
+        if 0 <= idx < len(self.clicked) and not self.clicked[idx]:
             self.clicked[idx] = True
             return True
         return False

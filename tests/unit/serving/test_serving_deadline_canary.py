@@ -85,8 +85,10 @@ def test_canary_joins_clicks_promotes_in_stages_and_rolls_back_with_cooldown() -
             c.served(arm, f"{arm}{i}", pctr)
             if click:
                 assert c.clicked(f"{arm}{i}")
+                last_clicked = f"{arm}{i}"
             c.request(arm, 10.0, False, 0.0)
     assert not c.clicked("nope")
+    assert not c.clicked(last_clicked)  # the same click again (at-least-once delivery) joins once
     assert c.evaluate(1.0) == "promote" and c.share(1.0) == 0.5 and c.stage == "half"
     for i in range(200):  # candidate now errs > 0.5 % for longer than the window
         c.request("candidate", 10.0, True, 1.0 + i)
