@@ -32,13 +32,13 @@ progressive validation, sparse ΔW, guards). Models scored on every example befo
 
 - `frozen`: the base; `oracle`: the simulator's true click probability;
 - `online`: the online LoRA trainer with `--targets` (default `settings.lora_targets` plus
-  `wide.category`, the per-category bias table: a LoRA on an `nn.Embedding`, which
-  serving cannot apply yet — see `trainers.lora`), `--lr` (Adam, Linear targets) and
-  `--embedding-lr` (SGD, id tables);
+  `wide.category` if they lack it: the head and the per-category, per-slot and per-position
+  bias tables, LoRA on `nn.Embedding`s), `--lr` (Adam, Linear targets) and `--embedding-lr`
+  (SGD, id tables);
 - `online_served`: what a replica applying the published deltas (`trainers.delta.apply_delta`)
   scores, progressively, with the state it holds when the micro-batch arrives;
-- `online_default`: the online trainer on `settings.lora_targets` only (what serving applies
-  today; `--no-default-targets` skips it);
+- `online_default`: the online trainer on `settings.lora_targets` only (the same as `online`
+  unless `--targets` differs; `--no-default-targets` skips it);
 - `category_bias`: a reference — the frozen logit plus one online SGD bias per category.
 
 Measurement (`--window` 10,000 examples: ~400–500 clicks, a bootstrap standard error of ~0.012
@@ -482,7 +482,7 @@ def main() -> None:
         "--default-targets",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also replay with settings.lora_targets only (what serving applies today)",
+        help="also replay with settings.lora_targets only (when --targets differs from them)",
     )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bias-lr", type=float, default=0.05, help="SGD lr of the category-bias reference")
