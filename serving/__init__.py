@@ -13,8 +13,10 @@ Modules, each a pure core or a thin shell:
 - `catalog`   — ads as numpy columns (vectors, bids, budgets, spend, ranker id buckets).
 - `index`     — the recall index protocol and the exact numpy implementation.
 - `ranking`   — the base ranker with banked LoRA layers; features as `trainers.features`.
-- `adapters`  — the adapter bank: stacked, double-buffered LoRA tensors, guarded writes, swap,
-                rollback, promote; `BankedLinear` (merged weights / per-sample embedding_bag).
+- `adapters`  — the adapter bank: stacked, double-buffered LoRA tensors (and the ΔW of narrow
+                layers), guarded writes, swap, rollback, promote.
+- `banked`    — the layers that add each sample's adapter (`BankedLinear`: merged weights /
+                per-sample embedding_bag / ΔW rows; `BankedEmbedding`) and the batch plan.
 - `hotswap`   — applying `AdapterDelta`s in seq order (`trainers.delta.apply_delta`), re-sync.
 - `rerank`    — eCPM, pacing, long-tail boost, diversity, GSP prices (pure).
 - `deadline`  — the request budget and the ladder adapter → base → recall score → popular (pure).

@@ -14,7 +14,8 @@ import torch
 from schemas.errors import ModelError
 from schemas.events import SLOTS
 from schemas.settings import Settings
-from serving.adapters import AdapterBank, BankContext, install, target_layers
+from serving.adapters import AdapterBank
+from serving.banked import BankContext, install, target_layers
 from trainers.features import N_EXTRA_DENSE
 from trainers.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
 

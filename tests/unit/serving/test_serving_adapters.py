@@ -363,7 +363,8 @@ def test_dense_layers_follow_every_swap_and_match_the_factors() -> None:
     LoRA, for out = 1 and out > 1, and it follows puts, promote and rollback in both arms."""
     from torch import nn
 
-    from serving.adapters import AdapterBank, install, target_layers
+    from serving.adapters import AdapterBank
+    from serving.banked import install, target_layers
 
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(6, 3), nn.Tanh(), nn.Linear(3, 1)).eval()

@@ -13,7 +13,7 @@ from helpers_trainers import make_examples
 from schemas.errors import ConfigError
 from schemas.events import AdapterDelta
 from serving.adapters import AdapterBank as ServingBank
-from serving.adapters import target_layers
+from serving.banked import target_layers
 from serving.hotswap import DeltaApplier
 from trainers.delta import AdapterState, full_parts, make_delta
 from trainers.lora import AdapterBank, LoraSpec
