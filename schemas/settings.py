@@ -115,6 +115,14 @@ class Settings(BaseSettings):
     serve_batch_max: int = Field(8, ge=1, description="@serve.batch: requests ranked together")
     serve_batch_wait_ms: float = Field(0.0, ge=0, description="@serve.batch wait (0: take what is queued)")
     serve_adapter_capacity: int = Field(2048, ge=1, description="Adapters a replica can hold")
+    serve_rank_chunk: int = Field(2048, ge=1, description="Rank on CPU: candidates per forward pass")
+    serve_merge_group_limit: int = Field(
+        8, ge=0, description="Rank: a batch with at most this many adapters runs all of them merged"
+    )
+    serve_merge_min: int = Field(
+        64, ge=1, description="Rank: samples an adapter needs in a batch to run on merged weights"
+    )
+    serve_merge_max: int = Field(32, ge=0, description="Rank: most adapters of a batch run on merged weights")
     serve_adapter_max_norm: float = Field(1000.0, gt=0, description="Bound on a whole adapter's ΔW norm")
     serve_consume_deltas: bool = Field(True, description="Replicas follow ad.adapter-deltas and ad.catalog")
     serve_catalog_file: Path | None = Field(None, description="JSON lines of AdCreative loaded at start")
