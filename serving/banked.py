@@ -261,8 +261,9 @@ class BankedEmbedding(nn.Module):
     row `a` looking up id `i` gets `E[i] + scale · B[a] A[a][:, i]` (A [r, num_embeddings],
     B [dim, r]; stored transposed like every bank table). Rows come from `BankContext.rows`.
 
-    One gather of r values and one of B per sample (r·dim floats): for the small id tables it
-    adapts (`wide.category`: dim 1) this costs next to nothing beside the Linear layers.
+    A small table (`LayerShape.dense`: `wide.category`, `wide.slot`, `wide.position`) adds the
+    bank's stored row `ΔE[a][i]`, one gather per sample; a larger one gathers r values of A and
+    then B (r·dim floats).
     """
 
     def __init__(self, base: nn.Embedding, name: str, bank: AdapterBank, ctx: BankContext) -> None:
