@@ -19,7 +19,20 @@ from schemas.errors import AdapterError
 from serving.adapters import AdapterBank, BankBuffers, LayerShape
 
 
-class BankedLinear(nn.Module):
+class _Banked(nn.Module):
+    """What every banked layer holds: the wrapped layer, its bank name, the bank, the context,
+    and whether the bank serves it from stored ΔW rows (`LayerShape.dense`)."""
+
+    def __init__(self, base: nn.Module, name: str, bank: AdapterBank, ctx: BankContext) -> None:
+        super().__init__()
+        self.base = base
+        self.name = name
+        self.bank = bank
+        self.ctx = ctx
+        self.dense = name in bank.dense
+
+
+class BankedLinear(_Banked):
     """A Linear layer plus per-sample LoRA from the bank, computed the way `BankContext` planned.
 
     Adapters with many samples in the batch go through merged weights `W + scale·B·A` (one
@@ -29,14 +42,11 @@ class BankedLinear(nn.Module):
     the plan.
     """
 
+    base: nn.Linear
+
     def __init__(self, base: nn.Linear, name: str, bank: AdapterBank, ctx: BankContext) -> None:
-        super().__init__()
-        self.base = base
-        self.name = name
-        self.bank = bank
-        self.ctx = ctx
+        super().__init__(base, name, bank, ctx)
         self._merged: dict[tuple[int, int], torch.Tensor] = {}
-        self.dense = name in bank.dense
 
     def merged(self, row: int) -> torch.Tensor:
         """W + scale·B·A of one bank row of the bound buffers, cached per (row, row version).
@@ -256,7 +266,7 @@ def _where(index: torch.Tensor) -> Where:
     return slice(first, last + 1) if last - first + 1 == index.numel() else index
 
 
-class BankedEmbedding(nn.Module):
+class BankedEmbedding(_Banked):
     """An id table plus per-sample LoRA from the bank, PEFT's embedding LoRA: a sample with bank
     row `a` looking up id `i` gets `E[i] + scale · B[a] A[a][:, i]` (A [r, num_embeddings],
     B [dim, r]; stored transposed like every bank table). Rows come from `BankContext.rows`.
@@ -266,12 +276,7 @@ class BankedEmbedding(nn.Module):
     then B (r·dim floats).
     """
 
-    def __init__(self, base: nn.Embedding, name: str, bank: AdapterBank, ctx: BankContext) -> None:
-        super().__init__()
-        self.base = base
-        self.name = name
-        self.bank = bank
-        self.ctx = ctx
+    base: nn.Embedding
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.base(ids)
@@ -279,15 +284,13 @@ class BankedEmbedding(nn.Module):
         if rows is None:
             return out
         buf = self.ctx.buffers
-        rank, n_ids = self.bank.rank, self.base.num_embeddings
-        if self.name in buf.d:  # a small table: row `id` of each sample's ΔEᵀ, one gather
-            return out.add_(
-                buf.d[self.name].view(-1, self.base.embedding_dim).index_select(0, rows * n_ids + ids)
-            )
-        # column `id` of each sample's A: row `row·num_embeddings + id` of the flattened Aᵀ
-        h = buf.a[self.name].view(-1, rank).index_select(0, rows * n_ids + ids)  # [n, r]
+        rank, dim = self.bank.rank, self.base.embedding_dim
+        at = rows * self.base.num_embeddings + ids  # row (bank row, id) of a flattened table
+        if self.dense:  # a small table: row `id` of each sample's ΔEᵀ, one gather
+            return out.add_(buf.d[self.name].view(-1, dim).index_select(0, at))
+        h = buf.a[self.name].view(-1, rank).index_select(0, at)  # column `id` of each sample's A: [n, r]
         h.mul_(self.bank.scale)
-        b_table = buf.b[self.name].view(-1, self.base.embedding_dim)  # row (adapter, k) = B[adapter][:, k]
+        b_table = buf.b[self.name].view(-1, dim)  # row (adapter, k) = B[adapter][:, k]
         lora = F.embedding_bag(self.ctx.bag_index_of(rows, rank), b_table, per_sample_weights=h, mode="sum")
         return out.add_(lora)
 

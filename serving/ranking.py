@@ -98,7 +98,7 @@ class RankModel:
     most that many candidates (2,048: base and adapter batches both ran 5–10 % faster than with
     1,024 or 4,096 on a one-thread replica; `benchmarks/rank.py --chunk`); `group_limit`,
     `merge_min` and `merge_max` (`settings.serve_merge_*`) decide which adapters of a batch are
-    computed with merged weights (see `BankContext.merge_rows`). Arguments override settings.
+    computed with merged weights (see `BankContext.merge_rows`).
     """
 
     def __init__(
@@ -107,10 +107,6 @@ class RankModel:
         version: str,
         settings: Settings,
         device: torch.device,
-        chunk: int | None = None,
-        group_limit: int | None = None,
-        merge_min: int | None = None,
-        merge_max: int | None = None,
     ) -> None:
         self.model = model
         self.version = version
@@ -125,13 +121,13 @@ class RankModel:
             device=device,
         )
         ctx = BankContext(
-            group_limit=settings.serve_merge_group_limit if group_limit is None else group_limit,
-            merge_min=settings.serve_merge_min if merge_min is None else merge_min,
-            merge_max=settings.serve_merge_max if merge_max is None else merge_max,
+            group_limit=settings.serve_merge_group_limit,
+            merge_min=settings.serve_merge_min,
+            merge_max=settings.serve_merge_max,
         )
         self.ctx: BankContext = install(model, self.bank, ctx)
         self.config: RankerConfig = model.config
-        self.chunk = settings.serve_rank_chunk if chunk is None else chunk
+        self.chunk = settings.serve_rank_chunk
 
     @torch.inference_mode()
     def score(self, inputs: list[RankInput], use_adapters: bool) -> list[np.ndarray]:

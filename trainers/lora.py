@@ -25,7 +25,7 @@ the embedding targets.
   `trainers.delta` encodes; the effective weight of a module is `W + (alpha / r) · B @ A`
   (for an embedding, in = num_embeddings, out = dim and the table is `W + (alpha / r) · (B @ A)ᵀ`).
 
-Adapter ids (`adapter_id_for`, identical to what streams writes into TrainingExamples):
+Adapter ids are `schemas.ids.adapter_id_for` (what streams writes into TrainingExamples):
 `<slot>`, `adv:<advertiser_id>` or `<slot>/adv:<advertiser_id>` for `settings.adapter_scheme`
 slot / advertiser / slot+advertiser.
 """

@@ -31,6 +31,22 @@ def test_settings_reject_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings(_env_file=None)  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("canary_auc_gain", -0.01),  # would promote a worse candidate
+        ("canary_cooldown_s", -1.0),
+        ("serve_rank_chunk", 0),
+        ("serve_merge_min", 0),
+        ("serve_merge_max", -1),
+        ("online_embedding_lr", 0.0),
+    ],
+)
+def test_settings_reject_out_of_range_knobs(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        Settings(_env_file=None, **{field: value})  # type: ignore[call-arg]
+
+
 def test_env_example_lists_every_setting() -> None:
     text = (jsonschema.SCHEMA_DIR.parent.parent / ".env.example").read_text()
     for name in Settings.model_fields:

@@ -144,20 +144,26 @@ def test_swap_rollback_and_promote(models: tuple[RankModel, PeftBank, Ranker]) -
 N_ADAPTERS = 30
 
 
+# the factor layers (cross, deep) follow the plan; head and the table are served from ΔW; plan
+# thresholds small enough for tiny batches to hit every case
+PLAN_SETTINGS = Settings(
+    lora_rank=4,
+    lora_alpha=8.0,
+    serve_adapter_capacity=N_ADAPTERS + 4,
+    lora_targets=("cross", "deep", "head", "wide.category"),
+    serve_merge_group_limit=2,
+    serve_merge_min=3,
+    serve_merge_max=2,
+)
+
+
 @pytest.fixture(scope="module")
 def planned() -> tuple[RankModel, Ranker, dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]]:
     """A rank model whose plan thresholds are small enough for tiny batches to hit every case:
     ≤ 2 distinct rows are all merged, else the 2 busiest rows with ≥ 3 samples."""
     torch.manual_seed(1)
     base = Ranker(CFG).eval()
-    # the factor layers (cross, deep) follow the plan; head and the table are served from ΔW
-    targets = ("cross", "deep", "head", "wide.category")
-    settings = Settings(
-        lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4, lora_targets=targets
-    )
-    rank = RankModel(
-        copy.deepcopy(base), "v0", settings, torch.device("cpu"), group_limit=2, merge_min=3, merge_max=2
-    )
+    rank = RankModel(copy.deepcopy(base), "v0", PLAN_SETTINGS, torch.device("cpu"))
     g = torch.Generator().manual_seed(2)
     weights = {}
     for i in range(N_ADAPTERS):
@@ -276,14 +282,7 @@ def test_empty_batch(
 def test_a_swap_during_a_batch_does_not_touch_it(layout: str) -> None:
     torch.manual_seed(3)
     base = Ranker(CFG).eval()
-    # the factor layers (cross, deep) follow the plan; head and the table are served from ΔW
-    targets = ("cross", "deep", "head", "wide.category")
-    settings = Settings(
-        lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=N_ADAPTERS + 4, lora_targets=targets
-    )
-    rank = RankModel(
-        copy.deepcopy(base), "v0", settings, torch.device("cpu"), group_limit=2, merge_min=3, merge_max=2
-    )
+    rank = RankModel(copy.deepcopy(base), "v0", PLAN_SETTINGS, torch.device("cpu"))
     shapes = rank.bank.shapes
     weights = {
         f"adv:{i}": {
