@@ -29,7 +29,10 @@ Configs (impressions = users × per-user count; the rest is `MarketConfig`'s def
   off because the market's default rate (100 requests/s) packs the whole run into ~12 simulated
   minutes, far below the state's 1 h intent half-life: a user who redraws tastes keeps the old
   ones in the state for the whole holdout, which caps any state-based model (not the oracle);
-- `rich-drift` (opt-in): `rich` with the default drift, to show that cap.
+- `rich-drift` (opt-in): `rich` with the default drift, to show that cap;
+- `u<N>x<M>` (opt-in, e.g. `u200x1000`): N users × M impressions each, no drift (as `rich`) — a
+  learning curve in data per user: `--configs u1000x200,u200x1000,u50x4000,u20x10000,u20x20000`
+  shows how the oracle − ceiling and oracle − ranker gaps close as each user's history grows.
 
 **Open Bandit Dataset** (`workloads.obd`, the six files of `obp==0.4.1`: 60,000 impressions,
 287 clicks). Each file alone holds ~40 clicks, so a 20 % holdout has ~8: no comparison. The six
@@ -56,6 +59,7 @@ import heapq
 import itertools
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -206,7 +210,11 @@ def sim_config(name: str, seed: int, args: argparse.Namespace) -> tuple[MarketCo
         if name == "rich":
             cfg = MarketConfig(seed=seed, n_users=args.rich_users, drift_at=None)
         return cfg, args.rich_users * args.rich_per_user
-    raise ValueError(f"--configs: unknown config {name!r} (default, rich, rich-drift)")
+    scaled = re.fullmatch(r"u([1-9][0-9]*)x([1-9][0-9]*)", name)
+    if scaled:
+        users, per_user = int(scaled[1]), int(scaled[2])
+        return MarketConfig(seed=seed, n_users=users, drift_at=None), users * per_user
+    raise ValueError(f"--configs: unknown config {name!r} (default, rich, rich-drift, u<N>x<M>)")
 
 
 def sim_run(name: str, seed: int, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
@@ -486,7 +494,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--part", choices=("sim", "obd", "all"), default="all")
     ap.add_argument("--seeds", default="0,1", help="simulator seeds, comma-separated")
-    ap.add_argument("--configs", default="default,rich", help="default, rich, rich-drift")
+    ap.add_argument("--configs", default="default,rich", help="default, rich, rich-drift, u<N>x<M>")
     ap.add_argument("--rich-users", type=int, default=20)
     ap.add_argument("--rich-per-user", type=int, default=10_000)
     ap.add_argument("--holdout", type=float, default=0.2)
