@@ -2,7 +2,7 @@
 
 Four scenarios, each a simulator stream (`workloads.Market`) of `--impressions` impressions
 that drifts half-way (new ads also arrive there unless `--no-new-ads`), each run for every seed
-of `--seeds` (default 7, 8, 9):
+of `--seeds` (default 7 … 11):
 
 - **handover** (the headline, top-level keys): `drift_mode="handover"` — one season hands over
   to the next: before the drift the `--trend-share` segment's interest is raised by
@@ -42,7 +42,9 @@ progressive validation, sparse ΔW, guards). Models scored on every example befo
 - `category_bias`: a reference — the frozen logit plus one online SGD bias per category.
 
 Measurement (`--window` 10,000 examples: ~400–500 clicks, a bootstrap standard error of ~0.012
-on one window's AUC, ~0.02 for 5,000; the mean of three seeds ~0.007). Curves are window AUCs
+on one window's AUC, ~0.02 for 5,000; the mean of five seeds ~0.005: one seed alone can land
+at 70 % or 140 % recovered, so the goal is judged on the seed mean and `seeds_meeting` says how
+many seeds meet it alone). Curves are window AUCs
 against the number of examples since the drift, averaged over the seeds; figures come from
 those means:
 - `auc_*_pre`: the window ending at the drift; `auc_*_dip`: the lowest window ending within
@@ -61,8 +63,8 @@ those means:
 - `per_seed` (every figure for each seed alone), `spread` (sd, min and max over the seeds of the
   AUC levels) and `seeds_meeting`.
 Every scenario is under `scenarios`; the PNG (next to the JSON) has one panel each.
-Usage: `.venv/bin/python benchmarks/online_drift.py [--seeds 7,8,9] [--impressions 120000]`
-(~10 minutes on 2 busy cores: about a minute per scenario and seed).
+Usage: `.venv/bin/python benchmarks/online_drift.py [--seeds 7,8,9,10,11] [--impressions 120000]`
+(~15 minutes on 2 busy cores: 30–60 s per scenario and seed).
 """
 
 # ruff: noqa: E402
@@ -455,7 +457,10 @@ def main() -> None:
     ap.add_argument("--impressions", type=int, default=120_000)
     ap.add_argument("--pretrain", type=int, default=40_000)
     ap.add_argument(
-        "--seeds", type=lambda v: [int(x) for x in v.split(",") if x], default=[7, 8, 9], help="e.g. 7,8,9"
+        "--seeds",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[7, 8, 9, 10, 11],
+        help="e.g. 7,8,9",
     )
     ap.add_argument("--users", type=int, default=200)
     ap.add_argument("--drift-share", type=float, default=1.0, help="share of users redrawing tastes")
