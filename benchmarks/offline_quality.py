@@ -202,19 +202,19 @@ def examples_of(
 
 # -- simulator runs ------------------------------------------------------------------------
 def sim_config(name: str, seed: int, args: argparse.Namespace) -> tuple[MarketConfig, int]:
-    """(market config, impressions) of a named config."""
+    """(market config, impressions) of a named config; ValueError naming it when unknown."""
     if name == "default":
         return MarketConfig(seed=seed), 1000 * 200
-    if name in ("rich", "rich-drift"):
-        cfg = MarketConfig(seed=seed, n_users=args.rich_users)
-        if name == "rich":
-            cfg = MarketConfig(seed=seed, n_users=args.rich_users, drift_at=None)
-        return cfg, args.rich_users * args.rich_per_user
+    if name == "rich-drift":
+        return MarketConfig(seed=seed, n_users=args.rich_users), args.rich_users * args.rich_per_user
     scaled = re.fullmatch(r"u([1-9][0-9]*)x([1-9][0-9]*)", name)
-    if scaled:
+    if name == "rich":
+        users, per_user = args.rich_users, args.rich_per_user
+    elif scaled:
         users, per_user = int(scaled[1]), int(scaled[2])
-        return MarketConfig(seed=seed, n_users=users, drift_at=None), users * per_user
-    raise ValueError(f"--configs: unknown config {name!r} (default, rich, rich-drift, u<N>x<M>)")
+    else:
+        raise ValueError(f"--configs: unknown config {name!r} (default, rich, rich-drift, u<N>x<M>)")
+    return MarketConfig(seed=seed, n_users=users, drift_at=None), users * per_user
 
 
 def sim_run(name: str, seed: int, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
@@ -512,6 +512,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    for name in args.configs.split(","):  # fail before minutes of runs, not after
+        try:
+            sim_config(name, 0, args)
+        except ValueError as e:
+            ap.error(str(e))
     torch.set_num_threads(args.threads)
     settings = Settings()
     t0 = time.perf_counter()

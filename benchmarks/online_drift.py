@@ -42,8 +42,8 @@ progressive validation, sparse ΔW, guards). Models scored on every example befo
 - `category_bias`: a reference — the frozen logit plus one online SGD bias per category.
 
 Measurement (`--window` 10,000 examples: ~400–500 clicks, a bootstrap standard error of ~0.012
-on one window's AUC, ~0.02 for 5,000; the mean of five seeds ~0.005: one seed alone can land
-at 70 % or 140 % recovered, so the goal is judged on the seed mean and `seeds_meeting` says how
+on one window's AUC, ~0.02 for 5,000; the mean of five seeds ~0.005: one seed alone read from 68 %
+to 214 % recovered in the committed run, so the goal is judged on the seed mean and `seeds_meeting` says how
 many seeds meet it alone). Curves are window AUCs
 against the number of examples since the drift, averaged over the seeds; figures come from
 those means:
