@@ -1,4 +1,4 @@
-"""Models of the HTTP API served by the serving ingress (see DESIGN.md, "HTTP API")."""
+"""Models of the HTTP API served by the serving ingress (see docs/DESIGN.md, "HTTP API")."""
 
 from __future__ import annotations
 

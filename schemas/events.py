@@ -1,4 +1,4 @@
-"""Pydantic v2 models of every message on the wire contract (see DESIGN.md, "Wire contract")."""
+"""Pydantic v2 models of every message on the wire contract (see docs/DESIGN.md, "Wire contract")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Deadlines: the time a request has left, and which rung of the ladder still fits in it.
 
-Ladder (DESIGN.md): adapter → base model → recall score → cached popular ads. Each stage asks
+Ladder (docs/DESIGN.md): adapter → base model → recall score → cached popular ads. Each stage asks
 `plan(...)` with what is left; the estimates are running costs of each stage on this replica.
 """
 

@@ -6,27 +6,14 @@ so Faust's committed offsets never pass the offsets stored in Redis. A task foll
 from the beginning with a plain consumer (every worker needs the whole catalog) and the agent
 waits until the catalog is read to its end before touching user state.
 
-Why no Faust tables (decision and evidence): DESIGN.md records that after `kill -9` on the local
-Tansu broker a Faust worker's table recovery got stuck ("No event received for active tp … since
-recovery start") although the changelog had been read to its end, with Tansu reporting a log-end
-offset one lower than the records present, and that the group waited ~30 s for the dead member.
-A timeboxed re-check here (2026-11-29: a Faust app counting 20,000 records per key in a
-changelog-backed table, 4 partitions, kill -9 at ~3,800, restart) recovered this time, but only
-after 26 s and with the table at 20,737: at-least-once, 737 records (3.7 %) counted twice — Faust
-tables with the default guarantee replay what was processed after the last offset commit. A store
-that can hang on recovery and double-apply on replay is not a source of truth for user state.
-So user state, pending labels and the last applied offset of every input partition live in Redis
-and are written in ONE MULTI/EXEC per batch (`streams.store`); on restart records at or below the
-stored offset are skipped — exactly-once effect, no changelog, no recovery phase (the crash test
-in tests/integration/streams kills the worker with -9 and compares every user with the offline
-replay, which an uninterrupted run reproduces exactly). Re-run the table check with
-`.venv/bin/python tests/integration/streams/faust_table_check.py`.
+Why no Faust tables: user state, pending labels and the last applied offset of every input
+partition live in Redis, written in ONE MULTI/EXEC per batch (`streams.store`); records at or below
+the stored offset are skipped on restart (decision and evidence: docs/decisions/0001-user-state-in-redis.md).
 
 Faust provides the consumer group, a co-partitioned assignment (partition p of every input on
 one worker), offset commits (never past Redis: records are acked only after their batch
-is committed) and the worker lifecycle. Throughput: Faust's per-record machinery caps an empty
-agent with manual acks near 15 k records/s on this machine, so `streams.plain` offers the same
-pipeline on a bare aiokafka consumer group (`adstream worker --engine aiokafka`).
+is committed) and the worker lifecycle. `adstream worker --engine aiokafka` runs the same pipeline
+on a bare aiokafka consumer group (throughput figures: benchmarks/results/streams.json).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure functions only (no Kafka, Redis or clock): `decay`, `apply_event`, `intent_scores`.
 
-Intent decay, as DESIGN.md states it, made precise:
+Intent decay, as docs/DESIGN.md states it, made precise:
 
 * Between two events a score decays with the configured half-life τ (`intent_half_life_s`):
   ``s·α^(Δt/τ)`` with α = ½, i.e. `decay(s, Δt, τ)`; it is applied lazily from `last_ts`, so a

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-BOUNCE_MS = 2000  # a dwell below this is a quick bounce (DESIGN.md: a contradicting signal)
+BOUNCE_MS = 2000  # a dwell below this is a quick bounce (docs/DESIGN.md: a contradicting signal)
 
 
 def sigmoid(x: float) -> float:
