@@ -11,11 +11,14 @@ worse. A rolled-back candidate comes back at `canary_share` with fresh stats aft
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 import numpy as np
+
+from schemas import stats
 
 Action: TypeAlias = Literal["hold", "promote", "rollback"]
 Arm: TypeAlias = Literal["stable", "candidate"]
@@ -38,24 +41,13 @@ def arm_for(user_id: str, candidate_share: float) -> Arm:
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    """ROC AUC by ranks (ties averaged); None when one class is missing.
+    """ROC AUC of an arm's window (schemas.stats.auc, the one definition); None when one class is missing.
 
     >>> auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
     0.75
     """
-    labels = np.asarray(labels).astype(bool)
-    pos = int(labels.sum())
-    neg = labels.shape[0] - pos
-    if pos == 0 or neg == 0:
-        return None
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores), dtype=np.float64)
-    sorted_scores = np.asarray(scores)[order]
-    # average ranks over ties
-    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    avg = first + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+    value = stats.auc(scores, labels)
+    return None if math.isnan(value) else value
 
 
 @dataclass(frozen=True)

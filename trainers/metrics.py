@@ -17,25 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from schemas.stats import auc
+
+__all__ = ["RollingMetrics", "auc", "logloss"]
+
 _EPS = 1e-7
-
-
-def auc(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
-    """Area under the ROC curve (ties count half); NaN when only one class is present."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels, dtype=np.float64)
-    n_pos = float(y.sum())
-    n_neg = float(len(y) - n_pos)
-    if n_pos == 0 or n_neg == 0:
-        return math.nan
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s), dtype=np.float64)
-    sorted_s = s[order]
-    # average ranks of ties
-    _, first, counts = np.unique(sorted_s, return_index=True, return_counts=True)
-    avg = first + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def logloss(probs: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:

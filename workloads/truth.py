@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
+
+from schemas.stats import auc as auc  # the one AUC (re-exported: workloads.truth.auc)
 
 BOUNCE_MS = 2000  # a dwell below this is a quick bounce (docs/DESIGN.md: a contradicting signal)
 
@@ -77,27 +79,3 @@ def channel_credit(touches: Mapping[str, int], lift: Mapping[str, float]) -> dic
     if total <= 0:
         return {c: 0.0 for c in caused}
     return {c: v / total for c, v in caused.items()}
-
-
-def auc(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
-    """Area under the ROC curve (ties count half); NaN when only one class is present.
-
-    >>> auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
-    0.75
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels, dtype=bool)
-    n_pos = int(y.sum())
-    n_neg = len(y) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s), dtype=np.float64)
-    sorted_s = s[order]
-    # average ranks over ties
-    boundaries = np.flatnonzero(np.diff(sorted_s)) + 1
-    starts = np.concatenate(([0], boundaries))
-    ends = np.concatenate((boundaries, [len(s)]))
-    avg = (starts + ends + 1) / 2.0
-    ranks[order] = np.repeat(avg, ends - starts)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
