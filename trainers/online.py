@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 class OnlineSpec:
     """Knobs of the online trainer (from `Settings`); validated on construction."""
 
-    lr: float = 0.01
+    lr: float = 0.003  # = Settings.online_lr (tests/unit/test_settings_mirrors.py keeps them equal)
     embedding_lr: float = 0.2
     delta_percentile: float = 95.0
     delta_window_steps: int = 50

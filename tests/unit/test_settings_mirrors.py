@@ -1,0 +1,57 @@
+"""The rooms' parameter dataclasses must not disagree with the settings they mirror.
+
+`OnlineSpec.lr` once defaulted to 0.01 while `Settings.online_lr` is 0.003, so a benchmark that
+built `OnlineSpec()` measured a learning rate the trainer never uses. Every mirror's default must
+equal the default of the setting it is built from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from schemas.settings import Settings
+from serving.canary import CanaryRule
+from serving.rerank import RerankParams
+from streams.state import StateParams
+from trainers.lora import LoraSpec
+from trainers.online import OnlineSpec
+
+# mirror field -> setting, for the mirrors built field by field in serving
+CANARY = {
+    "auc_gain": "canary_auc_gain",
+    "latency_slack": "canary_latency_slack",
+    "max_error_rate": "canary_max_error_rate",
+    "error_window_s": "canary_error_window_s",
+    "min_samples": "canary_min_samples",
+}
+RERANK = {
+    "max_per_advertiser": "rerank_max_per_advertiser",
+    "category_decay": "rerank_category_decay",
+    "long_tail_boost": "rerank_long_tail_boost",
+    "reserve_price": "rerank_reserve_price",
+    "pacing_slack": "pacing_slack",
+}
+
+
+@pytest.mark.parametrize("mirror", [StateParams, OnlineSpec, LoraSpec])
+def test_from_settings_of_the_defaults_is_the_default(mirror: type) -> None:
+    built, default = mirror.from_settings(Settings()), mirror()
+    differ = {
+        f.name: (getattr(default, f.name), getattr(built, f.name))
+        for f in dataclasses.fields(mirror)
+        if getattr(default, f.name) != getattr(built, f.name)
+    }
+    assert not differ, f"{mirror.__name__} defaults (default, from settings) disagree: {differ}"
+
+
+@pytest.mark.parametrize(("mirror", "mapping"), [(CanaryRule, CANARY), (RerankParams, RERANK)])
+def test_field_by_field_mirrors_match_settings(mirror: type, mapping: dict[str, str]) -> None:
+    default, fields = mirror(), Settings.model_fields
+    differ = {
+        name: (getattr(default, name), fields[setting].default)
+        for name, setting in mapping.items()
+        if getattr(default, name) != fields[setting].default
+    }
+    assert not differ, f"{mirror.__name__} defaults (mirror, setting) disagree: {differ}"
