@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, StringConstraints
+from pydantic import BeforeValidator, Field, StringConstraints
 
 from schemas.events import Contract, Ident, NonNegFloat, Probability, Slot, UserId, Version
 
-ContextValue: TypeAlias = Annotated[str, StringConstraints(max_length=256)] | int | float | bool
+
+def _integral(value: object) -> object:
+    """JSON Schema's `integer` includes `61.0`: accept integral floats as ints (not bools, not 61.5)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# context numbers: finite floats, ints a float64 holds exactly (no 4,000-digit ints to parse or log)
+ContextValue: TypeAlias = (
+    Annotated[str, StringConstraints(max_length=256)]
+    | bool
+    | Annotated[int, Field(ge=-(2**53), le=2**53)]
+    | Annotated[float, Field(ge=-(2**53), le=2**53, allow_inf_nan=False)]
+)
 Rung: TypeAlias = Literal["adapter", "base_model", "recall_score", "popular"]
 
 
@@ -17,12 +31,12 @@ class AdRequest(Contract):
 
     user_id: UserId
     slot: Slot
-    k: Annotated[int, Field(ge=1, le=100)] = 10
+    k: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=100)] = 10
     context: (
         Annotated[dict[Annotated[str, StringConstraints(max_length=64)], ContextValue], Field(max_length=32)]
         | None
     ) = None
-    deadline_ms: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    deadline_ms: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=10_000)] | None = None
 
 
 class ServedAd(Contract):

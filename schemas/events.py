@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     StringConstraints,
+    TypeAdapter,
     field_validator,
 )
 
@@ -30,7 +31,12 @@ MAX_TS: Final = datetime(2106, 1, 1, tzinfo=UTC)
 
 
 def _fits_bytes(value: str) -> str:
-    """Ids travel in binary records with a one-byte length: at most 255 UTF-8 bytes."""
+    """Ids travel in binary records with a one-byte length: at most 255 UTF-8 bytes; and they
+    reach logs, Redis keys and dashboards, so control, format (bidi, zero-width) and separator
+    characters are refused (`str.isprintable`: NUL, newlines, ANSI escapes, U+202E …)."""
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ValueError(f"contains the non-printable character U+{ord(bad):04X}; ids must be printable text")
     if len(value) * 4 <= MAX_ID_BYTES:  # no UTF-8 character takes more than 4 bytes: skip encoding
         return value
     size = len(value.encode("utf-8"))
@@ -48,7 +54,21 @@ def _in_range(value: datetime) -> datetime:
 EventId = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_fits_bytes)]
 UserId = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_fits_bytes)]
 Ident = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_fits_bytes)]
-Timestamp = Annotated[AwareDatetime, AfterValidator(_in_range)]
+_DATETIME_TEXT: Final = TypeAdapter(datetime)
+
+
+def _not_a_number(value: object) -> object:
+    """JSON timestamps are ISO 8601 text; pydantic would read `"1700000000"` as unix seconds."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:  # text, not a number: parse it here (strict mode takes only datetimes next)
+            return _DATETIME_TEXT.validate_python(value, strict=False)
+        raise ValueError(f"{value[:32]!r} is a number; timestamps are ISO 8601 text with an offset")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_not_a_number), AfterValidator(_in_range)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -76,6 +96,7 @@ B64Bytes = Annotated[
 MAX_DWELL_MS: Final = 3_600_000
 MAX_VECTOR_DIM: Final = 1024
 MAX_DELTA_BYTES: Final = 16 * 1024 * 1024
+MAX_SEQ: Final = 2**53 - 1  # an adapter's delta seq: ~285 years at a million deltas a second
 MAX_RAW_BYTES: Final = 1024 * 1024
 
 
@@ -214,7 +235,8 @@ class AdapterDelta(Message):
     kind: Literal["adapter_delta"] = "adapter_delta"
     adapter_id: Ident
     base_version: Version
-    seq: Annotated[int, Field(ge=0)]
+    # bounded: a JSON-safe integer keeps `seq-N` versions short and a forged 2**62 out
+    seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
     rank: Annotated[int, Field(ge=1, le=256)]
     payload: Annotated[B64Bytes, Field(min_length=1, max_length=MAX_DELTA_BYTES)]
     norm: NonNegFloat

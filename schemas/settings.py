@@ -127,21 +127,49 @@ class Settings(BaseSettings):
     serve_consume_deltas: bool = Field(True, description="Replicas follow ad.adapter-deltas and ad.catalog")
     serve_catalog_file: Path | None = Field(None, description="JSON lines of AdCreative loaded at start")
 
+    # -- attribution ---------------------------------------------------------------------
+    attribution_click_lookback_s: int = Field(
+        7 * 86400, gt=0, description="A click counts toward a conversion this many seconds after it"
+    )
+    attribution_view_lookback_s: int = Field(
+        86400, gt=0, description="An impression (view) counts toward a conversion this long after it"
+    )
+    attribution_lookback_by_advertiser: dict[str, tuple[int, int]] = Field(
+        default_factory=dict,
+        description='Per-advertiser (click_s, view_s) lookbacks, JSON: {"adv001": [604800, 3600]}',
+    )
+    attribution_journey_gap_s: int = Field(
+        7 * 86400, gt=0, description="A journey without conversion is closed (a null path) after this gap"
+    )
+    attribution_bootstrap: int = Field(100, ge=0, description="Bootstrap replicates for CIs (0: none)")
+    attribution_seed: int = Field(0, ge=0, description="Seed of bootstraps, data splits and sampling")
+    attribution_markov_order: int = Field(
+        0, ge=0, le=3, description="Markov order 1-3 (0: chosen by held-out likelihood)"
+    )
+    attribution_shapley_exact_max: int = Field(
+        12, ge=1, le=20, description="Shapley is exact for journeys with at most this many channels"
+    )
+    attribution_shapley_permutations: int = Field(
+        200, ge=2, description="Sampled permutations per journey above shapley_exact_max"
+    )
+    attribution_time_decay_half_life_s: float = Field(
+        7 * 86400.0, gt=0, description="Time-decay model: a touch's weight halves per this age"
+    )
+    attribution_view_weight: float = Field(0.5, ge=0, description="Time-decay model: weight of a view")
+    attribution_click_weight: float = Field(1.0, ge=0, description="Time-decay model: weight of a click")
+    holdout_share: float = Field(
+        0.0, ge=0, lt=1, description="Share of users per campaign held out (shown no ad) for lift"
+    )
+    holdout_salt: str = Field("adstream-holdout", description="Salt of the stable holdout assignment")
+
 
 def clickhouse_connect_args(settings: Settings, database: str | None = None) -> dict[str, object]:
     """clickhouse-driver `Client(**args)` for `settings.clickhouse_url` (bound to `database`, or to
-    `default` when None): every room that talks to ClickHouse connects the same way."""
-    from urllib.parse import urlparse
+    `default` when None): every room that talks to ClickHouse connects the same way
+    (`schemas.clients.clickhouse_args`, which adds the user, password and TLS settings)."""
+    from schemas.clients import clickhouse_args
 
-    url = urlparse(settings.clickhouse_url)
-    return {
-        "host": url.hostname or "127.0.0.1",
-        "port": url.port or 9000,
-        "user": url.username or "default",
-        "password": url.password or "",
-        "database": database or "default",
-        "connect_timeout": 5,
-    }
+    return clickhouse_args(settings, database)
 
 
 def clickhouse_database(settings: Settings | str) -> str:

@@ -19,9 +19,11 @@ from schemas.events import (
     TrainingExample,
 )
 
-ids = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=64).filter(
-    lambda v: len(v.encode()) <= 255
+# ids refuse control, format and separator characters (`str.isprintable`); the ASCII space is fine
+_printable = st.characters(
+    codec="utf-8", exclude_categories=("Cs", "Cc", "Cf", "Co", "Cn", "Zl", "Zp", "Zs"), include_characters=" "
 )
+ids = st.text(_printable, min_size=1, max_size=64).filter(lambda v: len(v.encode()) <= 255)
 offsets = st.integers(-14 * 60, 14 * 60).map(lambda m: timezone(timedelta(minutes=m)))
 stamps = st.builds(
     lambda d, tz: d.replace(tzinfo=UTC).astimezone(tz),
@@ -82,7 +84,7 @@ deltas = st.builds(
     ts=stamps,
     adapter_id=ids,
     base_version=ids,
-    seq=st.integers(0, 2**62),
+    seq=st.integers(0, 2**53 - 1),
     rank=st.integers(1, 256),
     payload=st.binary(min_size=1, max_size=256),
     norm=money,
