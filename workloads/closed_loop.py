@@ -14,7 +14,7 @@ import heapq
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -84,6 +84,46 @@ def _expected_k(market: Market) -> float:
     return sum(cfg.slot_share[s] / total * cfg.slot_k[s] for s in SLOTS)
 
 
+class _Pending:
+    """Simulated events waiting for their timestamp, released to the sink in time order."""
+
+    def __init__(self, sink: Sink, report: ClosedLoopReport) -> None:
+        self._heap: list[tuple[datetime, int, Event]] = []
+        self._seq = 0
+        self._sink = sink
+        self._report = report
+
+    def push(self, events: Iterable[Event]) -> None:
+        for m in events:
+            heapq.heappush(self._heap, (m.ts, self._seq, m))
+            self._seq += 1
+
+    async def release(self, until: datetime | None) -> None:
+        """Send every event due by `until` (all of them when None)."""
+        due = []
+        while self._heap and (until is None or self._heap[0][0] <= until):
+            due.append(heapq.heappop(self._heap)[2])
+        if due:
+            for m in due:
+                self._report.events[m.kind] += 1
+            await self._sink(due)
+
+
+def _serve_outcome(
+    market: Market, user_id: str, slot: Slot, now: datetime, resp: AdResponse, report: ClosedLoopReport
+) -> list[Event]:
+    """The served impressions of one response and the user's reactions to them."""
+    try:
+        imps = served_impressions(market, user_id, slot, now, resp)
+    except UnknownEntityError as exc:
+        log.warning("%s", exc)
+        report.errors["unknown_ad"] += 1
+        return []
+    report.served += len(imps)
+    report.impressions.extend(imps)
+    return [m for imp in imps for m in market.respond(imp)]
+
+
 async def run_closed_loop(
     market: Market,
     base_url: str,
@@ -98,53 +138,26 @@ async def run_closed_loop(
     # Change points given as fractions fall on the expected number of served impressions.
     market.plan(round(n_requests * _expected_k(market)))
     report = ClosedLoopReport()
-    heap: list[tuple[datetime, int, Event]] = []
-    seq = 0
+    pending = _Pending(sink, report)
     own = client is None
     http = client or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
     t0 = time.perf_counter()
-
-    async def release(until: datetime | None) -> None:
-        due = []
-        while heap and (until is None or heap[0][0] <= until):
-            due.append(heapq.heappop(heap)[2])
-        if due:
-            for m in due:
-                report.events[m.kind] += 1
-            await sink(due)
-
     try:
         for i in range(n_requests):
             now = datetime.now(UTC)
             req = market.next_request(ts=now)
-            fresh = market.advance(now)
-            for m in fresh:
-                heapq.heappush(heap, (m.ts, seq, m))
-                seq += 1
+            pending.push(market.advance(now))
             report.requests += 1
             resp = await _ask(http, AdRequest(user_id=req.user_id, slot=req.slot, k=req.k), report)
             if resp is not None:
-                try:
-                    imps = served_impressions(market, req.user_id, req.slot, now, resp)
-                except UnknownEntityError as exc:
-                    log.warning("%s", exc)
-                    report.errors["unknown_ad"] += 1
-                    imps = []
-                report.served += len(imps)
-                report.impressions.extend(imps)
-                for imp in imps:
-                    for m in market.respond(imp):
-                        heapq.heappush(heap, (m.ts, seq, m))
-                        seq += 1
-            for m in market.organic(req):
-                heapq.heappush(heap, (m.ts, seq, m))
-                seq += 1
-            await release(datetime.now(UTC))
+                pending.push(_serve_outcome(market, req.user_id, req.slot, now, resp, report))
+            pending.push(market.organic(req))
+            await pending.release(datetime.now(UTC))
             if rate > 0:
                 wait = t0 + (i + 1) / rate - time.perf_counter()
                 if wait > 0:
                     await asyncio.sleep(wait)
-        await release(None)
+        await pending.release(None)
     finally:
         if own:
             await http.aclose()

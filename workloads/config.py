@@ -83,11 +83,22 @@ class MarketConfig:
     id_prefix: str | None = None  # event ids are f"{id_prefix}{counter}"; default f"s{seed}-"
 
     def __post_init__(self) -> None:
+        self._check_sizes()
+        self._check_time()
+        self._check_drift()
+        self._check_slots()
+        self._check_policy()
+
+    def _check_sizes(self) -> None:
         for name in ("n_users", "n_ads", "n_categories", "n_advertisers", "campaigns_per_advertiser"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "must be >= 1")
         if self.n_new_ads < 0:
             _fail("n_new_ads", self.n_new_ads, "must be >= 0")
+        if not 0 <= self.favorite_categories <= self.n_categories:
+            _fail("favorite_categories", self.favorite_categories, "must be in [0, n_categories]")
+
+    def _check_time(self) -> None:
         if self.start.tzinfo is None:
             _fail("start", self.start, "must be timezone-aware")
         if not self.rate > 0:
@@ -96,8 +107,12 @@ class MarketConfig:
             _fail("session_requests", self.session_requests, "must be >= 1 request per session")
         if not self.session_gap_s > 0:
             _fail("session_gap_s", self.session_gap_s, "must be > 0 seconds")
-        if not 0 <= self.favorite_categories <= self.n_categories:
-            _fail("favorite_categories", self.favorite_categories, "must be in [0, n_categories]")
+        for name in ("drift_at", "new_ads_at"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                _fail(name, value, "must be a fraction in (0, 1), an index >= 1, or None")
+
+    def _check_drift(self) -> None:
         if not 0 <= self.drift_share <= 1:
             _fail("drift_share", self.drift_share, "must be in [0, 1]")
         if self.drift_mode not in DRIFT_MODES:
@@ -110,10 +125,8 @@ class MarketConfig:
             _fail("trend_up", (self.trend_up, self.trend_down), why)
         if not (math.isfinite(self.trend_delta) and self.trend_delta >= 0):
             _fail("trend_delta", self.trend_delta, "must be a finite number >= 0")
-        for name in ("drift_at", "new_ads_at"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                _fail(name, value, "must be a fraction in (0, 1), an index >= 1, or None")
+
+    def _check_slots(self) -> None:
         for name in ("slot_effect", "slot_share", "slot_k", "channel_lift"):
             keys = set(getattr(self, name))
             if keys != set(SLOTS):
@@ -124,12 +137,14 @@ class MarketConfig:
             _fail("slot_k", self.slot_k, f"each k must be in [1, {len(self.position_bias)}]")
         if any(v < 0 for v in self.channel_lift.values()) or self.base_conversion < 0:
             _fail("channel_lift", self.channel_lift, "lifts and base_conversion must be >= 0")
+        if self.n_ads < max(self.slot_k.values()):
+            _fail("n_ads", self.n_ads, f"must be >= the largest slot_k ({max(self.slot_k.values())})")
+
+    def _check_policy(self) -> None:
         if self.policy not in ("random", "popularity", "epsilon"):
             _fail("policy", self.policy, "must be random, popularity or epsilon")
         if not 0 <= self.epsilon <= 1:
             _fail("epsilon", self.epsilon, "must be in [0, 1]")
-        if self.n_ads < max(self.slot_k.values()):
-            _fail("n_ads", self.n_ads, f"must be >= the largest slot_k ({max(self.slot_k.values())})")
 
     @property
     def prefix(self) -> str:
