@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from attribution.sql import Backend, DriverBackend
 from schemas.errors import ConfigError, StoreError
 from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
 
@@ -51,6 +52,25 @@ def database_name(settings: Settings) -> str:
         raise StoreError(str(exc)) from exc
 
 
+def apply_migrations(backend: Backend, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Apply every migration not yet in the backend's `schema_migrations`; return their versions.
+
+    The same code path for the ClickHouse server and for chDB (tests run both).
+    """
+    backend.execute(_LEDGER)
+    done = {row[0] for row in backend.execute("SELECT version FROM schema_migrations")}
+    applied: list[str] = []
+    for path in migration_files(directory):
+        if path.stem in done:
+            continue
+        for stmt in statements(path.read_text()):
+            backend.execute(stmt)
+        backend.insert("schema_migrations", ("version", "applied_at"), [(path.stem, _now())])
+        log.info("applied migration %s on %s", path.stem, backend.name)
+        applied.append(path.stem)
+    return applied
+
+
 def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Create the database if needed and apply every migration not applied yet; return them."""
     db = database_name(settings)
@@ -62,28 +82,12 @@ def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:
     finally:
         admin.disconnect()
     client = clickhouse_client(settings, db)
-    applied: list[str] = []
     try:
-        client.execute(_LEDGER)
-        done = {row[0] for row in client.execute("SELECT version FROM schema_migrations")}
-        for path in migration_files(directory):
-            if path.stem in done:
-                continue
-            for stmt in statements(path.read_text()):
-                client.execute(stmt)
-            client.execute(
-                "INSERT INTO schema_migrations (version, applied_at) VALUES",
-                [(path.stem, _now())],
-            )
-            log.info("applied migration %s to %s", path.stem, db)
-            applied.append(path.stem)
-    except StoreError:
-        raise
-    except Exception as exc:
+        return apply_migrations(DriverBackend(client), directory)
+    except StoreError as exc:
         raise StoreError(f"migration failed on {db}: {exc}") from exc
     finally:
         client.disconnect()
-    return applied
 
 
 def _now() -> Any:

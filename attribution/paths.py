@@ -1,0 +1,307 @@
+"""Conversion paths built in ClickHouse, aggregated to distinct paths × counts for the models.
+
+Per user and advertiser, the touchpoints are the advertiser's impressions (kind 0, a view) and
+the clicks on them (kind 1), ordered by time. Each conversion takes the touches after the
+user's previous conversion (a path resets after each one) that lie inside their kind's
+lookback (click 7 d, view 1 d by default; per advertiser through
+`attribution_lookback_by_advertiser`). The touches after a user's last conversion form a
+non-converting journey, a *null path*, once it is closed: its last touch is at least
+`attribution_journey_gap_s` before `until`. Holdout impressions are not touchpoints.
+
+The SQL runs on ClickHouse 18.16 and current releases alike (groupArray / arraySort /
+arrayFilter / ARRAY JOIN, no window functions or CTEs); every value is a bound parameter.
+The result is one row per distinct (channels, kinds, ages in hours) with conversion, value
+and null counts; `Paths` holds it as flat numpy arrays (CSR layout) for the models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from attribution.sql import Backend
+from schemas.errors import AdstreamError
+from schemas.holdout import HOLDOUT_AD_ID
+from schemas.settings import Settings
+
+Granularity = Literal["slot", "campaign", "slot_campaign"]
+
+# The channel of a touch at each granularity: fixed SQL chosen by name, never user text.
+CHANNEL_SQL: dict[str, str] = {
+    "slot": "slot",
+    "campaign": "campaign_id",
+    "slot_campaign": "concat(campaign_id, ':', slot)",
+}
+
+VIEW, CLICK = 0, 1
+
+
+class AttributionInputError(AdstreamError):
+    """Attribution was asked for something unusable (a bad range, unknown model or channel, no data)."""
+
+
+def channel_sql(by: str) -> str:
+    """The SQL expression of a touch's channel for granularity `by`."""
+    try:
+        return CHANNEL_SQL[by]
+    except KeyError:
+        raise AttributionInputError(
+            f"--by {by!r} is not a granularity (choose from {', '.join(CHANNEL_SQL)})"
+        ) from None
+
+
+# The touches of every (user, advertiser) in [lo, until), sorted by (time, kind, channel).
+_TOUCHES = """
+SELECT user_id, advertiser_id,
+       arraySort(groupArray((t, k, ch))) AS tt,
+       arrayMap(x -> x.1, tt) AS t_ts, arrayMap(x -> x.2, tt) AS t_kind, arrayMap(x -> x.3, tt) AS t_ch,
+       t_ts[length(t_ts)] AS t_last
+FROM (
+    SELECT user_id, advertiser_id, toUInt32(ts) AS t, toUInt8(0) AS k, {ch} AS ch
+    FROM impressions FINAL
+    WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+    UNION ALL
+    SELECT user_id, advertiser_id, t, toUInt8(1) AS k, ch
+    FROM (
+        SELECT user_id, toUInt32(ts) AS t, impression_id AS event_id FROM clicks FINAL
+        WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
+    ) AS c ANY INNER JOIN (
+        SELECT event_id, advertiser_id, {ch} AS ch FROM impressions FINAL
+        WHERE ts >= toDateTime(%(imp_lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+    ) AS i USING event_id
+)
+GROUP BY user_id, advertiser_id
+"""
+
+# Conversions of every (user, advertiser) in [lo, until) (earlier ones only reset paths).
+_CONVERSIONS = """
+SELECT user_id, advertiser_id,
+       arraySort(groupArray((toUInt32(ts), value, event_id))) AS cc,
+       arrayMap(x -> x.1, cc) AS c_ts, arrayMap(x -> x.2, cc) AS c_val
+FROM conversions FINAL
+WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
+GROUP BY user_id, advertiser_id
+"""
+
+# For each user: the conversions, then a sentinel "journey end" at the last touch (the null
+# path); each event takes the touches after the one before it (e_prev) up to itself.
+PATHS_SQL = """
+SELECT path, kinds, ages, sum(is_conv) AS conversions, sum(if(is_conv = 1, e_val, 0.)) AS value,
+       sum(1 - is_conv) AS nulls
+FROM (
+    SELECT
+        arrayFilter((t, k) -> t <= e_ts AND t > e_prev
+                    AND (e_null = 1 OR toInt64(e_ts) - t <= if(k = 1, e_cw, e_vw)), t_ts, t_kind) AS p_ts,
+        arrayFilter((c, t, k) -> t <= e_ts AND t > e_prev
+                    AND (e_null = 1 OR toInt64(e_ts) - t <= if(k = 1, e_cw, e_vw)), t_ch, t_ts, t_kind) AS path,
+        arrayFilter((k, t) -> t <= e_ts AND t > e_prev
+                    AND (e_null = 1 OR toInt64(e_ts) - t <= if(k = 1, e_cw, e_vw)), t_kind, t_ts) AS kinds,
+        arrayMap(t -> toUInt32(intDiv(toInt64(e_ts) - t, 3600)), p_ts) AS ages,
+        toUInt64(1 - e_null) AS is_conv, e_val
+    FROM (
+        SELECT t_ts, t_kind, t_ch,
+               arrayConcat(c_ts, [t_last]) AS e_ts_arr,
+               arrayConcat(c_val, [0.]) AS e_val_arr,
+               arrayConcat(arrayMap(x -> toUInt8(0), c_ts), [toUInt8(1)]) AS e_null_arr,
+               arrayPopBack(arrayPushFront(e_ts_arr, toUInt32(0))) AS e_prev_arr,
+               arrayMap(x -> cw, e_ts_arr) AS e_cw_arr,
+               arrayMap(x -> vw, e_ts_arr) AS e_vw_arr
+        FROM (
+            SELECT t_ts, t_kind, t_ch, t_last, c_ts, c_val,
+                   transform(advertiser_id, %(advertisers)s, %(click_ws)s, %(click_w)s) AS cw,
+                   transform(advertiser_id, %(advertisers)s, %(view_ws)s, %(view_w)s) AS vw
+            FROM ({touches}) AS t ANY LEFT JOIN ({conversions}) AS c USING user_id, advertiser_id
+        )
+    )
+    -- 18.16: a lambda at an ARRAY JOIN level may only capture the ARRAY JOIN's own columns
+    ARRAY JOIN e_ts_arr AS e_ts, e_val_arr AS e_val, e_null_arr AS e_null, e_prev_arr AS e_prev,
+               e_cw_arr AS e_cw, e_vw_arr AS e_vw
+    WHERE (e_null = 0 AND e_ts >= %(since)s)
+       OR (e_null = 1 AND e_ts > e_prev AND toInt64(e_ts) + %(gap)s <= %(until)s)
+)
+WHERE notEmpty(path)
+GROUP BY path, kinds, ages
+"""
+
+# Conversions in range, and how many of them no touch preceded (reported, not credited).
+CONVERSION_TOTALS_SQL = """
+SELECT count() AS conversions, sum(value) AS value
+FROM conversions FINAL
+WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)
+"""
+
+
+@dataclass(frozen=True)
+class Window:
+    """Lookbacks and journey gap of a path build (seconds), with per-advertiser overrides."""
+
+    click_s: int = 7 * 86400
+    view_s: int = 86400
+    gap_s: int = 7 * 86400
+    by_advertiser: tuple[tuple[str, int, int], ...] = ()
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Window:
+        return cls(
+            click_s=s.attribution_click_lookback_s,
+            view_s=s.attribution_view_lookback_s,
+            gap_s=s.attribution_journey_gap_s,
+            by_advertiser=tuple(
+                (adv, int(c), int(v)) for adv, (c, v) in sorted(s.attribution_lookback_by_advertiser.items())
+            ),
+        )
+
+    def longest(self) -> int:
+        return max([self.click_s, self.view_s, *(max(c, v) for _, c, v in self.by_advertiser)])
+
+
+def check_range(since: int, until: int) -> None:
+    """A usable [since, until): since before until, both after the epoch."""
+    if since < 0 or until < 0:
+        raise AttributionInputError(f"time range [{since}, {until}) must not start before 1970")
+    if until <= since:
+        raise AttributionInputError(f"--until ({until}) must be after --since ({since})")
+
+
+def paths_query(by: str) -> str:
+    """The full path-building SQL at granularity `by` (placeholders as in `path_params`)."""
+    ch = channel_sql(by)
+    return PATHS_SQL.format(touches=_TOUCHES.format(ch=ch), conversions=_CONVERSIONS)
+
+
+def path_params(since: int, until: int, window: Window) -> dict[str, Any]:
+    """Bound parameters of `paths_query` for [since, until) and the lookbacks."""
+    lo = max(0, since - window.longest())
+    return {
+        "since": since,
+        "until": until,
+        "lo": lo,
+        "imp_lo": max(0, lo - 86400),
+        "gap": window.gap_s,
+        "holdout": HOLDOUT_AD_ID,
+        "click_w": window.click_s,
+        "view_w": window.view_s,
+        # a first entry no advertiser id can equal keeps the arrays typed when there are no
+        # overrides (18.16 cannot type an empty array literal for transform)
+        "advertisers": ["\x00", *(a for a, _, _ in window.by_advertiser)],
+        "click_ws": [window.click_s, *(c for _, c, _ in window.by_advertiser)],
+        "view_ws": [window.view_s, *(v for _, _, v in window.by_advertiser)],
+    }
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Distinct paths × counts, flat: touches of path i are `offsets[i]:offsets[i+1]`."""
+
+    channels: tuple[str, ...]
+    offsets: np.ndarray  # int64, n + 1
+    channel: np.ndarray  # int32 per touch, index into `channels`
+    kind: np.ndarray  # uint8 per touch: 0 view, 1 click
+    age_s: np.ndarray  # float64 per touch: seconds before the conversion / journey end
+    conversions: np.ndarray  # float64 per path
+    value: np.ndarray  # float64 per path
+    nulls: np.ndarray  # float64 per path
+
+    @property
+    def n(self) -> int:
+        return int(self.conversions.shape[0])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def path_of_touch(self) -> np.ndarray:
+        return np.repeat(np.arange(self.n), self.lengths)
+
+    def with_counts(self, conversions: np.ndarray, value: np.ndarray, nulls: np.ndarray) -> Paths:
+        """The same paths with other counts (bootstrap replicates, held-out splits)."""
+        return Paths(self.channels, self.offsets, self.channel, self.kind, self.age_s, conversions, value, nulls)
+
+    def converting(self) -> Paths:
+        """Only the paths with at least one conversion."""
+        return self.select(self.conversions > 0)
+
+    def select(self, mask: np.ndarray) -> Paths:
+        idx = np.flatnonzero(mask)
+        lengths = self.lengths[idx]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        touch = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in idx]) if idx.size else (
+            np.zeros(0, dtype=np.int64)
+        )
+        return Paths(
+            self.channels, offsets, self.channel[touch], self.kind[touch], self.age_s[touch],
+            self.conversions[idx], self.value[idx], self.nulls[idx],
+        )  # fmt: skip
+
+
+def paths_from_rows(rows: Sequence[Sequence[Any]]) -> Paths:
+    """`Paths` from rows (path, kinds, ages_h, conversions, value, nulls) as PATHS_SQL returns them."""
+    names = sorted({c for row in rows for c in row[0]})
+    code = {c: i for i, c in enumerate(names)}
+    lengths = np.fromiter((len(r[0]) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    flat = [c for r in rows for c in r[0]]
+    channel = np.fromiter((code[c] for c in flat), dtype=np.int32, count=len(flat))
+    kind = np.fromiter((k for r in rows for k in r[1]), dtype=np.uint8, count=len(flat))
+    ages = np.fromiter((a for r in rows for a in r[2]), dtype=np.float64, count=len(flat)) * 3600.0
+    return Paths(
+        tuple(names),
+        offsets,
+        channel,
+        kind,
+        ages,
+        np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows)),
+        np.fromiter((r[4] for r in rows), dtype=np.float64, count=len(rows)),
+        np.fromiter((r[5] for r in rows), dtype=np.float64, count=len(rows)),
+    )
+
+
+def paths_from_lists(
+    paths: Sequence[Sequence[str]],
+    conversions: Sequence[float],
+    value: Sequence[float] | None = None,
+    nulls: Sequence[float] | None = None,
+    kinds: Sequence[Sequence[int]] | None = None,
+    ages_h: Sequence[Sequence[float]] | None = None,
+) -> Paths:
+    """`Paths` from plain lists (tests, examples): kinds default to clicks, ages to 0."""
+    n = len(paths)
+    rows = [
+        (
+            list(p),
+            list(kinds[i]) if kinds else [CLICK] * len(p),
+            list(ages_h[i]) if ages_h else [0] * len(p),
+            conversions[i],
+            value[i] if value is not None else 0.0,
+            nulls[i] if nulls is not None else 0.0,
+        )
+        for i, p in enumerate(paths)
+    ]
+    return paths_from_rows(rows[:n])
+
+
+@dataclass(frozen=True)
+class PathBuild:
+    """A path build's result: the paths and the totals models cannot credit."""
+
+    paths: Paths
+    conversions_in_range: float
+    value_in_range: float
+
+    @property
+    def direct_conversions(self) -> float:
+        """Conversions in range with no touch in their lookback (not credited to any channel)."""
+        return max(0.0, self.conversions_in_range - float(self.paths.conversions.sum()))
+
+
+def build_paths(backend: Backend, by: str, since: int, until: int, window: Window) -> PathBuild:
+    """Build the aggregated path table of [since, until) in ClickHouse and load it."""
+    check_range(since, until)
+    rows = backend.execute(paths_query(by), path_params(since, until, window))
+    totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
+    conv, value = (totals[0] if totals else (0, 0.0))
+    return PathBuild(paths_from_rows(rows), float(conv or 0), float(value or 0.0))

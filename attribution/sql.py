@@ -1,0 +1,140 @@
+"""One way to run attribution SQL on either engine: the ClickHouse server (clickhouse-driver) or chDB.
+
+Every query in attribution/ is written in the SQL that ClickHouse 18.16 (the Debian server) and
+current releases both accept, with `%(name)s` placeholders. Values are always bound through
+clickhouse-driver's escaping (client-side on 18.16, which has no server-side parameters): on
+the server by the driver itself, on chDB by the same escaper, so no user value is ever pasted
+into SQL by hand. Identifiers (table names) are never user input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from schemas.errors import StoreError
+
+
+class Backend(Protocol):
+    """Runs a query with bound parameters and returns its rows as tuples."""
+
+    name: str
+
+    def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]: ...
+
+    def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None: ...
+
+
+class DriverBackend:
+    """The ClickHouse server over the native protocol (a clickhouse-driver `Client`)."""
+
+    name = "clickhouse"
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        try:
+            return [tuple(r) for r in self.client.execute(query, params or {})]
+        except Exception as exc:
+            raise StoreError(f"ClickHouse query failed: {_first_line(exc)}") from exc
+
+    def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            self.client.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES", list(rows))
+        except Exception as exc:
+            raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
+
+    def insert_columnar(self, table: str, columns: Sequence[str], data: Sequence[Sequence[Any]]) -> None:
+        """Insert column lists (the fast path: no per-row tuples)."""
+        try:
+            self.client.execute(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES", list(data), columnar=True
+            )
+        except Exception as exc:
+            raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
+
+
+class _UTCContext:
+    """What clickhouse-driver's escaper asks of a connection context (only the server time zone)."""
+
+    class server_info:  # noqa: N801 - mirrors the driver's attribute name
+        @staticmethod
+        def get_timezone() -> str:
+            return "UTC"
+
+    client_settings: dict[str, Any] = {}
+
+
+def bind(query: str, params: dict[str, Any] | None) -> str:
+    """`query` with its `%(name)s` placeholders replaced by clickhouse-driver's escaped values."""
+    from clickhouse_driver.util.escape import escape_params
+
+    if not params:
+        return query.replace("%%", "%")
+    return query % escape_params(params, _UTCContext())
+
+
+class ChdbBackend:
+    """Embedded current ClickHouse (chDB) in this process, one database inside a session."""
+
+    name = "chdb"
+
+    def __init__(self, database: str = "adstream", path: str | None = None) -> None:
+        from chdb import session
+
+        self.session = session.Session(path) if path else session.Session()
+        self.database = database
+        self.session.query(f"CREATE DATABASE IF NOT EXISTS {database}")
+        self.session.query(f"USE {database}")
+
+    def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        sql = bind(query, params)
+        try:
+            result = self.session.query(sql, "JSONCompact")
+        except Exception as exc:
+            raise StoreError(f"chDB query failed: {_first_line(exc)}") from exc
+        text = result.data() if hasattr(result, "data") else str(result)
+        if not text.strip():
+            return []
+        payload = json.loads(text)
+        types = [m["type"] for m in payload["meta"]]
+        return [tuple(_typed(v, t) for v, t in zip(row, types, strict=True)) for row in payload["data"]]
+
+    def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        if not rows:
+            return
+        values = ", ".join("(" + ", ".join(["%s"] * len(columns)) + ")" for _ in rows)
+        from clickhouse_driver.util.escape import escape_param
+
+        ctx = _UTCContext()
+        flat = tuple(escape_param(v, ctx) for row in rows for v in row)
+        self.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES " + (values % flat).replace("%", "%%"))
+
+    def insert_columnar(self, table: str, columns: Sequence[str], data: Sequence[Sequence[Any]]) -> None:
+        self.insert(table, columns, list(zip(*data, strict=True)))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _typed(value: Any, type_name: str) -> Any:
+    """JSON values back to what clickhouse-driver would return (64-bit ints arrive quoted)."""
+    inner = type_name.removeprefix("Nullable(").removesuffix(")") if type_name.startswith("Nullable(") else type_name
+    if value is None:
+        return None
+    if inner.startswith(("UInt", "Int")) and isinstance(value, str):
+        return int(value)
+    if inner.startswith("Float") and isinstance(value, str):
+        return float(value)
+    if inner.startswith("Array(") and isinstance(value, list):
+        return [_typed(v, inner[6:-1]) for v in value]
+    return value
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip()[:1].isdigit()]
+    message = " ".join(lines[:2]).split(" Stack trace:")[0]
+    return (message or text)[:400]
