@@ -41,7 +41,16 @@ class Settings(BaseSettings):
     alpha_contradict: float = Field(0.62, gt=0, le=1, description="Decay on a contradicting signal")
     contradict_dwell_ms: int = Field(2000, ge=0, description="A click then dwell below this contradicts")
     max_event_skew_s: float = Field(
-        86400.0, gt=0, description="Events dated further after their Kafka record time are dead-lettered"
+        1800.0,
+        gt=0,
+        description="Events dated further after their Kafka record time (capped by the wall clock) "
+        "are dead-lettered; at most the attribution window",
+    )
+    watermark_window: int = Field(
+        32,
+        ge=1,
+        description="Stream time is the median event time of this many recent records (label join, "
+        "trainer): fewer than half of them, however far ahead, cannot move it",
     )
     attribution_window_s: float = Field(1800.0, gt=0, description="Impression→click/dwell join window")
     user_state_ttl_s: int = Field(7 * 24 * 3600, gt=0, description="TTL of a user's Redis record")

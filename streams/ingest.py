@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -59,19 +60,32 @@ def ahead_of_record(
     value: bytes,
     ts_ms: int,
     max_skew_s: float,
+    *,
+    now_s: float | None = None,
 ) -> Invalid | None:
-    """A dead letter when the event claims a time far after its Kafka record was written.
+    """A dead letter when the event claims a time more than `max_skew_s` after it was written.
 
-    One such event would drag the label join's event-time clock into the future, closing every
-    open attribution window at once. Judged against the record's own timestamp (not the wall
-    clock) so a replay decides the same way; records without a timestamp are not judged.
+    "Written" is the record's Kafka timestamp capped by the wall clock (`now_s`, default now):
+    a replay of old records decides as the first pass did (their timestamps are in the past),
+    while a producer cannot vouch for a future event by also setting its record's CreateTime
+    ahead, and a record without a timestamp (≤ 0) is judged against the wall clock instead of
+    not at all. The label join's watermark does not follow one such event anyway
+    (`schemas.watermark`); this keeps them out of user state and ClickHouse too.
     """
-    if ts_ms <= 0 or event.ts.timestamp() <= ts_ms / 1000 + max_skew_s:
+    now = time.time() if now_s is None else now_s
+    written = now if ts_ms <= 0 else min(ts_ms / 1000, now)
+    if event.ts.timestamp() <= written + max_skew_s:
         return None
-    error = (
-        f"field 'ts': {event.ts.isoformat()} is more than {max_skew_s:.0f}s after the record's "
-        f"Kafka timestamp {datetime.fromtimestamp(ts_ms / 1000, tz=UTC).isoformat()}"
-    )
+    if ts_ms <= 0:
+        against = f"the wall clock {datetime.fromtimestamp(now, tz=UTC).isoformat()} (no record timestamp)"
+    elif written < ts_ms / 1000:
+        against = (
+            f"the wall clock {datetime.fromtimestamp(now, tz=UTC).isoformat()} (the record's own "
+            f"timestamp {datetime.fromtimestamp(ts_ms / 1000, tz=UTC).isoformat()} is in the future)"
+        )
+    else:
+        against = f"the record's Kafka timestamp {datetime.fromtimestamp(ts_ms / 1000, tz=UTC).isoformat()}"
+    error = f"field 'ts': {event.ts.isoformat()} is more than {max_skew_s:.0f}s after {against}"
     return dead_letter(physical_topic, partition, offset, value, ts_ms, error, "future_timestamp")
 
 

@@ -10,7 +10,11 @@ caller. One `LabelJoin` per co-partition (the same user always lands in the same
   as a negative (its `dwell_ms` = the longest dwell seen, e.g. a view without a click).
 * A click or dwell that arrives before its impression (out of order) is kept as an orphan for one
   window and applied when the impression arrives; one whose impression window already closed is
-  late: counted and dropped.
+  late: counted and dropped. Orphans expire through their own deadline heap, so a stream full of
+  clicks whose impression never comes costs O(log n) per event, not a rescan of all of them.
+
+Stream time is a `schemas.watermark.Watermark` over the event times seen (the median of the last
+`watermark_window`), never a running max: one record dated a day ahead closes no window.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 
 from schemas.events import Click, Dwell, Impression, TrainingExample
 from schemas.ids import adapter_id_for
+from schemas.watermark import DEFAULT_WINDOW, Watermark
 
 AdapterScheme = Literal["slot", "advertiser", "slot+advertiser"]
 
@@ -110,12 +115,19 @@ class LabelJoin:
     scheme: AdapterScheme = "slot"
     pending: dict[str, Pending] = field(default_factory=dict)
     orphans: dict[str, Orphan] = field(default_factory=dict)
+    # the watermark: only raised (by `advance`, or by the worker restoring it after a restart)
     stream_ts: float = float("-inf")
+    watermark_window: int = DEFAULT_WINDOW
     counts: Counter[str] = field(default_factory=Counter)
     # ids whose Redis copy must be written / deleted (drained by the worker each batch)
     dirty: set[str] = field(default_factory=set)
     removed: set[str] = field(default_factory=set)
     _deadlines: list[tuple[float, str]] = field(default_factory=list)
+    _orphan_deadlines: list[tuple[float, str]] = field(default_factory=list)
+    _clock: Watermark = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._clock = Watermark(self.watermark_window)
 
     def load(self, entries: dict[str, Pending]) -> None:
         """Restore pending impressions (e.g. from Redis after a restart)."""
@@ -195,7 +207,11 @@ class LabelJoin:
             self.counts["late"] += 1
             return None
         self.counts["out_of_order"] += 1
-        return self.orphans.setdefault(iid, Orphan(ts))
+        orphan = self.orphans.get(iid)
+        if orphan is None:
+            orphan = self.orphans[iid] = Orphan(ts)
+            heapq.heappush(self._orphan_deadlines, (ts + self.window_s, iid))
+        return orphan
 
     def on_click(self, click: Click, ts: float | None = None) -> list[TrainingExample]:
         """A click: positive example now if its impression is pending and inside the window."""
@@ -237,18 +253,23 @@ class LabelJoin:
         return []
 
     def advance(self, ts: float) -> list[TrainingExample]:
-        """Move stream time to `ts` (never backwards); close windows that ended before it."""
-        if ts <= self.stream_ts:
+        """Observe one event time `ts`; when the watermark moves, close the windows that ended
+        before it (it never moves back, and one record alone cannot move it: see the module)."""
+        now = self._clock.observe(ts)
+        if now <= self.stream_ts:
             return []
-        self.stream_ts = ts
-        if not self.orphans and not (self._deadlines and self._deadlines[0][0] < ts):
+        self.stream_ts = now
+        if not (self._deadlines and self._deadlines[0][0] < now) and not (
+            self._orphan_deadlines and self._orphan_deadlines[0][0] < now
+        ):
             return []  # the common case: nothing closes
-        return self._close(lambda deadline: deadline < ts)
+        return self._close(lambda deadline: deadline < now)
 
     def close_all(self) -> list[TrainingExample]:
         """End of input: every open window closes (unclicked impressions become negatives)."""
         out = self._close(lambda deadline: True)
         self.orphans.clear()
+        self._orphan_deadlines.clear()
         return out
 
     def _close(self, due: Any) -> list[TrainingExample]:
@@ -261,8 +282,12 @@ class LabelJoin:
             if not p.clicked:
                 out.append(self._example(p, deadline, False))
             self._drop(iid)
-        if self.orphans:
-            for iid in [i for i, o in self.orphans.items() if due(o.first_ts + self.window_s)]:
-                del self.orphans[iid]
-                self.counts["orphan_expired"] += 1
+        heap = self._orphan_deadlines
+        while heap and due(heap[0][0]):
+            expiry, iid = heapq.heappop(heap)
+            orphan = self.orphans.get(iid)
+            if orphan is None or orphan.first_ts + self.window_s != expiry:
+                continue  # joined by its impression meanwhile (or re-opened later)
+            del self.orphans[iid]
+            self.counts["orphan_expired"] += 1
         return out

@@ -15,6 +15,7 @@ import numpy as np
 
 from schemas.events import AdCreative, Click, Dwell, Impression, Message, TrainingExample
 from schemas.settings import Settings
+from schemas.watermark import DEFAULT_WINDOW
 from streams.join import AdapterScheme, LabelJoin
 from streams.state import (
     USER_EVENTS,
@@ -55,9 +56,10 @@ class Processor:
     dirty_users: set[str] = field(default_factory=set)
     counts: Counter[str] = field(default_factory=Counter)
     join: LabelJoin = field(init=False)
+    watermark_window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
-        self.join = LabelJoin(self.window_s, self.scheme)
+        self.join = LabelJoin(self.window_s, self.scheme, watermark_window=self.watermark_window)
 
     @classmethod
     def from_settings(cls, settings: Settings, catalog: Catalog | None = None) -> Processor:
@@ -67,6 +69,7 @@ class Processor:
             window_s=settings.attribution_window_s,
             scheme=settings.adapter_scheme,
             catalog=catalog or Catalog(params.dim),
+            watermark_window=settings.watermark_window,
         )
 
     def state_of(self, user_id: str) -> UserState:

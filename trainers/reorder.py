@@ -4,17 +4,23 @@ The label join emits a clicked impression's example at the click but an unclicke
 its attribution window closes. Learned in arrival order, an online model sees a run of positives
 before their negatives: its intercept drifts up, and its progressive metrics are inflated
 because the label leaks into the arrival position. `DelayBuffer` holds each example until the
-event-time watermark (the latest example `ts` seen, i.e. the join's clock) has passed
-`impression_ts + delay_s` (`delay_s` = the attribution window), then releases examples in
-impression order — the order a stationary evaluation expects.
+event-time watermark has passed `impression_ts + delay_s` (`delay_s` = the attribution window),
+then releases examples in impression order — the order a stationary evaluation expects.
+
+The watermark is a `schemas.watermark.Watermark` over the examples' `ts` (the join's clock as
+it emitted them), not their maximum: one example dated far ahead would release everything held
+at once, learned before the labels of its window are known.
+
+Only with `settings.label_mode = "hold"`: the fake-negative modes learn every example at once.
 """
 
 from __future__ import annotations
 
 import heapq
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from schemas.events import TrainingExample
+from schemas.watermark import DEFAULT_WINDOW, Watermark
 
 Position = tuple[int, int]  # (partition, offset) on the input topic
 
@@ -22,11 +28,12 @@ Position = tuple[int, int]  # (partition, offset) on the input topic
 class DelayBuffer:
     """Holds examples until `watermark >= impression_ts + delay_s`; releases in impression order."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, delay_s: float, watermark_window: int = DEFAULT_WINDOW) -> None:
         if delay_s < 0:
             raise ValueError(f"delay_s must be >= 0, got {delay_s}")
         self.delay = timedelta(seconds=delay_s)
         self.watermark: datetime | None = None
+        self._clock = Watermark(watermark_window)
         self._heap: list[tuple[datetime, str, int, TrainingExample, Position]] = []
         self._n = 0
 
@@ -34,9 +41,10 @@ class DelayBuffer:
         return len(self._heap)
 
     def push(self, example: TrainingExample, partition: int, offset: int) -> None:
-        """Hold one example (and advance the watermark to its emission time)."""
-        if self.watermark is None or example.ts > self.watermark:
-            self.watermark = example.ts
+        """Hold one example (its emission time is one observation of the watermark)."""
+        now = self._clock.observe(example.ts.timestamp())
+        if now != float("-inf") and (self.watermark is None or now > self.watermark.timestamp()):
+            self.watermark = datetime.fromtimestamp(now, tz=UTC)
         self._n += 1
         item = (example.impression_ts, example.impression_id, self._n, example, (partition, offset))
         heapq.heappush(self._heap, item)

@@ -12,7 +12,9 @@ from schemas.settings import Settings
 from streams.join import LabelJoin, Pending, example_id
 from streams.offline import replay, training_examples
 
-S = Settings(attribution_window_s=60.0)
+# a watermark window of 1 record is the running max: these tests are about the join's rules; the
+# watermark that one record cannot drag (the default) is tested in test_watermark.py
+S = Settings(attribution_window_s=60.0, watermark_window=1)
 
 
 def test_adapter_id_schemes() -> None:

@@ -1,4 +1,5 @@
-"""DelayBuffer: release by event-time watermark, in impression order; commit bound."""
+"""DelayBuffer: release by event-time watermark, in impression order; commit bound; one
+far-future example cannot release what is held (reliability H3)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def test_release_after_window_in_impression_order() -> None:
     exs = make_examples(50, dim=2)
     shuffled = exs[:]
     random.Random(0).shuffle(shuffled)
-    buf = DelayBuffer(delay_s=20.0)
+    buf = DelayBuffer(delay_s=20.0, watermark_window=1)  # a window of 1: the running max
     for off, e in enumerate(shuffled):
         buf.push(e, off % 2, off)
     first = buf.pop_ready()  # watermark T0 + 49 s: impressions up to T0 + 29 s are due
@@ -40,3 +41,22 @@ def test_low_offsets_and_drain() -> None:
     assert [e.impression_id for e, _ in drained] == [e.impression_id for e in exs]
     with pytest.raises(ValueError, match="delay_s"):
         DelayBuffer(-1)
+
+
+def test_one_far_future_example_releases_nothing() -> None:
+    exs = make_examples(40, dim=2)  # emitted at T0 … T0 + 39 s
+    buf = DelayBuffer(delay_s=30.0)
+    for off, e in enumerate(exs):
+        buf.push(e, 0, off)
+    assert buf.pop_ready() == []  # the watermark (about T0 + 23 s) is before every T0 + 30 s
+    poison = exs[-1].model_copy(
+        update={"event_id": "p", "impression_id": "p", "ts": exs[-1].ts + timedelta(hours=23)}
+    )
+    buf.push(poison, 0, 40)
+    assert buf.pop_ready() == [], "one example dated 23 h ahead released everything held"
+    assert buf.watermark is not None and buf.watermark < exs[-1].ts
+    more = make_examples(80, seed=1, dim=2)[40:]  # real time goes on: T0 + 40 … 79 s
+    for off, e in enumerate(more, start=41):
+        buf.push(e, 0, off)
+    released = [e.impression_id for e, _ in buf.pop_ready()]
+    assert released[:3] == ["imp0-0", "imp0-1", "imp0-2"] and "p" not in released
