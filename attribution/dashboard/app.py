@@ -1,0 +1,161 @@
+"""The dashboard's FastAPI app: one read-only page, its panels as JSON, and local assets only.
+
+Routes (all GET): `/` the page, `/api/panels` the panels for a window (query parameters
+`since`, `until`: ISO 8601 or epoch seconds; `bucket`: seconds; `top`: campaigns per chart;
+`run`: an attribution run id), `/healthz`, and `/static/…` (the page's script and style, and
+Plotly's `plotly.min.js` as bundled in the installed `plotly` package: no CDN, no network).
+
+Every request opens its own ClickHouse connection with `readonly=2`, so the page can read and
+never write, whatever a query says.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Query
+from fastapi.responses import FileResponse, JSONResponse
+
+from attribution.dashboard import panels
+from attribution.dashboard import queries as q
+from attribution.sql import Backend, DriverBackend
+from schemas.errors import ConfigError, StoreError
+from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+
+
+def plotly_js() -> Path:
+    """The `plotly.min.js` shipped inside the installed `plotly` Python package."""
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise ConfigError(f"plotly.min.js not found at {path}: reinstall the `plotly` package")
+    return path
+
+
+def clickhouse_backend(settings: Settings) -> Callable[[], Backend]:
+    """A factory of read-only connections to the settings' ClickHouse database."""
+
+    def connect() -> Backend:
+        from clickhouse_driver import Client
+
+        args = clickhouse_connect_args(settings, clickhouse_database(settings))
+        return DriverBackend(Client(**args, settings={"readonly": 2, "max_execution_time": 60}))
+
+    return connect
+
+
+def create_app(settings: Settings, connect: Callable[[], Backend] | None = None) -> FastAPI:
+    """The dashboard app reading `settings.clickhouse_url` (or the backends `connect` makes)."""
+    connect = connect or clickhouse_backend(settings)
+    js = plotly_js()
+    app = FastAPI(title="adstream dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/static/plotly.min.js", include_in_schema=False)
+    def plotly_asset() -> FileResponse:
+        return FileResponse(js, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def asset(name: str) -> Any:
+        if name not in ASSETS:
+            return JSONResponse({"error": f"no asset {name!r}"}, status_code=404)
+        return FileResponse(STATIC / name, media_type=ASSETS[name])
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        try:
+            backend = connect()
+            try:
+                version = backend.execute("SELECT version()")[0][0]
+            finally:
+                _close(backend)
+        except (StoreError, OSError, EOFError) as exc:
+            return JSONResponse({"ok": False, "error": str(exc)}, status_code=503)
+        return JSONResponse({"ok": True, "clickhouse": version})
+
+    @app.get("/api/panels")
+    def api_panels(
+        since: str | None = Query(None, max_length=40),
+        until: str | None = Query(None, max_length=40),
+        bucket: int | None = Query(None),
+        top: int = Query(20),
+        run: str = Query("", max_length=128),
+    ) -> JSONResponse:
+        try:
+            backend = connect()
+        except Exception as exc:  # the driver's own connection errors, whatever their type
+            return _unavailable(settings, exc)
+        try:
+            try:
+                bounds = panels.data_bounds(backend)
+            except StoreError as exc:
+                return _unavailable(settings, exc)
+            try:
+                window = q.resolve(bounds, since or None, until or None, bucket, top, run)
+            except ConfigError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+            body = {
+                "database": clickhouse_database(settings),
+                "window": {
+                    "since": panels.stamp(window.since),
+                    "until": panels.stamp(window.until),
+                    "bucket": window.bucket,
+                    "top": window.top,
+                    "run": window.run_id,
+                },
+                "no_data": bounds is None,
+                "message": None
+                if bounds is not None
+                else f"no events in ClickHouse database {clickhouse_database(settings)!r} yet: "
+                "start the stack and the streams worker (`adstream up`, `adstream worker`) "
+                "and send events (`adstream simulate --kafka`)",
+                "panels": panels.build(backend, window),
+            }
+            return JSONResponse(finite(body))
+        finally:
+            _close(backend)
+
+    return app
+
+
+def finite(value: Any) -> Any:
+    """`value` with NaN and ±inf floats as None (JSON has neither; browsers reject them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def _unavailable(settings: Settings, exc: BaseException) -> JSONResponse:
+    log.warning("dashboard: ClickHouse unavailable: %s", exc)
+    return JSONResponse(
+        {"error": f"ClickHouse at {clickhouse_where(settings)} is not answering: {exc}"}, status_code=503
+    )
+
+
+def clickhouse_where(settings: Settings) -> str:
+    """host:port/database of the ClickHouse URL, without credentials."""
+    args = clickhouse_connect_args(settings)
+    return f"{args['host']}:{args['port']}/{clickhouse_database(settings)}"
+
+
+def _close(backend: Backend) -> None:
+    client = getattr(backend, "client", None)
+    if client is not None:
+        client.disconnect()

@@ -1,0 +1,72 @@
+// The dashboard page: fetch the panels for the window in the address bar and draw them.
+"use strict";
+
+function note(target, text, kind) {
+  const p = document.createElement("p");
+  p.className = "note " + kind;
+  p.textContent = text;
+  target.appendChild(p);
+}
+
+function fillForm(win) {
+  const form = document.getElementById("window");
+  const asked = new URLSearchParams(window.location.search);
+  for (const [name, value] of Object.entries(win)) {
+    const input = form.elements.namedItem(name);
+    if (input && !asked.get(name)) input.placeholder = String(value === "" ? "latest" : value);
+    if (input && asked.get(name)) input.value = asked.get(name);
+  }
+}
+
+async function load() {
+  const status = document.getElementById("status");
+  const main = document.getElementById("panels");
+  let body;
+  let response;
+  try {
+    response = await fetch("api/panels" + window.location.search);
+    body = await response.json();
+  } catch (err) {
+    status.className = "error";
+    status.textContent = "cannot reach the dashboard server: " + err;
+    document.body.dataset.ready = "error";
+    return;
+  }
+  if (!response.ok) {
+    status.className = "error";
+    status.textContent = body.error || ("HTTP " + response.status);
+    document.body.dataset.ready = "error";
+    return;
+  }
+  fillForm(body.window);
+  const w = body.window;
+  status.className = body.no_data ? "no-data" : "";
+  status.textContent = body.no_data
+    ? body.message
+    : `database ${body.database} · ${w.since} – ${w.until} UTC · ${w.bucket} s buckets`;
+  for (const panel of body.panels) {
+    const section = document.createElement("section");
+    section.className = "panel";
+    section.id = "panel-" + panel.id;
+    section.dataset.state = panel.figure ? "data" : (panel.error ? "error" : "empty");
+    const title = document.createElement("h2");
+    title.textContent = panel.title;
+    section.appendChild(title);
+    main.appendChild(section);
+    if (panel.figure) {
+      const div = document.createElement("div");
+      div.className = "plot";
+      div.id = "plot-" + panel.id;
+      section.appendChild(div);
+      await Plotly.newPlot(div, panel.figure.data, panel.figure.layout,
+                           {responsive: true, displaylogo: false});
+    } else if (panel.error) {
+      note(section, "error: " + panel.error, "error");
+    } else {
+      note(section, "no data: " + panel.empty, "empty");
+    }
+  }
+  document.body.dataset.ready = "1";
+}
+
+window.addEventListener("DOMContentLoaded", load);

@@ -1,0 +1,290 @@
+"""Every dashboard statement on seeded events, on ClickHouse 18.16 (the server) and on chDB.
+
+Both engines get the same migrations and the same events (a seeded market, through the sink's
+own row mapping); every query must run on both and give the same rows, every panel must have
+data, and the numbers are checked against what the events say (counts, CTR, spend, AUC).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from attribution.dashboard import panels
+from attribution.dashboard import queries as q
+from attribution.sql import Backend, ChdbBackend, DriverBackend
+from schemas.settings import Settings
+
+pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(180)]
+
+N_IMPRESSIONS = 6000
+VERSIONS = (None, "slot:feed@1", "slot:feed@2")  # served adapter, by thirds of the run
+SLOT_CHANNELS = ("feed", "search", "splash")
+
+
+def seeded_rows(
+    n_impressions: int = N_IMPRESSIONS, seed: int = 11
+) -> dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]]:
+    """The raw-table rows of a seeded market, as the streams sink writes them (table, columns → rows).
+
+    Impressions carry the served pctr (the market's true click probability: a good ranker) and
+    the adapter version serving them (none, then two versions, by thirds of the run).
+    """
+    from schemas.events import Impression
+    from streams.sink import COLUMNS, row_of
+    from workloads import Market, MarketConfig
+
+    market = Market(
+        MarketConfig(
+            seed=seed, n_users=400, n_ads=40, n_advertisers=5, rate=0.5, drift_at=None, new_ads_at=None
+        )
+    )
+    rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]] = defaultdict(list)
+    seen = 0
+    for offset, event in enumerate(market.open_loop(n_impressions)):
+        if isinstance(event, Impression):
+            version = VERSIONS[min(3 * seen // n_impressions, 2)]
+            seen += 1
+            event = event.model_copy(
+                update={
+                    "pctr": round(market.oracle_pctr(event.event_id), 6),
+                    "adapter_version": version,
+                    "model_version": "ranker-1",
+                }
+            )
+        table, row = row_of(event, 0, offset)
+        rows[(table, (*COLUMNS[type(event)][1], "kafka_partition", "kafka_offset"))].append(row)
+    return dict(rows)
+
+
+def insert_rows(backend: Backend, rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]]) -> None:
+    for (table, columns), batch in rows.items():
+        backend.insert(table, columns, batch)
+
+
+def store_run(backend: Backend, since: int, until: int, run_id: str = "run-seeded") -> None:
+    """An attribution run over the slots with three models, as attribution.runs stores one."""
+    backend.insert(
+        "attribution_runs",
+        ("run_id", "created_at", "since", "until", "granularity", "models", "seed", "bootstrap",
+         "click_lookback_s", "view_lookback_s", "journey_gap_s", "paths", "conversions", "value",
+         "null_paths", "direct_conversions", "params"),
+        [(run_id, until, since, until, "slot", ["last_click", "linear", "shapley"], 0, 100,
+          7 * 86400, 86400, 7 * 86400, 120, 60.0, 2400.0, 300.0, 5.0, "{}")],
+    )  # fmt: skip
+    shares = {
+        "last_click": (0.50, 0.35, 0.15),
+        "linear": (0.45, 0.35, 0.20),
+        "shapley": (0.40, 0.40, 0.20),
+    }
+    spend = (300.0, 200.0, 100.0)
+    results = []
+    for model, share in shares.items():
+        for i, channel in enumerate(SLOT_CHANNELS):
+            conv = 60.0 * share[i]
+            results.append(
+                (run_id, until, model, channel, conv, 40.0 * conv, share[i], share[i] - 0.05,
+                 share[i] + 0.05, spend[i], 40.0 * conv / spend[i] - 1.0, spend[i] / conv,
+                 600.0 * share[i], int(model != "shapley"))
+            )  # fmt: skip
+    backend.insert(
+        "attribution_results",
+        ("run_id", "created_at", "model", "channel", "conversions", "value", "share", "ci_low",
+         "ci_high", "spend", "roi", "cpa", "recommended_spend", "low_confidence"),
+        results,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]]:
+    return seeded_rows()
+
+
+def _database(stack: Settings, tag: str) -> Settings:
+    base, db = stack.clickhouse_url.rsplit("/", 1)
+    return stack.model_copy(update={"clickhouse_url": f"{base}/{db}_{tag}_{uuid.uuid4().hex[:6]}"})
+
+
+def server_backend(settings: Settings) -> Iterator[DriverBackend]:
+    """A migrated database of its own on the ClickHouse server; dropped afterwards."""
+    from clickhouse_driver import Client
+
+    from attribution.migrate import migrate
+    from schemas.settings import clickhouse_connect_args, clickhouse_database
+
+    migrate(settings)
+    client = Client(**clickhouse_connect_args(settings, clickhouse_database(settings)))
+    try:
+        yield DriverBackend(client)
+    finally:
+        client.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(settings)}")
+        client.disconnect()
+
+
+def chdb_backend(tag: str) -> Iterator[ChdbBackend]:
+    from attribution.migrate import apply_migrations
+
+    name = f"dash_{tag}_{uuid.uuid4().hex[:6]}"
+    backend = ChdbBackend(name)
+    try:
+        apply_migrations(backend)
+        yield backend
+    finally:
+        backend.execute(f"DROP DATABASE IF EXISTS {name}")
+        backend.close()
+
+
+@pytest.fixture(scope="module")
+def engines(
+    stack: Settings, rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]]
+) -> Iterator[dict[str, Backend]]:
+    server = server_backend(_database(stack, "dash"))
+    embedded = chdb_backend("seeded")
+    backends: dict[str, Backend] = {"clickhouse": next(server), "chdb": next(embedded)}
+    for backend in backends.values():
+        insert_rows(backend, rows)
+        lo, hi = panels.data_bounds(backend)  # type: ignore[misc]
+        store_run(backend, lo, hi + 1)
+    # the sink re-inserts a batch after a crash: the same rows again, on the server
+    impressions = next(k for k in rows if k[0] == "impressions")
+    backends["clickhouse"].insert(impressions[0], impressions[1], rows[impressions][:1500])
+    yield backends
+    for gen in (server, embedded):
+        gen.close()
+
+
+@pytest.fixture(scope="module")
+def window(engines: dict[str, Backend]) -> q.Window:
+    return q.resolve(panels.data_bounds(engines["clickhouse"]))
+
+
+def _close(a: Any, b: Any, path: str = "") -> None:
+    """Equal up to float rounding (the engines may sum in different orders)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a is not None and b is not None, f"{path}: {a!r} != {b!r}"
+        assert math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-9), f"{path}: {a!r} != {b!r}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys differ"
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.mark.parametrize("name", sorted(q.QUERIES))
+def test_every_query_runs_on_both_engines_alike(
+    name: str, engines: dict[str, Backend], window: q.Window
+) -> None:
+    params = window.params
+    if name == "online_auc":
+        params = {**params, "bucket": window.coarse_bucket}
+    server = engines["clickhouse"].execute(q.QUERIES[name], params)
+    embedded = engines["chdb"].execute(q.QUERIES[name], params)
+    assert server, f"{name} returned no rows on seeded data"
+    _close(server, embedded, name)
+
+
+def test_every_panel_has_data_and_engines_agree(engines: dict[str, Backend], window: q.Window) -> None:
+    built = {name: panels.build(backend, window) for name, backend in engines.items()}
+    for name, got in built.items():
+        assert [p["id"] for p in got] == list(panels.PANEL_IDS)
+        for panel in got:
+            assert panel["error"] is None, f"{name}/{panel['id']}: {panel['error']}"
+            assert panel["figure"] is not None, f"{name}/{panel['id']}: {panel['empty']}"
+            traces = panel["figure"]["data"]
+            assert traces and all(any(v is not None for v in t["y"]) for t in traces), panel["id"]
+    _close(built["clickhouse"], built["chdb"], "panels")
+
+
+def _table(rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]], name: str) -> list[dict[str, Any]]:
+    (key,) = [k for k in rows if k[0] == name]
+    return [dict(zip(key[1], r, strict=True)) for r in rows[key]]
+
+
+def test_counts_ctr_and_spend_match_the_events(
+    engines: dict[str, Backend],
+    window: q.Window,
+    rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]],
+) -> None:
+    imps = _table(rows, "impressions")
+    clicked = {c["impression_id"] for c in _table(rows, "clicks")}
+    for name, backend in engines.items():  # the server holds 1,500 impressions twice: FINAL hides them
+        rates = backend.execute(q.EVENT_RATES, window.params)
+        totals = Counter[str]()
+        for kind, _, n in rates:
+            totals[kind] += n
+        assert totals == {
+            t: len(_table(rows, t)) for t in ("impressions", "clicks", "dwell", "conversions")
+        }, name
+        ctr_rows = backend.execute(q.CTR_BY_SLOT_CAMPAIGN, {**window.params, "top": q.MAX_TOP})
+        expect: Counter[tuple[str, str, str]] = Counter()
+        for i in imps:
+            expect[(i["slot"], i["campaign_id"], "i")] += 1
+            expect[(i["slot"], i["campaign_id"], "c")] += i["event_id"] in clicked
+        assert {(s, c): (n, k) for s, c, n, k in ctr_rows} == {
+            (s, c): (expect[(s, c, "i")], expect[(s, c, "c")]) for s, c, kind in expect if kind == "i"
+        }, name
+        spend = sum(s for _, s in backend.execute(q.SPEND_OVER_TIME, window.params))
+        assert math.isclose(spend, sum(i["price"] for i in imps), rel_tol=1e-9), name
+
+
+def test_online_auc_is_the_rank_auc_per_bucket_and_version(
+    engines: dict[str, Backend],
+    window: q.Window,
+    rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]],
+) -> None:
+    from sklearn.metrics import roc_auc_score
+
+    bucket = window.coarse_bucket
+    clicked = {c["impression_id"] for c in _table(rows, "clicks")}
+    groups: dict[tuple[int, str], tuple[list[float], list[int]]] = defaultdict(lambda: ([], []))
+    for i in _table(rows, "impressions"):
+        t = i["ts"] // bucket * bucket
+        for key in (i["adapter_version"] or "none", "all"):
+            groups[(t, key)][0].append(round(i["pctr"], 4))
+            groups[(t, key)][1].append(int(i["event_id"] in clicked))
+    expect = {k: roc_auc_score(y, s) for k, (s, y) in groups.items() if 0 < sum(y) < len(y)}
+    for name, backend in engines.items():
+        got = {
+            (t, v): auc
+            for t, v, _, _, auc in backend.execute(q.ONLINE_AUC, {**window.params, "bucket": bucket})
+        }
+        assert got.keys() == expect.keys(), name
+        for k, auc in got.items():
+            assert math.isclose(auc, expect[k], abs_tol=1e-9), (name, k, auc, expect[k])
+    assert {v for _, v in expect} == {"all", "none", "slot:feed@1", "slot:feed@2"}
+    assert sum(expect[k] for k in expect if k[1] == "all") / sum(k[1] == "all" for k in expect) > 0.6
+
+
+def test_user_values_are_bound_not_spliced(engines: dict[str, Backend], window: q.Window) -> None:
+    hostile = q.Window(window.since, window.until, window.bucket, 5, "x' OR '1'='1")
+    for name, backend in engines.items():
+        comparison, moves = panels.attribution_runs(backend, hostile)
+        assert comparison["figure"] is None and "no attribution run" in comparison["empty"], name
+        assert moves["figure"] is None, name
+        assert panels.attribution_runs(backend, q.Window(window.since, window.until, 60, 5, "run-seeded"))[0][
+            "figure"
+        ], name
+
+
+def test_an_empty_database_gives_no_data_panels_not_errors(stack: Settings) -> None:
+    for gen in (server_backend(_database(stack, "empty")), chdb_backend("empty")):
+        backend = next(gen)
+        try:
+            assert panels.data_bounds(backend) is None
+            got = panels.build(backend, q.resolve(None))
+            assert [p["id"] for p in got] == list(panels.PANEL_IDS)
+            for panel in got:
+                assert panel["error"] is None and panel["figure"] is None, panel
+                assert panel["empty"], panel
+        finally:
+            gen.close()
