@@ -22,6 +22,7 @@ from urllib.parse import urlparse, urlunparse
 
 import httpx
 
+from schemas.clients import clickhouse_args, redis_args
 from schemas.errors import StackError
 from schemas.settings import Settings
 
@@ -232,11 +233,10 @@ def clickhouse_counts(settings: Settings) -> dict[str, int]:
     """Rows per raw event table (FINAL: duplicates collapsed)."""
     from clickhouse_driver import Client
 
-    from deploy.endpoints import clickhouse_database, url_endpoint
+    from deploy.endpoints import clickhouse_database
 
-    ep = url_endpoint(settings.clickhouse_url, "clickhouse_url", 9000)
     db = clickhouse_database(settings.clickhouse_url)
-    client = Client(host=ep.host, port=ep.port, database=db)
+    client = Client(**clickhouse_args(settings, db))
     counts = {}
     try:
         for table in ("impressions", "clicks", "dwell", "conversions"):
@@ -252,7 +252,7 @@ def clickhouse_counts(settings: Settings) -> dict[str, int]:
 def redis_user_count(settings: Settings) -> int:
     import redis
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(**redis_args(settings))
     try:
         return sum(1 for _ in client.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
     finally:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from schemas.clients import kafka_args
 from schemas.codec import decode, encode, key_of, model_for_topic
 from schemas.errors import SchemaError, StackError
 from schemas.settings import Settings
@@ -46,7 +47,7 @@ async def produce_lines(settings: Settings, topic: str, lines: Iterable[bytes]) 
     report = ProduceReport()
     model_for_topic(topic)  # fail before connecting when the topic is not a contract topic
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, linger_ms=5, max_batch_size=256 * 1024, acks=1
+        **kafka_args(settings), linger_ms=5, max_batch_size=256 * 1024, acks=1
     )
     try:
         await producer.start()

@@ -15,6 +15,7 @@ from pathlib import Path
 from deploy.endpoints import clickhouse_database, port_open
 from deploy.services import Probe, Service, stack_services
 from schemas import topics
+from schemas.clients import clickhouse_args, kafka_args
 from schemas.errors import StackError
 from schemas.settings import Settings
 
@@ -129,7 +130,7 @@ async def create_topics_async(settings: Settings) -> list[str]:
     """Create the contract topics that do not exist yet; return the names created."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_args(settings))
     try:
         await admin.start()
         existing = set(await admin.list_topics())
@@ -158,7 +159,7 @@ async def delete_topics_async(settings: Settings) -> list[str]:
 
     if not settings.topic_prefix:
         raise StackError("refusing to delete topics without a topic_prefix: that would be every topic")
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_args(settings))
     await admin.start()
     try:
         names = [n for n in await admin.list_topics() if n.startswith(settings.topic_prefix)]
@@ -178,10 +179,7 @@ def create_database(settings: Settings) -> None:
     """Create the ClickHouse database named in the URL (tables belong to their rooms)."""
     from clickhouse_driver import Client
 
-    from deploy.endpoints import url_endpoint
-
-    ep = url_endpoint(settings.clickhouse_url, "clickhouse_url", 9000)
-    client = Client(host=ep.host, port=ep.port, connect_timeout=3)
+    client = Client(**{**clickhouse_args(settings), "connect_timeout": 3})
     try:
         client.execute(f"CREATE DATABASE IF NOT EXISTS {clickhouse_database(settings.clickhouse_url)}")
     finally:

@@ -25,6 +25,35 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device for models")
     admin_token: SecretStr = Field(SecretStr("change-me"), description="Token for admin HTTP routes")
 
+    # -- connecting to secured clusters (schemas.clients turns these into client arguments) --
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security.protocol: TLS with SSL / SASL_SSL, SASL auth with SASL_*"
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", description="Kafka SASL mechanism (with SASL_PLAINTEXT / SASL_SSL)"
+    )
+    kafka_sasl_username: str = Field("", description="Kafka SASL user")
+    kafka_sasl_password: SecretStr = Field(SecretStr(""), description="Kafka SASL password")
+    kafka_ssl_cafile: Path | None = Field(None, description="CA bundle for Kafka (None: system CAs)")
+    kafka_ssl_certfile: Path | None = Field(None, description="Client certificate for Kafka mutual TLS")
+    kafka_ssl_keyfile: Path | None = Field(None, description="Private key of kafka_ssl_certfile")
+    kafka_ssl_key_password: SecretStr = Field(SecretStr(""), description="Password of kafka_ssl_keyfile")
+    kafka_ssl_check_hostname: bool = Field(True, description="Verify the brokers' certificate hostnames")
+    redis_username: str = Field("", description="Redis ACL user (overrides the one in redis_url)")
+    redis_password: SecretStr = Field(SecretStr(""), description="Redis password (overrides redis_url's)")
+    redis_tls: bool = Field(False, description="Redis over TLS (also on with a rediss:// URL)")
+    redis_tls_cafile: Path | None = Field(None, description="CA bundle for Redis TLS (None: system CAs)")
+    redis_tls_certfile: Path | None = Field(None, description="Client certificate for Redis mutual TLS")
+    redis_tls_keyfile: Path | None = Field(None, description="Private key of redis_tls_certfile")
+    redis_tls_check_hostname: bool = Field(True, description="Verify the Redis certificate hostname")
+    clickhouse_user: str = Field("", description="ClickHouse user (overrides the one in clickhouse_url)")
+    clickhouse_password: SecretStr = Field(SecretStr(""), description="ClickHouse password (over the URL)")
+    clickhouse_secure: bool = Field(False, description="ClickHouse native protocol over TLS (port 9440)")
+    clickhouse_ca_certs: Path | None = Field(None, description="CA bundle for ClickHouse TLS")
+    clickhouse_certfile: Path | None = Field(None, description="Client certificate for ClickHouse mutual TLS")
+    clickhouse_keyfile: Path | None = Field(None, description="Private key of clickhouse_certfile")
+    clickhouse_verify: bool = Field(True, description="Verify the ClickHouse server certificate")
+
     # -- naming and local stack ----------------------------------------------------------
     topic_prefix: str = Field("", description="Prefix for every topic name (isolates tests/tenants)")
     redis_prefix: str = Field("adstream:", description="Prefix for every Redis key")

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from schemas import codec, topics
+from schemas.clients import kafka_args, redis_args
 from schemas.errors import SchemaError
 from schemas.events import AdapterDelta, Impression, Message
 from schemas.settings import Settings
@@ -67,7 +68,7 @@ class RedisIO:
         import redis.asyncio as aredis
 
         self.prefix = settings.redis_prefix
-        self.client = aredis.Redis.from_url(settings.redis_url, socket_timeout=1.0)
+        self.client = aredis.Redis.from_url(**redis_args(settings), socket_timeout=1.0)
         self.codec = codec_
         self.cap = settings.frequency_cap
         self._fcap: dict[tuple[str, str], dict[str, int]] = {}
@@ -188,7 +189,7 @@ class ImpressionSink:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=5, acks=1)
+        producer = AIOKafkaProducer(**kafka_args(self.settings), linger_ms=5, acks=1)
         try:
             await asyncio.wait_for(producer.start(), 10)
         except Exception as exc:
@@ -236,7 +237,7 @@ async def follow(
     while True:
         consumer = AIOKafkaConsumer(
             topic,
-            bootstrap_servers=settings.kafka_bootstrap,
+            **kafka_args(settings),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest" if from_beginning else "latest",

@@ -25,6 +25,7 @@ from typing import Any
 import faust
 
 from schemas import topics
+from schemas.clients import faust_args
 from schemas.settings import Settings
 from streams.pipeline import RawRecord
 from streams.runtime import FEED_EVERY, Runtime
@@ -44,7 +45,7 @@ def create_app(settings: Settings) -> faust.App:
     (s.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     app = faust.App(
         f"{s.topic_prefix}adstream-streams",
-        broker=[f"kafka://{h.strip()}" for h in s.kafka_bootstrap.split(",")],
+        **faust_args(s),
         store="memory://",
         web_enabled=False,
         topic_disable_leader=True,

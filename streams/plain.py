@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from schemas import topics
+from schemas.clients import kafka_args
 from schemas.settings import Settings
 from streams.pipeline import INPUTS, Pipeline, RawRecord
 from streams.runtime import Runtime
@@ -52,7 +53,7 @@ async def run(settings: Settings) -> None:
     s = settings
     names = [topics.topic_name(t, s.topic_prefix) for t in INPUTS]
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=s.kafka_bootstrap,
+        **kafka_args(s),
         group_id=f"{s.topic_prefix}adstream-streams-aiokafka",
         enable_auto_commit=False,
         auto_offset_reset="earliest",

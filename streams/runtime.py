@@ -20,6 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import topics
+from schemas.clients import kafka_args, redis_args
 from schemas.codec import decode, encode, key_of
 from schemas.errors import SchemaError
 from schemas.events import AdCreative, DeadLetter
@@ -63,9 +64,10 @@ class Runtime:
             import redis.asyncio as aioredis
 
             s = self.settings
-            self.producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, linger_ms=5, acks=1)
+            self.producer = AIOKafkaProducer(**kafka_args(s), linger_ms=5, acks=1)
             await self.producer.start()
-            store = RedisStateStore(aioredis.Redis.from_url(s.redis_url), s.redis_prefix, s.user_state_ttl_s)
+            redis_client = aioredis.Redis.from_url(**redis_args(s))
+            store = RedisStateStore(redis_client, s.redis_prefix, s.user_state_ttl_s)
             pipeline = Pipeline(s, store, ClickHouseSink(s), self._send, self.ack, self.catalog)
             pipeline.caught_up = self._caught_up
             m.serve(s.metrics_port)
@@ -142,7 +144,7 @@ class Runtime:
         s = self.settings
         name = topics.topic_name(topics.CATALOG, s.topic_prefix)
         n_parts = s.topic_partitions or topics.TOPICS_BY_NAME[topics.CATALOG].partitions
-        consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**kafka_args(s), enable_auto_commit=False)
         await consumer.start()
         sink: ClickHouseSink | None = None
         try:

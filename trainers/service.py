@@ -48,6 +48,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from pydantic import ValidationError
 
 from schemas import codec, topics
+from schemas.clients import kafka_args, redis_args
 from schemas.errors import SchemaError, StoreError
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample
 from schemas.settings import Settings
@@ -122,7 +123,7 @@ class TrainerService:
             from redis.backoff import NoBackoff
 
             # the store retries (bounded, counted); the client's own silent retries would hide errors
-            self._redis = aredis.Redis.from_url(self.s.redis_url, retry=Retry(NoBackoff(), 0))
+            self._redis = aredis.Redis.from_url(**redis_args(self.s), retry=Retry(NoBackoff(), 0))
         self.store = SnapshotStore(
             self._redis,
             self.s.redis_prefix,
@@ -130,10 +131,10 @@ class TrainerService:
             self.retry,
             lambda op, outcome: telemetry.REDIS_ERRORS.labels(op, outcome).inc(),
         )
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.s.kafka_bootstrap, acks="all")
+        self.producer = AIOKafkaProducer(**kafka_args(self.s), acks="all")
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.s.kafka_bootstrap,
+            **kafka_args(self.s),
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from schemas.clients import kafka_args
 from schemas.codec import encode, key_of, topic_of
 from schemas.errors import StackError
 from schemas.events import Message
@@ -78,7 +79,7 @@ class KafkaSink:
         from aiokafka.errors import KafkaError
 
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_bootstrap,
+            **kafka_args(self.settings),
             linger_ms=self.linger_ms,
             max_batch_size=self.max_batch_size,
             acks=1,

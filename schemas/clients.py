@@ -1,0 +1,186 @@
+"""Client arguments from the settings: the one place that knows how adstream reaches Kafka, Redis
+and ClickHouse (addresses, SASL, TLS, users and passwords).
+
+Every room builds its clients from these dicts (`AIOKafkaProducer(**kafka_args(s), acks=1)`,
+`redis.Redis.from_url(**redis_args(s))`, `clickhouse_driver.Client(**clickhouse_args(s, db))`),
+so a secured cluster is reached by settings alone. The functions are pure (no connection is
+made); only the standard library is imported here, client libraries inside the one function
+that needs their types (`faust_args`).
+
+>>> s = Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_username="u",
+...              kafka_sasl_password="p", kafka_sasl_mechanism="SCRAM-SHA-512")
+>>> args = kafka_args(s)
+>>> args["security_protocol"], args["sasl_mechanism"], args["sasl_plain_username"]
+('SASL_PLAINTEXT', 'SCRAM-SHA-512', 'u')
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+from schemas.errors import ConfigError
+from schemas.settings import Settings
+
+SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
+TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
+
+
+def tls_context(
+    field: str,
+    cafile: Path | None,
+    certfile: Path | None = None,
+    keyfile: Path | None = None,
+    key_password: str | None = None,
+    check_hostname: bool = True,
+) -> ssl.SSLContext:
+    """A verifying client TLS context (system CAs unless `cafile`); ConfigError naming the
+    settings `field` when a file is missing or unreadable."""
+    if keyfile is not None and certfile is None:
+        raise ConfigError(f"{field}_keyfile is set ({str(keyfile)!r}) but {field}_certfile is not")
+    try:
+        ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+        if certfile is not None:
+            ctx.load_cert_chain(str(certfile), str(keyfile) if keyfile else None, key_password or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{field}: cannot load TLS files ({exc})") from exc
+    ctx.check_hostname = check_hostname
+    return ctx
+
+
+# -- Kafka ------------------------------------------------------------------------------------
+def kafka_args(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for aiokafka's `AIOKafkaProducer`, `AIOKafkaConsumer` and
+    `AIOKafkaAdminClient`: bootstrap servers, security protocol, SASL and a TLS context."""
+    s = settings
+    proto = s.kafka_security_protocol
+    args: dict[str, Any] = {"bootstrap_servers": s.kafka_bootstrap, "security_protocol": proto}
+    if proto in SASL_PROTOCOLS:
+        if not s.kafka_sasl_username:
+            raise ConfigError(
+                f"kafka_sasl_username is empty but kafka_security_protocol is {proto!r} (SASL needs a user)"
+            )
+        args["sasl_mechanism"] = s.kafka_sasl_mechanism
+        args["sasl_plain_username"] = s.kafka_sasl_username
+        args["sasl_plain_password"] = s.kafka_sasl_password.get_secret_value()
+    if proto in TLS_PROTOCOLS:
+        args["ssl_context"] = kafka_tls_context(s)
+    else:
+        for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile"):
+            if getattr(s, name) is not None:
+                raise ConfigError(
+                    f"{name} is set but kafka_security_protocol is {proto!r} (use SSL or SASL_SSL for TLS)"
+                )
+    return args
+
+
+def kafka_tls_context(settings: Settings) -> ssl.SSLContext:
+    """The TLS context for the Kafka brokers (CA, optional client certificate)."""
+    s = settings
+    return tls_context(
+        "kafka_ssl",
+        s.kafka_ssl_cafile,
+        s.kafka_ssl_certfile,
+        s.kafka_ssl_keyfile,
+        s.kafka_ssl_key_password.get_secret_value(),
+        s.kafka_ssl_check_hostname,
+    )
+
+
+def faust_args(settings: Settings) -> dict[str, Any]:
+    """`faust.App(...)` keyword arguments: `broker` URLs and `broker_credentials` (None on PLAINTEXT)."""
+    s = settings
+    args: dict[str, Any] = {
+        "broker": [f"kafka://{h.strip()}" for h in s.kafka_bootstrap.split(",") if h.strip()],
+        "broker_credentials": None,
+    }
+    kafka = kafka_args(s)  # the same checks and TLS context as every aiokafka client
+    proto = s.kafka_security_protocol
+    if proto in SASL_PROTOCOLS:
+        from faust.auth import SASLCredentials
+
+        args["broker_credentials"] = SASLCredentials(
+            username=kafka["sasl_plain_username"],
+            password=kafka["sasl_plain_password"],
+            ssl_context=kafka.get("ssl_context"),
+            mechanism=kafka["sasl_mechanism"],
+        )
+    elif proto == "SSL":
+        from faust.auth import SSLCredentials
+
+        args["broker_credentials"] = SSLCredentials(kafka["ssl_context"])
+    return args
+
+
+# -- Redis ------------------------------------------------------------------------------------
+def redis_args(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for `redis.Redis.from_url(**args)` (sync or `redis.asyncio`): the URL
+    plus auth and TLS options. Settings win over what the URL carries (redis-py lets the URL
+    override keyword arguments, so credentials given by settings are taken out of the URL)."""
+    s = settings
+    url = urlparse(s.redis_url)
+    if url.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"redis_url: scheme {url.scheme!r} is not redis://, rediss:// or unix://")
+    tls = s.redis_tls or url.scheme == "rediss"
+    if tls and url.scheme == "unix":
+        raise ConfigError("redis_tls is on but redis_url is a unix socket")
+    args: dict[str, Any] = {}
+    password = s.redis_password.get_secret_value()
+    if password or s.redis_username:
+        netloc = url.hostname or ""
+        if ":" in netloc:  # IPv6 literal
+            netloc = f"[{netloc}]"
+        if url.port:
+            netloc += f":{url.port}"
+        url = url._replace(netloc=netloc)
+        args["username"] = s.redis_username or None
+        args["password"] = password or None
+    if tls:
+        url = url._replace(scheme="rediss")
+        args["ssl_cert_reqs"] = "required"
+        args["ssl_check_hostname"] = s.redis_tls_check_hostname
+        if s.redis_tls_cafile is not None:
+            args["ssl_ca_certs"] = str(s.redis_tls_cafile)
+        if s.redis_tls_certfile is not None:
+            args["ssl_certfile"] = str(s.redis_tls_certfile)
+        if s.redis_tls_keyfile is not None:
+            args["ssl_keyfile"] = str(s.redis_tls_keyfile)
+    elif s.redis_tls_cafile or s.redis_tls_certfile or s.redis_tls_keyfile:
+        raise ConfigError("redis_tls_* files are set but TLS is off (set redis_tls or use rediss://)")
+    return {"url": urlunparse(url), **args}
+
+
+# -- ClickHouse -------------------------------------------------------------------------------
+def clickhouse_args(settings: Settings, database: str | None = None) -> dict[str, Any]:
+    """clickhouse-driver `Client(**args)` for `settings.clickhouse_url` (bound to `database`, or
+    to `default` when None), with the user, password and TLS the settings name."""
+    s = settings
+    url = urlparse(s.clickhouse_url)
+    if url.scheme not in ("clickhouse", "clickhouses"):
+        raise ConfigError(f"clickhouse_url: scheme {url.scheme!r} is not clickhouse:// or clickhouses://")
+    secure = s.clickhouse_secure or url.scheme == "clickhouses"
+    args: dict[str, Any] = {
+        "host": url.hostname or "127.0.0.1",
+        "port": url.port or (9440 if secure else 9000),
+        "user": s.clickhouse_user or url.username or "default",
+        "password": s.clickhouse_password.get_secret_value() or url.password or "",
+        "database": database or "default",
+        "connect_timeout": 5,
+    }
+    if secure:
+        args["secure"] = True
+        args["verify"] = s.clickhouse_verify
+        for key, value in (
+            ("ca_certs", s.clickhouse_ca_certs),
+            ("certfile", s.clickhouse_certfile),
+            ("keyfile", s.clickhouse_keyfile),
+        ):
+            if value is not None:
+                args[key] = str(value)
+    elif s.clickhouse_ca_certs or s.clickhouse_certfile or s.clickhouse_keyfile:
+        raise ConfigError(
+            "clickhouse TLS files are set but TLS is off (set clickhouse_secure or use clickhouses://)"
+        )
+    return args
