@@ -120,8 +120,7 @@ def register(app: typer.Typer) -> None:
             catalog,
             out_dir,
             state_dim=settings.state_dim,
-            holdout=holdout,
-            spec=TrainSpec(epochs=epochs, device=resolve_device(settings.device)),
+            spec=TrainSpec(epochs=epochs, holdout=holdout, device=resolve_device(settings.device)),
             two_tower=two_tower,
         )
         rows = [("ranker (DCN-v2)", report["ranker"]["auc"], report["ranker"]["logloss"])]

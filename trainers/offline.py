@@ -39,6 +39,7 @@ class TrainSpec:
     lr: float = 3e-3
     weight_decay: float = 1e-4
     val_fraction: float = 0.1
+    holdout: float = 0.2  # the newest share of examples, kept out of training for the report
     patience: int = 2
     seed: int = 0
     device: str = "cpu"  # where the model trains ("cuda" on a GPU); the result is on the CPU
@@ -52,6 +53,8 @@ class TrainSpec:
             raise ConfigError(f"TrainSpec.lr must be > 0 (got {self.lr!r})")
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"TrainSpec.val_fraction must be in [0, 1) (got {self.val_fraction!r})")
+        if not 0 < self.holdout < 1:
+            raise ConfigError(f"TrainSpec.holdout must be in (0, 1) (got {self.holdout!r})")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,6 @@ def train_all(
     out_dir: Path,
     *,
     state_dim: int,
-    holdout: float = 0.2,
     spec: TrainSpec | None = None,
     two_tower: bool = True,
     baseline: bool = True,
@@ -56,7 +55,7 @@ def train_all(
     if len(examples) < 10:
         raise ConfigError(f"need at least 10 training examples (got {len(examples)})")
     spec = spec or TrainSpec()
-    train, hold = time_split(examples, holdout)
+    train, hold = time_split(examples, spec.holdout)
     cfg = RankerConfig(state_dim=state_dim)
     t0 = time.perf_counter()
     train_b, hold_b = featurize(train, cfg), featurize(hold, cfg)
