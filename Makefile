@@ -2,6 +2,8 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# every package of the project (the rooms): doctests and mypy run over all of them
+PACKAGES := schemas streams trainers serving attribution workloads deploy
 
 .PHONY: install demo up down status test test-all lint typecheck schemas clean
 
@@ -24,14 +26,18 @@ demo: install
 # Unit and integration tests (real broker, Redis, ClickHouse, Ray), slow suites excluded.
 test: install
 	$(BIN)/python -m pytest -m "not slow and not gpu" --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules $(PACKAGES)
 
 # Everything, slow suites included.
 test-all: install
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules $(PACKAGES)
 
+# Gates in CI (.ci/run): lint, format, complexity/argument-count rules, types of every package.
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy schemas
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(PACKAGES)
 
 schemas: install
 	$(BIN)/python -m schemas.jsonschema
