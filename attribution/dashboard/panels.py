@@ -40,7 +40,7 @@ def data_bounds(backend: Backend) -> tuple[int, int] | None:
 def _layout(title: str, **extra: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "title": {"text": title, "font": {"size": 15}},
-        "margin": {"l": 60, "r": 30, "t": 50, "b": 60},
+        "margin": {"l": 60, "r": 60, "t": 20, "b": 60},
         "legend": {"orientation": "h", "y": -0.2},
         "height": 360,
     }
@@ -74,14 +74,22 @@ def event_rates(backend: Backend, window: q.Window) -> Panel:
             {
                 "type": "scatter",
                 "mode": "lines",
-                "name": kind,
+                "name": kind if kind == "impressions" else f"{kind} (right axis)",
                 "x": [stamp(t) for t in ts],
                 "y": [counts.get(t, 0) / window.bucket for t in ts],
+                "yaxis": "y" if kind == "impressions" else "y2",
             }
         )
     layout = _layout(
         f"Event rates (events/s, {window.bucket} s buckets)",
-        yaxis={"title": {"text": "events/s"}, "rangemode": "tozero"},
+        yaxis={"title": {"text": "impressions/s"}, "rangemode": "tozero"},
+        yaxis2={
+            "title": {"text": "events/s"},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "tickformat": ".3~f",
+        },
         xaxis={"type": "date"},
     )
     return _panel("event_rates", "Event rates", {"data": data, "layout": layout})
@@ -197,7 +205,13 @@ def campaign_economics(backend: Backend, window: q.Window) -> list[Panel]:
             barmode="group",
             xaxis={"type": "category", "tickangle": -40},
             yaxis={"title": {"text": "spend"}, "rangemode": "tozero"},
-            yaxis2={"title": {"text": "pacing"}, "overlaying": "y", "side": "right", "rangemode": "tozero"},
+            yaxis2={
+                "title": {"text": "pacing"},
+                "overlaying": "y",
+                "side": "right",
+                "rangemode": "tozero",
+                "tickformat": ".2~f",
+            },
         ),
     }
     cpa = [s / c if c else None for s, c in zip(spend, conversions, strict=True)]
@@ -226,7 +240,13 @@ def campaign_economics(backend: Backend, window: q.Window) -> list[Panel]:
             "CPA and ROAS per campaign (conversions as recorded, before attribution)",
             xaxis={"type": "category", "tickangle": -40},
             yaxis={"title": {"text": "CPA"}, "rangemode": "tozero"},
-            yaxis2={"title": {"text": "ROAS"}, "overlaying": "y", "side": "right", "rangemode": "tozero"},
+            yaxis2={
+                "title": {"text": "ROAS"},
+                "overlaying": "y",
+                "side": "right",
+                "rangemode": "tozero",
+                "tickformat": ".2~f",
+            },
         ),
     }
     return [
@@ -289,7 +309,7 @@ def adapter_versions(backend: Backend, window: q.Window) -> Panel:
     counts: dict[str, dict[int, int]] = defaultdict(dict)
     for t, version, n in rows:
         counts[str(version)][int(t)] = int(n)
-    axis = _time_axis(window) or sorted({int(r[0]) for r in rows})
+    axis = sorted({int(r[0]) for r in rows})  # buckets with impressions: a share needs some
     data = [
         {
             "type": "scatter",
@@ -455,7 +475,10 @@ def _num(x: Any) -> float | None:
 
 
 def _panel(pid: str, title: str, figure: Figure) -> Panel:
-    return {"id": pid, "title": title, "figure": figure, "empty": None, "error": None}
+    """A panel with data; the figure's detailed title becomes the panel's heading (the page shows
+    it above the chart, where a long one wraps instead of being cut)."""
+    detail = figure["layout"].pop("title", {}).get("text") or title
+    return {"id": pid, "title": detail, "figure": figure, "empty": None, "error": None}
 
 
 def _empty(pid: str, title: str, why: str) -> Panel:
