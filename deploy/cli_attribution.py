@@ -1,0 +1,231 @@
+"""`adstream attribution`: credit per channel under each model, ROI and budget moves, stored runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+import typer
+
+from attribution.paths import CHANNEL_SQL, AttributionInputError
+
+DAY = 86400
+
+
+def parse_time(text: str | None, name: str, default: int) -> int:
+    """Epoch seconds from an ISO date/datetime (UTC unless it has an offset) or epoch seconds."""
+    if text is None:
+        return default
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise AttributionInputError(f"{name} {text!r} is not an ISO date/time or epoch seconds") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp())
+
+
+def parse_bounds(items: list[str] | None) -> dict[str, tuple[float, float]]:
+    """`CHANNEL=LO:HI` spend bounds."""
+    out: dict[str, tuple[float, float]] = {}
+    for item in items or []:
+        try:
+            name, rng = item.rsplit("=", 1)
+            lo, hi = (float(x) for x in rng.split(":"))
+        except ValueError:
+            raise AttributionInputError(f"--bound {item!r} is not CHANNEL=LO:HI") from None
+        out[name] = (lo, hi)
+    return out
+
+
+def _backend() -> Any:
+    from attribution.migrate import clickhouse_client, database_name, migrate
+    from attribution.sql import DriverBackend
+    from schemas.settings import Settings
+
+    s = Settings()
+    migrate(s)
+    return DriverBackend(clickhouse_client(s, database_name(s))), s
+
+
+def _execute(models: list[str], by: str, since: str | None, until: str | None, bootstrap: int | None,
+             seed: int | None, calibrate: bool, bounds: list[str] | None, store: bool) -> Any:  # fmt: skip
+    from attribution.models import ModelConfig
+    from attribution.paths import Window
+    from attribution.runs import run_attribution, store_run
+
+    if by not in CHANNEL_SQL:
+        raise AttributionInputError(f"--by {by!r} is not a granularity (choose from {', '.join(CHANNEL_SQL)})")
+    now = int(time.time())
+    t_until = parse_time(until, "--until", now)
+    t_since = parse_time(since, "--since", t_until - 7 * DAY)
+    backend, s = _backend()
+    overrides: dict[str, Any] = {}
+    if bootstrap is not None:
+        overrides["bootstrap"] = bootstrap
+    if seed is not None:
+        overrides["seed"] = seed
+    run = run_attribution(
+        backend,
+        models=models,
+        by=by,
+        since=t_since,
+        until=t_until,
+        window=Window.from_settings(s),
+        config=ModelConfig.from_settings(s, **overrides),
+        calibrate_holdout=calibrate,
+        bounds=parse_bounds(bounds),
+    )
+    if store:
+        store_run(backend, run)
+    return run
+
+
+def _check_channels(run: Any, channels: list[str] | None) -> list[str]:
+    known = next(iter(run.results.values())).channels
+    for c in channels or []:
+        if c not in known:
+            raise AttributionInputError(f"unknown channel {c!r} (known: {', '.join(known)})")
+    return list(channels) if channels else list(known)
+
+
+def _print_model(run: Any, model: str, channels: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    result, plan = run.results[model], {c.channel: c for c in run.plans[model].channels}
+    table = Table(title=f"{model} — by {run.by}, run {run.run_id}")
+    for col in ("channel", "conversions", "95% CI", "share", "value", "spend", "ROAS", "CPA", "→ spend", ""):
+        table.add_column(col, justify="left" if col in ("channel", "") else "right")
+    for r in result.rows():
+        if r.channel not in channels:
+            continue
+        c = plan[r.channel]
+        ci = f"{r.ci_low:,.1f}–{r.ci_high:,.1f}" if r.ci_low == r.ci_low else "—"
+        table.add_row(
+            r.channel, f"{r.conversions:,.1f}", ci, f"{r.share:.1%}", f"{r.value:,.2f}", f"{c.spend:,.2f}",
+            f"{c.roas:.2f}", f"{c.cpa:,.2f}", f"{c.recommended_spend:,.2f}", "low confidence" if c.low_confidence else "",
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    console.print(f"expected uplift of the budget moves: {run.plans[model].expected_uplift:,.2f} (value)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `adstream attribution` (and its `compare`, `rollup`, `lift` subcommands)."""
+    group = typer.Typer(help="Attribution: credit per channel, ROI, budget moves (stored in ClickHouse).")
+
+    @group.callback(invoke_without_command=True)
+    def attribution(
+        ctx: typer.Context,
+        model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s) to run")] = None,
+        by: Annotated[str, typer.Option(help="Channel granularity: slot, campaign or slot_campaign")] = "campaign",
+        since: Annotated[str | None, typer.Option(help="Start (ISO date/time, UTC, or epoch s); default until − 7 d")] = None,
+        until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON")] = False,
+        bootstrap: Annotated[int | None, typer.Option(help="Bootstrap replicates for CIs")] = None,
+        seed: Annotated[int | None, typer.Option(help="Seed of bootstrap and sampling")] = None,
+        calibrate: Annotated[bool, typer.Option(help="Also calibrate credits to holdout lift")] = False,
+        channel: Annotated[list[str] | None, typer.Option(help="Show only these channels")] = None,
+        bound: Annotated[list[str] | None, typer.Option(help="Spend bounds CHANNEL=LO:HI")] = None,
+        store: Annotated[bool, typer.Option(help="Store the run in ClickHouse")] = True,
+    ) -> None:
+        """Run attribution models over [since, until) and print credit, ROI and budget moves."""
+        if ctx.invoked_subcommand is not None:
+            return
+        models = model or ["shapley"]
+        run = _execute(models, by, since, until, bootstrap, seed, calibrate, bound, store)
+        shown = _check_channels(run, channel)
+        if as_json:
+            typer.echo(json.dumps(run.to_dict(), default=float, indent=1))
+            return
+        for m in run.results:
+            _print_model(run, m, shown)
+
+    @group.command()
+    def compare(
+        model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Models (default: all)")] = None,
+        by: Annotated[str, typer.Option(help="slot, campaign or slot_campaign")] = "campaign",
+        since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s)")] = None,
+        until: Annotated[str | None, typer.Option(help="End, exclusive")] = None,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+        bootstrap: Annotated[int | None, typer.Option()] = None,
+        seed: Annotated[int | None, typer.Option()] = None,
+        calibrate: Annotated[bool, typer.Option(help="Add holdout-calibrated variants")] = False,
+        store: Annotated[bool, typer.Option()] = True,
+    ) -> None:
+        """Every model side by side (last click vs Shapley and the rest): share of conversions."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from attribution.models import MODELS
+
+        models = model or list(MODELS)
+        run = _execute(models, by, since, until, bootstrap, seed, calibrate, None, store)
+        if as_json:
+            typer.echo(json.dumps(run.to_dict(), default=float, indent=1))
+            return
+        names = list(run.results)
+        table = Table(title=f"share of conversions by model — by {by}, run {run.run_id}")
+        table.add_column("channel")
+        for m in names:
+            table.add_column(m, justify="right")
+        channels = run.results[names[0]].channels
+        for i, c in enumerate(channels):
+            cells = []
+            for m in names:
+                r = run.results[m]
+                s = r.share[i]
+                ci = r.ci_low[i] / max(r.conversions.sum(), 1e-12), r.ci_high[i] / max(r.conversions.sum(), 1e-12)
+                cells.append(f"{s:.1%}" + (f" ({ci[0]:.0%}–{ci[1]:.0%})" if ci[0] == ci[0] else ""))
+            table.add_row(c, *cells)
+        Console().print(table)
+
+    @group.command()
+    def rollup(
+        since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s); default until − 1 d")] = None,
+        until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
+    ) -> None:
+        """Recompute the hourly campaign × slot rollups of [since, until) from deduplicated rows."""
+        from attribution.paths import check_range
+        from attribution.rollups import refresh_rollups
+
+        t_until = parse_time(until, "--until", int(time.time()))
+        t_since = parse_time(since, "--since", t_until - DAY)
+        check_range(t_since, t_until)
+        backend, _ = _backend()
+        refresh_rollups(backend, t_since, t_until)
+        typer.echo(f"rollups refreshed for [{t_since}, {t_until})")
+
+    @group.command()
+    def lift(
+        since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s)")] = None,
+        until: Annotated[str | None, typer.Option(help="End, exclusive")] = None,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """Holdout lift per campaign: exposed vs held-out conversion rates."""
+        from attribution.incrementality import measure_lift
+        from attribution.paths import check_range
+
+        t_until = parse_time(until, "--until", int(time.time()))
+        t_since = parse_time(since, "--since", t_until - 7 * DAY)
+        check_range(t_since, t_until)
+        backend, _ = _backend()
+        lifts = measure_lift(backend, t_since, t_until)
+        if not lifts:
+            raise AttributionInputError("no campaign has both exposed and holdout users in that range")
+        if as_json:
+            typer.echo(json.dumps({c: {**lf.__dict__, "relative_lift": lf.relative_lift} for c, lf in lifts.items()}))
+            return
+        for c, lf in lifts.items():
+            typer.echo(
+                f"{c}: exposed {lf.exposed_rate:.4f} ({lf.exposed_users} users), holdout {lf.holdout_rate:.4f} "
+                f"({lf.holdout_users}), incremental {lf.incremental_conversions:,.1f} ± {lf.se:,.1f}"
+            )
+
+    app.add_typer(group, name="attribution")
