@@ -1,7 +1,8 @@
-"""`adstream demo`: run the whole loop once on the local stack and report what each part did."""
+"""`adstream demo`: run the whole loop once on the local stack, live, and write a report."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -19,40 +20,57 @@ def register(app: typer.Typer) -> None:
         users: Annotated[int, typer.Option(help="Simulated users")] = 400,
         ads: Annotated[int, typer.Option(help="Ads in the catalog")] = 300,
         history: Annotated[int, typer.Option(help="Impressions of history for offline training")] = 20_000,
-        requests: Annotated[int, typer.Option(help="Ad requests in the closed loop")] = 600,
-        rate: Annotated[float, typer.Option(help="Closed-loop requests per second")] = 20.0,
+        requests: Annotated[int, typer.Option(help="Ad requests in the closed loop")] = 6_000,
+        rate: Annotated[float, typer.Option(help="Closed-loop requests per second")] = 30.0,
         seed: Annotated[int, typer.Option(help="Market seed")] = 7,
+        drift_mode: Annotated[
+            str, typer.Option(help="Interest drift half-way: handover, trend or redraw")
+        ] = "handover",
         port: Annotated[int, typer.Option(help="HTTP port of the demo's ad server")] = 8011,
+        dashboard_port: Annotated[int, typer.Option(help="HTTP port of the demo's dashboard")] = 8050,
+        live: Annotated[bool, typer.Option(help="Keep the live table on screen after the run")] = True,
     ) -> None:
-        """Simulate, train, serve, click and learn: the whole loop, on the local stack."""
+        """Simulate, train, serve, click and learn: the whole loop on the local stack, shown live."""
         from deploy import stack
         from deploy.demo import DemoSpec, run_demo
         from schemas.settings import Settings
 
         settings = Settings()
         stack.up(settings)
-        spec = DemoSpec(
-            users=users, ads=ads, history=history, requests=requests, rate=rate, seed=seed, port=port
-        )
-        report = run_demo(spec, settings, console.print)
+        spec = DemoSpec(users=users, ads=ads, history=history, requests=requests, rate=rate, seed=seed,
+                        port=port, dashboard_port=dashboard_port, drift_mode=drift_mode)  # fmt: skip
+        report = run_demo(spec, settings, console.print, live=live)
         console.rule("what the loop did")
         console.print(summary_table(report))
-        console.print(f"full report: {report['dir']}/report.json")
+        console.print(f"report: {report['dir']}/report.md (+ report.json, auc_over_time.png, latency.png)")
+
+
+def _f(x: float) -> str:
+    return f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else "n/a"
 
 
 def summary_table(report: dict[str, Any]) -> Table:
-    """The demo's figures, one row each."""
-    metrics = {k: float(v) for k, v in report["serving_metrics"].items()}
+    """The demo's headline figures, one row each."""
+    q, loop = report["quality"], report["loop"]
     table = Table("part", "what it did")
-    served = metrics.get('adstream_serving_requests_total{status="200"}', 0.0)
-    count = metrics.get("adstream_serving_request_latency_seconds_count", 0.0)
-    mean_ms = 1000 * metrics.get("adstream_serving_request_latency_seconds_sum", 0.0) / max(count, 1.0)
-    table.add_row("serving", f"{served:.0f} requests answered (mean {mean_ms:.1f} ms in the app)")
+    table.add_row(
+        "serving",
+        f"{loop['requests']:,} requests, {loop['served']:,} ads; P50 {loop['p50_ms']:.1f} / "
+        f"P99 {loop['p99_ms']:.1f} ms (client side); errors {loop['errors'] or 'none'}",
+    )
+    table.add_row(
+        "learning (AUC before drift → end)",
+        f"online {_f(q['online_auc']['before_drift'])} → {_f(q['online_auc']['end'])}, "
+        f"frozen base {_f(q['base_auc']['before_drift'])} → {_f(q['base_auc']['end'])}",
+    )
+    table.add_row(
+        "served pCTR AUC vs oracle",
+        f"{_f(q['served_auc']['before_drift'])} vs {_f(q['oracle_auc']['before_drift'])} before the drift; "
+        f"offline holdout {_f(report['offline']['holdout_auc'])}",
+    )
     for table_name, n in report["clickhouse"].items():
-        table.add_row("ClickHouse", f"{n} {table_name}")
-    table.add_row("Redis", f"{report['redis_users']} keys of user state")
-    applied = metrics.get('adstream_serving_deltas_total{outcome="applied"}', 0.0)
-    table.add_row("hot swap", f"{applied:.0f} LoRA deltas applied in the serving replica")
-    for info in report["adapters_after"]:
-        table.add_row(f"adapter {info['adapter_id']}", f"version {info['version']} (seq {info['seq']})")
+        table.add_row("ClickHouse", f"{n:,} {table_name}")
+    table.add_row(
+        "adapters", ", ".join(f"{k}={v}" for k, v in sorted(report["adapters_end"].items())) or "none"
+    )
     return table

@@ -42,6 +42,8 @@ class ClosedLoopReport:
     events: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     impressions: list[Impression] = field(default_factory=list)
+    # client-side latency of every answered request, ms, in request order
+    latencies_ms: list[float] = field(default_factory=list)
 
 
 def served_impressions(
@@ -133,11 +135,14 @@ async def run_closed_loop(
     rate: float = 0.0,
     timeout_s: float = 2.0,
     client: httpx.AsyncClient | None = None,
+    report: ClosedLoopReport | None = None,
 ) -> ClosedLoopReport:
-    """Send `n_requests` ad requests (at most `rate` per second when > 0) and emit the responses."""
+    """Send `n_requests` ad requests (at most `rate` per second when > 0) and emit the responses.
+
+    Pass `report` to watch the run while it goes (it is filled in place and returned)."""
     # Change points given as fractions fall on the expected number of served impressions.
     market.plan(round(n_requests * _expected_k(market)))
-    report = ClosedLoopReport()
+    report = report if report is not None else ClosedLoopReport()
     pending = _Pending(sink, report)
     own = client is None
     http = client or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
@@ -166,6 +171,7 @@ async def run_closed_loop(
 
 async def _ask(http: httpx.AsyncClient, request: AdRequest, report: ClosedLoopReport) -> AdResponse | None:
     """POST one AdRequest; a transport error, non-200 or invalid body is counted, not raised."""
+    t0 = time.perf_counter()
     try:
         r = await http.post("/v1/ads", content=request.model_dump_json(exclude_none=True),
                             headers={"content-type": "application/json"})  # fmt: skip
@@ -176,6 +182,7 @@ async def _ask(http: httpx.AsyncClient, request: AdRequest, report: ClosedLoopRe
     if r.status_code != 200:
         report.errors[f"http_{r.status_code}"] += 1
         return None
+    report.latencies_ms.append(1000 * (time.perf_counter() - t0))
     try:
         return AdResponse.model_validate_json(r.content)
     except ValidationError as exc:

@@ -8,9 +8,11 @@ ClickHouse and Redis, labels to the trainer, LoRA deltas back into the serving r
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -42,11 +44,21 @@ def test_the_loop_closes(stack: Settings) -> None:
     from deploy.stack import delete_topics_async
     from schemas.settings import clickhouse_connect_args, clickhouse_database
 
-    spec = DemoSpec(users=150, ads=120, history=8_000, requests=240, rate=20.0, port=_free_port())
+    spec = DemoSpec(
+        users=150,
+        ads=120,
+        history=8_000,
+        requests=400,
+        rate=20.0,
+        port=_free_port(),
+        dashboard_port=_free_port(),
+    )
     lines: list[str] = []
     report = None
+    files: set[str] = set()
     try:
-        report = run_demo(spec, stack, lines.append)
+        report = run_demo(spec, stack, lines.append, live=False)
+        files = {p.name for p in Path(report["dir"]).iterdir()}
     finally:
         # the demo keeps its run's topics, keys and database for inspection; a test does not
         if report is not None:
@@ -74,12 +86,16 @@ def test_the_loop_closes(stack: Settings) -> None:
     answered = metrics.get('adstream_serving_requests_total{status="200"}', 0.0)
     failed = sum(v for k, v in metrics.items() if k.startswith('adstream_serving_requests_total{status="5'))
     assert answered >= spec.requests and failed == 0, metrics
-    # what was served reached ClickHouse through Kafka and the worker; users have state in Redis
+    # the history and what was served reached ClickHouse through Kafka and the worker
     counts = report["clickhouse"]
-    assert counts["impressions"] > spec.requests and counts["clicks"] > 0, counts
+    history = report["offline"]["history"]["impressions"]
+    assert counts["impressions"] > history + spec.requests and counts["clicks"] > 0, counts
     assert report["redis_users"] > 0
     # labels reached the trainer, whose deltas were applied in the serving replica
     assert metrics.get('adstream_serving_deltas_total{outcome="applied"}', 0.0) > 0, metrics
-    before = {a["adapter_id"]: a["seq"] for a in report["adapters_before"]}
+    before = {a["adapter_id"]: a["seq"] for a in report["adapters_start"]}
     after = {a["adapter_id"]: a["seq"] for a in report["adapters_after"]}
     assert any(seq > before.get(aid, -1) for aid, seq in after.items()), (before, after)
+    # the report a person reads, with its plots, and the trainer's online vs frozen AUC sampled
+    assert {"report.md", "report.json", "auc_over_time.png", "latency.png"} <= files, files
+    assert any(math.isfinite(s["online_auc"]) and math.isfinite(s["base_auc"]) for s in report["samples"])
