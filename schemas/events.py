@@ -74,6 +74,13 @@ Version = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# Money (prices, bids, budgets, conversion values): sums of many stay finite and exact enough.
+MAX_MONEY: Final = 1e12
+Money = Annotated[float, Field(ge=0, le=MAX_MONEY, allow_inf_nan=False)]
+# Model inputs are float32 on the trainer and in serving: a value finite in float64 but not in
+# float32 (1e39) would become inf there; bounded to a range far inside float32 and the features'.
+MAX_FEATURE: Final = 1e6
+Feature = Annotated[float, Field(ge=-MAX_FEATURE, le=MAX_FEATURE, allow_inf_nan=False)]
 
 
 def _from_base64(value: object) -> object:
@@ -97,7 +104,9 @@ MAX_DWELL_MS: Final = 3_600_000
 MAX_VECTOR_DIM: Final = 1024
 MAX_DELTA_BYTES: Final = 16 * 1024 * 1024
 MAX_SEQ: Final = 2**53 - 1  # an adapter's delta seq: ~285 years at a million deltas a second
-MAX_RAW_BYTES: Final = 1024 * 1024
+# The original bytes a dead letter keeps (a longer record keeps this prefix, its size and sha256):
+# base64 (×4/3) plus the other fields stay far below a producer's 1 MiB request limit.
+MAX_RAW_BYTES: Final = 256 * 1024
 
 
 class Contract(BaseModel):
@@ -133,7 +142,7 @@ class Impression(UserEvent):
     advertiser_id: Ident
     slot: Slot
     position: Annotated[int, Field(ge=0, le=10_000)]
-    price: NonNegFloat
+    price: Money
     pctr: Probability | None = None
     model_version: Version | None = None
     adapter_version: Version | None = None
@@ -163,7 +172,7 @@ class Conversion(UserEvent):
     kind: Literal["conversion"] = "conversion"
     campaign_id: Ident
     advertiser_id: Ident
-    value: NonNegFloat
+    value: Money
     ad_id: Ident | None = None
 
 
@@ -176,8 +185,8 @@ class AdCreative(Message):
     advertiser_id: Ident
     category: Ident
     title: Text
-    bid: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    daily_budget: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    bid: Annotated[float, Field(gt=0, le=MAX_MONEY, allow_inf_nan=False)]
+    daily_budget: Annotated[float, Field(gt=0, le=MAX_MONEY, allow_inf_nan=False)]
     active: bool
 
 
@@ -190,12 +199,17 @@ class DeadLetter(Message):
     offset: Annotated[int, Field(ge=-1)]
     error: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     raw: Annotated[B64Bytes, Field(max_length=MAX_RAW_BYTES)]
+    # the original record's size and sha256 (hex) when `raw` holds only its first MAX_RAW_BYTES
+    raw_size: Annotated[int, Field(ge=0)] | None = None
+    raw_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 def _check_finite(values: list[float], field: str) -> list[float]:
     for i, v in enumerate(values):
         if not math.isfinite(v):
             raise ValueError(f"{field}[{i}] is {v!r}; every component must be finite")
+        if not -MAX_FEATURE <= v <= MAX_FEATURE:
+            raise ValueError(f"{field}[{i}] is {v!r}; every component must lie within ±{MAX_FEATURE:g}")
     return values
 
 
@@ -215,8 +229,8 @@ class TrainingExample(Message):
     position: Annotated[int, Field(ge=0, le=10_000)]
     hour: Annotated[int, Field(ge=0, le=23)]
     user_vector: Annotated[list[float], Field(max_length=MAX_VECTOR_DIM)]
-    intent_score: FiniteFloat
-    recall_score: FiniteFloat | None = None
+    intent_score: Feature
+    recall_score: Feature | None = None
     served_pctr: Probability | None = None
     model_version: Version | None = None
     adapter_version: Version | None = None

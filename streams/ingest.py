@@ -6,12 +6,13 @@ import hashlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 
 from schemas.codec import decode, error_reason, model_for_topic
 from schemas.errors import SchemaError
-from schemas.events import MAX_RAW_BYTES, DeadLetter, Message
+from schemas.events import MAX_RAW_BYTES, MAX_TS, DeadLetter, Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,16 +94,25 @@ def dead_letter(
     physical_topic: str, partition: int, offset: int, raw: bytes, ts_ms: int, error: str, reason: str
 ) -> Invalid:
     """The `Invalid` of a record: its DeadLetter (original bytes, truncated if huge) and reason."""
-    if len(raw) > MAX_RAW_BYTES:
-        error = f"{error} (original {len(raw)} bytes truncated to {MAX_RAW_BYTES})"
-        raw = raw[:MAX_RAW_BYTES]
     dl = DeadLetter(
         event_id=dead_letter_id(physical_topic, partition, offset),
-        ts=datetime.fromtimestamp(max(ts_ms, 0) / 1000, tz=UTC),
-        source_topic=physical_topic,
-        partition=partition,
-        offset=offset,
-        error=error[:4096],
-        raw=raw,
+        ts=datetime.fromtimestamp(min(max(ts_ms, 0) / 1000, MAX_TS.timestamp() - 1), tz=UTC),
+        source_topic=physical_topic[:249],
+        partition=max(-1, partition),
+        offset=max(-1, offset),
+        **capped(raw, error),
     )
     return Invalid(dl, reason)
+
+
+def capped(raw: bytes, error: str) -> dict[str, Any]:
+    """`raw` and `error` fields of a dead letter that always fits a producer request: a record
+    longer than MAX_RAW_BYTES keeps its prefix, with its size and sha256 (and the error says so).
+    """
+    fields: dict[str, Any] = {"raw": raw}
+    if len(raw) > MAX_RAW_BYTES:
+        note = f" (original {len(raw)} bytes truncated to {MAX_RAW_BYTES}; see raw_size, raw_sha256)"
+        error = error[: 4096 - len(note)] + note
+        fields.update(raw=raw[:MAX_RAW_BYTES], raw_size=len(raw), raw_sha256=hashlib.sha256(raw).hexdigest())
+    fields["error"] = error[:4096] or "invalid"
+    return fields

@@ -6,10 +6,16 @@ consumed in offset order; among the inputs' heads the one with the smallest even
 (the caller says so, from the broker's high watermark), so the order — and therefore every user
 state and label — is the same on every run and after a restart, whatever the fetch interleaving.
 Invalid records carry no usable time and are released as soon as they reach their queue's head.
+
+An input that never answers (a partition without fetch responses, a stuck leader) must not hold
+the others back for ever while they pile up in memory: after `max_idle_s` of waiting, or with
+`max_buffered` records held, it is passed over as if caught up (Kafka Streams'
+`max.task.idle.ms`), counted in `forced`; its records are merged as they come (late for the join).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,22 +55,46 @@ class PartitionMerge:
 
     queues: dict[str, deque[Item]] = field(default_factory=dict)
     last_seen: dict[str, int] = field(default_factory=dict)
+    max_idle_s: float = math.inf  # how long an empty, not caught-up input may hold the others back
+    max_buffered: float = math.inf  # … or how many records it may make the merge hold
+    blocked_since: dict[str, float] = field(default_factory=dict)  # input → when it began to block
+    passed: set[str] = field(default_factory=set)  # inputs currently passed over
+    forced: int = 0  # times an input was passed over
 
     def push(self, item: Item) -> None:
         self.queues.setdefault(item.topic, deque()).append(item)
         self.last_seen[item.topic] = item.offset
+        if self.blocked_since:
+            self.blocked_since.pop(item.topic, None)
+            self.passed.discard(item.topic)
+
+    def _waited_out(self, topic: str, now: float) -> bool:
+        """Whether an empty input that is not caught up has held the others back long enough."""
+        held = self.buffered()
+        if not held:
+            self.blocked_since.pop(topic, None)
+            self.passed.discard(topic)
+            return False
+        since = self.blocked_since.setdefault(topic, now)
+        if held < self.max_buffered and now - since < self.max_idle_s:
+            return False
+        if topic not in self.passed:
+            self.passed.add(topic)
+            self.forced += 1
+        return True
 
     def buffered(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
     def release(
-        self, caught_up: Callable[[str, int | None], bool], inputs: tuple[str, ...]
+        self, caught_up: Callable[[str, int | None], bool], inputs: tuple[str, ...], now: float = 0.0
     ) -> Iterator[Item]:
         """Yield records in merge order while the choice is certain.
 
         `caught_up(topic, last_seen_offset)` says whether an empty input has nothing more to read
         right now; `inputs` are the topics of this co-partition. Its answer is kept for the rest
-        of the call (nothing is received while it runs).
+        of the call (nothing is received while it runs). `now` (monotonic seconds) times how
+        long an input has been holding the merge back (see the module docstring).
         """
         known: dict[str, bool] = {}
         while True:
@@ -76,7 +106,14 @@ class PartitionMerge:
                 if not q:
                     done = known.get(topic)
                     if done is None:
-                        done = known[topic] = caught_up(topic, self.last_seen.get(topic))
+                        done = caught_up(topic, self.last_seen.get(topic))
+                        if done:
+                            if self.blocked_since:
+                                self.blocked_since.pop(topic, None)
+                                self.passed.discard(topic)
+                        else:
+                            done = self._waited_out(topic, now)
+                        known[topic] = done
                     if not done:
                         blocked = True
                     continue

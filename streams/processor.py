@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schemas.events import AdCreative, Click, Dwell, Impression, Message, TrainingExample
+from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample
 from schemas.settings import Settings
 from schemas.watermark import DEFAULT_WINDOW
 from streams.join import AdapterScheme, LabelJoin
@@ -113,7 +113,10 @@ class Processor:
             f = decay_factor(before, ts, self.params)
             vec = before.vector if f == 1.0 else (before.vector * np.float32(f)).astype(np.float32)
             score = before.intents.get(category, 0.0)
-            out = join.on_impression(event, category, vec, score * f if score else 0.0, raw, ts)
+            score = score * f if score else 0.0
+            if not -MAX_FEATURE <= score <= MAX_FEATURE or not np.abs(vec).max() <= MAX_FEATURE:
+                score, vec = _bounded(score, vec)
+            out = join.on_impression(event, category, vec, score, raw, ts)
         elif isinstance(event, Click):
             out = join.on_click(event, ts)
         elif isinstance(event, Dwell):
@@ -124,3 +127,11 @@ class Processor:
         if closed:
             out += closed
         return out
+
+
+def _bounded(score: float, vec: np.ndarray) -> tuple[float, np.ndarray]:
+    """Features clipped to the contract's bound (`MAX_FEATURE`; NaN → 0): a state beyond it (a
+    bot's millions of clicks) still gives a valid TrainingExample instead of stopping the join."""
+    score = 0.0 if score != score else min(MAX_FEATURE, max(-MAX_FEATURE, score))
+    vec = np.clip(np.nan_to_num(vec, nan=0.0), -MAX_FEATURE, MAX_FEATURE).astype(np.float32)
+    return score, vec

@@ -157,5 +157,7 @@ def clickhouse_where(settings: Settings) -> str:
 
 def _close(backend: Backend) -> None:
     client = getattr(backend, "client", None)
-    if client is not None:
+    if client is not None:  # clickhouse-driver: one connection per request
         client.disconnect()
+    elif callable(close := getattr(backend, "close", None)):  # chDB: one session per request
+        close()

@@ -101,9 +101,10 @@ ORDER BY spend DESC, campaign_id LIMIT %(top)s
 """
 
 # Online AUC of the served pctr against clicks, per time bucket, per adapter version and for
-# all traffic ('all'), by the rank-sum form: scores (rounded to 1e-4, which bounds the arrays)
-# are grouped with their click and non-click counts, sorted, and each score's clicks beat the
-# non-clicks below it and tie with half of those at it:
+# all traffic ('all'), by the rank-sum form: scores (in bins of 1e-4, which bounds the arrays;
+# floor, not round(): 18.16 and current releases round halves differently) are grouped with
+# their click and non-click counts, sorted, and each score's clicks beat the non-clicks below
+# it and tie with half of those at it:
 #   AUC = Σ_s pos_s · (neg_below_s + neg_s / 2) / (P · N).
 ONLINE_AUC = f"""
 SELECT t, version, arraySum(ps) AS clicks, arraySum(ns) AS non_clicks,
@@ -116,7 +117,7 @@ FROM (
         FROM (
             SELECT t, version, score, sum(clicked) AS p, sum(1 - clicked) AS n
             FROM (
-                SELECT {BUCKET} AS t, round(assumeNotNull(pctr), 4) AS score,
+                SELECT {BUCKET} AS t, floor(assumeNotNull(pctr) * 10000) AS score,
                        ifNull(adapter_version, 'none') AS ver, clicked
                 FROM (
                     SELECT event_id AS imp, ts, pctr, adapter_version FROM impressions FINAL
@@ -204,8 +205,8 @@ class Window:
             raise ConfigError(f"run_id={self.run_id[:40]!r}… is longer than 128 characters")
 
     @property
-    def params(self) -> dict[str, int]:
-        """The bound parameters every statement takes (extra ones are ignored by the driver)."""
+    def params(self) -> dict[str, int | str]:
+        """The bound parameters the statements take (each uses some; the driver ignores the rest)."""
         return {
             "since": self.since,
             "until": self.until,
