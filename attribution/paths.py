@@ -4,9 +4,10 @@ Per user and advertiser, the touchpoints are the advertiser's impressions (kind 
 the clicks on them (kind 1), ordered by time. Each conversion takes the touches after the
 user's previous conversion (a path resets after each one) that lie inside their kind's
 lookback (click 7 d, view 1 d by default; per advertiser through
-`attribution_lookback_by_advertiser`). The touches after a user's last conversion form a
-non-converting journey, a *null path*, once it is closed: its last touch is at least
-`attribution_journey_gap_s` before `until`. Holdout impressions are not touchpoints.
+`attribution_lookback_by_advertiser`). A journey without conversion is closed once no touch
+or conversion follows its last touch within `attribution_journey_gap_s` (for the last touch:
+before `until`); its touches since the previous event form a *null path*, and a later
+conversion's path starts after it. Holdout impressions are not touchpoints.
 
 The SQL runs on ClickHouse 18.16 and current releases alike (groupArray / arraySort /
 arrayFilter / ARRAY JOIN, no window functions or CTEs); every value is a bound parameter.
@@ -57,8 +58,7 @@ def channel_sql(by: str) -> str:
 _TOUCHES = """
 SELECT user_id, advertiser_id,
        arraySort(groupArray((t, k, ch))) AS tt,
-       arrayMap(x -> x.1, tt) AS t_ts, arrayMap(x -> x.2, tt) AS t_kind, arrayMap(x -> x.3, tt) AS t_ch,
-       t_ts[length(t_ts)] AS t_last
+       arrayMap(x -> x.1, tt) AS t_ts, arrayMap(x -> x.2, tt) AS t_kind, arrayMap(x -> x.3, tt) AS t_ch
 FROM (
     SELECT user_id, advertiser_id, toUInt32(ts) AS t, toUInt8(0) AS k, {ch} AS ch
     FROM impressions FINAL
@@ -86,8 +86,9 @@ WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
 GROUP BY user_id, advertiser_id
 """
 
-# For each user: the conversions, then a sentinel "journey end" at the last touch (the null
-# path); each event takes the touches after the one before it (e_prev) up to itself.
+# Per user: the conversions and the journey ends sorted in time; each event takes the touches
+# after the event before it (e_prev) up to itself: a conversion those inside their kind's
+# lookback, a journey end all of them (its null path).
 PATHS_SQL = """
 SELECT path, kinds, ages, sum(is_conv) AS conversions, sum(if(is_conv = 1, e_val, 0.)) AS value,
        sum(1 - is_conv) AS nulls
@@ -103,24 +104,35 @@ FROM (
         toUInt64(1 - e_null) AS is_conv, e_val
     FROM (
         SELECT t_ts, t_kind, t_ch,
-               arrayConcat(c_ts, [t_last]) AS e_ts_arr,
-               arrayConcat(c_val, [0.]) AS e_val_arr,
-               arrayConcat(arrayMap(x -> toUInt8(0), c_ts), [toUInt8(1)]) AS e_null_arr,
+               arrayMap(x -> x.1, ev) AS e_ts_arr, arrayMap(x -> x.2, ev) AS e_null_arr,
+               arrayMap(x -> x.3, ev) AS e_val_arr,
                arrayPopBack(arrayPushFront(e_ts_arr, toUInt32(0))) AS e_prev_arr,
-               arrayMap(x -> cw, e_ts_arr) AS e_cw_arr,
-               arrayMap(x -> vw, e_ts_arr) AS e_vw_arr
+               arrayMap(x -> cw, ev) AS e_cw_arr,
+               arrayMap(x -> vw, ev) AS e_vw_arr
         FROM (
-            SELECT t_ts, t_kind, t_ch, t_last, c_ts, c_val,
-                   transform(advertiser_id, %(advertisers)s, %(click_ws)s, %(click_w)s) AS cw,
-                   transform(advertiser_id, %(advertisers)s, %(view_ws)s, %(view_w)s) AS vw
-            FROM ({touches}) AS t ANY LEFT JOIN ({conversions}) AS c USING user_id, advertiser_id
+            -- events: the conversions (flag 0), and a journey end (flag 1) at every touch that no
+            -- touch or conversion follows within the gap (the last touch: until the range ends)
+            SELECT t_ts, t_kind, t_ch, cw, vw,
+                   arraySort(arrayConcat(
+                       arrayMap((t, v) -> (t, toUInt8(0), v), c_ts, c_val),
+                       arrayMap(t -> (t, toUInt8(1), 0.), arrayFilter(
+                           (t, nt) -> toInt64(nt) - t >= %(gap)s
+                               AND (arrayFirst(c -> c > t, c_ts) = 0
+                                    OR toInt64(arrayFirst(c -> c > t, c_ts)) - t > %(gap)s),
+                           t_ts, t_next)))) AS ev
+            FROM (
+                SELECT t_ts, t_kind, t_ch, c_ts, c_val,
+                       arrayPushBack(arrayPopFront(t_ts), toUInt32(%(until)s)) AS t_next,
+                       transform(advertiser_id, %(advertisers)s, %(click_ws)s, %(click_w)s) AS cw,
+                       transform(advertiser_id, %(advertisers)s, %(view_ws)s, %(view_w)s) AS vw
+                FROM ({touches}) AS t ANY LEFT JOIN ({conversions}) AS c USING user_id, advertiser_id
+            )
         )
     )
     -- 18.16: a lambda at an ARRAY JOIN level may only capture the ARRAY JOIN's own columns
     ARRAY JOIN e_ts_arr AS e_ts, e_val_arr AS e_val, e_null_arr AS e_null, e_prev_arr AS e_prev,
                e_cw_arr AS e_cw, e_vw_arr AS e_vw
-    WHERE (e_null = 0 AND e_ts >= %(since)s)
-       OR (e_null = 1 AND e_ts > e_prev AND toInt64(e_ts) + %(gap)s <= %(until)s)
+    WHERE e_ts >= %(since)s
 )
 WHERE notEmpty(path)
 GROUP BY path, kinds, ages

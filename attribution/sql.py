@@ -113,7 +113,31 @@ class ChdbBackend:
         self.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES " + (values % flat).replace("%", "%%"))
 
     def insert_columnar(self, table: str, columns: Sequence[str], data: Sequence[Sequence[Any]]) -> None:
-        self.insert(table, columns, list(zip(*data, strict=True)))
+        """Bulk insert through a temporary TSV file (chDB reads it with the `file` table function)."""
+        import csv
+        import os
+        import tempfile
+
+        if not data or not len(data[0]):
+            return
+        types = dict(self.execute(
+            "SELECT name, type FROM system.columns WHERE database = %(db)s AND table = %(t)s",
+            {"db": self.database, "t": table},
+        ))  # fmt: skip
+        # DateTime columns travel as epoch seconds (TSV would parse a bare number as a date)
+        structure = ", ".join(f"{c} {'UInt32' if types[c] == 'DateTime' else types[c]}" for c in columns)
+        fd, path = tempfile.mkstemp(suffix=".tsv")
+        try:
+            with os.fdopen(fd, "w", newline="") as fh:
+                writer = csv.writer(fh, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
+                writer.writerows(zip(*data, strict=True))
+            self.execute(
+                f"INSERT INTO {table} ({', '.join(columns)}) "
+                "SELECT * FROM file(%(path)s, 'TabSeparated', %(structure)s)",
+                {"path": path, "structure": structure},
+            )
+        finally:
+            os.unlink(path)
 
     def close(self) -> None:
         self.session.close()

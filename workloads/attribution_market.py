@@ -1,0 +1,341 @@
+"""A seeded market for attribution whose causal truth is known exactly.
+
+Channels are campaign × slot of one advertiser. Every user has a conversion propensity
+(lognormal) that drives organic conversions, and one active span (exponential length) in which
+ads reach them: each channel serves a Poisson number of impressions per active day at uniform
+times in the span; an impression is clicked with the channel's CTR. Causes are
+independent and additive (each can produce a conversion, several may):
+
+- an impression (view) causes a conversion with probability `view_effect`, after an
+  exponential delay of mean `view_decay_h` (the effect decays with time since the touch);
+- a click causes one with probability `click_effect` after a delay of mean `click_decay_h`;
+- an *interaction*: a user who saw both campaigns of `synergy` converts with probability
+  `synergy_effect` (after the later of the two first touches); that conversion's credit is
+  split half and half between the channels of those two touches (their Shapley split);
+- organic conversions at the user's propensity rate: caused by no channel.
+
+A *retargeting* campaign has zero effect. In the confounded market it targets users likely to
+convert anyway: its reach grows with propensity and a share of its impressions lands in the
+hours before the user's organic conversions. In the unconfounded market it serves at random.
+
+`true_credit()` is the exact causal credit per channel of the realised data (conversions and
+value caused by each channel, inside the simulated period). Users held out by
+`schemas.holdout.is_holdout` get holdout impressions (no ad: no click, no effect, price 0).
+`spend_multiplier` scales a channel's impressions (its budget), for re-simulating budget moves.
+Events are written into the raw ClickHouse tables exactly as the streams sink writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from schemas.holdout import HOLDOUT_AD_ID, holdout_draw
+
+SLOTS = ("feed", "search", "splash")
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """A campaign's reach and effects per slot (rates are impressions per user per day)."""
+
+    campaign_id: str
+    rate: dict[str, float]
+    ctr: dict[str, float]
+    view_effect: dict[str, float]
+    click_effect: dict[str, float]
+    price: float  # per impression
+    phase: tuple[float, float] = (1.0, 1.0)  # Beta(a, b) position of its impressions in a user's span
+    view_decay_h: float | None = None  # mean delay of a view's effect (None: the market's)
+
+
+def default_campaigns() -> tuple[Campaign, ...]:
+    """Five campaigns × three slots: a funnel (upper-funnel video and prospecting early in a
+    user's span with slow-acting views, search late), high-volume weak channels, rare strong
+    ones, and a zero-effect retargeting campaign that serves late."""
+    return (
+        Campaign("cmp_brand", {"feed": 0.6, "search": 0.2, "splash": 0.3},
+                 {"feed": 0.02, "search": 0.05, "splash": 0.01},
+                 {"feed": 0.0015, "search": 0.004, "splash": 0.0005},
+                 {"feed": 0.05, "search": 0.08, "splash": 0.03}, 0.004),
+        Campaign("cmp_prospect", {"feed": 0.4, "search": 0.1, "splash": 0.3},
+                 {"feed": 0.015, "search": 0.03, "splash": 0.008},
+                 {"feed": 0.0004, "search": 0.002, "splash": 0.0001},
+                 {"feed": 0.02, "search": 0.05, "splash": 0.01}, 0.002),
+        Campaign("cmp_search", {"feed": 0.05, "search": 0.4, "splash": 0.02},
+                 {"feed": 0.02, "search": 0.08, "splash": 0.01},
+                 {"feed": 0.002, "search": 0.006, "splash": 0.001},
+                 {"feed": 0.06, "search": 0.12, "splash": 0.04}, 0.01),
+        Campaign("cmp_video", {"feed": 0.2, "search": 0.02, "splash": 0.4},
+                 {"feed": 0.01, "search": 0.02, "splash": 0.015},
+                 {"feed": 0.006, "search": 0.004, "splash": 0.005},
+                 {"feed": 0.03, "search": 0.04, "splash": 0.03}, 0.006, (1.0, 3.0), 36.0),
+        Campaign("cmp_retarget", {"feed": 0.5, "search": 0.1, "splash": 0.3},
+                 {"feed": 0.03, "search": 0.05, "splash": 0.02},
+                 {"feed": 0.0, "search": 0.0, "splash": 0.0},
+                 {"feed": 0.0, "search": 0.0, "splash": 0.0}, 0.005, (6.0, 1.0)),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AttributionMarketConfig:
+    """The market's knobs; the defaults give ~15 channels and a few thousand conversions."""
+
+    seed: int = 0
+    n_users: int = 20_000
+    days: float = 14.0
+    start: int = 1_793_491_200  # 2026-11-01 00:00 UTC
+    confounded: bool = False
+    base_rate: float = 0.004  # organic conversions per user per day at propensity 1
+    propensity_sigma: float = 1.0
+    view_decay_h: float = 12.0
+    click_decay_h: float = 48.0
+    click_delay_s: float = 30.0
+    synergy: tuple[str, str] = ("cmp_brand", "cmp_video")
+    synergy_effect: float = 0.03
+    retarget_campaign: str = "cmp_retarget"
+    retarget_gamma: float = 1.5  # confounded reach ∝ propensity^gamma
+    retarget_before_share: float = 0.6  # confounded: share of its impressions just before a conversion
+    retarget_lead_h: float = 6.0
+    value_mean: float = 50.0
+    active_days: float = 3.0  # mean length of a user's active span (ads reach them only then)
+    holdout_share: float = 0.0
+    holdout_salt: str = "adstream-holdout"
+    spend_multiplier: dict[str, float] = field(default_factory=dict)  # channel "cmp:slot" → factor
+    campaigns: tuple[Campaign, ...] = field(default_factory=default_campaigns)
+    advertiser_id: str = "adv_attr"
+    prefix: str = "am"
+
+
+@dataclass
+class MarketData:
+    """The generated events as columns, and the causal ledger."""
+
+    channels: tuple[str, ...]
+    imp: dict[str, np.ndarray]  # user, t (s), channel, holdout
+    clk: dict[str, np.ndarray]  # user, t, imp (index into imp)
+    conv: dict[str, np.ndarray]  # user, t, value, cause (channel index, -1 organic, -2 synergy)
+    synergy_channels: np.ndarray  # (n_conv, 2): the two channels of a synergy conversion, else -1
+    config: AttributionMarketConfig
+
+    def true_credit(self) -> tuple[np.ndarray, np.ndarray]:
+        """Conversions and value caused by each channel (synergy split 50/50), in-period only."""
+        k = len(self.channels)
+        cause = self.conv["cause"]
+        val = self.conv["value"]
+        direct = cause >= 0
+        credit = np.bincount(cause[direct], minlength=k).astype(float)
+        value = np.bincount(cause[direct], weights=val[direct], minlength=k)
+        syn = cause == -2
+        for j in (0, 1):
+            ch = self.synergy_channels[syn, j]
+            credit += 0.5 * np.bincount(ch, minlength=k)
+            value += 0.5 * np.bincount(ch, weights=val[syn], minlength=k)
+        return credit, value
+
+    def spend(self) -> np.ndarray:
+        """Spend per channel (served impressions × price)."""
+        price = np.array([c.price for c in self.config.campaigns for _ in SLOTS])
+        served = ~self.imp["holdout"]
+        return np.bincount(self.imp["channel"][served], minlength=len(self.channels)) * price
+
+    @property
+    def n_events(self) -> int:
+        return int(self.imp["t"].shape[0] + self.clk["t"].shape[0] + self.conv["t"].shape[0])
+
+
+def channel_names(cfg: AttributionMarketConfig) -> tuple[str, ...]:
+    """The channels in slot_campaign form (`campaign:slot`), as attribution names them."""
+    return tuple(f"{c.campaign_id}:{s}" for c in cfg.campaigns for s in SLOTS)
+
+
+def simulate(cfg: AttributionMarketConfig) -> MarketData:
+    """Generate one market run (deterministic in `cfg.seed`)."""
+    rng = np.random.default_rng([cfg.seed, 20])
+    T = cfg.days * 86400.0
+    n = cfg.n_users
+    names = channel_names(cfg)
+    prop = rng.lognormal(0.0, cfg.propensity_sigma, n)
+    prop /= prop.mean()
+    # organic conversions first: the confounded retargeting aims at them
+    n_org = rng.poisson(cfg.base_rate * cfg.days * prop)
+    org_user = np.repeat(np.arange(n), n_org)
+    org_t = rng.uniform(0, T, org_user.shape[0])
+
+    # each user is reachable during one active span (start uniform, exponential length)
+    span_start = rng.uniform(-cfg.active_days * 86400.0, T, n)
+    span_end = np.minimum(T, span_start + rng.exponential(cfg.active_days * 86400.0, n))
+    span_start = np.maximum(0.0, span_start)
+    span_days = np.maximum(0.0, span_end - span_start) / 86400.0
+    users, times, chans = [], [], []
+    for ci, camp in enumerate(cfg.campaigns):
+        for si, slot in enumerate(SLOTS):
+            ch = ci * len(SLOTS) + si
+            mult = cfg.spend_multiplier.get(names[ch], 1.0)
+            reach = np.ones(n)
+            retarget = camp.campaign_id == cfg.retarget_campaign
+            if retarget and cfg.confounded:
+                reach = prop**cfg.retarget_gamma
+                reach /= reach.mean()
+            counts = rng.poisson(camp.rate[slot] * span_days * mult * reach)
+            u = np.repeat(np.arange(n), counts)
+            t = span_start[u] + rng.beta(*camp.phase, u.shape[0]) * (span_end[u] - span_start[u])
+            if retarget and cfg.confounded and org_user.shape[0]:
+                # a share lands in the hours before one of the user's organic conversions
+                pick = rng.random(u.shape[0]) < cfg.retarget_before_share
+                has = np.zeros(n, dtype=bool)
+                has[org_user] = True
+                pick &= has[u]
+                order = np.argsort(org_user, kind="stable")
+                first = np.searchsorted(org_user[order], u[pick])
+                cnt = np.bincount(org_user, minlength=n)[u[pick]]
+                which = order[first + (rng.random(first.shape[0]) * cnt).astype(np.int64)]
+                lead = rng.exponential(cfg.retarget_lead_h * 3600.0, which.shape[0])
+                t[pick] = np.clip(org_t[which] - lead, 0, T - 1)
+            users.append(u)
+            times.append(t)
+            chans.append(np.full(u.shape[0], ch, dtype=np.int64))
+    iu, it, ich = np.concatenate(users), np.concatenate(times), np.concatenate(chans)
+    order = np.lexsort((ich, it, iu))
+    iu, it, ich = iu[order], it[order], ich[order]
+    camp_of = ich // len(SLOTS)
+    hold = np.zeros(iu.shape[0], dtype=bool)
+    if cfg.holdout_share > 0:
+        cids = [c.campaign_id for c in cfg.campaigns]
+        # the draw per (user, campaign) pair, as serving makes it
+        pairs, inv = np.unique(iu * len(cids) + camp_of, return_inverse=True)
+        draw = np.array([holdout_draw(f"u{p // len(cids):06d}", cids[p % len(cids)], cfg.holdout_salt) for p in pairs])
+        hold = draw[inv] < cfg.holdout_share
+
+    ctr = np.array([c.ctr[s] for c in cfg.campaigns for s in SLOTS])
+    v_eff = np.array([c.view_effect[s] for c in cfg.campaigns for s in SLOTS])
+    c_eff = np.array([c.click_effect[s] for c in cfg.campaigns for s in SLOTS])
+    served = ~hold
+    clicked = served & (rng.random(iu.shape[0]) < ctr[ich])
+    ck_idx = np.flatnonzero(clicked)
+    ck_t = it[ck_idx] + rng.exponential(cfg.click_delay_s, ck_idx.shape[0])
+
+    v_decay = np.array([c.view_decay_h or cfg.view_decay_h for c in cfg.campaigns for _ in SLOTS]) * 3600.0
+    view_hit = served & (rng.random(iu.shape[0]) < v_eff[ich])
+    vc_t = it[view_hit] + rng.exponential(v_decay[ich[view_hit]])
+    click_hit = rng.random(ck_idx.shape[0]) < c_eff[ich[ck_idx]]
+    cc_t = ck_t[click_hit] + rng.exponential(cfg.click_decay_h * 3600.0, int(click_hit.sum()))
+
+    # interaction: first served touch of each synergy campaign per user
+    cid = {c.campaign_id: i for i, c in enumerate(cfg.campaigns)}
+    a, b = cid[cfg.synergy[0]], cid[cfg.synergy[1]]
+    first_a = _first_touch(iu, it, served & (camp_of == a), n)
+    first_b = _first_touch(iu, it, served & (camp_of == b), n)
+    both = np.flatnonzero((first_a >= 0) & (first_b >= 0))
+    syn_hit = both[rng.random(both.shape[0]) < cfg.synergy_effect]
+    syn_t = np.maximum(it[first_a[syn_hit]], it[first_b[syn_hit]]) + rng.exponential(
+        cfg.view_decay_h * 3600.0, syn_hit.shape[0]
+    )
+    syn_ch = np.stack([ich[first_a[syn_hit]], ich[first_b[syn_hit]]], axis=1)
+
+    conv_user = np.concatenate([org_user, iu[view_hit], iu[ck_idx[click_hit]], syn_hit])
+    conv_t = np.concatenate([org_t, vc_t, cc_t, syn_t])
+    cause = np.concatenate([
+        np.full(org_user.shape[0], -1), ich[view_hit], ich[ck_idx[click_hit]], np.full(syn_hit.shape[0], -2),
+    ])  # fmt: skip
+    syn_pairs = np.full((conv_user.shape[0], 2), -1, dtype=np.int64)
+    syn_pairs[conv_user.shape[0] - syn_hit.shape[0] :] = syn_ch
+    keep = conv_t < T
+    value = rng.lognormal(np.log(cfg.value_mean) - 0.125, 0.5, conv_user.shape[0])
+    order = np.argsort(conv_t[keep], kind="stable")
+    return MarketData(
+        names,
+        {"user": iu, "t": it, "channel": ich, "holdout": hold},
+        {"user": iu[ck_idx], "t": ck_t, "imp": ck_idx},
+        {
+            "user": conv_user[keep][order], "t": conv_t[keep][order], "value": value[keep][order],
+            "cause": cause[keep][order],
+        },
+        syn_pairs[keep][order],
+        cfg,
+    )  # fmt: skip
+
+
+def _first_touch(user: np.ndarray, t: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    """Index of each user's earliest touch among `mask` (−1 if none); rows are sorted by (user, t)."""
+    idx = np.flatnonzero(mask)
+    out = np.full(n, -1, dtype=np.int64)
+    # rows are sorted by user then time: the first row of each user within idx is its earliest
+    u = user[idx]
+    first = np.ones(idx.shape[0], dtype=bool)
+    first[1:] = u[1:] != u[:-1]
+    out[u[first]] = idx[first]
+    return out
+
+
+IMPRESSION_COLUMNS = (
+    "event_id", "ts", "ts_ms", "user_id", "request_id", "ad_id", "campaign_id", "advertiser_id", "slot",
+    "position", "price", "kafka_partition", "kafka_offset",
+)  # fmt: skip
+CLICK_COLUMNS = ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "campaign_id",
+                 "kafka_partition", "kafka_offset")  # fmt: skip
+CONVERSION_COLUMNS = ("event_id", "ts", "ts_ms", "user_id", "campaign_id", "advertiser_id", "value",
+                      "kafka_partition", "kafka_offset")  # fmt: skip
+
+
+def raw_columns(data: MarketData) -> dict[str, tuple[tuple[str, ...], list[list[Any]]]]:
+    """The events as columns of the raw tables (impressions, clicks, conversions), sink layout."""
+    cfg = data.config
+    p = cfg.prefix
+    imp, clk, conv = data.imp, data.clk, data.conv
+    n_i, n_c, n_v = imp["t"].shape[0], clk["t"].shape[0], conv["t"].shape[0]
+    slots = np.array(SLOTS, dtype=object)[imp["channel"] % len(SLOTS)]
+    camps = np.array([c.campaign_id for c in cfg.campaigns], dtype=object)[imp["channel"] // len(SLOTS)]
+    price = np.array([c.price for c in cfg.campaigns for _ in SLOTS])[imp["channel"]]
+    hold = imp["holdout"]
+    users = np.array([f"u{u:06d}" for u in range(cfg.n_users)], dtype=object)
+    imp_ids = np.array([f"{p}i{i:09d}" for i in range(n_i)], dtype=object)
+    ad_ids = np.where(hold, HOLDOUT_AD_ID, camps + "_ad")
+    ts_i = cfg.start + imp["t"]
+    ts_c = cfg.start + clk["t"]
+    ts_v = cfg.start + conv["t"]
+    zeros = [0] * max(n_i, n_c, n_v)
+    impressions = [
+        imp_ids.tolist(), ts_i.astype(np.int64).tolist(), (ts_i * 1000).astype(np.int64).tolist(),
+        users[imp["user"]].tolist(), imp_ids.tolist(), ad_ids.tolist(), camps.tolist(),
+        [cfg.advertiser_id] * n_i, slots.tolist(), zeros[:n_i], np.where(hold, 0.0, price).tolist(),
+        zeros[:n_i], list(range(n_i)),
+    ]  # fmt: skip
+    clicks = [
+        [f"{p}c{i:09d}" for i in range(n_c)], ts_c.astype(np.int64).tolist(), (ts_c * 1000).astype(np.int64).tolist(),
+        users[clk["user"]].tolist(), imp_ids[clk["imp"]].tolist(), ad_ids[clk["imp"]].tolist(),
+        camps[clk["imp"]].tolist(), zeros[:n_c], list(range(n_c)),
+    ]  # fmt: skip
+    conversions = [
+        [f"{p}v{i:09d}" for i in range(n_v)], ts_v.astype(np.int64).tolist(), (ts_v * 1000).astype(np.int64).tolist(),
+        users[conv["user"]].tolist(), ["cmp_site"] * n_v, [cfg.advertiser_id] * n_v, conv["value"].tolist(),
+        zeros[:n_v], list(range(n_v)),
+    ]  # fmt: skip
+    return {
+        "impressions": (IMPRESSION_COLUMNS, impressions),
+        "clicks": (CLICK_COLUMNS, clicks),
+        "conversions": (CONVERSION_COLUMNS, conversions),
+    }
+
+
+def write_raw(backend: Any, data: MarketData, batch: int = 200_000) -> int:
+    """Insert the events into the raw tables (columnar, in batches); returns the rows written."""
+    total = 0
+    for table, (cols, columns) in raw_columns(data).items():
+        n = len(columns[0])
+        for lo in range(0, n, batch):
+            backend.insert_columnar(table, cols, [c[lo : lo + batch] for c in columns])
+        total += n
+    return total
+
+
+def period(cfg: AttributionMarketConfig) -> tuple[int, int]:
+    """[since, until) of the simulated period in epoch seconds."""
+    return cfg.start, cfg.start + int(cfg.days * 86400)
+
+
+def resimulate(cfg: AttributionMarketConfig, multiplier: dict[str, float]) -> MarketData:
+    """The same market with channel budgets scaled (same seed: common random numbers)."""
+    return simulate(replace(cfg, spend_multiplier=multiplier))
