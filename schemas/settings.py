@@ -119,7 +119,14 @@ class Settings(BaseSettings):
     reset_patience: int = Field(20, ge=1, description="Bad micro-batches in a row before an adapter reset")
     trainer_group: str = Field("adstream-trainer", description="Consumer group of the online trainer")
     trainer_hold_labels: bool = Field(
-        True, description="Learn examples in impression order after their attribution window closes"
+        True, description="label_mode hold: learn examples in impression order after their window closes"
+    )
+    # measured in benchmarks/online_drift.py (same seeds): see README / the benchmark's docstring
+    label_mode: Literal["hold", "fn_weighted", "fn_calibrated"] = Field(
+        "fn_weighted",
+        description="Delayed feedback: hold (emit each impression once its window closes), or learn "
+        "at once: a fake negative per impression, a positive duplicate at its click, with the "
+        "fake-negative weighted (fn_weighted) or calibrated (fn_calibrated) loss (Ktena et al. 2019)",
     )
 
     # -- serving -------------------------------------------------------------------------

@@ -3,6 +3,15 @@
 Pure and deterministic (no I/O, no clock): time is the stream's event time, advanced by the
 caller. One `LabelJoin` per co-partition (the same user always lands in the same one).
 
+Two label modes (`settings.label_mode`). **hold** emits one example per impression with its
+final labels (`label_kind="final"`), as described below. The **fake-negative** modes
+(`fn_weighted`, `fn_calibrated`; Ktena et al., "Addressing Delayed Feedback for Continuous
+Training with Neural Networks in CTR prediction", RecSys 2019) never wait: an impression is
+emitted at once as a negative (`"fake_negative"`), its click inside the window as a positive
+duplicate (`"click"`, its own event id) and a dwell as a label update (`"dwell"`); the trainer's
+loss corrects for the duplicated positives (`trainers.online`). Windows still bound attribution:
+a click after its window is late in both modes.
+
 * An impression opens a pending entry with the features the ranker saw at that moment.
 * The first click inside the window emits a positive example at once (with the dwell if it was
   already known) and marks the entry done; later clicks/dwells for it are counted, not re-emitted.
@@ -34,11 +43,16 @@ from schemas.ids import adapter_id_for
 from schemas.watermark import DEFAULT_WINDOW, Watermark
 
 AdapterScheme = Literal["slot", "advertiser", "slot+advertiser"]
+LabelMode = Literal["hold", "fn_weighted", "fn_calibrated"]
+LabelKind = Literal["final", "fake_negative", "click", "dwell"]
 
 
-def example_id(impression_id: str) -> str:
-    """The deterministic event id of an impression's TrainingExample (replays reproduce it)."""
-    return "te-" + hashlib.blake2b(impression_id.encode(), digest_size=16).hexdigest()
+def example_id(impression_id: str, label: str = "") -> str:
+    """The deterministic event id of an impression's TrainingExample (replays reproduce it);
+    `label` names a later label of the same impression (fake-negative modes: "click", "dwell:…"),
+    so a consumer deduplicating by event id keeps each of them once."""
+    key = impression_id if not label else f"{impression_id}\0{label}"
+    return "te-" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
 
 
 def _dt(ts: float) -> datetime:
@@ -118,6 +132,7 @@ class LabelJoin:
     # the watermark: only raised (by `advance`, or by the worker restoring it after a restart)
     stream_ts: float = float("-inf")
     watermark_window: int = DEFAULT_WINDOW
+    label_mode: LabelMode = "hold"
     counts: Counter[str] = field(default_factory=Counter)
     # ids whose Redis copy must be written / deleted (drained by the worker each batch)
     dirty: set[str] = field(default_factory=set)
@@ -128,6 +143,7 @@ class LabelJoin:
 
     def __post_init__(self) -> None:
         self._clock = Watermark(self.watermark_window)
+        self.fake_negatives = self.label_mode != "hold"
 
     def load(self, entries: dict[str, Pending]) -> None:
         """Restore pending impressions (e.g. from Redis after a restart)."""
@@ -145,11 +161,13 @@ class LabelJoin:
         self.dirty.discard(iid)
         self.removed.add(iid)
 
-    def _example(self, p: Pending, ts: float, click: bool) -> TrainingExample:
+    def _example(
+        self, p: Pending, ts: float, click: bool, kind: LabelKind = "final", label: str = ""
+    ) -> TrainingExample:
         imp = p.impression
-        self.counts["positive" if click else "negative"] += 1
+        self.counts[kind if kind in ("fake_negative", "dwell") else "positive" if click else "negative"] += 1
         return TrainingExample(
-            event_id=example_id(imp.event_id),
+            event_id=example_id(imp.event_id, label),
             ts=_dt(ts),
             adapter_id=adapter_id_for(imp.slot, imp.advertiser_id, self.scheme),
             impression_id=imp.event_id,
@@ -169,7 +187,13 @@ class LabelJoin:
             adapter_version=imp.adapter_version,
             click=click,
             dwell_ms=p.dwell_ms,
+            label_kind=kind,
         )
+
+    def _positive(self, p: Pending, ts: float) -> TrainingExample:
+        if self.fake_negatives:
+            return self._example(p, ts, True, "click", "click")
+        return self._example(p, ts, True)
 
     def on_impression(
         self,
@@ -197,9 +221,11 @@ class LabelJoin:
         orphan = self.orphans.pop(iid, None)
         if orphan is not None:
             p.dwell_ms = max(p.dwell_ms, orphan.dwell_ms)
-            if orphan.click_ts is not None and orphan.click_ts <= p.deadline:
-                p.clicked = True
-                out.append(self._example(p, max(orphan.click_ts, ts), True))
+        if self.fake_negatives:  # every impression is first learned as a negative, at once
+            out.append(self._example(p, ts, False, "fake_negative"))
+        if orphan is not None and orphan.click_ts is not None and orphan.click_ts <= p.deadline:
+            p.clicked = True
+            out.append(self._positive(p, max(orphan.click_ts, ts)))
         return out
 
     def _late_or_orphan(self, iid: str, ts: float) -> Orphan | None:
@@ -231,7 +257,7 @@ class LabelJoin:
             return []
         p.clicked = True
         self.dirty.add(click.impression_id)
-        return [self._example(p, ts, True)]
+        return [self._positive(p, ts)]
 
     def on_dwell(self, dwell: Dwell, ts: float | None = None) -> list[TrainingExample]:
         """A dwell: remembered for the impression's example (if not emitted yet)."""
@@ -245,6 +271,12 @@ class LabelJoin:
             return []
         if ts > p.deadline:
             self.counts["late"] += 1
+        elif self.fake_negatives:  # emitted already: a label update, when it says more
+            if dwell.dwell_ms > p.dwell_ms:
+                p.dwell_ms = dwell.dwell_ms
+                self.dirty.add(dwell.impression_id)
+                return [self._example(p, ts, p.clicked, "dwell", f"dwell:{p.dwell_ms}")]
+            self.counts["dwell_repeat"] += 1
         elif p.clicked:
             self.counts["dwell_after_label"] += 1
         else:
@@ -279,7 +311,7 @@ class LabelJoin:
             p = self.pending.get(iid)
             if p is None or p.deadline != deadline:
                 continue
-            if not p.clicked:
+            if not p.clicked and not self.fake_negatives:
                 out.append(self._example(p, deadline, False))
             self._drop(iid)
         heap = self._orphan_deadlines

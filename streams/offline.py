@@ -1,7 +1,9 @@
 """The streams worker's state and label join over an event list, without Kafka or Redis.
 
 `training_examples(events, settings)` is what `adstream trainer --replay FILE` and the drift
-benchmark use; `replay` also returns the final user states (tests compare them with Redis).
+benchmark use: final labels (`label_mode="hold"`) unless asked otherwise, the labelled data an
+offline model trains on; `replay` computes exactly what the worker does (its `settings.label_mode`)
+and also returns the final user states (tests compare them with Redis).
 Events should be time-ordered (as the worker's per-partition merge delivers them); catalog
 entries (`AdCreative`) in the list update the catalog when they are reached.
 """
@@ -14,19 +16,25 @@ from dataclasses import dataclass, field
 
 from schemas.events import Message, TrainingExample
 from schemas.settings import Settings
+from streams.join import LabelMode
 from streams.processor import Catalog, Processor
 from streams.state import UserState
 
 
 def training_examples(
-    events: Iterable[Message], settings: Settings, close_open_windows: bool = True
+    events: Iterable[Message],
+    settings: Settings,
+    close_open_windows: bool = True,
+    label_mode: LabelMode = "hold",
 ) -> Iterator[TrainingExample]:
-    """One TrainingExample per impression, in emission order, computed exactly as the worker does.
+    """TrainingExamples in emission order, computed exactly as the worker does in `label_mode`
+    (hold: one per impression, with its final labels; fake-negative modes: the stream the online
+    trainer would learn, see `streams.join`).
 
     With `close_open_windows`, impressions whose window is still open when the input ends are
     emitted as negatives at the end (a finished log gets no more clicks).
     """
-    proc = Processor.from_settings(settings)
+    proc = Processor.from_settings(settings, label_mode=label_mode)
     for event in events:
         yield from proc.on_event(event)
     if close_open_windows:

@@ -16,7 +16,7 @@ import numpy as np
 from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample
 from schemas.settings import Settings
 from schemas.watermark import DEFAULT_WINDOW
-from streams.join import AdapterScheme, LabelJoin
+from streams.join import AdapterScheme, LabelJoin, LabelMode
 from streams.state import (
     USER_EVENTS,
     AdInfo,
@@ -57,12 +57,18 @@ class Processor:
     counts: Counter[str] = field(default_factory=Counter)
     join: LabelJoin = field(init=False)
     watermark_window: int = DEFAULT_WINDOW
+    label_mode: LabelMode = "hold"
 
     def __post_init__(self) -> None:
-        self.join = LabelJoin(self.window_s, self.scheme, watermark_window=self.watermark_window)
+        self.join = LabelJoin(
+            self.window_s, self.scheme, watermark_window=self.watermark_window, label_mode=self.label_mode
+        )
 
     @classmethod
-    def from_settings(cls, settings: Settings, catalog: Catalog | None = None) -> Processor:
+    def from_settings(
+        cls, settings: Settings, catalog: Catalog | None = None, label_mode: LabelMode | None = None
+    ) -> Processor:
+        """The worker's core for `settings` (`label_mode`: settings.label_mode unless given)."""
         params = StateParams.from_settings(settings)
         return cls(
             params=params,
@@ -70,6 +76,7 @@ class Processor:
             scheme=settings.adapter_scheme,
             catalog=catalog or Catalog(params.dim),
             watermark_window=settings.watermark_window,
+            label_mode=label_mode or settings.label_mode,
         )
 
     def state_of(self, user_id: str) -> UserState:

@@ -28,6 +28,17 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
    `reset_margin` for `reset_patience` micro-batches in a row, the adapter is reset to the
    base (its initial LoRA weights) and a snapshot of the reset state is published.
 
+Delayed feedback (`settings.label_mode`, see `streams.join`): examples with final labels are
+learned with log loss. In the fake-negative modes every impression arrives at once as a negative
+(`label_kind="fake_negative"`) and its click later as a positive duplicate (`"click"`), so the
+stream's click rate is b = p / (1 + p) for a true p (Ktena et al., RecSys 2019). `fn_loss`:
+- "weighted" (FN weighting): importance weights p̂ / b on positives and (1 − p̂)(1 + p̂) on
+  negatives, p̂ = the model's own prediction without gradient (the paper's eq. 7);
+- "calibrated" (FN calibration with the calibration inside the loss): the likelihood of the
+  observed stream under b = p / (1 + p), −y·log p + log(1 + p), whose minimiser is the true p,
+  so the model's output needs no b/(1 − b) transform when served.
+`"dwell"` label updates are not click labels: counted, not learned.
+
 `snapshot(adapter_id)` makes a full snapshot (next seq; the published state becomes the full
 state); `restore(snapshot, last_seq)` resumes an adapter after a restart without reusing seqs.
 """
@@ -40,6 +51,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 import numpy as np
 import torch
@@ -80,6 +92,7 @@ class OnlineSpec:
     min_guard_examples: int = 500
     min_guard_positives: int = 10
     min_step_examples: int = 64
+    fn_loss: Literal["weighted", "calibrated"] = "weighted"
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -107,6 +120,7 @@ class OnlineSpec:
             window=s.progressive_window,
             reset_margin=s.reset_margin,
             reset_patience=s.reset_patience,
+            fn_loss="calibrated" if s.label_mode == "fn_calibrated" else "weighted",
         )
 
 
@@ -194,6 +208,22 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def click_loss(
+    logits: torch.Tensor, label: torch.Tensor, fake_negative: torch.Tensor, fn_loss: str
+) -> torch.Tensor:
+    """Mean click loss of a micro-batch: log loss where labels are final, the fake-negative loss
+    (`fn_loss`, see the module docstring) where `fake_negative` marks a row of the FN stream."""
+    bce = F.binary_cross_entropy_with_logits(logits, label, reduction="none")
+    if not bool(fake_negative.any()):
+        return bce.mean()
+    if fn_loss == "weighted":
+        p = torch.sigmoid(logits.detach())
+        fn = torch.where(label > 0.5, 1 + p, (1 - p) * (1 + p)) * bce
+    else:
+        fn = torch.log1p(torch.sigmoid(logits)) - label * F.logsigmoid(logits)
+    return torch.where(fake_negative, fn, bce).mean()
+
+
 class OnlineTrainer:
     """Online LoRA training over a bank of adapters (see the module docstring)."""
 
@@ -276,6 +306,13 @@ class OnlineTrainer:
         return sum(len(r.buffer) for r in self.runs.values())
 
     def _step(self, run: AdapterRun, examples: list[TrainingExample]) -> AdapterDelta | None:
+        clicks = [e for e in examples if e.label_kind != "dwell"]
+        if len(clicks) < len(examples):  # dwell label updates: not click labels
+            run.counts["dwell_updates"] += len(examples) - len(clicks)
+            self.counts["dwell_updates"] += len(examples) - len(clicks)
+            if not clicks:
+                return None
+            examples = clicks
         batch = featurize(examples, self.bank.config)
         assert batch.label is not None
         before = self._state(run)
@@ -284,7 +321,8 @@ class OnlineTrainer:
         base_p = torch.sigmoid(self.bank.base_logits(batch))
         online_p = torch.sigmoid(logits.detach())
         self._record(run, online_p, base_p, batch.label, [e.impression_id for e in examples])
-        loss = F.binary_cross_entropy_with_logits(logits, batch.label)
+        fake = torch.tensor([e.label_kind != "final" for e in examples], device=logits.device)
+        loss = click_loss(logits, batch.label, fake, self.spec.fn_loss)
         if not torch.isfinite(loss):
             return self._drop(run, before, "non_finite_loss")
         loss.backward()  # type: ignore[no-untyped-call]

@@ -14,6 +14,8 @@ Delayed feedback: with `settings.trainer_hold_labels` (default) examples wait in
 the click but negatives only when the window closes; learning in arrival order biases the
 adapters and inflates progressive AUC). Offsets are committed only below the oldest held example,
 so a crash loses nothing; examples released after it may be learned twice (at-least-once).
+Only final labels are held: the fake-negative modes (`settings.label_mode`, `streams.join`) emit
+examples meant to be learned at once, with the loss that corrects for it (`trainers.online`).
 
 Restart: an adapter seen for the first time is restored from its Redis snapshot with its
 highest reserved seq (a fresh snapshot re-aligns replicas when deltas were published after
@@ -113,7 +115,11 @@ class TrainerService:
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.store: SnapshotStore | None = None
-        self.held = DelayBuffer(settings.attribution_window_s) if settings.trainer_hold_labels else None
+        self.held = (
+            DelayBuffer(settings.attribution_window_s, settings.watermark_window)
+            if settings.trainer_hold_labels
+            else None
+        )
 
     async def start(self) -> None:
         """Connect to Redis and Kafka and join the consumer group."""
@@ -254,9 +260,13 @@ class TrainerService:
             assert isinstance(msg, TrainingExample)
             decoded.append((msg, (r.partition, r.offset)))
         if self.held is not None:
+            at_once = []
             for ex, (part, off) in decoded:
-                self.held.push(ex, part, off)
-            decoded = self.held.pop_ready()
+                if ex.label_kind == "final":
+                    self.held.push(ex, part, off)
+                else:
+                    at_once.append((ex, (part, off)))
+            decoded = at_once + self.held.pop_ready()
             telemetry.HELD.set(len(self.held))
         await self._learn(decoded)
 
