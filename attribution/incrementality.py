@@ -3,8 +3,9 @@
 Serving holds out a stable random share of users per campaign (`schemas.holdout.is_holdout`)
 and records a holdout impression for them (ad_id `HOLDOUT_AD_ID`, price 0). For each campaign,
 users with a served impression are *exposed*, users with only holdout impressions are
-*holdout*; each user's conversions (of the campaign's advertiser) from their first impression
-of the campaign on are counted. The lift is the difference of conversion rates; incremental
+*holdout*; each user's conversions (of the campaign's advertiser) in a window after their first
+impression of the campaign are counted (a window keeps far-off organic conversions, pure noise
+for the comparison, out). The lift is the difference of conversion rates; incremental
 conversions are that difference times the exposed users (with a normal-approximation
 standard error from the two Poisson rates).
 
@@ -28,8 +29,8 @@ from schemas.holdout import HOLDOUT_AD_ID
 
 LIFT_SQL = """
 SELECT campaign_id, exposed, count() AS users,
-       sum(length(arrayFilter(t -> t >= first_ts, c_ts))) AS conversions,
-       sum(arraySum(arrayFilter((v, t) -> t >= first_ts, c_val, c_ts))) AS value
+       sum(length(arrayFilter(t -> t >= first_ts AND t - first_ts <= %(window)s, c_ts))) AS conversions,
+       sum(arraySum(arrayFilter((v, t) -> t >= first_ts AND t - first_ts <= %(window)s, c_val, c_ts))) AS value
 FROM (
     SELECT campaign_id, user_id, advertiser_id, max(ad_id != %(holdout)s) AS exposed,
            min(toUInt32(ts)) AS first_ts
@@ -64,9 +65,11 @@ class Lift:
         return self.exposed_rate / self.holdout_rate - 1.0 if self.holdout_rate > 0 else float("nan")
 
 
-def measure_lift(backend: Backend, since: int, until: int) -> dict[str, Lift]:
-    """Lift of every campaign with both exposed and holdout users in [since, until)."""
-    rows = backend.execute(LIFT_SQL, {"since": since, "until": until, "holdout": HOLDOUT_AD_ID})
+def measure_lift(backend: Backend, since: int, until: int, window_s: int = 7 * 86400) -> dict[str, Lift]:
+    """Lift of every campaign with both exposed and holdout users in [since, until), counting each
+    user's conversions in the `window_s` after their first impression (served or held out)."""
+    params = {"since": since, "until": until, "holdout": HOLDOUT_AD_ID, "window": window_s}
+    rows = backend.execute(LIFT_SQL, params)
     groups: dict[str, dict[int, tuple[int, float]]] = {}
     for campaign, exposed, users, conv, _value in rows:
         groups.setdefault(str(campaign), {})[int(exposed)] = (int(users), float(conv))
