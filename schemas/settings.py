@@ -159,6 +159,24 @@ class Settings(BaseSettings):
     serve_admission_limit: int = Field(32, ge=1, description="In-flight /v1/ads per replica before 503")
     serve_batch_max: int = Field(8, ge=1, description="@serve.batch: requests ranked together")
     serve_batch_wait_ms: float = Field(0.0, ge=0, description="@serve.batch wait (0: take what is queued)")
+    # measured in benchmarks/recall.py (1,000,000 ads): see README "Scale-out"
+    recall_index: Literal["exact", "usearch"] = Field(
+        "exact", description="Recall backend: exact matmul, or usearch HNSW (serving.ann) for large catalogs"
+    )
+    recall_ann_min_ads: int = Field(
+        20_000, ge=0, description="usearch: below this many ads recall stays exact (a matmul is faster)"
+    )
+    recall_ann_dtype: Literal["f32", "f16", "i8"] = Field(
+        "i8", description="usearch: vector storage in the graph (candidates are re-scored in float32)"
+    )
+    recall_ann_connectivity: int = Field(16, ge=4, le=128, description="usearch: HNSW edges per node (M)")
+    recall_ann_expansion_add: int = Field(128, ge=8, description="usearch: candidate list while inserting")
+    recall_ann_expansion_search: int = Field(
+        64, ge=8, description="usearch: minimum candidate list while searching (raised to what is fetched)"
+    )
+    recall_ann_oversample: float = Field(
+        1.3, ge=1, description="usearch: fetch this × recall_k candidates, re-score exactly, keep recall_k"
+    )
     serve_adapter_capacity: int = Field(2048, ge=1, description="Adapters a replica can hold")
     serve_rank_chunk: int = Field(2048, ge=1, description="Rank on CPU: candidates per forward pass")
     serve_merge_group_limit: int = Field(

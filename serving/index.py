@@ -2,7 +2,8 @@
 
 `ExactIndex` is a numpy matmul over all ad vectors. For the catalog sizes served here (≤ 100k ads,
 32 dims) it beats an ANN library on this CPU (see `benchmarks/rank.py` for the measured figure), and
-it is exact; an ANN backend (faiss, usearch) fits the same protocol when catalogs grow.
+it is exact; `serving.ann.UsearchIndex` (HNSW) fits the same protocol for large catalogs
+(`recall_index=usearch`, measured in `benchmarks/recall.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ import numpy as np
 
 class AnnIndex(Protocol):
     """A vector index over catalog rows (inner product)."""
+
+    def update(self, vectors: np.ndarray, n: int) -> None:
+        """The catalog's matrix now (it may have been reallocated) and its row count."""
+        ...
+
+    def upsert(self, row: int, active: bool) -> None:
+        """Row `row` is new or changed; an inactive (paused) ad leaves the index."""
+        ...
 
     def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The best `k` rows (and their scores, best first) among `allowed` (bool per row)."""
@@ -31,6 +40,9 @@ class ExactIndex:
         """Point at the catalog's current vectors (new ads enter by this, no rebuild)."""
         self.vectors = vectors
         self.n = n
+
+    def upsert(self, row: int, active: bool) -> None:
+        """Nothing to do: the matrix is read live, and `allowed` hides paused ads."""
 
     def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         scores = self.vectors[: self.n] @ np.asarray(query, dtype=np.float32)

@@ -19,9 +19,9 @@ from schemas.ids import adapter_id_for, impression_event_id
 from schemas.settings import Settings
 from schemas.vectors import content_vector
 from serving.adapters import CANDIDATE
+from serving.ann import make_index
 from serving.catalog import Catalog
 from serving.deadline import Rung, StageCosts
-from serving.index import ExactIndex
 from serving.ranking import RankInput, RankModel, build_input
 from serving.rerank import RerankParams, pacing_factor, rerank
 from serving.towers import TowerSpace
@@ -69,7 +69,7 @@ class AdPipeline:
         self.towers = towers
         self.rank = rank
         self.catalog = catalog
-        self.index = ExactIndex(catalog.vectors, catalog.n)
+        self.index = make_index(settings, catalog.vectors, catalog.n)
         self.costs = StageCosts()
         self.params = RerankParams(
             max_per_advertiser=settings.rerank_max_per_advertiser,
@@ -86,8 +86,9 @@ class AdPipeline:
     # -- catalog ------------------------------------------------------------------------
     def add_ad(self, ad: AdCreative, vector: np.ndarray | None = None) -> None:
         """A new or updated ad enters the catalog and the index (live)."""
-        self.catalog.upsert(ad, vector)
+        row = self.catalog.upsert(ad, vector)
         self.index.update(self.catalog.vectors, self.catalog.n)
+        self.index.upsert(row, ad.active)
 
     def popular(self, k: int) -> np.ndarray:
         """Cached popular rows (refreshed when the catalog changed)."""

@@ -1,0 +1,137 @@
+"""serving.ann: the usearch HNSW recall backend — ads entering, changing and leaving without a
+rebuild, `allowed` masks, exact scores, recall against exact search, selection by settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas.errors import ConfigError
+from schemas.settings import Settings
+from serving.ann import UsearchIndex, exact_search, make_index
+from serving.index import ExactIndex
+
+DIM = 16
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    return out
+
+
+def built(vectors: np.ndarray, dtype: str = "i8", **kw: object) -> UsearchIndex:
+    index = UsearchIndex(vectors.shape[1], dtype=dtype, exact_below=0, **kw)  # type: ignore[arg-type]
+    index.update(vectors, vectors.shape[0])
+    index.upsert_many(np.arange(vectors.shape[0]), np.ones(vectors.shape[0], dtype=bool))
+    return index
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    centroids = unit(rng.normal(size=(40, DIM)))
+    ads = unit(centroids[rng.integers(0, 40, 6000)] + 0.4 * rng.normal(size=(6000, DIM)) / 4)
+    queries = unit(centroids[rng.integers(0, 40, 30)] + 0.5 * rng.normal(size=(30, DIM)) / 4)
+    return ads, queries
+
+
+@pytest.mark.parametrize("dtype", ["i8", "f32"])
+def test_recall_against_exact_and_exact_scores(data: tuple[np.ndarray, np.ndarray], dtype: str) -> None:
+    ads, queries = data
+    index = built(ads, dtype)
+    recalls = []
+    for q in queries:
+        rows, scores = index.search(q, 100, None)
+        truth, _ = exact_search(ads, q, 100, None)
+        recalls.append(len(set(rows.tolist()) & set(truth.tolist())) / 100)
+        assert rows.shape == (100,) and len(set(rows.tolist())) == 100
+        np.testing.assert_allclose(scores, ads[rows] @ q, rtol=1e-6)  # re-scored exactly, float32
+        assert np.all(np.diff(scores) <= 0)
+    assert np.mean(recalls) >= 0.95, recalls
+
+
+def test_paused_ads_leave_and_new_ads_enter_without_rebuild(data: tuple[np.ndarray, np.ndarray]) -> None:
+    ads, queries = data
+    n = ads.shape[0]
+    matrix = np.zeros((n + 10, DIM), dtype=np.float32)
+    matrix[:n] = ads
+    index = built(matrix[:n])
+    index.update(matrix, n)
+    q = queries[0]
+    best = int(index.search(q, 1, None)[0][0])
+    index.upsert(best, False)  # paused
+    assert best not in index.search(q, 200, None)[0].tolist()
+    assert len(index) == n - 1
+    matrix[n] = q  # a new ad exactly where the user is
+    index.update(matrix, n + 1)
+    index.upsert(n, True)
+    rows, scores = index.search(q, 5, None)
+    assert int(rows[0]) == n and scores[0] == pytest.approx(float(q @ q))
+    index.upsert(best, True)  # resumed
+    assert best in index.search(q, 5, None)[0].tolist()
+    matrix[n] = -q  # the new ad's vector changed: it moves in the graph
+    index.upsert(n, True)
+    assert n not in index.search(q, 200, None)[0].tolist()
+    assert int(index.search(-q, 1, None)[0][0]) == n
+    assert len(index) == n + 1
+
+
+def test_allowed_mask_is_respected_even_when_it_hides_the_best(data: tuple[np.ndarray, np.ndarray]) -> None:
+    ads, queries = data
+    index = built(ads)
+    q = queries[1]
+    allowed = np.ones(ads.shape[0], dtype=bool)
+    truth, _ = exact_search(ads, q, 300, None)
+    allowed[truth] = False  # the 300 nearest ads have spent their budget
+    rows, _ = index.search(q, 100, allowed)
+    assert rows.shape == (100,) and allowed[rows].all()
+    expected, _ = exact_search(ads, q, 100, allowed)
+    assert len(set(rows.tolist()) & set(expected.tolist())) >= 90
+    few = np.zeros(ads.shape[0], dtype=bool)
+    few[[3, 5, 8]] = True  # almost everything hidden: exact over what is left
+    assert sorted(index.search(q, 100, few)[0].tolist()) == [3, 5, 8]
+    assert index.search(q, 10, np.zeros(ads.shape[0], dtype=bool))[0].shape == (0,)
+
+
+def test_i8_keeps_exact_scores_for_vectors_longer_than_one() -> None:
+    rng = np.random.default_rng(3)
+    ads = rng.normal(size=(3000, DIM)).astype(np.float32) * 3  # not unit: i8 stores them normalised
+    index = built(ads)
+    q = rng.normal(size=DIM).astype(np.float32) * 5
+    rows, scores = index.search(q, 20, None)
+    np.testing.assert_allclose(scores, ads[rows] @ q, rtol=1e-5)
+    assert int(rows[0]) == int(np.argmax(ads @ q)) or scores[0] >= np.sort(ads @ q)[-2]
+
+
+def test_small_catalogs_stay_exact_and_bulk_upserts_are_batched(data: tuple[np.ndarray, np.ndarray]) -> None:
+    ads, queries = data
+    index = UsearchIndex(DIM, exact_below=10_000)
+    index.update(ads, ads.shape[0])
+    for row in range(ads.shape[0]):  # a catalog loaded ad by ad
+        index.upsert(row, True)
+    assert len(index.pending) == ads.shape[0] % UsearchIndex.BATCH  # the rest went in bulk
+    rows, scores = index.search(queries[2], 50, None)
+    truth, truth_scores = exact_search(ads, queries[2], 50, None)
+    assert rows.tolist() == truth.tolist() and np.allclose(scores, truth_scores)
+    assert len(index) == ads.shape[0] and not index.pending
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ConfigError, match="recall_ann_oversample"):
+        UsearchIndex(DIM, oversample=0.5)
+    index = UsearchIndex(DIM)
+    index.update(np.zeros((4, DIM), dtype=np.float32), 2)
+    with pytest.raises(ConfigError, match="row 3 is beyond"):
+        index.upsert_many(np.asarray([3]), np.asarray([True]))
+
+
+def test_make_index_follows_the_settings() -> None:
+    vecs = np.zeros((8, DIM), dtype=np.float32)
+    assert isinstance(make_index(Settings(), vecs, 0), ExactIndex)
+    ann = make_index(
+        Settings(recall_index="usearch", recall_ann_dtype="f32", recall_ann_connectivity=8, recall_ann_min_ads=5),
+        vecs,
+        0,
+    )
+    assert isinstance(ann, UsearchIndex)
+    assert (ann.dtype, ann.exact_below, ann.graph.connectivity) == ("f32", 5, 8)
