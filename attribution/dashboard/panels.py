@@ -9,6 +9,7 @@ error), so one failing panel never blanks the page.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -331,92 +332,50 @@ def adapter_versions(backend: Backend, window: q.Window) -> Panel:
 
 
 # -- attribution-run panels ----------------------------------------------------------------------
+RESULT_COLUMNS = (
+    "model",
+    "channel",
+    "conversions",
+    "value",
+    "share",
+    "ci_low",
+    "ci_high",
+    "spend",
+    "roi",
+    "cpa",
+    "recommended_spend",
+    "low_confidence",
+)  # fmt: skip (RUN_RESULTS' columns, in order)
+
+
 def attribution_runs(backend: Backend, window: q.Window) -> list[Panel]:
-    """The stored run's model comparison (shares with CIs) and its budget moves per model."""
+    """The stored run's model comparison (credited conversions with their bootstrap CIs) and
+    its budget moves per model (recommended − current spend, hatched where low-confidence)."""
     info = backend.execute(q.RUN_INFO, window.params)
     if not info:
         what = f"no attribution run {window.run_id!r}" if window.run_id else "no attribution run stored yet"
-        text = f"{what}: run `adstream attribution --model … --by …` first"
-        return [
-            _empty("model_comparison", "Model comparison", text),
-            _empty("budget_moves", "Budget moves", text),
-        ]
+        return _no_run(f"{what}: run `adstream attribution --model … --by …` first")
     run_id, _, lo, hi, granularity, conversions, _, _ = info[0]
-    rows = backend.execute(q.RUN_RESULTS, window.params)
+    rows = [dict(zip(RESULT_COLUMNS, r, strict=True)) for r in backend.execute(q.RUN_RESULTS, window.params)]
     if not rows:
-        text = f"attribution run {run_id} has no per-channel results"
-        return [
-            _empty("model_comparison", "Model comparison", text),
-            _empty("budget_moves", "Budget moves", text),
-        ]
+        return _no_run(f"attribution run {run_id} has no per-channel results")
     about = (
         f"run {run_id} · by {granularity} · {stamp(int(lo))} – {stamp(int(hi))} · "
-        f"{float(conversions):,.0f} conversions"
+        f"{float(conversions):,.1f} conversions"
     )
-    by_model: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-    for row in rows:
-        by_model[str(row[0])].append(row)
-    channels = sorted({str(r[1]) for r in rows})
-    comparison, moves = [], []
-    for model, results in by_model.items():
-        cell = {str(r[1]): r for r in results}
-        share = [100.0 * float(cell[c][4]) if c in cell else None for c in channels]
-        low = [100.0 * float(cell[c][5]) if c in cell else None for c in channels]
-        high = [100.0 * float(cell[c][6]) if c in cell else None for c in channels]
-        comparison.append(
-            {
-                "type": "bar",
-                "name": model,
-                "x": channels,
-                "y": share,
-                "error_y": {
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [
-                        None if h is None or s is None else max(h - s, 0.0)
-                        for s, h in zip(share, high, strict=True)
-                    ],
-                    "arrayminus": [
-                        None if lw is None or s is None else max(s - lw, 0.0)
-                        for s, lw in zip(share, low, strict=True)
-                    ],
-                },
-                "customdata": [
-                    [_num(cell[c][2]), _num(cell[c][8]), _num(cell[c][9])] if c in cell else [None] * 3
-                    for c in channels
-                ],
-                "hovertemplate": "%{x} · "
-                + model
-                + ": %{y:.1f}% of credit<br>%{customdata[0]:.1f} conversions, "
-                "ROI %{customdata[1]:.2f}, CPA %{customdata[2]:.2f}<extra></extra>",
-            }
-        )
-        move = [float(cell[c][10]) - float(cell[c][7]) if c in cell else None for c in channels]
-        flagged = [bool(cell[c][11]) if c in cell else False for c in channels]
-        moves.append(
-            {
-                "type": "bar",
-                "name": model,
-                "x": channels,
-                "y": move,
-                "marker": {"pattern": {"shape": ["/" if f else "" for f in flagged]}},
-                "customdata": [
-                    [float(cell[c][7]), float(cell[c][10]), "low confidence" if cell[c][11] else "confident"]
-                    if c in cell
-                    else [None, None, ""]
-                    for c in channels
-                ],
-                "hovertemplate": "%{x} · " + model + ": %{customdata[0]:.2f} → %{customdata[1]:.2f} "
-                "(%{customdata[2]})<extra></extra>",
-            }
-        )
+    by_model: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in rows:
+        by_model[str(r["model"])][str(r["channel"])] = r
+    channels = sorted({str(r["channel"]) for r in rows})
+    comparison = [_credit_trace(model, cells, channels) for model, cells in by_model.items()]
+    moves = [_move_trace(model, cells, channels) for model, cells in by_model.items()]
     comparison_fig = {
         "data": comparison,
         "layout": _layout(
-            f"Model comparison: credit share with 95% CI ({about})",
+            f"Model comparison: credited conversions with 95% bootstrap CI ({about})",
             barmode="group",
             xaxis={"type": "category", "tickangle": -40},
-            yaxis={"title": {"text": "share of credit (%)"}, "rangemode": "tozero"},
+            yaxis={"title": {"text": "credited conversions"}, "rangemode": "tozero"},
         ),
     }
     moves_fig = {
@@ -432,6 +391,66 @@ def attribution_runs(backend: Backend, window: q.Window) -> list[Panel]:
         _panel("model_comparison", "Model comparison", comparison_fig),
         _panel("budget_moves", "Budget moves", moves_fig),
     ]
+
+
+def _credit_trace(model: str, cells: dict[str, dict[str, Any]], channels: list[str]) -> dict[str, Any]:
+    def col(name: str) -> list[float | None]:
+        return [_num(cells[c][name]) if c in cells else None for c in channels]
+
+    conv, low, high = col("conversions"), col("ci_low"), col("ci_high")
+    share, roi, cpa = col("share"), col("roi"), col("cpa")
+    return {
+        "type": "bar",
+        "name": model,
+        "x": channels,
+        "y": conv,
+        "error_y": {  # none drawn where the run had no bootstrap (NaN CIs)
+            "type": "data",
+            "symmetric": False,
+            "array": [
+                None if h is None or v is None else max(h - v, 0.0) for v, h in zip(conv, high, strict=True)
+            ],
+            "arrayminus": [
+                None if lw is None or v is None else max(v - lw, 0.0) for v, lw in zip(conv, low, strict=True)
+            ],
+        },
+        "customdata": [
+            [_pct(s), lw, h, r, c] for s, lw, h, r, c in zip(share, low, high, roi, cpa, strict=True)
+        ],
+        "hovertemplate": "%{x} · " + model + ": %{y:.1f} conversions (%{customdata[0]:.1f}% of credit)"
+        "<br>95% CI %{customdata[1]:.1f} – %{customdata[2]:.1f}<br>ROI %{customdata[3]:.2f}, "
+        "CPA %{customdata[4]:.2f}<extra></extra>",
+    }
+
+
+def _move_trace(model: str, cells: dict[str, dict[str, Any]], channels: list[str]) -> dict[str, Any]:
+    spend = [_num(cells[c]["spend"]) if c in cells else None for c in channels]
+    recommended = [_num(cells[c]["recommended_spend"]) if c in cells else None for c in channels]
+    flagged = [bool(cells[c]["low_confidence"]) if c in cells else False for c in channels]
+    return {
+        "type": "bar",
+        "name": model,
+        "x": channels,
+        "y": [None if a is None or b is None else b - a for a, b in zip(spend, recommended, strict=True)],
+        "marker": {"pattern": {"shape": ["/" if f else "" for f in flagged]}},
+        "customdata": [
+            [a, b, "low confidence" if f else "confident"]
+            for a, b, f in zip(spend, recommended, flagged, strict=True)
+        ],
+        "hovertemplate": "%{x} · " + model + ": %{customdata[0]:.2f} → %{customdata[1]:.2f} "
+        "(%{customdata[2]})<extra></extra>",
+    }
+
+
+def _no_run(text: str) -> list[Panel]:
+    return [
+        _empty("model_comparison", "Model comparison", text),
+        _empty("budget_moves", "Budget moves", text),
+    ]
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100.0 * x
 
 
 # -- assembly ------------------------------------------------------------------------------------
@@ -470,8 +489,11 @@ def _hint(message: str) -> str:
 
 
 def _num(x: Any) -> float | None:
+    """A finite float, or None (NaN CIs without a bootstrap; chDB's JSON gives them as null)."""
+    if x is None:
+        return None
     v = float(x)
-    return v if v == v and abs(v) != float("inf") else None
+    return v if math.isfinite(v) else None
 
 
 def _panel(pid: str, title: str, figure: Figure) -> Panel:

@@ -106,38 +106,47 @@ def _open(browser: Any, url: str) -> tuple[Any, list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def seeded(stack: Settings) -> Iterator[Settings]:
+def seeded(stack: Settings) -> Iterator[Served]:
+    """The dashboard serving a database of seeded events and one attribution run."""
     settings = _database(stack, "web")
     gen = server_backend(settings)
     backend = next(gen)
-    insert_rows(backend, seeded_rows())
+    insert_rows(backend, seeded_rows(3000))
     lo, hi = panels.data_bounds(backend)  # type: ignore[misc]
-    store_run(backend, lo, hi + 1)
-    yield settings
+    store_run(backend, lo, hi + 1, bootstrap=10)
+    with Served(settings) as served:
+        yield served
     gen.close()
 
 
-def test_every_chart_has_data_and_no_console_errors(browser: Any, seeded: Settings) -> None:
-    with Served(seeded) as served:
-        page, errors, outside = _open(browser, served.url)
-        assert page.evaluate("document.body.dataset.ready") == "1"
-        assert errors == [] and outside == []
-        states = page.eval_on_selector_all("section.panel", "els => els.map(e => [e.id, e.dataset.state])")
-        assert states == [[f"panel-{pid}", "data"] for pid in panels.PANEL_IDS]
-        points = page.eval_on_selector_all(
-            "div.plot",
-            """els => els.map(el => [el.id, el.querySelector('svg.main-svg') !== null,
-                 (el.data || []).map(t => (t.y || []).filter(v => v !== null && v !== undefined).length)])""",
-        )
-        assert [p[0] for p in points] == [f"plot-{pid}" for pid in panels.PANEL_IDS]
-        for pid, drawn, per_trace in points:
-            assert drawn, f"{pid} has no rendered svg"
-            assert per_trace and all(n > 0 for n in per_trace), f"{pid}: points per trace {per_trace}"
-        assert "database " in page.inner_text("#status")
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
-        assert SCREENSHOT.stat().st_size > 50_000
-        page.close()
+def test_every_chart_has_data_and_no_console_errors(browser: Any, seeded: Served) -> None:
+    page, errors, outside = _open(browser, seeded.url)
+    assert page.evaluate("document.body.dataset.ready") == "1"
+    assert errors == [] and outside == []
+    states = page.eval_on_selector_all("section.panel", "els => els.map(e => [e.id, e.dataset.state])")
+    assert states == [[f"panel-{pid}", "data"] for pid in panels.PANEL_IDS]
+    points = page.eval_on_selector_all(
+        "div.plot",
+        """els => els.map(el => [el.id, el.querySelector('svg.main-svg') !== null,
+             (el.data || []).map(t => (t.y || []).filter(v => v !== null && v !== undefined).length)])""",
+    )
+    assert [p[0] for p in points] == [f"plot-{pid}" for pid in panels.PANEL_IDS]
+    for pid, drawn, per_trace in points:
+        assert drawn, f"{pid} has no rendered svg"
+        assert per_trace and all(n > 0 for n in per_trace), f"{pid}: points per trace {per_trace}"
+    assert "database " in page.inner_text("#status")
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 50_000
+    page.close()
+
+
+def test_a_bad_window_is_a_clear_error_on_the_page(browser: Any, seeded: Served) -> None:
+    page, _, outside = _open(browser, seeded.url + "?since=2026-01-02&until=2026-01-01")
+    assert outside == []
+    assert page.evaluate("document.body.dataset.ready") == "error"
+    assert "must be after since=" in page.inner_text("#status")
+    page.close()
 
 
 def test_an_empty_database_shows_no_data_everywhere(browser: Any, stack: Settings) -> None:
@@ -156,12 +165,3 @@ def test_an_empty_database_shows_no_data_everywhere(browser: Any, stack: Setting
             page.close()
     finally:
         gen.close()
-
-
-def test_a_bad_window_is_a_clear_error_on_the_page(browser: Any, seeded: Settings) -> None:
-    with Served(seeded) as served:
-        page, _, outside = _open(browser, served.url + "?since=2026-01-02&until=2026-01-01")
-        assert outside == []
-        assert page.evaluate("document.body.dataset.ready") == "error"
-        assert "must be after since=" in page.inner_text("#status")
-        page.close()
