@@ -72,7 +72,8 @@ class CoalitionValue:
         found = self.masks[pos] == masks
         conv = np.where(found, self.conv[pos], 0.0)
         jour = np.where(found, self.journeys[pos], 0.0)
-        v = (conv + self.prior_journeys * pri) / (jour + self.prior_journeys)
+        den = jour + self.prior_journeys
+        v = np.divide(conv + self.prior_journeys * pri, den, out=pri.astype(float), where=den > 0)
         return np.where(masks == 0, self.v0, v)
 
 
