@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option(help="HTTP port of the demo's ad server")] = 8011,
         dashboard_port: Annotated[int, typer.Option(help="HTTP port of the demo's dashboard")] = 8050,
         live: Annotated[bool, typer.Option(help="Keep the live table on screen after the run")] = True,
+        cold: Annotated[
+            bool, typer.Option(help="Do not produce the history to Kafka (users served with empty state)")
+        ] = False,
     ) -> None:
         """Simulate, train, serve, click and learn: the whole loop on the local stack, shown live."""
         from deploy import stack
@@ -38,7 +41,8 @@ def register(app: typer.Typer) -> None:
         settings = Settings()
         stack.up(settings)
         spec = DemoSpec(users=users, ads=ads, history=history, requests=requests, rate=rate, seed=seed,
-                        port=port, dashboard_port=dashboard_port, drift_mode=drift_mode)  # fmt: skip
+                        port=port, dashboard_port=dashboard_port, drift_mode=drift_mode,
+                        warm_state=not cold)  # fmt: skip
         report = run_demo(spec, settings, console.print, live=live)
         console.rule("what the loop did")
         console.print(summary_table(report))

@@ -39,6 +39,7 @@ class Sample:
     p99_ms: float
     served_auc: float
     oracle_auc: float
+    population_auc: float
     online_auc: float
     base_auc: float
     examples: float
@@ -54,8 +55,11 @@ class Watch:
     report: ClosedLoopReport
     serve_url: str
     trainer_metrics_url: str
+    admin_headers: dict[str, str] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic)
     samples: list[Sample] = field(default_factory=list)
+    # per served impression: the score of an oracle that knows all but the user's taste
+    population: list[float] = field(default_factory=list)
 
     async def sample(self, http: httpx.AsyncClient) -> Sample:
         scores, labels = self.market.outcomes()
@@ -63,6 +67,10 @@ class Watch:
         n = min(len(imps), len(labels))
         lo = max(0, n - WINDOW)
         served = np.array([imps[i].pctr or 0.0 for i in range(lo, n)], dtype=np.float64)
+        self.population.extend(
+            self.market.population_pctr(i.ad_id, i.slot, i.position) for i in imps[len(self.population) : n]
+        )
+        pop = np.array(self.population[lo:n], dtype=np.float64)
         lat = self.report.latencies_ms[-200:]
         trainer = await _scrape(http, self.trainer_metrics_url)
         s = Sample(
@@ -73,10 +81,11 @@ class Watch:
             p99_ms=float(np.percentile(lat, 99)) if lat else math.nan,
             served_auc=auc(served, labels[lo:n]) if n > lo else math.nan,
             oracle_auc=auc(scores[lo:n], labels[lo:n]) if n > lo else math.nan,
+            population_auc=auc(pop, labels[lo:n]) if n > lo else math.nan,
             online_auc=_mean_auc(trainer, "online"),
             base_auc=_mean_auc(trainer, "base"),
             examples=trainer.get(("adstream_trainers_examples_total", ()), math.nan),
-            adapters=await _adapters(http, self.serve_url),
+            adapters=await _adapters(http, self.serve_url, self.admin_headers),
             drifted=self.market.drift_ts is not None,
         )
         self.samples.append(s)
@@ -97,7 +106,10 @@ class Watch:
         )
         t.add_row("P99 latency (last 200 requests)", f"{s.p99_ms:.1f} ms")
         t.add_row("served impressions", f"{s.impressions:,}")
-        t.add_row(f"served pCTR AUC (last {WINDOW})", f"{s.served_auc:.3f}  (oracle {s.oracle_auc:.3f})")
+        t.add_row(
+            f"served pCTR AUC (last {WINDOW})",
+            f"{s.served_auc:.3f}  (oracle {s.oracle_auc:.3f}, without user taste {s.population_auc:.3f})",
+        )
         t.add_row("trainer AUC online vs frozen base", f"{s.online_auc:.3f} vs {s.base_auc:.3f}")
         t.add_row("examples learned", f"{s.examples:,.0f}")
         t.add_row(
@@ -127,9 +139,9 @@ def _mean_auc(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], mod
     return float(np.mean(values)) if values else math.nan
 
 
-async def _adapters(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+async def _adapters(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> dict[str, str]:
     try:
-        body = (await http.get(f"{url}/v1/adapters", timeout=2)).json()
+        body = (await http.get(f"{url}/v1/adapters", headers=headers, timeout=2)).json()
     except (httpx.HTTPError, ValueError):
         return {}
     rows = body.get("adapters", body) if isinstance(body, dict) else body
@@ -222,6 +234,7 @@ def markdown(r: dict[str, Any]) -> str:
         ("base_auc", "frozen base (same examples)"),
         ("served_auc", "served pCTR on served impressions"),
         ("oracle_auc", "oracle on the same impressions"),
+        ("population_auc", "oracle without the user's taste (same impressions)"),
     ):
         lines.append(f"| {label} | {_f(q[key]['before_drift'])} | {_f(q[key]['end'])} |")
     lines += [

@@ -158,6 +158,25 @@ class Market:
         )
         return truth.sigmoid(logit)
 
+    def population_pctr(self, ad_id: str, slot: str, position: int) -> float:
+        """The click probability of `ad_id` here for a user of average taste (the population's
+        mean interest in its category, now): the best score without knowing who the user is.
+        Comparing a model's AUC with this and with the oracle's separates what it learned about
+        ads, slots and positions from what it learned about each user."""
+        ad = index_of(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
+        cfg, a = self.config, self.world.ads
+        pos = self._pos_bias[min(position, len(self._pos_bias) - 1)]
+        logit = truth.click_logit(
+            float(self._interest[:, int(a.category[ad])].mean()),
+            interest_scale=cfg.interest_scale,
+            ad_quality=float(a.quality[ad]),
+            advertiser_effect=float(self.world.advertiser_effect[int(a.advertiser[ad])]),
+            slot_effect=cfg.slot_effect[slot],
+            position_bias=float(pos),
+            bias=cfg.bias,
+        )
+        return truth.sigmoid(logit)
+
     def true_pctr(self, user_id: str, ad_id: str, slot: str, position: int) -> float:
         """The true click probability of showing `ad_id` to `user_id` now (after any drift)."""
         user = index_of(user_id, "u", self.config.n_users, "user")

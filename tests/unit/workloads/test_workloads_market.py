@@ -217,3 +217,15 @@ def test_requests_come_in_sessions_at_the_configured_rate() -> None:
         last[r.user] = ts
     assert np.mean(np.asarray(gaps) < 30) > 0.6  # most revisits continue a session
     assert np.mean(np.asarray(gaps) > 60) > 0.02  # and users come back in later sessions
+
+
+def test_population_pctr_is_the_oracle_without_the_users_taste() -> None:
+    m = Market(MarketConfig(seed=3, n_users=50, n_ads=20, interest_scale=0.0, drift_at=None))
+    # with no interest term every user is the average user: the two must agree exactly
+    for ad in ("ad0", "ad7"):
+        assert m.population_pctr(ad, "feed", 1) == pytest.approx(m.true_pctr("u3", ad, "feed", 1))
+    m2 = Market(MarketConfig(seed=3, n_users=50, n_ads=20, drift_at=None))
+    users = [f"u{i}" for i in range(50)]
+    # taste matters: users differ, and the population score sits inside their range
+    spread = [m2.true_pctr(u, "ad7", "search", 0) for u in users]
+    assert min(spread) < m2.population_pctr("ad7", "search", 0) < max(spread)
