@@ -29,8 +29,11 @@ from schemas.holdout import HOLDOUT_AD_ID
 
 LIFT_SQL = """
 SELECT campaign_id, exposed, count() AS users,
-       sum(length(arrayFilter(t -> t >= first_ts AND t - first_ts <= %(window)s, c_ts))) AS conversions,
-       sum(arraySum(arrayFilter((v, t) -> t >= first_ts AND t - first_ts <= %(window)s, c_val, c_ts))) AS value
+       -- 18.16 drops a column a lambda only captures: first_ts travels as an array argument
+       sum(length(arrayFilter((t, f) -> t >= f AND t - f <= %(window)s,
+                              c_ts, arrayResize([first_ts], length(c_ts), first_ts)))) AS conversions,
+       sum(arraySum(arrayFilter((v, t, f) -> t >= f AND t - f <= %(window)s,
+                                c_val, c_ts, arrayResize([first_ts], length(c_ts), first_ts)))) AS value
 FROM (
     SELECT campaign_id, user_id, advertiser_id, max(ad_id != %(holdout)s) AS exposed,
            min(toUInt32(ts)) AS first_ts
