@@ -261,6 +261,15 @@ class AdapterDelta(Message):
     norm: NonNegFloat
     created_at: Timestamp
     snapshot: bool = False
+    # freshness: per partition of ad.training-examples, the last offset learned into the adapter
+    # when this delta was made (an example at (p, o) is in it when o <= learned_offsets[p])
+    learned_offsets: (
+        Annotated[
+            dict[Annotated[int, Field(ge=0, le=1_000_000)], Annotated[int, Field(ge=-1)]],
+            Field(max_length=4096),
+        ]
+        | None
+    ) = None
 
 
 EVENT_MODELS: Final[dict[str, type[Message]]] = {

@@ -121,6 +121,9 @@ class Settings(BaseSettings):
     trainer_hold_labels: bool = Field(
         True, description="label_mode hold: learn examples in impression order after their window closes"
     )
+    trainer_max_wait_s: float = Field(
+        0.5, gt=0, description="An adapter's examples wait at most this long for a full step (freshness)"
+    )
     # measured in benchmarks/online_drift.py (same seeds): see README / the benchmark's docstring
     label_mode: Literal["hold", "fn_weighted", "fn_calibrated"] = Field(
         "fn_weighted",

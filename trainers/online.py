@@ -208,6 +208,14 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _with_offsets(delta: AdapterDelta, run: AdapterRun) -> AdapterDelta:
+    """The delta stamped with the input offsets learned into its adapter so far (freshness: which
+    examples a served version contains; none in replay mode)."""
+    if not run.offsets:
+        return delta
+    return delta.model_copy(update={"learned_offsets": dict(run.offsets)})
+
+
 def click_loss(
     logits: torch.Tensor, label: torch.Tensor, fake_negative: torch.Tensor, fn_loss: str
 ) -> torch.Tensor:
@@ -290,11 +298,11 @@ class OnlineTrainer:
                 continue
             batch, run.buffer = run.buffer, []
             delta = self._step(run, batch)
-            if delta is not None:
-                out.append(delta)
             for part, off in run.buffer_offsets:
                 run.offsets[part] = max(off, run.offsets.get(part, -1))
             run.buffer_offsets = []
+            if delta is not None:
+                out.append(_with_offsets(delta, run))
         return out
 
     def flush(self) -> list[AdapterDelta]:
@@ -449,7 +457,7 @@ class OnlineTrainer:
         run.unpublished = None  # replicas hold everything now
         run.counts["snapshots"] += 1
         self.counts["snapshots"] += 1
-        return snap
+        return _with_offsets(snap, run)
 
     def restore(
         self, adapter_id: str, snap: AdapterDelta | None, last_seq: int, offsets: dict[int, int] | None = None

@@ -105,6 +105,7 @@ class TrainerService:
         self.published = 0
         self.learned = 0
         self._last_snapshot = time.monotonic()
+        self._waiting_since: float | None = None  # when examples were first seen waiting (freshness)
         self._redis: Any = redis
         self.retry = retry or RedisRetry()
         self.failure: StoreError | None = None  # Redis gave up: no final snapshot, `run` re-raises
@@ -222,6 +223,7 @@ class TrainerService:
                 records = await self._collect(stop)
                 if records:
                     await self.process(records)
+                await self._learn_waiting()
                 if self.dirty and time.monotonic() - self._last_snapshot >= self.s.snapshot_every_s:
                     await self.snapshot_all()
                 if max_examples is not None and self.learned >= max_examples:
@@ -294,6 +296,27 @@ class TrainerService:
         self.learned += len(examples)
         await self.publish(deltas)
         telemetry.export(self.trainer.runs, per_adapter_labels=self.s.adapter_scheme == "slot")
+
+    async def _learn_waiting(self) -> None:
+        """Freshness: an adapter whose group is smaller than `min_step_examples` waits for more
+        examples, but not longer than `settings.trainer_max_wait_s` — then it is learned as it is
+        (a quiet adapter's click still reaches replicas within seconds)."""
+        if not self.trainer.waiting():
+            self._waiting_since = None
+            return
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            return
+        if now - self._waiting_since < self.s.trainer_max_wait_s:
+            return
+        self._waiting_since = None
+        before = dict(self.trainer.counts)
+        t0 = time.perf_counter()
+        deltas = self.trainer.flush() + self.trainer.take_pending()
+        telemetry.STEP.observe(time.perf_counter() - t0)
+        telemetry.count_trainer(before, self.trainer.counts)
+        await self.publish(deltas)
 
     async def _restore(self, adapter_id: str) -> AdapterDelta | None:
         known = await self._last_good(adapter_id, "restore")
