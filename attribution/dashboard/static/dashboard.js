@@ -1,5 +1,17 @@
 // The dashboard page: fetch the panels for the window in the address bar and draw them.
+// Plotly (served from the installed plotly package) is loaded only when a panel has data.
 "use strict";
+
+function loadPlotly() {
+  return new Promise((resolve, reject) => {
+    if (window.Plotly) { resolve(); return; }
+    const script = document.createElement("script");
+    script.src = "static/plotly.min.js";
+    script.onload = () => resolve();
+    script.onerror = () => reject(new Error("cannot load static/plotly.min.js"));
+    document.head.appendChild(script);
+  });
+}
 
 function note(target, text, kind) {
   const p = document.createElement("p");
@@ -39,6 +51,16 @@ async function load() {
     return;
   }
   fillForm(body.window);
+  if (body.panels.some((p) => p.figure)) {
+    try {
+      await loadPlotly();
+    } catch (err) {
+      status.className = "error";
+      status.textContent = String(err);
+      document.body.dataset.ready = "error";
+      return;
+    }
+  }
   const w = body.window;
   status.className = body.no_data ? "no-data" : "";
   status.textContent = body.no_data
