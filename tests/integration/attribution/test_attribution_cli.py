@@ -1,0 +1,112 @@
+"""`adstream attribution` end to end on the real ClickHouse: a stored run, JSON, compare, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlparse, urlunparse
+
+import pytest
+
+from attribution.migrate import clickhouse_client, migrate
+from attribution.sql import DriverBackend
+from schemas.settings import Settings
+from workloads.attribution_market import AttributionMarketConfig, period, simulate, write_raw
+
+pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(300)]
+
+CFG = AttributionMarketConfig(seed=9, n_users=1200)
+
+
+@pytest.fixture(scope="module")
+def db(stack: Settings) -> Iterator[tuple[dict[str, str], str]]:
+    url = urlparse(stack.clickhouse_url)
+    name = f"{url.path.lstrip('/')}_cli{uuid.uuid4().hex[:6]}"
+    s = stack.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"/{name}"))})
+    migrate(s)
+    client = clickhouse_client(s, name)
+    write_raw(DriverBackend(client), simulate(CFG))
+    env = {
+        **os.environ,
+        "ADSTREAM_CLICKHOUSE_URL": s.clickhouse_url,
+        "ADSTREAM_ATTRIBUTION_BOOTSTRAP": "10",
+        "COLUMNS": "200",
+    }
+    yield env, name
+    client.execute(f"DROP DATABASE IF EXISTS {name}")
+    client.disconnect()
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from deploy.cli import main; main()", "attribution", *args],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+def test_run_prints_json_and_stores_it(db: tuple[dict[str, str], str]) -> None:
+    env, name = db
+    since, until = period(CFG)
+    out = cli(env, "--model", "last_click", "--model", "shapley", "--by", "slot_campaign",
+              "--since", str(since), "--until", str(until), "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    run = json.loads(out.stdout)
+    total = run["conversions"]
+    for model in ("last_click", "shapley"):
+        chans = run["results"][model]["channels"]
+        assert sum(c["conversions"] for c in chans) == pytest.approx(total, rel=1e-6)
+        assert all(c["ci_low"] is not None for c in chans)
+        assert run["budget"][model]["total_budget"] > 0
+    stored = clickhouse_client(Settings(clickhouse_url=env["ADSTREAM_CLICKHOUSE_URL"]), name).execute(
+        "SELECT count() FROM attribution_results WHERE run_id = %(r)s", {"r": run["run_id"]}
+    )[0][0]
+    assert stored == 2 * len(run["results"]["shapley"]["channels"])
+
+
+def test_table_and_compare(db: tuple[dict[str, str], str]) -> None:
+    env, _ = db
+    since, until = (str(t) for t in period(CFG))
+    out = cli(env, "--model", "linear", "--by", "campaign", "--since", since, "--until", until, "--no-store")
+    assert out.returncode == 0, out.stderr
+    assert "cmp_search" in out.stdout and "expected uplift" in out.stdout
+    out = cli(
+        env, "compare", "--by", "slot", "--since", since, "--until", until, "--bootstrap", "0", "--no-store"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "last_click" in out.stdout and "shapley" in out.stdout and "feed" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "nope"], "'nope'"),
+        (["--by", "zone"], "'zone'"),
+        (["--since", "2026-13-45"], "'2026-13-45'"),
+        (["--since", "2026-11-10", "--until", "2026-11-01"], "--until"),
+        (["--since", "2020-01-01", "--until", "2020-01-02"], "no conversion paths"),
+        (["--channel", "cmp_nope", "--since", "2026-11-01", "--until", "2026-11-15"], "'cmp_nope'"),
+        (["--bound", "cmp_brand=1", "--since", "2026-11-01", "--until", "2026-11-15"], "'cmp_brand=1'"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_value(
+    db: tuple[dict[str, str], str],
+    args: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # in process (the console-script entry point itself), to keep the suite fast
+    from deploy.cli import main
+
+    env, _ = db
+    monkeypatch.setenv("ADSTREAM_CLICKHOUSE_URL", env["ADSTREAM_CLICKHOUSE_URL"])
+    monkeypatch.setattr(sys, "argv", ["adstream", "attribution", *args, "--no-store"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert needle in err and "Traceback" not in err
