@@ -68,17 +68,20 @@ def event_rates(backend: Backend, window: q.Window) -> Panel:
         by_kind[kind][int(t)] = int(n)
     axis = _time_axis(window)
     data = []
-    for kind in ("impressions", "clicks", "dwell", "conversions"):
+    kinds = ["impressions", "clicks", "dwell", "conversions"]
+    if "holdout impressions" in by_kind:  # only where serving holds users out
+        kinds.insert(1, "holdout impressions")
+    for kind in kinds:
         counts = by_kind.get(kind, {})
         ts = axis if axis is not None else sorted(counts)
         data.append(
             {
                 "type": "scatter",
                 "mode": "lines",
-                "name": kind if kind == "impressions" else f"{kind} (right axis)",
+                "name": kind if kind.endswith("impressions") else f"{kind} (right axis)",
                 "x": [stamp(t) for t in ts],
                 "y": [counts.get(t, 0) / window.bucket for t in ts],
-                "yaxis": "y" if kind == "impressions" else "y2",
+                "yaxis": "y" if kind.endswith("impressions") else "y2",
             }
         )
     layout = _layout(

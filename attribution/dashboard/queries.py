@@ -3,8 +3,8 @@
 Rules these statements keep (see DESIGN.md, "ClickHouse 18.16 vs current"):
 
 - user values arrive only as clickhouse-driver parameters (`%(since)s`, `%(until)s`,
-  `%(bucket)s`, `%(top)s`), all integers: times are epoch seconds wrapped in `toDateTime(…)`,
-  so neither the client's nor the server's time zone can shift them;
+  `%(bucket)s`, `%(top)s`, `%(run_id)s`; `%(holdout)s` too): times are epoch seconds wrapped in
+  `toDateTime(…)`, so neither the client's nor the server's time zone can shift them;
 - no window functions, CTEs or `toStartOfInterval` (18.16 has none): time buckets are
   `intDiv(toUInt32(ts), bucket) * bucket`, running sums are done on the caller's side;
 - raw tables are ReplacingMergeTree keyed on `event_id` and are read with `FINAL`, so a batch
@@ -19,9 +19,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from schemas.errors import ConfigError
+from schemas.holdout import HOLDOUT_AD_ID
 
 RANGE = "ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)"
 BUCKET = "intDiv(toUInt32(ts), %(bucket)s) * %(bucket)s"
+# A holdout impression (schemas.holdout) records a request where a held-out user was shown no
+# ad: it is neither served traffic (CTR, AUC, adapter mix) nor spend; event rates count it apart.
+SERVED = "ad_id != %(holdout)s"
 
 # Time span of the data (for the default window): impressions and conversions, duplicates
 # irrelevant here. An empty table is left out (its min(ts) would be 1970).
@@ -35,7 +39,8 @@ SELECT min(lo), max(hi), sum(n) FROM (
 
 EVENT_RATES = f"""
 SELECT kind, t, count() AS n FROM (
-    SELECT 'impressions' AS kind, {BUCKET} AS t FROM impressions FINAL WHERE {RANGE}
+    SELECT if(ad_id = %(holdout)s, 'holdout impressions', 'impressions') AS kind, {BUCKET} AS t
+    FROM impressions FINAL WHERE {RANGE}
     UNION ALL
     SELECT 'clicks' AS kind, {BUCKET} AS t FROM clicks FINAL WHERE {RANGE}
     UNION ALL
@@ -56,7 +61,7 @@ ANY LEFT JOIN (
 """
 
 _TOP_CAMPAIGNS = f"""
-SELECT campaign_id FROM impressions WHERE {RANGE}
+SELECT campaign_id FROM impressions WHERE {RANGE} AND {SERVED}
 GROUP BY campaign_id ORDER BY count() DESC, campaign_id LIMIT %(top)s
 """
 
@@ -64,14 +69,14 @@ CTR_BY_SLOT_CAMPAIGN = f"""
 SELECT slot, campaign_id, count() AS impressions, sum(clicked) AS clicks
 FROM (
     SELECT event_id AS imp, slot, campaign_id FROM impressions FINAL
-    WHERE {RANGE} AND campaign_id IN ({_TOP_CAMPAIGNS})
+    WHERE {RANGE} AND {SERVED} AND campaign_id IN ({_TOP_CAMPAIGNS})
 ) AS i
 {_CLICKED}
 GROUP BY slot, campaign_id ORDER BY campaign_id, slot
 """
 
 SPEND_OVER_TIME = f"""
-SELECT {BUCKET} AS t, sum(price) AS spend FROM impressions FINAL WHERE {RANGE}
+SELECT {BUCKET} AS t, sum(price) AS spend FROM impressions FINAL WHERE {RANGE} AND {SERVED}
 GROUP BY t ORDER BY t
 """
 
@@ -91,7 +96,7 @@ CAMPAIGN_ECONOMICS = f"""
 SELECT campaign_id, spend, impressions, conversions, value
 FROM (
     SELECT campaign_id, sum(price) AS spend, count() AS impressions FROM impressions FINAL
-    WHERE {RANGE} GROUP BY campaign_id
+    WHERE {RANGE} AND {SERVED} GROUP BY campaign_id
 ) AS s
 ANY LEFT JOIN (
     SELECT campaign_id, count() AS conversions, sum(value) AS value FROM conversions FINAL
@@ -121,7 +126,7 @@ FROM (
                        ifNull(adapter_version, 'none') AS ver, clicked
                 FROM (
                     SELECT event_id AS imp, ts, pctr, adapter_version FROM impressions FINAL
-                    WHERE {RANGE} AND isNotNull(pctr)
+                    WHERE {RANGE} AND {SERVED} AND isNotNull(pctr)
                 ) AS i
                 {_CLICKED}
             ) ARRAY JOIN [ver, 'all'] AS version
@@ -134,7 +139,7 @@ ORDER BY version, t
 
 ADAPTER_MIX = f"""
 SELECT {BUCKET} AS t, ifNull(adapter_version, 'none') AS version, count() AS n
-FROM impressions FINAL WHERE {RANGE}
+FROM impressions FINAL WHERE {RANGE} AND {SERVED}
 GROUP BY t, version ORDER BY t, version
 """
 
@@ -213,6 +218,7 @@ class Window:
             "bucket": self.bucket,
             "top": self.top,
             "run_id": self.run_id,
+            "holdout": HOLDOUT_AD_ID,
         }
 
     @property

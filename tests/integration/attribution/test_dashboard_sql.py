@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(180)]
 N_IMPRESSIONS = 6000
 VERSIONS = (None, "slot:feed@1", "slot:feed@2")  # served adapter, by thirds of the run
 SLOT_CHANNELS = ["feed", "search", "splash"]
+HOLDOUT_EVERY = 40  # every 40th impression records a held-out user (schemas.holdout)
 MODELS = ("last_click", "linear", "markov", "shapley")
 
 
@@ -36,7 +37,8 @@ def seeded_rows(
     Impressions carry the served pctr (the market's true click probability: a good ranker) and
     the adapter version serving them (none, then two versions, by thirds of the run).
     """
-    from schemas.events import Impression
+    from schemas.events import Click, Dwell, Impression
+    from schemas.holdout import HOLDOUT_AD_ID
     from streams.sink import COLUMNS, row_of
     from workloads import Market, MarketConfig
 
@@ -47,8 +49,13 @@ def seeded_rows(
     )
     rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]] = defaultdict(list)
     seen = 0
+    held_out: set[str] = set()
     for offset, event in enumerate(market.open_loop(n_impressions)):
-        if isinstance(event, Impression):
+        if isinstance(event, Impression) and seen % HOLDOUT_EVERY == HOLDOUT_EVERY - 1:
+            seen += 1  # a held-out user: no ad shown, nothing to click, nothing paid
+            held_out.add(event.event_id)
+            event = event.model_copy(update={"ad_id": HOLDOUT_AD_ID, "price": 0.0, "model_version": None})
+        elif isinstance(event, Impression):
             version = VERSIONS[min(3 * seen // n_impressions, 2)]
             seen += 1
             event = event.model_copy(
@@ -58,6 +65,8 @@ def seeded_rows(
                     "model_version": "ranker-1",
                 }
             )
+        elif isinstance(event, Click | Dwell) and event.impression_id in held_out:
+            continue
         table, row = row_of(event, 0, offset)
         rows[(table, (*COLUMNS[type(event)][1], "kafka_partition", "kafka_offset"))].append(row)
     return dict(rows)
@@ -221,16 +230,19 @@ def test_counts_ctr_and_spend_match_the_events(
     window: q.Window,
     rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]],
 ) -> None:
-    imps = _table(rows, "impressions")
+    from schemas.holdout import HOLDOUT_AD_ID
+
+    everything = _table(rows, "impressions")
+    imps = [i for i in everything if i["ad_id"] != HOLDOUT_AD_ID]
     clicked = {c["impression_id"] for c in _table(rows, "clicks")}
     for name, backend in engines.items():  # the server holds 1,500 impressions twice: FINAL hides them
         rates = backend.execute(q.EVENT_RATES, window.params)
         totals = Counter[str]()
         for kind, _, n in rates:
             totals[kind] += n
-        assert totals == {
-            t: len(_table(rows, t)) for t in ("impressions", "clicks", "dwell", "conversions")
-        }, name
+        expected = {t: len(_table(rows, t)) for t in ("clicks", "dwell", "conversions")}
+        expected |= {"impressions": len(imps), "holdout impressions": len(everything) - len(imps)}
+        assert totals == expected and expected["holdout impressions"] > 0, name
         ctr_rows = backend.execute(q.CTR_BY_SLOT_CAMPAIGN, {**window.params, "top": q.MAX_TOP})
         expect: Counter[tuple[str, str, str]] = Counter()
         for i in imps:
@@ -255,6 +267,8 @@ def test_online_auc_is_the_rank_auc_per_bucket_and_version(
     clicked = {c["impression_id"] for c in _table(rows, "clicks")}
     groups: dict[tuple[int, str], tuple[list[float], list[int]]] = defaultdict(lambda: ([], []))
     for i in _table(rows, "impressions"):
+        if i["pctr"] is None:  # holdout impressions: nothing was served
+            continue
         t = i["ts"] // bucket * bucket
         for key in (i["adapter_version"] or "none", "all"):
             groups[(t, key)][0].append(math.floor(i["pctr"] * 10000))

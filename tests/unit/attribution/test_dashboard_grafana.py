@@ -125,3 +125,12 @@ def test_the_dashboard_covers_what_the_page_shows(dashboard: dict[str, Any]) -> 
         "adapter",
     ):
         assert topic in titles, topic
+
+
+def test_served_traffic_panels_leave_holdout_impressions_out(dashboard: dict[str, Any]) -> None:
+    from schemas.holdout import HOLDOUT_AD_ID
+
+    for p in dashboard["panels"]:
+        sql = p["targets"][0]["rawSql"]
+        if re.search(r"\bpctr\b|\bslot\b|adapter_version", sql) and "FROM impressions" in sql:
+            assert f"ad_id != '{HOLDOUT_AD_ID}'" in sql, p["title"]
