@@ -97,7 +97,7 @@ def _register_room_commands() -> None:
     """Each room's commands live in `deploy/cli_<room>.py`, which defines `register(app)`."""
     import importlib
 
-    for room in ("workloads", "streams", "trainers", "serving", "attribution", "dashboard", "demo"):
+    for room in ("workloads", "streams", "trainers", "serving", "attribution", "dashboard", "demo", "bench"):
         name = f"deploy.cli_{room}"
         try:
             module = importlib.import_module(name)

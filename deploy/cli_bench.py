@@ -1,0 +1,219 @@
+"""`adstream bench …`: the project's benchmarks (`benchmarks/*.py`), one or all, from the CLI.
+
+Each benchmark stays a script runnable alone (`python benchmarks/<name>.py`, its own flags, its
+JSON under `benchmarks/results/`). `adstream bench <name> [ARGS…]` runs one with its flags;
+`adstream bench all` runs every one in turn and writes one markdown table (status, wall time,
+headline figures of its JSON) with the machine it ran on. `--quick` passes each benchmark small
+sizes (`QUICK`) and keeps the committed results as they are: what a quick run writes is moved
+to `benchmarks/results/quick/`, the table with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+# small sizes for `bench all --quick` (a smoke run of every benchmark, minutes in all)
+QUICK: dict[str, list[str]] = {
+    "dw_step": ["--steps", "30", "--warmup", "3"],
+    "freshness": ["--trials", "10", "--rate", "10", "--history", "3000", "--warmup-s", "5"],
+    "hotswap": ["--swaps", "10", "--duration", "10"],
+    "offline_quality": ["--seeds", "1"],
+    "online_drift": [
+        "--seeds",
+        "7",
+        "--impressions",
+        "30000",
+        "--pretrain",
+        "10000",
+        "--window",
+        "3000",
+        "--recover-window",
+        "1500",
+        "--horizon",
+        "6000",
+        "--no-trend",
+        "--no-redraw",
+        "--no-population",
+        "--no-default-targets",
+    ],
+    "peer_online": ["--seeds", "7", "--impressions", "20000", "--pretrain", "8000"],
+    "produce": ["--events", "20000"],
+    "rank": ["--seconds", "3", "--runs", "1"],
+    "recall": ["--ads", "20000", "--queries", "200"],
+    "serve": ["--rates", "50", "--duration", "5", "--repeats", "1"],
+    "streams": ["--events", "20000"],
+}
+NEEDS_GPU = {"gpu_check"}
+
+
+def benchmarks() -> list[str]:
+    """Names of the benchmark scripts (every `benchmarks/*.py`)."""
+    return sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def headline(result: dict[str, Any], n: int = 6) -> str:
+    """A few top-level scalar figures of a benchmark's JSON (goals, P50/P99, AUCs first)."""
+    scalars = {
+        k: v for k, v in result.items() if isinstance(v, int | float | bool) and not isinstance(v, str)
+    }
+    first = [k for k in scalars if any(w in k for w in ("goal", "p50", "p99", "auc", "recovered", "per_s"))]
+    keys = (first + [k for k in scalars if k not in first])[:n]
+    return ", ".join(
+        f"{k}={scalars[k]:.4g}" if isinstance(scalars[k], float) else f"{k}={scalars[k]}" for k in keys
+    )
+
+
+def _results() -> dict[Path, float]:
+    out = BENCH_DIR / "results"
+    return {p: p.stat().st_mtime for p in out.glob("*") if p.is_file()} if out.exists() else {}
+
+
+def run_one(name: str, args: list[str], quick: bool) -> dict[str, Any]:
+    """Run `benchmarks/<name>.py args`; its status, wall time, result files and headline."""
+    before = _results()
+    backup = {p: p.read_bytes() for p in before} if quick else {}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_DIR / f"{name}.py"), *args],
+        cwd=BENCH_DIR.parent,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.monotonic() - t0
+    changed = [p for p, m in _results().items() if before.get(p) != m]
+    if quick:  # keep the committed results: a quick run's files go to results/quick/
+        quick_dir = BENCH_DIR / "results" / "quick"
+        quick_dir.mkdir(parents=True, exist_ok=True)
+        moved = []
+        for p in changed:
+            dest = quick_dir / p.name
+            shutil.copy2(p, dest)
+            moved.append(dest)
+            if p in backup:
+                p.write_bytes(backup[p])
+            else:
+                p.unlink()
+        changed = moved
+    figures = ""
+    for p in sorted(changed, key=lambda p: p.stem != name):  # its own <name>.json first
+        if p.suffix == ".json":
+            try:
+                figures = headline(json.loads(p.read_text()))
+            except (ValueError, OSError):
+                continue
+            break
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] if proc.returncode else []
+    return {
+        "benchmark": name,
+        "status": "ok" if proc.returncode == 0 else f"failed ({proc.returncode}): {' '.join(tail)[:200]}",
+        "wall_s": round(wall, 1),
+        "results": [str(p.relative_to(BENCH_DIR.parent)) for p in changed],
+        "headline": figures,
+    }
+
+
+def markdown(rows: list[dict[str, Any]], quick: bool) -> str:
+    """The table of a `bench all` run, with the machine."""
+    m = machine()
+    lines = [
+        f"# adstream benchmarks{' (quick)' if quick else ''}",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1m']} (1 min, at the end); "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "",
+        "| benchmark | status | wall s | headline | results |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        files = ", ".join(r["results"])
+        lines.append(f"| {r['benchmark']} | {r['status']} | {r['wall_s']} | {r['headline']} | {files} |")
+    return "\n".join(lines) + "\n"
+
+
+def register(app: typer.Typer) -> None:
+    """Add `adstream bench` to the CLI."""
+    bench = typer.Typer(
+        help="Run the benchmarks (benchmarks/*.py): one by name, or all", no_args_is_help=True
+    )
+    app.add_typer(bench, name="bench")
+
+    @bench.command(
+        "all", context_settings={"allow_extra_args": False}, help="Run every benchmark; one markdown table"
+    )
+    def all_(
+        quick: Annotated[bool, typer.Option(help="Small sizes; committed results left as they are")] = False,
+        skip: Annotated[str, typer.Option(help="Comma-separated benchmarks to leave out")] = "",
+    ) -> None:
+        from rich.console import Console
+
+        console = Console()
+        skipped = {s for s in skip.split(",") if s}
+        rows = []
+        for name in benchmarks():
+            if name in skipped:
+                continue
+            if name in NEEDS_GPU and not _cuda():
+                rows.append({"benchmark": name, "status": "skipped (no GPU)", "wall_s": 0, "results": [],
+                             "headline": ""})  # fmt: skip
+                continue
+            console.print(f"[bold]{name}[/bold] …")
+            rows.append(run_one(name, QUICK.get(name, []) if quick else [], quick))
+            console.print(f"  {rows[-1]['status']} in {rows[-1]['wall_s']} s {rows[-1]['headline']}")
+        out = BENCH_DIR / "results" / ("quick" if quick else "") / "bench_all.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(markdown(rows, quick))
+        (out.with_suffix(".json")).write_text(
+            json.dumps({"machine": machine(), "runs": rows}, indent=2) + "\n"
+        )
+        console.print(out.read_text())
+        if any(not r["status"].startswith(("ok", "skipped")) for r in rows):
+            raise typer.Exit(1)
+
+    def _one(name: str) -> None:
+        @bench.command(
+            name,
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+            help=f"benchmarks/{name}.py (its flags pass through: adstream bench {name} --help)",
+            add_help_option=False,
+        )
+        def cmd(ctx: typer.Context) -> None:
+            rc = subprocess.call(
+                [sys.executable, str(BENCH_DIR / f"{name}.py"), *ctx.args], cwd=BENCH_DIR.parent
+            )
+            raise typer.Exit(rc)
+
+    for name in benchmarks():
+        _one(name)
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False

@@ -1,0 +1,69 @@
+"""`adstream bench`: every benchmark script is a command; `bench all --quick` keeps committed results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from deploy import cli_bench
+
+
+def test_every_benchmark_script_is_listed_and_a_command() -> None:
+    names = cli_bench.benchmarks()
+    assert {"freshness", "online_drift", "serve", "streams"} <= set(names)
+    import typer.main
+
+    from deploy.cli import app
+
+    bench = typer.main.get_command(app).commands["bench"]  # type: ignore[attr-defined]
+    assert {"all", *names} <= set(bench.commands)
+    assert set(cli_bench.QUICK) <= set(names), "QUICK names a benchmark that does not exist"
+
+
+def test_headline_prefers_goals_and_percentiles() -> None:
+    got = cli_bench.headline({"trials": 120, "p99_s": 1.234567, "goal_met": True, "hops": {}, "note": "x"})
+    assert got.startswith("p99_s=1.235, goal_met=True") and "trials=120" in got and "note" not in got
+
+
+def _fake_bench(root: Path, body: str) -> None:
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "benchmarks" / "fake.py").write_text(body)
+
+
+def test_quick_run_moves_its_results_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_bench(
+        tmp_path,
+        "import json, pathlib, sys\n"
+        "out = pathlib.Path(__file__).parent / 'results'\n"
+        "(out / 'fake.json').write_text(json.dumps({'p50_s': 0.5, 'args': sys.argv[1:]}))\n"
+        "(out / 'committed.json').write_text('overwritten')\n",
+    )
+    committed = tmp_path / "benchmarks" / "results" / "committed.json"
+    committed.write_text("the committed figures")
+    monkeypatch.setattr(cli_bench, "BENCH_DIR", tmp_path / "benchmarks")
+    row = cli_bench.run_one("fake", ["--small"], quick=True)
+    assert row["status"] == "ok" and row["headline"] == "p50_s=0.5"
+    assert committed.read_text() == "the committed figures"
+    assert not (tmp_path / "benchmarks" / "results" / "fake.json").exists()
+    quick = tmp_path / "benchmarks" / "results" / "quick"
+    assert json.loads((quick / "fake.json").read_text())["args"] == ["--small"]
+    assert (quick / "committed.json").read_text() == "overwritten"
+
+
+def test_a_failing_benchmark_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_bench(tmp_path, "raise SystemExit('broken: no data')\n")
+    monkeypatch.setattr(cli_bench, "BENCH_DIR", tmp_path / "benchmarks")
+    row = cli_bench.run_one("fake", [], quick=False)
+    assert row["status"].startswith("failed (1)") and "broken: no data" in row["status"]
+    table = cli_bench.markdown([row], quick=False)
+    assert "| fake | failed (1)" in table and "cores" in table
+
+
+def test_bench_all_help_runs() -> None:
+    from deploy.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "all", "--help"])
+    assert res.exit_code == 0 and "--quick" in res.output
