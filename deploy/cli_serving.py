@@ -72,7 +72,11 @@ def start(settings: Settings, name: str = "adstream", throughput_optimized: bool
     from ray import serve
 
     from serving.app import build_app
+    from trainers.delta import resolve_signing_key
 
+    # the replicas read the delta signing key themselves (never from their init args): make sure
+    # the stack's key file exists before they start, so trainer and replicas share one key
+    resolve_signing_key(settings)
     if not ray.is_initialized():
         ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     serve.start(http_options={"host": settings.http_host, "port": settings.http_port})
@@ -124,6 +128,10 @@ def serve_cmd(
         if value is not None:
             overrides[key] = value
     settings = Settings(**overrides)
+    from serving.admin import weak_token_reason
+
+    if (reason := weak_token_reason(settings.admin_token.get_secret_value())) is not None:
+        console.print(f"[yellow]admin routes disabled: {reason} (set ADSTREAM_ADMIN_TOKEN)[/]")
     t0 = time.monotonic()
     ep = start(settings, throughput_optimized=throughput_optimized)
     url = ep.best

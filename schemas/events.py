@@ -102,7 +102,10 @@ B64Bytes = Annotated[
 
 MAX_DWELL_MS: Final = 3_600_000
 MAX_VECTOR_DIM: Final = 1024
-MAX_DELTA_BYTES: Final = 16 * 1024 * 1024
+# a delta travels as base64 in one Kafka message: 765 KiB → 1,020 KiB, with its other fields still
+# under a producer's 1 MiB request limit (a rank-8 snapshot of cross+deep+head+wide is ~710 KiB)
+MAX_DELTA_BYTES: Final = 765 * 1024
+MAX_SEQ: Final = 2**53 - 1  # an adapter's delta seq: ~285 years at a million deltas a second
 MAX_SEQ: Final = 2**53 - 1  # an adapter's delta seq: ~285 years at a million deltas a second
 # The original bytes a dead letter keeps (a longer record keeps this prefix, its size and sha256):
 # base64 (×4/3) plus the other fields stay far below a producer's 1 MiB request limit.
@@ -261,6 +264,9 @@ class AdapterDelta(Message):
     norm: NonNegFloat
     created_at: Timestamp
     snapshot: bool = False
+    # HMAC-SHA256 (hex) by the trainer over what the delta changes (`trainers.delta.delta_mac`);
+    # replicas with a signing key apply only deltas whose signature checks out
+    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     # freshness: per partition of ad.training-examples, the last offset learned into the adapter
     # when this delta was made (an example at (p, o) is in it when o <= learned_offsets[p])
     learned_offsets: (

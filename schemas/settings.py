@@ -23,7 +23,16 @@ class Settings(BaseSettings):
     )
     clickhouse_http_port: int = Field(8123, description="HTTP port of a locally started ClickHouse")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device for models")
-    admin_token: SecretStr = Field(SecretStr("change-me"), description="Token for admin HTTP routes")
+    admin_token: SecretStr = Field(
+        SecretStr(""),
+        description="Token for the admin HTTP routes (at least 16 printable ASCII characters; empty, "
+        "short or `change-me` disables the admin routes)",
+    )
+    delta_signing_key: SecretStr = Field(
+        SecretStr(""),
+        description="HMAC key (at least 32 bytes) trainers sign adapter deltas with and replicas check; "
+        "empty: the key file <state_dir>/delta-signing.key, created by the first process that needs it",
+    )
 
     # -- connecting to secured clusters (schemas.clients turns these into client arguments) --
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
@@ -192,6 +201,25 @@ class Settings(BaseSettings):
     serve_adapter_max_norm: float = Field(1000.0, gt=0, description="Bound on a whole adapter's ΔW norm")
     serve_consume_deltas: bool = Field(True, description="Replicas follow ad.adapter-deltas and ad.catalog")
     serve_catalog_file: Path | None = Field(None, description="JSON lines of AdCreative loaded at start")
+    serve_adapter_max_drift: float = Field(
+        100.0, gt=0, description="Bound on how far (L2 of A, B) live deltas move an adapter from its promoted version"
+    )
+    serve_delta_replay_s: float = Field(
+        3600.0, ge=0, description="A starting replica reads adapter deltas this far back (older ones: snapshots)"
+    )
+    serve_catalog_max_ads: int = Field(
+        1_000_000, ge=1, description="Ads a replica's catalog holds; when full, inactive ads' rows are reused"
+    )
+    serve_impressions_pending: int = Field(
+        10_000, ge=1, description="Impressions a replica buffers for Kafka before it drops (counted)"
+    )
+    snapshot_ttl_s: int = Field(
+        30 * 24 * 3600, gt=0, description="TTL of an adapter's Redis snapshot (refreshed on every write)"
+    )
+    trainer_max_adapters: int = Field(
+        4096, ge=1, description="Adapters the online trainer holds; the least recently trained is evicted"
+    )
+    title_cache_size: int = Field(100_000, ge=1, description="Titles whose MiniLM embedding is cached")
 
     # -- attribution ---------------------------------------------------------------------
     attribution_click_lookback_s: int = Field(

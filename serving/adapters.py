@@ -117,6 +117,7 @@ class AdapterBank:
         # changes made to the active copy that the other copy has yet to catch up with
         self._pending: list[tuple[Callable[[BankBuffers, int], None], int]] = []
         self.meta: dict[str, AdapterMeta] = {}
+        self.free_slots: list[int] = []  # slots of evicted adapters, reused before new ones
         self.generation = 0
         self.swaps = 0
 
@@ -182,11 +183,33 @@ class AdapterBank:
     def _slot_for(self, adapter_id: str, base_version: str) -> AdapterMeta:
         meta = self.meta.get(adapter_id)
         if meta is None:
-            if len(self.meta) >= self.capacity:
+            if self.full:
                 raise AdapterError(f"adapter bank is full ({self.capacity} adapters); raise capacity")
-            meta = AdapterMeta(adapter_id=adapter_id, slot=len(self.meta) + 1, base_version=base_version)
+            slot = self.free_slots.pop() if self.free_slots else len(self.meta) + 1
+            meta = AdapterMeta(adapter_id=adapter_id, slot=slot, base_version=base_version)
             self.meta[adapter_id] = meta
         return meta
+
+    @property
+    def full(self) -> bool:
+        """Whether a new adapter needs another one evicted first."""
+        return len(self.meta) >= self.capacity
+
+    def evict(self, adapter_id: str) -> None:
+        """Drop an adapter: its rows go back to zero (base model) in both arms and its slot is
+        reused by the next new adapter (one swap)."""
+        meta = self.meta.pop(adapter_id, None)
+        if meta is None:
+            return
+        zeros = {
+            n: (
+                torch.zeros(self.rank, s.fan_in, device=self.device),
+                torch.zeros(s.fan_out, self.rank, device=self.device),
+            )
+            for n, s in self.shapes.items()
+        }
+        self._write([meta.slot, self.stride + meta.slot], zeros)
+        self.free_slots.append(meta.slot)
 
     def _swap(self, change: Callable[[BankBuffers, int], None]) -> None:
         """Apply `change` to the inactive copy and make it the active one (one swap).

@@ -9,7 +9,6 @@ uses the settings from the environment and no user-state codec (every user cold)
 
 import asyncio
 import gc
-import hmac
 import json
 import logging
 import time
@@ -21,7 +20,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
@@ -31,16 +30,19 @@ from schemas.codec import describe_validation_error
 from schemas.errors import AdapterError
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
+from serving.admin import check_admin, token_digest
 from serving.canary import Arm, Canary, CanaryRule, arm_for
 from serving.catalog import Catalog
 from serving.deadline import Deadline, Rung, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
+from serving.http import BodyTooLarge, ClientDisconnect, is_json, read_body
 from serving.io import ImpressionSink, RedisIO, UserCodec
 from serving.loops import ReplicaLoops
 from serving.metrics import ServingMetrics
 from serving.pipeline import AdPipeline, content_vectorizer, recall_pctr, utcnow
 from serving.ranking import RankInput, RankModel, load_ranker, resolve_device
 from serving.towers import TowerSpace
+from trainers.delta import resolve_signing_key
 
 log = logging.getLogger(__name__)
 api = FastAPI(
@@ -54,26 +56,52 @@ def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
+def _detail(description: str) -> dict[str, Any]:
+    """An OpenAPI response entry whose body is `{"detail": "<why>"}`."""
+    schema = {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: _detail("admin token missing or malformed"),
+    403: _detail("wrong admin token, or admin routes disabled (no strong token configured)"),
+    404: _detail("unknown adapter"),
+}
+
+
 @serve.ingress(api)
 class AdServer(ReplicaLoops):
     """The ingress replica: HTTP API, pipeline, adapter bank, hot swap and canary."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-        self, settings_json: str, user_codec: UserCodec | None = None
+        self, settings_json: str, user_codec: UserCodec | None = None, admin_digest: str | None = None
     ) -> None:
+        # secrets never travel in the actor's init args: the admin token as its SHA-256, the
+        # delta signing key from this process' environment or the stack's key file
         s = self.settings = Settings(**json.loads(settings_json))
+        self.admin_digest = admin_digest
         torch.set_num_threads(1)
         self.metrics = ServingMetrics()
         device = resolve_device(s.device)
         model, version = load_ranker(s, device)
         self.rank = RankModel(model, version, s, device)
-        self.towers = TowerSpace.load(s.model_dir)
+        self.towers = TowerSpace.load(s.model_dir, s.title_cache_size)
         if self.towers is not None:
-            self.catalog = Catalog(self.towers.dim, model.config, self.towers.ad_vector)
+            self.catalog = Catalog(
+                self.towers.dim, model.config, self.towers.ad_vector, max_ads=s.serve_catalog_max_ads
+            )
         else:
-            self.catalog = Catalog(s.state_dim, model.config, content_vectorizer(s.state_dim))
+            self.catalog = Catalog(
+                s.state_dim, model.config, content_vectorizer(s.state_dim), max_ads=s.serve_catalog_max_ads
+            )
         self.pipe = AdPipeline(s, self.rank, self.catalog, self.towers)
-        self.applier = DeltaApplier(self.rank.bank, version, s.delta_max_norm)
+        self.applier = DeltaApplier(
+            self.rank.bank,
+            version,
+            s.delta_max_norm,
+            key=resolve_signing_key(s),
+            max_drift=s.serve_adapter_max_drift,
+        )
         self.canary = Canary(
             s.canary_share,
             CanaryRule(
@@ -97,19 +125,29 @@ class AdServer(ReplicaLoops):
         self._rank_batch.set_batch_wait_timeout_s(s.serve_batch_wait_ms / 1000)  # type: ignore[attr-defined]
         await self.sink.start()
         await self._load_snapshots()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         if s.serve_consume_deltas:
-            self._tasks += [
-                asyncio.create_task(self._follow(topics.CATALOG, self._on_ad, True)),
-                asyncio.create_task(self._follow(topics.ADAPTER_DELTAS, self._on_delta, True)),
-                asyncio.create_task(self._follow(topics.CLICKS, self._on_click, False)),
-            ]
-        self._tasks.append(asyncio.create_task(self._housekeeping()))
-        self._tasks.append(asyncio.create_task(self._flush_counters()))
+            self._supervise("catalog", lambda: self._follow(topics.CATALOG, self._on_ad, True))
+            self._supervise("deltas", lambda: self._follow(topics.ADAPTER_DELTAS, self._on_delta, True))
+            self._supervise("clicks", lambda: self._follow(topics.CLICKS, self._on_click, False))
+        self._supervise("housekeeping", self._housekeeping)
+        self._supervise("counters", self._flush_counters)
         gc.collect()
         gc.freeze()  # what start-up allocated (catalog, model, Ray) is never scanned again
         self.ready = True
         log.info("ad server ready: model %s on %s, %d ads", version, device, self.catalog.n)
+
+    async def __del__(self) -> None:
+        """Serve's graceful shutdown: stop the background loops, then write what is pending
+        (frequency caps and spend to Redis, queued impressions to Kafka) before the replica goes."""
+        for task in getattr(self, "_tasks", {}).values():
+            task.cancel()
+        try:
+            await asyncio.wait_for(self.redis.flush(), 2.0)
+        except Exception as exc:
+            log.warning("final counter flush failed: %s", exc)
+        await self.sink.stop(timeout_s=5.0)
+        await self.redis.close()
 
     # -- ranking (batched across concurrent requests) ------------------------------------
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
@@ -133,39 +171,47 @@ class AdServer(ReplicaLoops):
             }
         },
         responses={
-            413: {"description": "body over 64 KiB"},
-            422: {"description": "invalid request"},
-            503: {"description": "overloaded; retry after Retry-After seconds"},
+            400: _detail("client disconnected before the body ended"),
+            413: _detail("body over max_body_bytes (64 KiB)"),
+            415: _detail("Content-Type is not application/json"),
+            422: {"description": "invalid request: `detail` lists each field (`loc`) and why"},
+            503: _detail("overloaded; retry after Retry-After seconds"),
         },
     )
     async def ads(self, request: Request) -> Response:
         """Ranked ads for one user and slot (see `AdRequest` / `AdResponse`)."""
         t0 = time.perf_counter()
         limit = self.settings.max_body_bytes
-        if int(request.headers.get("content-length") or 0) > limit:
-            return self._status(413, _error(413, f"request body over {limit} bytes"))
+        if not is_json(request.headers.get("content-type")):
+            return self._status(415, _error(415, "Content-Type must be application/json"))
         if self.in_flight >= self.settings.serve_admission_limit or not self.ready:
             self.metrics.shed.inc()
             return self._status(503, _error(503, "overloaded, retry later", {"Retry-After": "1"}))
-        body = await request.body()
-        if len(body) > limit:
-            return self._status(413, _error(413, f"request body over {limit} bytes"))
+        self.in_flight += 1  # from the first byte: a slow body holds its admission slot
         try:
-            req = AdRequest.model_validate_json(body)
-        except ValidationError as exc:
-            detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            return self._status(
-                422,
-                JSONResponse({"detail": detail, "error": describe_validation_error(exc)}, status_code=422),
-            )
-        self.in_flight += 1
-        arm = arm_for(req.user_id, self.canary.share(time.time()))
-        try:
-            resp = await self._serve(req, arm)
-        except Exception:
-            log.exception("request failed")
-            self.canary.request(arm, (time.perf_counter() - t0) * 1000, True, time.time())
-            return self._status(500, _error(500, "internal error"))
+            try:
+                body = await read_body(request, limit)
+            except BodyTooLarge:
+                return self._status(413, _error(413, f"request body over {limit} bytes"))
+            except ClientDisconnect:
+                return self._status(400, _error(400, "client disconnected before the body ended"))
+            try:
+                req = AdRequest.model_validate_json(body)
+            except ValidationError as exc:
+                detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+                return self._status(
+                    422,
+                    JSONResponse(
+                        {"detail": detail, "error": describe_validation_error(exc)}, status_code=422
+                    ),
+                )
+            arm = arm_for(req.user_id, self.canary.share(time.time()))
+            try:
+                resp = await self._serve(req, arm)
+            except Exception:
+                log.exception("request failed")
+                self.canary.request(arm, (time.perf_counter() - t0) * 1000, True, time.time())
+                return self._status(500, _error(500, "internal error"))
         finally:
             self.in_flight -= 1
         ms = (time.perf_counter() - t0) * 1000
@@ -252,20 +298,19 @@ class AdServer(ReplicaLoops):
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
-        """Liveness and what the replica serves."""
-        return {
-            "status": "ok" if self.ready else "starting",
-            "model_version": self.rank.version,
-            "ads": self.catalog.n,
-            "adapters": len(self.rank.bank.meta),
-            "device": str(self.rank.device),
-        }
+        """Liveness and the model version every response names anyway (counts and devices are
+        on the admin-only `/v1/adapters` and on `/metrics`)."""
+        return {"status": "ok" if self.ready else "starting", "model_version": self.rank.version}
 
     def check_health(self) -> None:
         if not self.ready:
             raise RuntimeError("not warmed up yet")
 
-    @api.get("/metrics")
+    @api.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {}}}},
+    )
     async def metrics_route(self) -> Response:
         """Prometheus metrics of this replica."""
         self.metrics.staleness.set(self.applier.max_staleness_s())
@@ -274,48 +319,69 @@ class AdServer(ReplicaLoops):
         self.metrics.catalog.set(self.catalog.n)
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @api.get("/v1/adapters", response_model=list[AdapterInfo])
-    async def adapters(self) -> list[AdapterInfo]:
-        """Versions, staleness and rejected deltas of every adapter this replica holds."""
-        return self.applier.infos()
+    @api.get("/v1/adapters", response_model=list[AdapterInfo], responses=ADMIN_RESPONSES)
+    async def adapters(self, request: Request) -> Response:
+        """Versions, staleness and rejected deltas of every adapter this replica holds (admin
+        token: adapter ids name advertisers)."""
+        if (denied := self._admin(request)) is not None:
+            return denied
+        body = "[" + ",".join(i.model_dump_json() for i in self.applier.infos()) + "]"
+        return Response(body, media_type="application/json")
 
     def _admin(self, request: Request) -> JSONResponse | None:
         """None when the request carries the admin token, else the 401/403 answer."""
-        auth = request.headers.get("authorization") or request.headers.get("x-admin-token")
-        if not auth:
-            return _error(401, "admin token required", {"WWW-Authenticate": "Bearer"})
-        token = auth.removeprefix("Bearer ").strip().encode()
-        if not hmac.compare_digest(token, self.settings.admin_token.get_secret_value().encode()):
-            return _error(403, "wrong admin token")
-        return None
+        denied = check_admin(
+            request.headers.get("authorization"), request.headers.get("x-admin-token"), self.admin_digest
+        )
+        if denied is None:
+            return None
+        status, why = denied
+        return _error(status, why, {"WWW-Authenticate": "Bearer"} if status == 401 else None)
 
-    @api.post("/v1/adapters/{adapter_id}/rollback", response_model=AdapterInfo)
+    # `:path`: slot+advertiser adapter ids (`feed/adv:x`) hold a slash
+    @api.post(
+        "/v1/adapters/{adapter_id:path}/rollback",
+        response_model=AdapterInfo,
+        responses={
+            **ADMIN_RESPONSES,
+            409: _detail("no previous version, or it changed meanwhile"),
+            503: _detail("pins unavailable (Redis)"),
+        },
+    )
     async def rollback(self, adapter_id: str, request: Request) -> Response:
         """Serve an adapter's previous version again and pin it there on every replica until
         `/unpin` (admin token: `Authorization: Bearer …`)."""
         if (denied := self._admin(request)) is not None:
             return denied
-        meta = self.rank.bank.meta.get(adapter_id)
-        if meta is None:
+        if adapter_id not in self.rank.bank.meta:
             return _error(404, f"unknown adapter {adapter_id!r}")
         if adapter_id not in self.applier.pinned:
-            if meta.previous is None:
-                return _error(409, f"adapter {adapter_id!r} has no previous version to roll back to")
+            try:  # held from here: no delta lands while the pin is stored, so `seq` stays the target
+                seq = self.applier.hold(adapter_id)
+            except AdapterError as exc:
+                return _error(409, str(exc))
             try:  # the pin is shared first: a rollback other replicas don't follow is half a rollback
-                await self.redis.set_pin(adapter_id, meta.previous_seq)
+                await self.redis.set_pin(adapter_id, seq, self.applier.previous_snapshot(adapter_id))
             except Exception as exc:
-                log.warning("could not store the pin of %s: %s", adapter_id, exc)
+                self.applier.release(adapter_id)
+                log.warning("could not store the pin of %r: %s", adapter_id, exc)
                 return _error(
                     503, "adapter pins are unavailable (Redis); nothing changed", {"Retry-After": "1"}
                 )
-        if adapter_id not in self.applier.pinned:  # housekeeping may have followed the pin meanwhile
-            try:
-                self.applier.rollback(adapter_id)
-            except AdapterError as exc:
-                return _error(409, str(exc))
+            if adapter_id not in self.applier.pinned:  # housekeeping may have followed the pin meanwhile
+                try:
+                    self.applier.rollback(adapter_id, expect_seq=seq)
+                except AdapterError as exc:
+                    return _error(409, str(exc))
+            else:
+                self.applier.release(adapter_id)
         return Response(self.applier.info(adapter_id).model_dump_json(), media_type="application/json")
 
-    @api.post("/v1/adapters/{adapter_id}/unpin", response_model=AdapterInfo)
+    @api.post(
+        "/v1/adapters/{adapter_id:path}/unpin",
+        response_model=AdapterInfo,
+        responses={**ADMIN_RESPONSES, 503: _detail("pins unavailable (Redis)")},
+    )
     async def unpin(self, adapter_id: str, request: Request) -> Response:
         """Lift an admin rollback: the adapter re-syncs from its latest snapshot and follows deltas again."""
         if (denied := self._admin(request)) is not None:
@@ -325,7 +391,7 @@ class AdServer(ReplicaLoops):
         try:
             await self.redis.clear_pin(adapter_id)
         except Exception as exc:
-            log.warning("could not clear the pin of %s: %s", adapter_id, exc)
+            log.warning("could not clear the pin of %r: %s", adapter_id, exc)
             return _error(503, "adapter pins are unavailable (Redis); nothing changed", {"Retry-After": "1"})
         if self.applier.unpin(adapter_id):
             await self._resync(adapter_id, "unpin")
@@ -345,13 +411,18 @@ def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:
         ray_actor_options={"num_cpus": 0},
         health_check_period_s=5,
     )
-    return deployment.bind(settings_payload(settings), user_codec)  # type: ignore[attr-defined]
+    return deployment.bind(  # type: ignore[attr-defined]
+        settings_payload(settings), user_codec, token_digest(settings.admin_token)
+    )
 
 
 def settings_payload(settings: Settings) -> str:
-    """Settings as JSON for the replicas, the admin token included (pydantic masks secrets)."""
+    """Settings as JSON for the replicas, without secrets (Ray stores and shows actor arguments):
+    replicas get the admin token's digest separately and read the delta signing key themselves."""
     data = json.loads(settings.model_dump_json())
-    data["admin_token"] = settings.admin_token.get_secret_value()
+    for name, field in Settings.model_fields.items():
+        if field.annotation is SecretStr:
+            data.pop(name, None)
     return json.dumps(data)
 
 

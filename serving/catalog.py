@@ -3,6 +3,11 @@
 Ads arrive from a catalog file at start and from `ad.catalog` live; an update of a known `ad_id`
 replaces its row. Spend per campaign (for pacing) and impressions per ad (popularity, long tail)
 are counted here from what this replica served and refreshed from the shared Redis totals.
+
+Bounded: at most `max_ads` rows; when full, a new ad takes the row of an inactive one (the
+oldest such), and a catalog full of active ads refuses new ones (`CatalogFull`, the caller
+counts it). The advertiser/category/campaign code tables are compacted to the ids still in use
+when they grow past twice the rows, so ids that came and went do not accumulate.
 """
 
 from __future__ import annotations
@@ -12,11 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas.errors import SchemaError
 from schemas.events import AdCreative
 from trainers.features import stable_bucket
 from trainers.ranker import RankerConfig
 
 Vectorizer = Callable[[AdCreative], np.ndarray]
+
+
+class CatalogFull(SchemaError):
+    """A new ad arrived while every row holds an active ad (`serve_catalog_max_ads`)."""
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,17 @@ class CatalogRow:
 class Catalog:
     """Column store of ads; rows are stable indices (an ad keeps its row across updates)."""
 
-    def __init__(self, dim: int, ranker: RankerConfig, vectorize: Vectorizer, capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        dim: int,
+        ranker: RankerConfig,
+        vectorize: Vectorizer,
+        capacity: int = 1024,
+        max_ads: int = 1_000_000,
+    ) -> None:
         self.dim = dim
+        self.max_ads = max_ads
+        self.refused = 0  # new ads refused by a catalog full of active ones
         self.ranker = ranker
         self.vectorize = vectorize
         self.n = 0
@@ -73,6 +92,49 @@ class Catalog:
             new[: old.shape[0]] = old
             setattr(self, name, new)
 
+    def _free_row(self) -> int:
+        """A row for a new ad: the next one, or (full) the first inactive ad's, which is dropped."""
+        if self.n < self.max_ads:
+            if self.n == self.vectors.shape[0]:
+                self._grow()
+            self.n += 1
+            return self.n - 1
+        inactive = np.flatnonzero(~self.active[: self.n])
+        if inactive.shape[0] == 0:
+            self.refused += 1
+            raise CatalogFull(
+                f"catalog holds {self.max_ads} active ads (serve_catalog_max_ads); new ad refused"
+            )
+        row = int(inactive[0])
+        del self.row_of[self.rows[row].ad_id]
+        self.impressions[row] = 0.0
+        return row
+
+    def _compact_codes(self) -> None:
+        """Re-number the code tables to the ids the rows use now (keeps campaigns' spend/budget)."""
+        n = self.n
+        in_use = {
+            "advertiser": {r.advertiser_id for r in self.rows[:n]},
+            "category": {r.category for r in self.rows[:n]},
+        }
+        for kind, column in (("advertiser", self.advertiser), ("category", self.category)):
+            table = {v: i for i, v in enumerate(sorted(in_use[kind]))}
+            old = {c: v for v, c in self.codes[kind].items()}
+            column[:n] = [table[old[int(c)]] for c in column[:n]]
+            self.codes[kind] = table
+        used = sorted({r.campaign_id for r in self.rows[:n]})
+        table = {v: i for i, v in enumerate(used)}
+        old_codes = self.codes["campaign"]
+        size = max(64, len(table))
+        spend, budget = np.zeros(size), np.zeros(size)
+        for v, i in table.items():
+            spend[i] = self.campaign_spend[old_codes[v]]
+            budget[i] = self.campaign_budget[old_codes[v]]
+        old = {c: v for v, c in old_codes.items()}
+        self.campaign[:n] = [table[old[int(c)]] for c in self.campaign[:n]]
+        self.codes["campaign"] = table
+        self.campaign_spend, self.campaign_budget = spend, budget
+
     def _code(self, kind: str, value: str) -> int:
         table = self.codes[kind]
         code = table.get(value)
@@ -88,15 +150,13 @@ class Catalog:
     def upsert(self, ad: AdCreative, vector: np.ndarray | None = None) -> int:
         """Add or replace one ad (its vector from `vectorize` unless given); returns its row."""
         row = self.row_of.get(ad.ad_id)
+        entry = CatalogRow(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.category)
         if row is None:
-            if self.n == self.vectors.shape[0]:
-                self._grow()
-            row = self.n
-            self.n += 1
+            row = self._free_row()
             self.row_of[ad.ad_id] = row
-            self.rows.append(CatalogRow(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.category))
-        else:
-            self.rows[row] = CatalogRow(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.category)
+            if row == len(self.rows):
+                self.rows.append(entry)
+        self.rows[row] = entry
         cfg = self.ranker
         vec = self.vectorize(ad) if vector is None else vector
         self.vectors[row] = np.asarray(vec, dtype=np.float32)[: self.dim]
@@ -114,6 +174,8 @@ class Catalog:
             stable_bucket(ad.category, cfg.category_buckets, "category"),
         )
         self.version += 1
+        if max(len(t) for t in self.codes.values()) > 2 * self.n + 64:
+            self._compact_codes()
         return row
 
     def servable(self) -> np.ndarray:

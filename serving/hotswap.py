@@ -9,14 +9,23 @@ a re-sync (the caller loads the latest snapshot). Pins are shared between replic
 
 The replica keeps each adapter's `AdapterState` (the trainers' layout) next to the bank rows that
 serve it; `DeltaApplier.apply` is synchronous and runs between batches on the replica's loop.
+
+Guards beyond `apply_delta`'s: with a signing `key`, only deltas the trainer signed are applied
+(`unsigned` otherwise); live updates may move an adapter at most `max_drift` (L2 over its A and
+B) from its promoted version (`drift`), so a chain of deltas each under the per-delta bound
+cannot walk it anywhere; a full bank evicts the least recently updated unpinned adapter
+(`evicted`). A rollback first `hold`s the adapter (no delta lands while the pin is stored) and
+shares the rolled-back weights with the pin (`pinned_snapshot`), so a replica that does not hold
+that seq installs exactly those weights.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +34,16 @@ from schemas.api import AdapterInfo
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta
 from serving.adapters import CANDIDATE, STABLE, AdapterBank
-from trainers.delta import AdapterState, SeqGapError, StaleDeltaError, apply_delta, empty_state
+from trainers.delta import (
+    AdapterState,
+    SeqGapError,
+    StaleDeltaError,
+    apply_delta,
+    empty_state,
+    full_parts,
+    make_delta,
+    verify_delta,
+)
 
 log = logging.getLogger(__name__)
 SnapshotSource = Callable[[str], Awaitable[AdapterDelta | None]]
@@ -41,6 +59,15 @@ def to_weights(state: AdapterState) -> dict[str, tuple[torch.Tensor, torch.Tenso
     return {m: (state.tensors[f"{m}.lora_A"], state.tensors[f"{m}.lora_B"]) for m in state.modules}
 
 
+def drift(state: AdapterState, reference: AdapterState | None) -> float:
+    """L2 distance of an adapter's A and B factors from a reference state (zeros when None)."""
+    total = 0.0
+    for k, t in state.tensors.items():
+        ref = reference.tensors.get(k) if reference is not None else None
+        total += float((t if ref is None else t - ref).double().pow(2).sum())
+    return math.sqrt(total)
+
+
 @dataclass
 class DeltaApplier:
     """Per-replica adapter states and the rules for applying deltas to them."""
@@ -48,42 +75,70 @@ class DeltaApplier:
     bank: AdapterBank
     base_version: str
     max_norm: float
+    key: bytes | None = None  # the trainer's signing key; None: unsigned deltas are accepted
+    max_drift: float = math.inf  # bound on a live state's distance from its promoted version
     states: dict[str, AdapterState] = field(default_factory=dict)
+    promoted: dict[str, AdapterState] = field(default_factory=dict)  # what the stable arm serves
     outcomes: Counter[str] = field(default_factory=Counter)
     needs_resync: set[str] = field(default_factory=set)
     last_delta_at: dict[str, float] = field(default_factory=dict)
     rejected_unknown: int = 0
     pinned: dict[str, int] = field(default_factory=dict)  # adapter → the seq it is pinned at
+    held: set[str] = field(default_factory=set)  # a rollback is storing its pin: no delta lands
     unavailable_pins: set[tuple[str, int]] = field(default_factory=set)  # logged once each
 
     def _empty(self, adapter_id: str) -> AdapterState:
         shapes = {n: (s.fan_in, s.fan_out) for n, s in self.bank.shapes.items()}
         return empty_state(adapter_id, self.base_version, shapes, self.bank.rank)
 
-    def apply(self, delta: AdapterDelta, arms: tuple[int, ...] = (CANDIDATE,)) -> str:
-        """Apply one delta; returns the outcome (`applied`, `stale`, `gap`, `rejected`).
+    def apply(
+        self, delta: AdapterDelta, arms: tuple[int, ...] = (CANDIDATE,), *, initial: bool = False
+    ) -> str:
+        """Apply one delta; returns the outcome (`applied`, `stale`, `gap`, `rejected`,
+        `unsigned`, `drift`, `pinned`).
 
         A rejected delta leaves the served weights untouched; a gap marks the adapter for re-sync;
-        a pinned adapter (admin rollback) ignores deltas until it is unpinned.
+        a pinned adapter (admin rollback) ignores deltas until it is unpinned. `initial`: the
+        start-up load of snapshots, which becomes the promoted version (no drift bound).
         """
-        if delta.adapter_id in self.pinned:
+        if delta.adapter_id in self.pinned or delta.adapter_id in self.held:
             return self._count("pinned")
+        if self.key is not None:
+            try:
+                verify_delta(delta, self.key)
+            except AdapterError as exc:
+                log.warning("adapter %r: refused delta: %s", delta.adapter_id, exc)
+                return self._count("unsigned")
         state = self.states.get(delta.adapter_id) or self._empty(delta.adapter_id)
         try:
             new = apply_delta(state, delta, self.max_norm)
         except StaleDeltaError:
             return self._count("stale")
         except SeqGapError as exc:
-            log.warning("adapter %s: %s", delta.adapter_id, exc)
+            log.warning("adapter %r: %s", delta.adapter_id, exc)
             self.needs_resync.add(delta.adapter_id)
             return self._count("gap")
         except AdapterError as exc:
-            log.warning("adapter %s: rejected delta seq %d: %s", delta.adapter_id, delta.seq, exc)
-            meta = self.bank.meta.get(delta.adapter_id)
-            if meta is not None:
-                meta.rejected += 1
-            else:
-                self.rejected_unknown += 1
+            log.warning("adapter %r: rejected delta seq %d: %s", delta.adapter_id, delta.seq, exc)
+            self._rejected(delta.adapter_id)
+            return self._count("rejected")
+        if not initial and STABLE not in arms:
+            moved = drift(new, self.promoted.get(delta.adapter_id))
+            if moved > self.max_drift:
+                log.warning(
+                    "adapter %r: delta seq %d would move it %.4g from its promoted version (bound %.4g)",
+                    delta.adapter_id,
+                    delta.seq,
+                    moved,
+                    self.max_drift,
+                )
+                self._rejected(delta.adapter_id)
+                self.needs_resync.add(delta.adapter_id)  # after a promotion the snapshot may fit
+                return self._count("drift")
+        if delta.adapter_id not in self.bank.meta and self.bank.full and not self._evict_one():
+            log.warning(
+                "adapter %r: bank full of pinned adapters; delta seq %d dropped", delta.adapter_id, delta.seq
+            )
             return self._count("rejected")
         try:  # the bank checks again (shape, finite, ΔW norm) and counts its own rejections
             self.bank.put(
@@ -92,15 +147,43 @@ class DeltaApplier:
                 version=version_of(new),
                 seq=new.seq,
                 base_version=new.base_version,
-                arms=arms,
+                arms=(STABLE, CANDIDATE) if initial else arms,
             )
         except AdapterError as exc:
-            log.warning("adapter %s: bank refused seq %d: %s", delta.adapter_id, delta.seq, exc)
+            log.warning("adapter %r: bank refused seq %d: %s", delta.adapter_id, delta.seq, exc)
             return self._count("rejected")
         self.states[delta.adapter_id] = new
+        if initial or STABLE in arms:
+            self.promoted[delta.adapter_id] = new
         self.needs_resync.discard(delta.adapter_id)
         self.last_delta_at[delta.adapter_id] = time.time()
         return self._count("applied")
+
+    def _rejected(self, adapter_id: str) -> None:
+        meta = self.bank.meta.get(adapter_id)
+        if meta is not None:
+            meta.rejected += 1
+        else:
+            self.rejected_unknown += 1
+
+    def _evict_one(self) -> bool:
+        """Evict the least recently updated adapter that no pin or rollback holds."""
+        free = [m for a, m in self.bank.meta.items() if a not in self.pinned and a not in self.held]
+        if not free:
+            return False
+        victim = min(free, key=lambda m: m.updated_at).adapter_id
+        self.bank.evict(victim)
+        for table in (self.states, self.promoted, self.last_delta_at):
+            table.pop(victim, None)
+        self.needs_resync.discard(victim)
+        log.info("adapter %r evicted from a full bank (%d adapters)", victim, self.bank.capacity)
+        self._count("evicted")
+        return True
+
+    def promote(self) -> None:
+        """The candidate arm becomes the stable arm (the canary promoted it, or start-up)."""
+        self.bank.promote()
+        self.promoted = dict(self.states)
 
     def _count(self, outcome: str) -> str:
         self.outcomes[outcome] += 1
@@ -116,24 +199,72 @@ class DeltaApplier:
             return "rejected"
         return self.apply(snap)
 
-    def rollback(self, adapter_id: str) -> AdapterInfo:
-        """Serve the adapter's previous version again (both arms) and pin it there."""
-        meta = self.bank.rollback(adapter_id)
+    def hold(self, adapter_id: str) -> int:
+        """Stop applying deltas to an adapter while a rollback stores its pin; returns the seq the
+        rollback will go to (its previous version). AdapterError when there is nothing to roll back."""
+        meta = self.bank.meta.get(adapter_id)
+        if meta is None:
+            raise AdapterError(f"unknown adapter {adapter_id!r}")
+        if meta.previous is None:
+            raise AdapterError(f"adapter {adapter_id!r} has no previous version to roll back to")
+        self.held.add(adapter_id)
+        return meta.previous_seq
+
+    def release(self, adapter_id: str) -> None:
+        """End a `hold` without rolling back (the pin could not be stored)."""
+        self.held.discard(adapter_id)
+
+    def rollback(self, adapter_id: str, expect_seq: int | None = None) -> AdapterInfo:
+        """Serve the adapter's previous version again (both arms) and pin it there; with
+        `expect_seq`, AdapterError unless that previous version is that seq."""
+        meta = self.bank.meta.get(adapter_id)
+        if expect_seq is not None and (
+            meta is None or meta.previous is None or meta.previous_seq != expect_seq
+        ):
+            self.held.discard(adapter_id)
+            have = None if meta is None or meta.previous is None else meta.previous_seq
+            raise AdapterError(
+                f"field 'seq': adapter {adapter_id!r} holds previous seq {have}, not {expect_seq}"
+            )
+        try:
+            meta = self.bank.rollback(adapter_id)
+        finally:
+            self.held.discard(adapter_id)
         self.pinned[adapter_id] = meta.seq
         self.needs_resync.discard(adapter_id)
-        state = self.states.get(adapter_id)
-        if state is not None:
-            self.states[adapter_id] = AdapterState(
-                state.adapter_id,
-                state.base_version,
-                state.rank,
-                meta.seq,
-                {
-                    **{f"{m}.lora_A": a for m, (a, _) in self.bank.weights(adapter_id, STABLE).items()},
-                    **{f"{m}.lora_B": b for m, (_, b) in self.bank.weights(adapter_id, STABLE).items()},
-                },
-            )
+        state = self.states.get(adapter_id) or self._empty(adapter_id)
+        weights = self.bank.weights(adapter_id, STABLE)
+        self.states[adapter_id] = self.promoted[adapter_id] = AdapterState(
+            state.adapter_id,
+            state.base_version,
+            state.rank,
+            meta.seq,
+            {
+                **{f"{m}.lora_A": a for m, (a, _) in weights.items()},
+                **{f"{m}.lora_B": b for m, (_, b) in weights.items()},
+            },
+        )
         return self.info(adapter_id)
+
+    def pinned_snapshot(self, adapter_id: str) -> AdapterDelta:
+        """The weights an adapter is pinned at, as a (signed) snapshot other replicas can install."""
+        state = self.states[adapter_id]
+        return make_delta(
+            state, full_parts(state.tensors, state.rank), state.seq, snapshot=True, key=self.key
+        )
+
+    def previous_snapshot(self, adapter_id: str) -> AdapterDelta:
+        """The adapter's previous version (what a rollback goes to) as a (signed) snapshot: shared
+        with the pin so every replica serves exactly these weights."""
+        meta = self.bank.meta[adapter_id]
+        if meta.previous is None:
+            raise AdapterError(f"adapter {adapter_id!r} has no previous version to roll back to")
+        tensors = {
+            **{f"{m}.lora_A": a.detach().cpu().clone() for m, (a, _) in meta.previous.items()},
+            **{f"{m}.lora_B": b.detach().cpu().clone() for m, (_, b) in meta.previous.items()},
+        }
+        state = AdapterState(adapter_id, meta.base_version, self.bank.rank, meta.previous_seq, tensors)
+        return make_delta(state, full_parts(tensors, state.rank), state.seq, snapshot=True, key=self.key)
 
     def unpin(self, adapter_id: str) -> bool:
         """Lift an adapter's pin (True if it was pinned); it then needs a re-sync from its snapshot."""
@@ -142,29 +273,83 @@ class DeltaApplier:
         self.needs_resync.add(adapter_id)
         return True
 
-    def sync_pins(self, shared: dict[str, int]) -> list[str]:
+    def missing_pins(self, shared: dict[str, int]) -> list[str]:
+        """Adapters pinned elsewhere at a seq this replica can neither keep nor roll back to."""
+        out = []
+        for adapter_id, seq in shared.items():
+            meta = self.bank.meta.get(adapter_id)
+            if self.pinned.get(adapter_id) == seq:
+                continue
+            if meta is not None and (
+                meta.seq == seq or (meta.previous is not None and meta.previous_seq == seq)
+            ):
+                continue
+            out.append(adapter_id)
+        return out
+
+    def sync_pins(
+        self, shared: dict[str, int], snapshots: Mapping[str, AdapterDelta | None] | None = None
+    ) -> list[str]:
         """Follow the replica-wide pins (`adapter → seq`); returns the adapters it unpinned (each
         needs a re-sync from its snapshot).
 
         A pin set by another replica is followed when this replica can serve that seq (it is the
-        current or the kept previous version); otherwise it is logged and counted, not guessed.
+        current or the kept previous version), or from the pinned weights shared with the pin
+        (`snapshots`: `pinned_snapshot` of the replica that rolled back); otherwise it is logged
+        and counted, not guessed.
         """
         lifted = [a for a in self.pinned if a not in shared]
         for adapter_id in lifted:
             self.unpin(adapter_id)
         for adapter_id, seq in shared.items():
-            if self.pinned.get(adapter_id) == seq:
+            if self.pinned.get(adapter_id) == seq or adapter_id in self.held:
                 continue
             meta = self.bank.meta.get(adapter_id)
+            snap = (snapshots or {}).get(adapter_id)
             if meta is not None and meta.seq == seq:
                 self.pinned[adapter_id] = seq
             elif meta is not None and meta.previous is not None and meta.previous_seq == seq:
                 self.rollback(adapter_id)
+            elif snap is not None and snap.seq == seq and self._install_pinned(snap) == "applied":
+                self.pinned[adapter_id] = seq
             elif (adapter_id, seq) not in self.unavailable_pins:
                 self.unavailable_pins.add((adapter_id, seq))
                 self._count("pin_unavailable")
-                log.warning("adapter %s: pinned at seq %d elsewhere, not held here", adapter_id, seq)
+                log.warning("adapter %r: pinned at seq %d elsewhere, not held here", adapter_id, seq)
         return lifted
+
+    def _install_pinned(self, snap: AdapterDelta) -> str:
+        """Install pinned weights in both arms whatever this replica's seq (they were chosen by an
+        admin, not by the seq order)."""
+        if self.key is not None:
+            try:
+                verify_delta(snap, self.key)
+            except AdapterError as exc:
+                log.warning("adapter %r: refused pinned weights: %s", snap.adapter_id, exc)
+                return self._count("unsigned")
+        try:
+            new = apply_delta(self._empty(snap.adapter_id), snap, self.max_norm)
+        except AdapterError as exc:
+            log.warning("adapter %r: pinned weights refused: %s", snap.adapter_id, exc)
+            return self._count("rejected")
+        if snap.adapter_id not in self.bank.meta and self.bank.full and not self._evict_one():
+            return self._count("rejected")
+        try:
+            self.bank.put(
+                snap.adapter_id,
+                to_weights(new),
+                version=version_of(new),
+                seq=new.seq,
+                base_version=new.base_version,
+                arms=(STABLE, CANDIDATE),
+            )
+        except AdapterError as exc:
+            log.warning("adapter %r: bank refused pinned weights: %s", snap.adapter_id, exc)
+            return self._count("rejected")
+        self.states[snap.adapter_id] = self.promoted[snap.adapter_id] = new
+        self.needs_resync.discard(snap.adapter_id)
+        self._count("pin_installed")
+        return "applied"
 
     def info(self, adapter_id: str) -> AdapterInfo:
         meta = self.bank.meta[adapter_id]

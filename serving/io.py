@@ -2,19 +2,32 @@
 and Kafka (impressions out; catalog, adapter deltas and clicks in). Thin async shells.
 
 Redis keys written/read by serving (under `settings.redis_prefix`):
-- `fcap:{yyyymmdd}:{user_id}` hash ad_id → impressions today (TTL 2 days)
-- `spend:{yyyymmdd}` hash campaign_id → expected spend today (pCTR × price, TTL 2 days)
+- `fcap:{yyyymmdd}:{h}` hash ad_id → impressions today of the user whose id hashes to `h`
+  (`fcap_key`: 32 hex, whatever the id's length), expiring an hour after that UTC day ends: the
+  only per-user key serving writes, for ids that passed the contract, and it cannot outlive its day
+- `spend:{yyyymmdd}` hash campaign_id → expected spend today (pCTR × price, per campaign, never
+  per user; TTL 2 days)
 - the user record (key and layout owned by streams, decoded through a `UserCodec` given at start)
 - adapter snapshots (`adapter:{adapter_id}`: an `AdapterDelta` JSON with `snapshot=true`)
-- `adapter-pins` hash adapter_id → seq: adapters an admin rolled back (shared by all replicas)
+- `adapter-pins` hash adapter_id → seq: adapters an admin rolled back (shared by all replicas),
+  and `adapter-pin:{adapter_id}` the pinned weights (a snapshot), for replicas that lack that seq
+
+Kafka: impressions go out through a bounded queue that one task drains, counting each
+impression when the broker acknowledged it (`sent`), could not take it (`failed`) or found the
+queue full (`dropped`); a producer that cannot connect at start keeps retrying. Topics are
+followed from a start position (the beginning, or `replay_s` back for deltas) and, across
+reconnects, from where the replica left off; large records are parsed off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from schemas import codec, topics
@@ -26,6 +39,8 @@ from serving.pipeline import UserView
 
 log = logging.getLogger(__name__)
 DAY_TTL_S = 2 * 24 * 3600
+FCAP_GRACE_S = 3600  # a frequency-cap key outlives its UTC day by this much (clock skew, late flush)
+OFF_LOOP_BYTES = 64 * 1024  # records larger than this are parsed in a worker thread
 
 
 class UserCodec(Protocol):
@@ -38,6 +53,22 @@ class UserCodec(Protocol):
 
 def day_of(now: datetime) -> str:
     return now.strftime("%Y%m%d")
+
+
+def fcap_key(prefix: str, day: str, user_id: str) -> str:
+    """The frequency-cap hash of one user for one day (the id hashed: keys stay 32 hex long).
+
+    >>> fcap_key("p:", "20260101", "u1")
+    'p:fcap:20260101:e6fba4a7d9b3ee8c2d85e98d5e2b8aeb'
+    """
+    digest = hashlib.blake2b(user_id.encode(), digest_size=16).hexdigest()
+    return f"{prefix}fcap:{day}:{digest}"
+
+
+def fcap_expiry(day: str) -> int:
+    """Unix time at which a day's frequency-cap keys expire: the day's end plus `FCAP_GRACE_S`."""
+    start = datetime.strptime(day, "%Y%m%d").replace(tzinfo=UTC)
+    return int((start + timedelta(days=1)).timestamp()) + FCAP_GRACE_S
 
 
 def parse_pins(raw: dict[Any, Any]) -> dict[str, int]:
@@ -75,13 +106,14 @@ class RedisIO:
         self._fcap_inflight: dict[tuple[str, str], dict[str, int]] = {}
         self._spend: dict[str, dict[str, float]] = {}
         self.errors = 0
+        self.dropped = 0  # counter writes Redis refused inside an EXEC (not retried)
 
     async def read(self, user_id: str, now: datetime) -> tuple[UserView | None, list[str]]:
         """The user's view (None when unknown/cold or unreadable) and the ads capped for them."""
         pipe = self.client.pipeline(transaction=False)
         if self.codec is not None:
             pipe.get(self.codec.key(self.prefix, user_id))
-        pipe.hgetall(f"{self.prefix}fcap:{day_of(now)}:{user_id}")
+        pipe.hgetall(fcap_key(self.prefix, day_of(now), user_id))
         res = await pipe.execute()
         view = None
         if self.codec is not None and res[0] is not None:
@@ -113,30 +145,49 @@ class RedisIO:
         fcap, spend = self._fcap, self._spend
         self._fcap, self._spend = {}, {}
         self._fcap_inflight = fcap
-        # MULTI/EXEC: all or nothing, so a failed write can be retried without double counting
+        # MULTI/EXEC: nothing is applied unless EXEC runs, so a write that never reached Redis is
+        # retried whole; but inside an EXEC each command succeeds or fails alone (WRONGTYPE, an
+        # increment that would overflow), so after EXEC only the failed ones are looked at: they
+        # cannot succeed on a retry either and are dropped (counted, logged), while the applied
+        # ones are never re-sent (re-sending them would count them twice)
         pipe = self.client.pipeline(transaction=True)
         n = 0
+        what: list[tuple[str, str, str] | None] = []  # per queued command: (kind, key, field)
         for (day, user_id), ads in fcap.items():
-            key = f"{self.prefix}fcap:{day}:{user_id}"
+            key = fcap_key(self.prefix, day, user_id)
             for ad, count in ads.items():
                 pipe.hincrby(key, ad, count)
-            pipe.expire(key, DAY_TTL_S)
+                what.append(("fcap", key, ad))
+            # never in the past (a day that ended while its counts waited): that would delete the key
+            pipe.expireat(key, max(fcap_expiry(day), int(time.time()) + FCAP_GRACE_S))
+            what.append(None)
             n += len(ads) + 1
         for day, camps in spend.items():
             key = f"{self.prefix}spend:{day}"
             for camp, cost in camps.items():
                 pipe.hincrbyfloat(key, camp, cost)
+                what.append(("spend", key, camp))
             pipe.expire(key, DAY_TTL_S)
+            what.append(None)
             n += len(camps) + 1
         try:
-            await pipe.execute()
+            results = await pipe.execute(raise_on_error=False)
         except Exception:
-            # keep the counts for the next flush: a lost count would let a capped ad through
+            # EXEC never ran (connection lost, timeout): keep the counts for the next flush, a
+            # lost count would let a capped ad through
             _merge_counts(self._fcap, fcap)
             _merge_counts(self._spend, spend)
             raise
         finally:
             self._fcap_inflight = {}
+        failed = [(w, r) for w, r in zip(what, results, strict=False) if isinstance(r, Exception)]
+        if failed:
+            self.errors += len(failed)
+            self.dropped += len(failed)
+            log.warning(
+                "%d counter write(s) refused by Redis, dropped (a retry cannot succeed), e.g. %s: %s",
+                len(failed), failed[0][0], failed[0][1],
+            )  # fmt: skip
         return n
 
     async def spend(self, now: datetime) -> dict[str, float]:
@@ -166,60 +217,157 @@ class RedisIO:
         """The replica-wide adapter pins (admin rollbacks): adapter_id → pinned seq."""
         return parse_pins(await self.client.hgetall(f"{self.prefix}adapter-pins"))
 
-    async def set_pin(self, adapter_id: str, seq: int) -> None:
-        await self.client.hset(f"{self.prefix}adapter-pins", adapter_id, seq)
+    async def set_pin(self, adapter_id: str, seq: int, weights: AdapterDelta | None = None) -> None:
+        """Pin an adapter at `seq` for every replica, with the pinned weights (a snapshot) for
+        replicas that do not hold that seq; both in one MULTI/EXEC."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(f"{self.prefix}adapter-pins", adapter_id, seq)
+        if weights is not None:
+            pipe.set(f"{self.prefix}adapter-pin:{adapter_id}", codec.encode(weights))
+        await pipe.execute()
+
+    async def pin_snapshots(self, adapter_ids: Iterable[str]) -> dict[str, AdapterDelta | None]:
+        """The weights stored with the pins of `adapter_ids` (None where absent or invalid)."""
+        ids = list(adapter_ids)
+        if not ids:
+            return {}
+        raw = await self.client.mget([f"{self.prefix}adapter-pin:{a}" for a in ids])
+        out: dict[str, AdapterDelta | None] = {}
+        for adapter_id, data in zip(ids, raw, strict=True):
+            msg = None
+            if data is not None:
+                try:
+                    msg = codec.decode(AdapterDelta, data)
+                except SchemaError as exc:
+                    log.warning("pinned weights of adapter %r are invalid: %s", adapter_id, exc)
+            out[adapter_id] = msg if isinstance(msg, AdapterDelta) else None
+        return out
 
     async def clear_pin(self, adapter_id: str) -> bool:
-        return bool(await self.client.hdel(f"{self.prefix}adapter-pins", adapter_id))
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hdel(f"{self.prefix}adapter-pins", adapter_id)
+        pipe.delete(f"{self.prefix}adapter-pin:{adapter_id}")
+        removed, _ = await pipe.execute()
+        return bool(removed)
 
     async def close(self) -> None:
         await self.client.aclose()
 
 
 class ImpressionSink:
-    """Produces served impressions to `ad.impressions` without making the request wait."""
+    """Produces served impressions to `ad.impressions` without making the request wait.
+
+    `emit` puts impressions on a bounded queue (full: `dropped`); one task sends them and counts
+    each when the broker acknowledged it (`sent`, acks=all) or refused it (`failed`). Started
+    while Kafka is down, the producer keeps retrying in the background and what was queued
+    meanwhile goes out once it connects. `stop` drains the queue (bounded by `timeout_s`).
+    """
 
     def __init__(self, settings: Settings, on_outcome: Callable[[str, int], None]) -> None:
         self.settings = settings
         self.topic = topics.topic_name(topics.IMPRESSIONS, settings.topic_prefix)
         self.producer: Any = None
         self.on_outcome = on_outcome
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.limit = settings.serve_impressions_pending
+        self._queue: deque[Impression] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.connect_attempts = 0
+
+    @property
+    def pending(self) -> int:
+        """Impressions queued and not yet sent."""
+        return len(self._queue)
 
     async def start(self) -> None:
+        """Start the sender (it connects, retrying, in the background: start never waits for Kafka)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="adstream-impressions")
+        self._task.add_done_callback(self._died)
+
+    def _died(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stopping:
+            return
+        log.error("impression sender died (%r); restarting", task.exception())
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="adstream-impressions")
+        self._task.add_done_callback(self._died)
+
+    async def _connect(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        producer = AIOKafkaProducer(**kafka_args(self.settings), linger_ms=5, acks=1)
-        try:
-            await asyncio.wait_for(producer.start(), 10)
-        except Exception as exc:
-            log.error("impression producer could not start (%s); impressions will be dropped", exc)
-            await producer.stop()
-            return
-        self.producer = producer
+        delay = 0.5
+        while self.producer is None and not self._stopping:
+            self.connect_attempts += 1
+            producer = AIOKafkaProducer(**kafka_args(self.settings), linger_ms=5, acks="all")
+            try:
+                await asyncio.wait_for(producer.start(), 10)
+            except asyncio.CancelledError:
+                await producer.stop()
+                raise
+            except Exception as exc:
+                log.warning("impression producer could not connect (%s); retrying in %.1fs", exc, delay)
+                await producer.stop()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            self.producer = producer
+            log.info("impression producer connected")
 
     def emit(self, imps: list[Impression]) -> None:
         if not imps:
             return
-        if self.producer is None:
-            self.on_outcome("dropped", len(imps))
-            return
-        task = asyncio.get_running_loop().create_task(self._send(imps))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        room = max(0, self.limit - len(self._queue))
+        if room < len(imps):
+            self.on_outcome("dropped", len(imps) - room)
+            imps = imps[:room]
+        self._queue.extend(imps)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        await self._connect()
+        while not (self._stopping and not self._queue):
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [self._queue.popleft() for _ in range(min(len(self._queue), 512))]
+            await self._send(batch)
 
     async def _send(self, imps: list[Impression]) -> None:
+        futures = []
         try:
             for imp in imps:
-                await self.producer.send(self.topic, codec.encode(imp), key=imp.user_id.encode())
-            self.on_outcome("sent", len(imps))
+                futures.append(
+                    await self.producer.send(self.topic, codec.encode(imp), key=imp.user_id.encode())
+                )
         except Exception as exc:
             log.warning("impressions not produced: %s", exc)
-            self.on_outcome("failed", len(imps))
+            self.on_outcome("failed", len(imps) - len(futures))
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = sum(isinstance(r, BaseException) for r in results)
+        if failed:
+            log.warning("%d impression(s) not acknowledged by the broker: %r", failed, next(
+                r for r in results if isinstance(r, BaseException)
+            ))  # fmt: skip
+            self.on_outcome("failed", failed)
+        if len(results) - failed:
+            self.on_outcome("sent", len(results) - failed)
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued (up to `timeout_s`), then close; what is left is counted `dropped`."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+            except (TimeoutError, asyncio.CancelledError, Exception):
+                self._task.cancel()
+        if self._queue:
+            self.on_outcome("dropped", len(self._queue))
+            self._queue.clear()
         if self.producer is not None:
             await self.producer.stop()
+            self.producer = None
 
 
 async def follow(
@@ -228,12 +376,22 @@ async def follow(
     handle: Callable[[Message], Awaitable[None] | None],
     from_beginning: bool,
     on_invalid: Callable[[str], None],
+    *,
+    replay_s: float | None = None,
+    positions: dict[int, int] | None = None,
 ) -> None:
-    """Consume a contract topic forever (no consumer group: every replica sees everything)."""
+    """Consume a contract topic forever (no consumer group: every replica sees everything).
+
+    Starts at the beginning (`from_beginning`), `replay_s` seconds back (by record time: older
+    deltas are in the snapshots) or at the end; `positions` (partition → next offset, updated
+    as records are handled) carries on across reconnects, so a reconnect never replays the
+    topic. Records over `OFF_LOOP_BYTES` are parsed in a worker thread.
+    """
     from aiokafka import AIOKafkaConsumer
 
     topic = topics.topic_name(base_topic, settings.topic_prefix)
     model = codec.MODEL_BY_TOPIC[base_topic]
+    positions = {} if positions is None else positions
     while True:
         consumer = AIOKafkaConsumer(
             topic,
@@ -245,9 +403,18 @@ async def follow(
         )
         try:
             await consumer.start()
+            await _seek_start(consumer, positions, replay_s)
+            since_ms = int((time.time() - replay_s) * 1000) if replay_s is not None else None
+            fresh = {tp.partition for tp in consumer.assignment()} - set(positions)
             async for rec in consumer:
+                if since_ms is not None and rec.partition in fresh and rec.timestamp < since_ms:
+                    continue  # before the replay window (a broker without a time index seeks to 0)
+                positions[rec.partition] = rec.offset + 1
                 try:
-                    msg = codec.decode(model, rec.value)
+                    if len(rec.value or b"") > OFF_LOOP_BYTES:
+                        msg = await asyncio.to_thread(codec.decode, model, rec.value)
+                    else:
+                        msg = codec.decode(model, rec.value)
                 except SchemaError as exc:
                     on_invalid(str(exc))
                     continue
@@ -269,6 +436,22 @@ async def follow(
             await asyncio.sleep(1.0)
         finally:
             await consumer.stop()
+
+
+async def _seek_start(consumer: Any, positions: dict[int, int], replay_s: float | None) -> None:
+    """Seek each assigned partition to where this replica left off, else `replay_s` back."""
+    assigned = consumer.assignment()
+    fresh = [tp for tp in assigned if tp.partition not in positions]
+    for tp in assigned:
+        if tp.partition in positions:
+            consumer.seek(tp, positions[tp.partition])
+    if fresh and replay_s is not None:
+        since_ms = int((time.time() - replay_s) * 1000)
+        found = await consumer.offsets_for_times({tp: since_ms for tp in fresh})
+        ends = await consumer.end_offsets(fresh)
+        for tp in fresh:
+            hit = found.get(tp)
+            consumer.seek(tp, hit.offset if hit is not None else ends[tp])
 
 
 def _merge_counts(into: dict[Any, dict[str, Any]], counts: dict[Any, dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from schemas import topics
@@ -39,6 +40,43 @@ class ReplicaLoops:
     canary: Canary
     redis: RedisIO
     max_swap_pause_s: float
+    _tasks: dict[str, asyncio.Task[None]]
+
+    def _supervise(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a background loop for the replica's life: when it ends or raises, log it, count it
+        (`adstream_serving_task_restarts_total{task}`) and start it again after a backoff."""
+
+        def done(task: asyncio.Task[None]) -> None:
+            if task.cancelled():
+                return
+            exc = task.exception()
+            if exc is not None:
+                log.error("background task %s died: %r; restarting", name, exc, exc_info=exc)
+            else:
+                log.error("background task %s ended; restarting", name)
+            self.metrics.task_restarts.labels(name).inc()
+            restarts = getattr(self, "_restarts", {})
+            self._restarts = restarts
+            restarts[name] = restarts.get(name, 0) + 1
+            delay = min(30.0, 0.5 * 2 ** min(restarts[name] - 1, 6))
+
+            async def again() -> None:
+                await asyncio.sleep(delay)
+                await loop()
+
+            self._start_task(name, again, done)
+
+        self._start_task(name, loop, done)
+
+    def _start_task(
+        self,
+        name: str,
+        factory: Callable[[], Coroutine[Any, Any, None]],
+        done: Callable[[asyncio.Task[None]], None],
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(factory(), name=f"adstream-{name}")
+        task.add_done_callback(done)
+        self._tasks[name] = task
 
     def _load_catalog_file(self, s: Settings) -> None:
         from schemas.codec import decode
@@ -63,15 +101,27 @@ class ReplicaLoops:
             log.warning("could not list adapter snapshots: %s", exc)
             return
         for adapter_id in ids:
-            await self._resync(adapter_id, "snapshot")
-        self.rank.bank.promote()  # what the trainers last snapshotted is the stable starting point
+            try:
+                snap = await self.redis.snapshot(adapter_id)
+            except Exception as exc:
+                log.warning("could not load the snapshot of adapter %r: %s", adapter_id, exc)
+                continue
+            outcome = "missing" if snap is None else self.applier.apply(snap, initial=True)
+            self.metrics.deltas.labels(f"snapshot_{outcome}").inc()
+        self.applier.promote()  # what the trainers last snapshotted is the stable starting point
 
     async def _follow(self, base: str, handle: Any, from_beginning: bool) -> None:
         def invalid(reason: str) -> None:
             self.metrics.deltas.labels("invalid").inc() if base == topics.ADAPTER_DELTAS else None
             log.warning("invalid message on %s: %s", base, reason)
 
-        await follow(self.settings, base, handle, from_beginning, invalid)
+        # where this replica left off survives reconnects and task restarts: never a full replay
+        positions = self.__dict__.setdefault("_positions", {}).setdefault(base, {})
+        # deltas older than the replay window are in the snapshots loaded at start
+        replay = self.settings.serve_delta_replay_s if base == topics.ADAPTER_DELTAS else None
+        await follow(
+            self.settings, base, handle, from_beginning, invalid, replay_s=replay, positions=positions
+        )
 
     async def _on_ad(self, msg: Message) -> None:
         assert isinstance(msg, AdCreative)
@@ -117,13 +167,16 @@ class ReplicaLoops:
         return outcome
 
     async def _sync_pins(self) -> None:
-        """Follow the admin pins other replicas set or lifted (Redis); re-sync what was unpinned."""
+        """Follow the admin pins other replicas set or lifted (Redis); re-sync what was unpinned.
+        A pin at a seq this replica does not hold installs the weights stored with the pin."""
         try:
             shared = await self.redis.pins()
+            missing = self.applier.missing_pins(shared)
+            weights = await self.redis.pin_snapshots(missing) if missing else {}
         except Exception as exc:
             log.warning("adapter pin refresh failed: %s", exc)
             return
-        for adapter_id in self.applier.sync_pins(shared):
+        for adapter_id in self.applier.sync_pins(shared, weights):
             await self._resync(adapter_id, "unpin")
 
     async def _housekeeping(self) -> None:
@@ -133,25 +186,36 @@ class ReplicaLoops:
         next_eval = time.time() + self.settings.canary_eval_s
         while True:
             await asyncio.sleep(1.0)
-            now = time.time()
-            if utcnow().date() != day:  # a new day: a new spend plan
-                day = utcnow().date()
-                self.catalog.reset_day()
             try:
-                self.catalog.set_spend(await self.redis.spend(utcnow()))
-            except Exception as exc:
-                log.warning("spend refresh failed: %s", exc)
-            if now >= next_eval:
-                next_eval = now + self.settings.canary_eval_s
-                action = self.canary.evaluate(now)
-                if action != "hold":
-                    self.metrics.canary_actions.labels(action).inc()
-                if self.canary.stage == "full":  # promoted past 50 %: candidate becomes stable
-                    self.rank.bank.promote()
-                    self.canary.stage = "canary"
-            await self._sync_pins()
-            self.metrics.canary_share.set(self.canary.share(now))
-            self.metrics.swaps.set(self.rank.bank.swaps)
-            self.metrics.adapters.set(len(self.rank.bank.meta))
-            self.metrics.staleness.set(self.applier.max_staleness_s())
-            self.metrics.catalog.set(self.catalog.n)
+                day, next_eval = await self._housekeeping_step(day, next_eval)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a Redis timeout, a bad pin: the next second tries again
+                self.metrics.task_errors.labels("housekeeping").inc()
+                log.warning("housekeeping step failed: %r", exc)
+
+    async def _housekeeping_step(self, day: Any, next_eval: float) -> tuple[Any, float]:
+        """One second of `_housekeeping`; returns the (day, next canary evaluation) it moved to."""
+        now = time.time()
+        if utcnow().date() != day:  # a new day: a new spend plan
+            day = utcnow().date()
+            self.catalog.reset_day()
+        try:
+            self.catalog.set_spend(await self.redis.spend(utcnow()))
+        except Exception as exc:
+            log.warning("spend refresh failed: %s", exc)
+        if now >= next_eval:
+            next_eval = now + self.settings.canary_eval_s
+            action = self.canary.evaluate(now)
+            if action != "hold":
+                self.metrics.canary_actions.labels(action).inc()
+            if self.canary.stage == "full":  # promoted past 50 %: candidate becomes stable
+                self.applier.promote()
+                self.canary.stage = "canary"
+        await self._sync_pins()
+        self.metrics.canary_share.set(self.canary.share(now))
+        self.metrics.swaps.set(self.rank.bank.swaps)
+        self.metrics.adapters.set(len(self.rank.bank.meta))
+        self.metrics.staleness.set(self.applier.max_staleness_s())
+        self.metrics.catalog.set(self.catalog.n)
+        return day, next_eval

@@ -62,3 +62,15 @@ class ServingMetrics:
         self.clicks_joined = Counter(
             "adstream_serving_clicks_joined_total", "Clicks joined to served pCTR", registry=r
         )
+        self.task_restarts = Counter(
+            "adstream_serving_task_restarts_total",
+            "Background tasks restarted after dying",
+            ["task"],
+            registry=r,
+        )
+        self.task_errors = Counter(
+            "adstream_serving_task_errors_total",
+            "Failed steps of background loops (retried)",
+            ["task"],
+            registry=r,
+        )

@@ -31,8 +31,9 @@ class TowerSpace:
         self.dim = model.config.out_dim
 
     @classmethod
-    def load(cls, model_dir: Path) -> TowerSpace | None:
-        """The two-tower space under `model_dir/two_tower`, or None when there is none."""
+    def load(cls, model_dir: Path, title_cache_size: int = 100_000) -> TowerSpace | None:
+        """The two-tower space under `model_dir/two_tower`, or None when there is none (new ads'
+        title embeddings are cached, up to `title_cache_size` titles)."""
         path = model_dir / "two_tower"
         if not (path / "two_tower.json").exists():
             return None
@@ -47,7 +48,7 @@ class TowerSpace:
                     "ad index %s was built by another two-tower (%s): ignored", index_version, version
                 )
         log.info("two-tower recall %s with %d indexed ads", version, len(index))
-        return cls(model, version, index, TitleEncoder())
+        return cls(model, version, index, TitleEncoder(cache_size=title_cache_size))
 
     def knows(self, ad: AdCreative) -> bool:
         return ad.ad_id in self.index

@@ -29,25 +29,179 @@ state with a lower or equal seq.
 `apply_delta(state, delta, max_norm) -> new AdapterState` never mutates `state`; it checks, like
 PEFT's `safe_merge`, adapter id, base version, rank, module names, shapes, dtypes, finiteness,
 the declared norm and the norm bound, and raises `schemas.errors.AdapterError` (the message
-names the tensor/field and the value) — the caller keeps serving the previous state.
+names the tensor/field and the value) — the caller keeps serving the previous state. The
+safetensors header (tensor count, names, dtypes, shapes, offsets) is checked before any tensor
+is decoded (`check_header`).
+
+Signatures: the trainer signs what it publishes (`make_delta(..., key=)`): `AdapterDelta.signature`
+is HMAC-SHA256 over the fields that decide what a delta does (`delta_mac`). The key is shared by
+trainers and replicas (`resolve_signing_key`: `settings.delta_signing_key`, or the key file
+`<state_dir>/delta-signing.key` that the first process of a local stack creates); a replica with
+a key applies only deltas that verify (`verify_delta`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import math
-from collections.abc import Mapping
+import os
+import secrets
+import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from schemas.errors import AdapterError
-from schemas.events import AdapterDelta
+from schemas.errors import AdapterError, ConfigError
+from schemas.events import MAX_DELTA_BYTES, AdapterDelta
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
 
 FORMAT = "adstream-delta-v1"
 _PARTS = ("dirs", "lora_A", "lora_B")
+_DTYPES = {"dirs": ("I64", 8), "lora_A": ("F32", 4), "lora_B": ("F32", 4)}
+MAX_MODULES = 64  # target modules of one adapter (a ranker has a handful)
+MAX_HEADER_BYTES = 64 * 1024
+KEY_FILE = "delta-signing.key"
+MIN_KEY_BYTES = 32
+
+
+def resolve_signing_key(settings: Settings, *, create: bool = True) -> bytes | None:
+    """The HMAC key of deltas: `settings.delta_signing_key` when set (≥ 32 bytes), else the key
+    file `<state_dir>/delta-signing.key`, created (random, mode 0600) when missing and `create`:
+    every process of one stack (trainer, replicas, tests) shares the state dir and so the key.
+    None only when there is no key and `create` is False."""
+    configured = settings.delta_signing_key.get_secret_value().encode()
+    if configured:
+        if len(configured) < MIN_KEY_BYTES:
+            raise ConfigError(
+                f"delta_signing_key must be at least {MIN_KEY_BYTES} bytes (got {len(configured)})"
+            )
+        return configured
+    path = settings.state_dir / KEY_FILE
+    if not path.exists():
+        if not create:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32) + "\n")
+        try:
+            os.link(tmp, path)  # atomic: two processes starting at once end up with one key
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    key = path.read_text().strip().encode()
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"delta_signing_key: key file {path} holds {len(key)} bytes, at least {MIN_KEY_BYTES} needed"
+        )
+    return key
+
+
+def delta_mac(delta: AdapterDelta, key: bytes) -> str:
+    """HMAC-SHA256 (hex) over what a delta does: adapter, base version, seq, rank, kind, norm
+    and the payload's SHA-256 (ids and timestamps change nothing a replica applies)."""
+    fields = [
+        FORMAT,
+        delta.adapter_id,
+        delta.base_version,
+        delta.seq,
+        delta.rank,
+        delta.snapshot,
+        float(delta.norm).hex(),
+        hashlib.sha256(delta.payload).hexdigest(),
+    ]
+    return hmac.new(key, json.dumps(fields).encode(), hashlib.sha256).hexdigest()
+
+
+def sign_delta(delta: AdapterDelta, key: bytes) -> AdapterDelta:
+    """The same delta with its `signature`."""
+    return delta.model_copy(update={"signature": delta_mac(delta, key)})
+
+
+def verify_delta(delta: AdapterDelta, key: bytes) -> None:
+    """AdapterError unless `delta.signature` is the HMAC of `delta` under `key`."""
+    if delta.signature is None:
+        raise AdapterError(f"field 'signature': delta seq {delta.seq} of {delta.adapter_id!r} is not signed")
+    if not hmac.compare_digest(delta.signature, delta_mac(delta, key)):
+        raise AdapterError(
+            f"field 'signature': delta seq {delta.seq} of {delta.adapter_id!r} "
+            "is not signed by the trainer's key"
+        )
+
+
+def check_header(payload: bytes, modules: Sequence[str] | None) -> None:
+    """Check a payload's safetensors header before decoding a tensor: its length, at most
+    3 tensors per module (of `modules` when given, else of `MAX_MODULES`), names
+    `<module>.dirs/.lora_A/.lora_B`, dtypes, ranks, and offsets that match shapes and lie in
+    the payload. AdapterError names the tensor and the value."""
+    if len(payload) > MAX_DELTA_BYTES:
+        raise AdapterError(f"payload is {len(payload)} bytes; at most {MAX_DELTA_BYTES} are allowed")
+    if len(payload) < 8:
+        raise AdapterError(f"payload of {len(payload)} bytes has no safetensors header")
+    (n,) = struct.unpack("<Q", payload[:8])
+    if not 2 <= n <= min(MAX_HEADER_BYTES, len(payload) - 8):
+        raise AdapterError(
+            f"payload header declares {n} bytes "
+            f"(at most {MAX_HEADER_BYTES} within a {len(payload)}-byte payload)"
+        )
+    try:
+        header = json.loads(payload[8 : 8 + n])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise AdapterError(f"payload header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise AdapterError("payload header is not a JSON object")
+    header.pop("__metadata__", None)
+    limit = 3 * (len(modules) if modules is not None else MAX_MODULES)
+    if len(header) > limit:
+        raise AdapterError(f"payload declares {len(header)} tensors; at most {limit} are allowed")
+    known = set(modules) if modules is not None else None
+    for name, info in header.items():
+        _check_entry(str(name), info, known, len(payload) - 8 - n)
+
+
+def _check_entry(name: str, info: object, known: set[str] | None, data_len: int) -> None:
+    """One tensor of a safetensors header: name, dtype, rank, offsets within `data_len`."""
+    module, _, part = name.rpartition(".")
+    if part not in _PARTS or not module:
+        raise AdapterError(f"payload tensor {name!r} is not one of <module>.dirs/.lora_A/.lora_B")
+    if known is not None and module not in known:
+        raise AdapterError(f"payload tensor {name!r}: module {module!r} is not a target ({sorted(known)})")
+    if not isinstance(info, dict):
+        raise AdapterError(f"payload tensor {name!r}: header entry is not an object")
+    dtype, size = _DTYPES[part]
+    if info.get("dtype") != dtype:
+        raise AdapterError(f"payload tensor {name!r}: dtype {info.get('dtype')!r}, expected {dtype}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    dims = 1 if part == "dirs" else 2
+    if (
+        not isinstance(shape, list)
+        or len(shape) != dims
+        or not all(isinstance(d, int) and 0 <= d <= MAX_DELTA_BYTES for d in shape)
+    ):
+        raise AdapterError(f"payload tensor {name!r}: shape {shape!r} is not {dims}-d")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_len
+    ):
+        raise AdapterError(f"payload tensor {name!r}: data_offsets {offsets!r} outside the payload")
+    if math.prod(shape) * size != offsets[1] - offsets[0]:
+        raise AdapterError(
+            f"payload tensor {name!r}: shape {shape} needs {math.prod(shape) * size} bytes, "
+            f"offsets give {offsets[1] - offsets[0]}"
+        )
 
 
 class SeqGapError(AdapterError):
@@ -126,8 +280,10 @@ def encode_delta(parts: Mapping[str, DeltaPart]) -> bytes:
     return save(flat, metadata={"format": FORMAT})
 
 
-def decode_delta(payload: bytes) -> dict[str, DeltaPart]:
-    """Parse and structurally check a payload; raises AdapterError naming the tensor."""
+def decode_delta(payload: bytes, modules: Sequence[str] | None = None) -> dict[str, DeltaPart]:
+    """Parse and structurally check a payload (its header first: `check_header`, against the
+    adapter's `modules` when given); raises AdapterError naming the tensor."""
+    check_header(payload, modules)
     try:
         flat = load(payload)
     except (SafetensorError, ValueError, RuntimeError) as exc:
@@ -214,11 +370,13 @@ def make_delta(
     snapshot: bool = False,
     event_id: str | None = None,
     now: datetime | None = None,
+    key: bytes | None = None,
 ) -> AdapterDelta:
-    """The AdapterDelta message carrying `parts` (norm computed against `state`)."""
+    """The AdapterDelta message carrying `parts` (norm computed against `state`), signed with
+    `key` when given."""
     now = now or datetime.now(UTC)
     norm = values_norm(parts) if snapshot else change_norm(state.tensors, parts)
-    return AdapterDelta(
+    delta = AdapterDelta(
         event_id=event_id or f"{state.adapter_id[:40]}:{seq}:{'s' if snapshot else 'd'}",
         ts=now,
         adapter_id=state.adapter_id,
@@ -230,6 +388,7 @@ def make_delta(
         created_at=now,
         snapshot=snapshot,
     )
+    return sign_delta(delta, key) if key is not None else delta
 
 
 def apply_delta(
@@ -259,7 +418,7 @@ def apply_delta(
         raise SeqGapError(
             f"field 'seq': expected {state.seq + 1}, got {delta.seq} (gap; re-sync from snapshot)"
         )
-    parts = decode_delta(delta.payload)
+    parts = decode_delta(delta.payload, state.modules)
     _check_parts(state, parts)
     if delta.snapshot:
         missing = [m for m in state.modules if m not in parts or parts[m].dirs.numel() != state.rank]

@@ -68,6 +68,7 @@ from trainers.delta import (
     full_parts,
     make_delta,
     merge_parts,
+    resolve_signing_key,
     select_parts,
 )
 from trainers.features import featurize
@@ -93,6 +94,10 @@ class OnlineSpec:
     min_guard_positives: int = 10
     min_step_examples: int = 64
     fn_loss: Literal["weighted", "calibrated"] = "weighted"
+    # adapters held at once: examples of a new adapter past this are counted and skipped (an id
+    # from a forged event must not grow the trainer without bound; raise it for more advertisers)
+    max_adapters: int = 4096
+    signing_key: bytes | None = field(default=None, repr=False)  # signs every delta and snapshot
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -121,6 +126,8 @@ class OnlineSpec:
             reset_margin=s.reset_margin,
             reset_patience=s.reset_patience,
             fn_loss="calibrated" if s.label_mode == "fn_calibrated" else "weighted",
+            max_adapters=s.trainer_max_adapters,
+            signing_key=resolve_signing_key(s),
         )
 
 
@@ -288,6 +295,14 @@ class OnlineTrainer:
         adapter once learned, for restart); omit it in replay mode.
         """
         for i, ex in enumerate(examples):
+            if ex.adapter_id not in self.runs and len(self.runs) >= self.spec.max_adapters:
+                if not self.counts["adapter_limit"]:
+                    log.warning(
+                        "trainer holds %d adapters (trainer_max_adapters): examples of new ones "
+                        "such as %r are skipped (counted: adapter_limit)", len(self.runs), ex.adapter_id,
+                    )  # fmt: skip
+                self.counts["adapter_limit"] += 1
+                continue
             run = self.run_for(ex.adapter_id)
             run.buffer.append(ex)
             if offsets is not None:
@@ -393,7 +408,7 @@ class OnlineTrainer:
         if change_norm(run.published.tensors, parts) > self.spec.max_norm:
             self.counts["oversized_as_snapshot"] += 1
             return self.snapshot(run.adapter_id)
-        delta = make_delta(run.published, parts, run.seq + 1, now=self.clock())
+        delta = make_delta(run.published, parts, run.seq + 1, now=self.clock(), key=self.spec.signing_key)
         run.unpublished = np.where(chosen, 0.0, acc)
         run.published = AdapterState(
             run.adapter_id,
@@ -449,7 +464,12 @@ class OnlineTrainer:
         run = self.run_for(adapter_id)
         state = self._state(run)
         snap = make_delta(
-            run.published, full_parts(state, run.published.rank), run.seq + 1, snapshot=True, now=self.clock()
+            run.published,
+            full_parts(state, run.published.rank),
+            run.seq + 1,
+            snapshot=True,
+            now=self.clock(),
+            key=self.spec.signing_key,
         )
         run.published = AdapterState(
             adapter_id, run.published.base_version, run.published.rank, snap.seq, state

@@ -196,10 +196,14 @@ class SnapshotStore:
         topic: str,
         retry: RedisRetry | None = None,
         observer: Observer | None = None,
+        ttl_s: int = 30 * 24 * 3600,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.topic = topic
+        # an adapter that stops training does not keep its snapshot forever (`settings.snapshot_ttl_s`;
+        # refreshed on every write); its reserved seqs stay, so a seq is never reused
+        self.ttl_s = ttl_s
         self.retry = retry or RedisRetry()
         self.observer = observer
         self.abort: asyncio.Event | None = None
@@ -272,7 +276,7 @@ class SnapshotStore:
         async def transaction() -> None:
             async with self.client.pipeline(transaction=True) as pipe:
                 for snap, payload, offsets in encoded:
-                    pipe.set(snapshot_key(self.prefix, snap.adapter_id), payload)
+                    pipe.set(snapshot_key(self.prefix, snap.adapter_id), payload, ex=self.ttl_s)
                     pipe.hset(
                         meta_key(self.prefix, snap.adapter_id),
                         mapping={
@@ -283,6 +287,7 @@ class SnapshotStore:
                             "updated_at": now.isoformat(),
                         },
                     )
+                    pipe.expire(meta_key(self.prefix, snap.adapter_id), self.ttl_s)
                 if partition_offsets:
                     pipe.hset(
                         offsets_key(self.prefix, self.topic),

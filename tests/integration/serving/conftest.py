@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from helpers_serving import ADMIN_TOKEN, STATE_DIR, make_delta
 
 from schemas.events import AdCreative
 from schemas.settings import Settings
@@ -71,7 +72,8 @@ def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
     s = Settings(
         **{
             **stack.model_dump(),
-            "admin_token": "test-admin",
+            "admin_token": ADMIN_TOKEN,
+            "state_dir": STATE_DIR,
             "model_dir": tmp / "models",
             "serve_catalog_file": catalog,
             "http_port": _free_base_port(),
@@ -91,7 +93,7 @@ def snapshot_delta(
     model_dir: Path, adapter_id: str, seq: int, seed: int, rank: int, targets: tuple[str, ...]
 ):  # type: ignore[no-untyped-def]
     """A full snapshot of a small random adapter for the test ranker (what the trainer stores)."""
-    from trainers.delta import AdapterState, empty_state, full_parts, make_delta
+    from trainers.delta import AdapterState, empty_state, full_parts
     from trainers.lora import target_shapes
     from trainers.ranker import load_checkpoint
 

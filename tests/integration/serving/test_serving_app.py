@@ -14,12 +14,13 @@ import pytest
 import redis
 import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from helpers_serving import ADMIN, ADMIN_TOKEN, adapter_infos, make_delta, sign
 
 from schemas import codec, topics
 from schemas.events import AdapterDelta, AdCreative, Impression
 from schemas.ids import adapter_id_for
 from schemas.settings import Settings
-from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
+from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, select_parts
 from trainers.lora import target_shapes
 from trainers.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
@@ -152,7 +153,9 @@ def test_frequency_cap_and_live_catalog(
         )
     )
     assert got
-    assert server.get("/healthz").json()["ads"] == len(catalog) + 1
+    lines = server.get("/metrics").text.splitlines()
+    gauge = next(x for x in lines if x.startswith("adstream_serving_catalog_ads "))
+    assert float(gauge.split()[1]) == len(catalog) + 1
 
 
 def _step(state: AdapterState, scale: float, seed: int) -> tuple[AdapterState, AdapterDelta]:
@@ -182,11 +185,11 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     asyncio.run(produce(s, [d1]))
 
     def info() -> dict | None:
-        return next((a for a in server.get("/v1/adapters").json() if a["adapter_id"] == aid), None)
+        return next((a for a in adapter_infos(server) if a["adapter_id"] == aid), None)
 
     def state() -> str:
         deltas = [x for x in server.get("/metrics").text.splitlines() if "deltas_total{" in x]
-        return f"adapters={server.get('/v1/adapters').json()} deltas={deltas}"
+        return f"adapters={adapter_infos(server)} deltas={deltas}"
 
     wait_for(lambda: (info() or {}).get("version") == "seq-0", why=state)
     after = ads(server, "cold-after", slot="search", k=20)
@@ -201,12 +204,14 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     m = st1.modules[0]
     nan_t = {k: v.clone() for k, v in st1.tensors.items()}
     nan_t[f"{m}.lora_A"][0, 0] = float("nan")
-    nan = d1.model_copy(
-        update={
-            "seq": 1,
-            "event_id": "poison-nan",
-            "payload": encode_delta(select_parts(nan_t, {m: torch.tensor([0])})),
-        }
+    nan = sign(
+        d1.model_copy(
+            update={
+                "seq": 1,
+                "event_id": "poison-nan",
+                "payload": encode_delta(select_parts(nan_t, {m: torch.tensor([0])})),
+            }
+        )
     )
     huge = _step(st1, 50.0, 2)[1].model_copy(update={"event_id": "poison-huge"})
     narrow = {f"{m}.lora_A": st1.tensors[f"{m}.lora_A"][:, :-3], f"{m}.lora_B": st1.tensors[f"{m}.lora_B"]}
@@ -232,12 +237,9 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     url = f"/v1/adapters/{aid}/rollback"
     assert server.post(url).status_code == 401
     assert server.post(url, headers={"Authorization": "Bearer wrong"}).status_code == 403
-    r = server.post(url, headers={"Authorization": "Bearer test-admin"})
+    r = server.post(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert r.status_code == 200 and r.json()["version"] == "seq-0"
-    assert (
-        server.post("/v1/adapters/nope/rollback", headers={"Authorization": "Bearer test-admin"}).status_code
-        == 404
-    )
+    assert server.post("/v1/adapters/nope/rollback", headers=ADMIN).status_code == 404
     back = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-back", slot="search", k=20)["ads"]}
     assert set(back) & set(served)
     assert all(back[a] == pytest.approx(served[a], abs=1e-6) for a in set(back) & set(served))
@@ -260,7 +262,7 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
         assert info()["version"] == "seq-0" and info()["pinned"]  # type: ignore[index]
         unpin = f"/v1/adapters/{aid}/unpin"
         assert server.post(unpin, headers={"Authorization": "Bearer wrong"}).status_code == 403
-        r = server.post(unpin, headers={"Authorization": "Bearer test-admin"})
+        r = server.post(unpin, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert r.status_code == 200 and not r.json()["pinned"] and r.json()["version"] == f"seq-{st3.seq}"
         assert rc.hget(f"{s.redis_prefix}adapter-pins", aid) is None
     finally:
@@ -297,7 +299,7 @@ def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
         pytest.skip("this test drives the per-slot adapter scheme")
 
     def info() -> dict:
-        return next(a for a in server.get("/v1/adapters").json() if a["adapter_id"] == "splash")
+        return next(a for a in adapter_infos(server) if a["adapter_id"] == "splash")
 
     assert info()["version"] == "seq-4"  # loaded from the snapshot the conftest stored before start
     assert ads(server, "cold-splash", slot="splash")["adapter_version"] == "seq-4"

@@ -23,6 +23,7 @@ import pytest
 import redis
 import torch
 from aiokafka import AIOKafkaProducer
+from helpers_serving import adapter_infos, make_delta
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import codec, topics
@@ -30,7 +31,7 @@ from schemas.events import AdapterDelta, AdCreative, Click, Message
 from schemas.ids import impression_event_id
 from schemas.settings import Settings
 from serving.canary import auc, user_bucket
-from trainers.delta import AdapterState, empty_state, full_parts, make_delta, select_parts
+from trainers.delta import AdapterState, empty_state, full_parts, select_parts
 from trainers.features import stable_bucket
 from trainers.lora import target_shapes
 from trainers.ranker import load_checkpoint
@@ -254,7 +255,7 @@ class Phase:
 
 
 def version(client: httpx.Client) -> str | None:
-    return next((a["version"] for a in client.get("/v1/adapters").json() if a["adapter_id"] == ADAPTER), None)
+    return next((a["version"] for a in adapter_infos(client) if a["adapter_id"] == ADAPTER), None)
 
 
 @pytest.mark.timeout(300)  # the session's Serve instance may start inside this test: minutes on 2 cores
@@ -269,7 +270,7 @@ def test_canary_promotes_a_better_candidate_and_rolls_back_a_worse_one(
 
     # 1. the trainer's delta (clicked category first) reaches the candidate arm only
     produce(s, [delta(s, 1, BIAS)])
-    wait_for(lambda: version(client) == "seq-1", 30, lambda: f"adapters {client.get('/v1/adapters').json()}")
+    wait_for(lambda: version(client) == "seq-1", 30, lambda: f"adapters {adapter_infos(client)}")
     one = Phase(client, s)
     assert clicked_auc(one.ads(user(*low))) > 0.9
     assert clicked_auc(one.ads(user(*mid))) < 0.1  # above the candidate share: stable
@@ -290,7 +291,7 @@ def test_canary_promotes_a_better_candidate_and_rolls_back_a_worse_one(
 
     # 3. a worse delta (clicked category last again) on the candidate: rolled back, share 0
     produce(s, [delta(s, 2, -BIAS)])
-    wait_for(lambda: version(client) == "seq-2", 30, lambda: f"adapters {client.get('/v1/adapters').json()}")
+    wait_for(lambda: version(client) == "seq-2", 30, lambda: f"adapters {adapter_infos(client)}")
     assert clicked_auc(three.ads(user(*low))) < 0.1
     assert clicked_auc(three.ads(user(*high))) > 0.9
     three.traffic(low, high)

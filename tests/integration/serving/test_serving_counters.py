@@ -10,7 +10,7 @@ import pytest
 
 from schemas.events import Impression
 from schemas.settings import Settings
-from serving.io import RedisIO, day_of
+from serving.io import RedisIO, day_of, fcap_key
 
 pytestmark = [pytest.mark.redis]
 
@@ -53,5 +53,5 @@ def test_failed_flush_keeps_counts_and_retry_writes_them_once(stack: Settings, r
     capped, spend = asyncio.run(scenario())
     assert capped == ["a1"]
     assert spend == {"c1": pytest.approx(1.25)}
-    raw = redis_client.hgetall(f"{settings.redis_prefix}fcap:{day_of(NOW)}:u1")  # type: ignore[attr-defined]
+    raw = redis_client.hgetall(fcap_key(settings.redis_prefix, day_of(NOW), "u1"))  # type: ignore[attr-defined]
     assert {k.decode(): int(v) for k, v in raw.items()} == {"a1": 2, "a2": 1}

@@ -129,9 +129,72 @@ def test_make_index_follows_the_settings() -> None:
     vecs = np.zeros((8, DIM), dtype=np.float32)
     assert isinstance(make_index(Settings(), vecs, 0), ExactIndex)
     ann = make_index(
-        Settings(recall_index="usearch", recall_ann_dtype="f32", recall_ann_connectivity=8, recall_ann_min_ads=5),
+        Settings(
+            recall_index="usearch", recall_ann_dtype="f32", recall_ann_connectivity=8, recall_ann_min_ads=5
+        ),
         vecs,
         0,
     )
     assert isinstance(ann, UsearchIndex)
     assert (ann.dtype, ann.exact_below, ann.graph.connectivity) == ("f32", 5, 8)
+
+
+def test_the_pipeline_recalls_through_usearch_when_the_settings_say_so() -> None:
+    """AdPipeline with recall_index=usearch: live ads (past the catalog's first reallocation),
+    paused, spent and capped ads filtered, and nearly the exact pipeline's candidates."""
+    from datetime import UTC, datetime
+
+    import torch
+
+    from schemas.api import AdRequest
+    from schemas.events import AdCreative
+    from serving.catalog import Catalog
+    from serving.pipeline import AdPipeline, UserView, content_vectorizer
+    from serving.ranking import RankModel
+    from trainers.ranker import Ranker, RankerConfig
+
+    cfg = RankerConfig(state_dim=16, emb_dim=4, deep_hidden=16)
+    cats = ["shoes", "tech", "food", "travel", "games"]
+
+    def creative(i: int, active: bool = True) -> AdCreative:
+        return AdCreative(
+            event_id=f"e{i}",
+            ts=datetime(2026, 1, 1, tzinfo=UTC),
+            ad_id=f"a{i}",
+            campaign_id=f"c{i % 7}",
+            advertiser_id=f"v{i % 11}",
+            category=cats[i % 5],
+            title=f"{cats[i % 5]} {['red', 'blue', 'fast', 'new', 'big'][i % 5 - 1]} item {i}",
+            bid=1.0,
+            daily_budget=100.0,
+            active=active,
+        )
+
+    pipes = {}
+    for kind in ("exact", "usearch"):
+        torch.manual_seed(0)
+        s = Settings(
+            state_dim=16, recall_k=40, recall_index=kind, recall_ann_min_ads=0, recall_ann_dtype="f32"
+        )
+        pipe = AdPipeline(
+            s,
+            RankModel(Ranker(cfg).eval(), "v0", s, torch.device("cpu")),
+            Catalog(16, cfg, content_vectorizer(16)),
+        )
+        for i in range(1500):  # beyond the catalog's initial 1024 rows: its matrix is reallocated
+            pipe.add_ad(creative(i))
+        pipe.add_ad(creative(1, active=False))  # paused
+        pipe.catalog.set_spend({"c2": 1e9})  # campaign c2 spent out
+        pipes[kind] = pipe
+    assert isinstance(pipes["usearch"].index, UsearchIndex) and isinstance(pipes["exact"].index, ExactIndex)
+    assert len(pipes["usearch"].index) == 1499  # the paused ad left the graph
+    req = AdRequest(user_id="u", slot="feed", k=5)
+    user = UserView(np.asarray(content_vectorizer(16)(creative(6)), dtype=np.float32), {"tech": 1.0})
+    got = {k: pipe.recall(req, user, capped=["a6", "a11"], hour=12) for k, pipe in pipes.items()}
+    ann = got["usearch"]
+    ids = {pipes["usearch"].catalog.rows[r].ad_id for r in ann.rows}
+    assert len(ids) == 40 and not ids & {"a1", "a6", "a11"}
+    assert all(pipes["usearch"].catalog.rows[r].campaign_id != "c2" for r in ann.rows)
+    np.testing.assert_allclose(
+        ann.scores, got["exact"].scores, rtol=1e-5
+    )  # same scores: ties aside, same ads

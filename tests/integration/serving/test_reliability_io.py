@@ -1,0 +1,326 @@
+"""The replica's I/O under faults, on the real Redis and broker (issue 14: H8, M4, M5, M6, M7, M9)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from schemas import codec, topics
+from schemas.events import Click, Impression
+from schemas.settings import Settings
+from serving.io import FCAP_GRACE_S, ImpressionSink, RedisIO, day_of, fcap_expiry, fcap_key, follow
+
+pytestmark = [pytest.mark.redis]
+
+NOW = datetime.now(UTC)
+
+
+def imp(user: str, ad: str, n: int = 0) -> Impression:
+    return Impression(
+        event_id=f"r{n}/{ad}", ts=NOW, user_id=user, request_id=f"r{n}", ad_id=ad, campaign_id="c1",
+        advertiser_id="v1", slot="feed", position=0, price=0.5,
+    )  # fmt: skip
+
+
+def _isolated(stack: Settings, **extra: object) -> Settings:
+    run = uuid.uuid4().hex[:6]
+    return Settings(
+        **{
+            **stack.model_dump(),
+            "redis_prefix": f"{stack.redis_prefix}io{run}:",
+            "topic_prefix": f"{stack.topic_prefix}io{run}.",
+            **extra,
+        }
+    )
+
+
+# -- H8: per-user keys ---------------------------------------------------------------------
+def test_per_user_keys_are_bounded_and_expire_with_their_day(stack: Settings, redis_client: object) -> None:
+    """Random user ids cost one small hash each, gone an hour after their UTC day; spend is one
+    hash per day for all campaigns, never per user."""
+    s = _isolated(stack)
+    io = RedisIO(s, None)
+    users = [f"user-{i}-" + "x" * 100 for i in range(50)]
+
+    async def run() -> None:
+        for u in users:
+            io.record(u, NOW, [imp(u, "a1")], [0.1])
+        await io.flush()
+        await io.client.aclose()
+
+    asyncio.run(run())
+    r = redis_client
+    keys = sorted(k.decode() for k in r.scan_iter(match=f"{s.redis_prefix}*", count=1000))  # type: ignore[attr-defined]
+    fcap = [k for k in keys if ":fcap:" in k]
+    assert len(fcap) == len(users) and len(keys) == len(users) + 1  # + the day's spend hash
+    assert all(len(k) == len(s.redis_prefix) + len("fcap:yyyymmdd:") + 32 for k in fcap)
+    expiry = fcap_expiry(day_of(NOW))
+    for k in fcap:
+        ttl = r.ttl(k)  # type: ignore[attr-defined]
+        assert 0 < ttl <= expiry - time.time() + 1
+    assert expiry - time.time() <= 24 * 3600 + FCAP_GRACE_S
+    assert r.ttl(f"{s.redis_prefix}spend:{day_of(NOW)}") > 0  # type: ignore[attr-defined]
+    assert fcap_key(s.redis_prefix, day_of(NOW), users[0]) in fcap
+
+
+# -- M6: a partial EXEC failure is not re-applied ------------------------------------------
+def test_partially_failed_exec_never_double_counts(stack: Settings, redis_client: object) -> None:
+    """Inside MULTI/EXEC one command can fail (WRONGTYPE) while the others apply: the next
+    flush must not send the applied increments again."""
+    s = _isolated(stack)
+    io = RedisIO(s, None)
+    r = redis_client
+    day = day_of(NOW)
+    r.set(fcap_key(s.redis_prefix, day, "broken"), "not a hash")  # type: ignore[attr-defined]
+
+    async def run() -> tuple[int, int]:
+        io.record("good", NOW, [imp("good", "a1")], [0.5])
+        io.record("broken", NOW, [imp("broken", "a1")], [0.5])
+        first = await io.flush()
+        second = await io.flush()
+        await io.client.aclose()
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert first > 0 and second == 0  # nothing left to retry
+    good = r.hgetall(fcap_key(s.redis_prefix, day, "good"))  # type: ignore[attr-defined]
+    assert {k.decode(): int(v) for k, v in good.items()} == {"a1": 1}
+    spend = r.hget(f"{s.redis_prefix}spend:{day}", "c1")  # type: ignore[attr-defined]
+    assert float(spend) == pytest.approx(1.0)
+    assert io.dropped == 1
+
+
+# -- M4: the pinned weights travel with the pin ----------------------------------------------
+def test_pin_carries_the_pinned_weights(stack: Settings) -> None:
+    from trainers.delta import empty_state, full_parts, make_delta
+
+    s = _isolated(stack)
+    io = RedisIO(s, None)
+    st = empty_state("feed/adv:x", "v0", {"head": (4, 1)}, 2)
+    snap = make_delta(st, full_parts(st.tensors, 2), 3, snapshot=True)
+
+    async def run() -> None:
+        await io.set_pin("feed/adv:x", 3, snap)
+        assert await io.pins() == {"feed/adv:x": 3}
+        got = await io.pin_snapshots(["feed/adv:x", "other"])
+        assert got["other"] is None and got["feed/adv:x"] == snap
+        assert await io.clear_pin("feed/adv:x")
+        assert await io.pins() == {} and (await io.pin_snapshots(["feed/adv:x"]))["feed/adv:x"] is None
+        await io.client.aclose()
+
+    asyncio.run(run())
+
+
+# -- M5: background loops survive errors ---------------------------------------------------
+def test_background_loops_restart_and_housekeeping_survives_redis_timeouts() -> None:
+    """A loop that dies is logged, counted and restarted; a housekeeping step that hits a Redis
+    timeout is counted and the loop goes on."""
+    import redis.exceptions
+
+    from serving.loops import ReplicaLoops
+    from serving.metrics import ServingMetrics
+
+    class Loops(ReplicaLoops):
+        def __init__(self) -> None:
+            self.metrics = ServingMetrics()
+            self._tasks = {}
+            self.runs = 0
+            self.steps = 0
+            self.settings = Settings(canary_eval_s=100.0)
+
+        async def dies_twice(self) -> None:
+            self.runs += 1
+            if self.runs <= 2:
+                raise TimeoutError("Redis timed out")
+            await asyncio.sleep(3600)
+
+        async def _housekeeping_step(self, day, next_eval):  # type: ignore[no-untyped-def]
+            self.steps += 1
+            if self.steps <= 2:
+                raise redis.exceptions.TimeoutError("Timeout reading from socket")
+            return day, next_eval
+
+    async def run() -> Loops:
+        loops = Loops()
+        loops._supervise("flaky", loops.dies_twice)
+        loops._supervise("housekeeping", loops._housekeeping)
+        await asyncio.sleep(4.5)
+        for t in loops._tasks.values():
+            t.cancel()
+        return loops
+
+    loops = asyncio.run(run())
+    assert loops.runs == 3
+    assert loops.metrics.task_restarts.labels("flaky")._value.get() == 2
+    assert loops.steps >= 3  # it kept stepping after two timeouts
+    assert loops.metrics.task_errors.labels("housekeeping")._value.get() == 2
+    assert loops.metrics.task_restarts.labels("housekeeping")._value.get() == 0
+
+
+# -- M7: impressions when Kafka is down at start ---------------------------------------------
+class _Gate:
+    """A TCP forwarder to the broker that refuses connections until opened (Kafka 'down')."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.server: asyncio.AbstractServer | None = None
+
+    async def open(self) -> None:
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            up_r, up_w = await asyncio.open_connection(*self.target)
+            await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.mark.kafka
+def test_impressions_wait_for_a_broker_that_is_down_at_start_and_count_on_delivery(stack: Settings) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    from deploy.stack import create_topics
+
+    host, port = stack.kafka_bootstrap.split(",")[0].rsplit(":", 1)
+    gate = _Gate((host, int(port)))
+    s = _isolated(stack, kafka_bootstrap=f"127.0.0.1:{gate.port}", serve_impressions_pending=50)
+    create_topics(_isolated(stack, topic_prefix=s.topic_prefix))
+    outcomes: dict[str, int] = {}
+
+    def count(outcome: str, n: int) -> None:
+        outcomes[outcome] = outcomes.get(outcome, 0) + n
+
+    async def run() -> list[bytes]:
+        sink = ImpressionSink(s, count)
+        t0 = time.monotonic()
+        await sink.start()
+        assert time.monotonic() - t0 < 1.0  # start never waits for the broker
+        sink.emit([imp("u", f"a{i}", i) for i in range(40)])  # queued while the broker is "down"
+        sink.emit([imp("u", f"b{i}", i) for i in range(20)])  # 10 over the bound: dropped
+        await asyncio.sleep(1.5)
+        assert outcomes == {"dropped": 10} and sink.pending == 50 and sink.connect_attempts >= 1
+        await gate.open()
+        deadline = time.monotonic() + 30
+        while outcomes.get("sent", 0) < 50 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        sink.emit([imp("u", f"c{i}", i) for i in range(5)])
+        await sink.stop()  # flushes what is queued
+        consumer = AIOKafkaConsumer(
+            topics.topic_name(topics.IMPRESSIONS, s.topic_prefix),
+            bootstrap_servers=stack.kafka_bootstrap,
+            auto_offset_reset="earliest",
+            group_id=None,
+        )
+        await consumer.start()
+        got: list[bytes] = []
+        try:
+            end = time.monotonic() + 20
+            while len(got) < 55 and time.monotonic() < end:
+                batch = await consumer.getmany(timeout_ms=500)
+                got += [r.value for recs in batch.values() for r in recs]
+        finally:
+            await consumer.stop()
+            await gate.close()
+        return got
+
+    got = asyncio.run(run())
+    assert outcomes == {"dropped": 10, "sent": 55}
+    assert len(got) == 55
+    assert {codec.decode(Impression, v).ad_id for v in got} >= {"a0", "a39", "b9", "c4"}  # type: ignore[union-attr]
+
+
+# -- M9: no replay from offset 0 on reconnect ------------------------------------------------
+@pytest.mark.kafka
+def test_follow_resumes_where_it_left_off_and_deltas_replay_a_window_only(stack: Settings) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from deploy.stack import create_topics
+
+    s = _isolated(stack)
+    create_topics(s)
+    topic = topics.topic_name(topics.CLICKS, s.topic_prefix)
+
+    def click(i: int) -> bytes:
+        return codec.encode(
+            Click(event_id=f"c{i}", ts=NOW, user_id="u", impression_id=f"i{i}", ad_id="a", campaign_id="c")
+        )
+
+    async def consume(until: int, **kw: object) -> list[str]:
+        seen: list[str] = []
+
+        def handle(msg: object) -> None:
+            seen.append(msg.event_id)  # type: ignore[attr-defined]
+
+        task = asyncio.create_task(follow(s, topics.CLICKS, handle, True, lambda _: None, **kw))  # type: ignore[arg-type]
+        end = time.monotonic() + 20
+        while len(seen) < until and time.monotonic() < end:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # anything extra (a replay) would arrive now
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return seen
+
+    async def run() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap)
+        await producer.start()
+        old_ms = int((time.time() - 7200) * 1000)
+        for i in range(5):  # two hours old
+            await producer.send_and_wait(topic, click(i), key=b"u", timestamp_ms=old_ms)
+        for i in range(5, 10):
+            await producer.send_and_wait(topic, click(i), key=b"u")
+        positions: dict[int, int] = {}
+        first = await consume(10, positions=positions)
+        assert first == [f"c{i}" for i in range(10)]
+        for i in range(10, 13):
+            await producer.send_and_wait(topic, click(i), key=b"u")
+        again = await consume(3, positions=positions)  # a reconnect: only what is new
+        assert again == ["c10", "c11", "c12"]
+        window = await consume(8, replay_s=3600.0)  # a fresh start one hour back: the old 5 skipped
+        assert window == [f"c{i}" for i in range(5, 13)]
+        await producer.stop()
+
+    asyncio.run(run())
+
+
+# -- M2: adapter snapshots expire ----------------------------------------------------------
+def test_adapter_snapshots_expire_unless_rewritten(stack: Settings, redis_client: object) -> None:
+    import redis.asyncio as aredis
+
+    from trainers.delta import empty_state, full_parts, make_delta
+    from trainers.snapshots import SnapshotStore, meta_key, seq_key, snapshot_key
+
+    s = _isolated(stack)
+    st = empty_state("adv:gone", "v0", {"head": (4, 1)}, 2)
+    snap = make_delta(st, full_parts(st.tensors, 2), 0, snapshot=True)
+
+    async def run() -> None:
+        client = aredis.Redis.from_url(s.redis_url)
+        store = SnapshotStore(client, s.redis_prefix, "in", ttl_s=1234)
+        await store.reserve({"adv:gone": 0})
+        await store.write([(snap, {0: 5})], {0: 5})
+        await client.aclose()
+
+    asyncio.run(run())
+    r = redis_client
+    for key in (snapshot_key(s.redis_prefix, "adv:gone"), meta_key(s.redis_prefix, "adv:gone")):
+        assert 1200 < r.ttl(key) <= 1234  # type: ignore[attr-defined]
+    assert r.ttl(seq_key(s.redis_prefix)) == -1  # type: ignore[attr-defined]  # seqs are never reused
