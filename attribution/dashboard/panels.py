@@ -335,6 +335,11 @@ def adapter_versions(backend: Backend, window: q.Window) -> Panel:
 
 
 # -- attribution-run panels ----------------------------------------------------------------------
+RUN_PANELS = (
+    ("model_comparison", "Model comparison"),
+    ("model_roi", "ROI and CPA by model"),
+    ("budget_moves", "Budget moves"),
+)
 RESULT_COLUMNS = (
     "model",
     "channel",
@@ -372,6 +377,7 @@ def attribution_runs(backend: Backend, window: q.Window) -> list[Panel]:
     channels = sorted({str(r["channel"]) for r in rows})
     comparison = [_credit_trace(model, cells, channels) for model, cells in by_model.items()]
     moves = [_move_trace(model, cells, channels) for model, cells in by_model.items()]
+    returns = [_roi_trace(model, cells, channels) for model, cells in by_model.items()]
     comparison_fig = {
         "data": comparison,
         "layout": _layout(
@@ -390,8 +396,18 @@ def attribution_runs(backend: Backend, window: q.Window) -> list[Panel]:
             yaxis={"title": {"text": "spend change"}, "zeroline": True},
         ),
     }
+    roi_fig = {
+        "data": returns,
+        "layout": _layout(
+            "ROI per channel under each model: (credited value − spend) / spend",
+            barmode="group",
+            xaxis={"type": "category", "tickangle": -40},
+            yaxis={"title": {"text": "ROI"}, "zeroline": True, "tickformat": ".2~f"},
+        ),
+    }
     return [
         _panel("model_comparison", "Model comparison", comparison_fig),
+        _panel("model_roi", "ROI and CPA by model", roi_fig),
         _panel("budget_moves", "Budget moves", moves_fig),
     ]
 
@@ -426,6 +442,19 @@ def _credit_trace(model: str, cells: dict[str, dict[str, Any]], channels: list[s
     }
 
 
+def _roi_trace(model: str, cells: dict[str, dict[str, Any]], channels: list[str]) -> dict[str, Any]:
+    roi = [_num(cells[c]["roi"]) if c in cells else None for c in channels]
+    cpa = [_num(cells[c]["cpa"]) if c in cells else None for c in channels]
+    return {
+        "type": "bar",
+        "name": model,
+        "x": channels,
+        "y": roi,
+        "customdata": cpa,
+        "hovertemplate": "%{x} · " + model + ": ROI %{y:.2f}, CPA %{customdata:.2f}<extra></extra>",
+    }
+
+
 def _move_trace(model: str, cells: dict[str, dict[str, Any]], channels: list[str]) -> dict[str, Any]:
     spend = [_num(cells[c]["spend"]) if c in cells else None for c in channels]
     recommended = [_num(cells[c]["recommended_spend"]) if c in cells else None for c in channels]
@@ -446,10 +475,7 @@ def _move_trace(model: str, cells: dict[str, dict[str, Any]], channels: list[str
 
 
 def _no_run(text: str) -> list[Panel]:
-    return [
-        _empty("model_comparison", "Model comparison", text),
-        _empty("budget_moves", "Budget moves", text),
-    ]
+    return [_empty(pid, title, text) for pid, title in RUN_PANELS]
 
 
 def _pct(x: float | None) -> float | None:
@@ -464,7 +490,7 @@ PANELS: tuple[tuple[PanelFn, tuple[tuple[str, str], ...]], ...] = (
     (ctr, (("ctr", "CTR by slot and campaign"),)),
     (pacing, (("pacing", "Spend against budget pacing"),)),
     (campaign_economics, (("spend_budget", "Spend against budget"), ("cpa_roas", "CPA and ROAS"))),
-    (attribution_runs, (("model_comparison", "Model comparison"), ("budget_moves", "Budget moves"))),
+    (attribution_runs, RUN_PANELS),
     (online_auc, (("online_auc", "Online AUC"),)),
     (adapter_versions, (("adapter_versions", "Adapter versions"),)),
 )

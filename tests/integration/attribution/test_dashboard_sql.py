@@ -215,7 +215,7 @@ def _comparable_panels(built: list[panels.Panel], backend: Backend) -> Any:
     ((run_id,),) = backend.execute("SELECT run_id FROM attribution_runs")
     out = json.loads(json.dumps(built).replace(run_id, "RUN"))
     for panel in out:
-        if panel["id"] in ("model_comparison", "budget_moves"):
+        if panel["id"] in ("model_comparison", "model_roi", "budget_moves"):
             panel["figure"]["data"] = [{k: t[k] for k in ("name", "x", "y")} for t in panel["figure"]["data"]]
     return out
 
@@ -289,9 +289,8 @@ def test_online_auc_is_the_rank_auc_per_bucket_and_version(
 def test_user_values_are_bound_not_spliced(engines: dict[str, Backend], window: q.Window) -> None:
     hostile = q.Window(window.since, window.until, window.bucket, 5, "x' OR '1'='1")
     for name, backend in engines.items():
-        comparison, moves = panels.attribution_runs(backend, hostile)
-        assert comparison["figure"] is None and "no attribution run" in comparison["empty"], name
-        assert moves["figure"] is None, name
+        got = panels.attribution_runs(backend, hostile)
+        assert all(p["figure"] is None and "no attribution run" in p["empty"] for p in got), name
         ((run_id,),) = backend.execute("SELECT run_id FROM attribution_runs")
         assert panels.attribution_runs(backend, q.Window(window.since, window.until, 60, 5, run_id))[0][
             "figure"
@@ -315,7 +314,8 @@ def test_an_empty_database_gives_no_data_panels_not_errors(stack: Settings) -> N
 def test_model_panels_show_the_stored_run(engines: dict[str, Backend], window: q.Window) -> None:
     for name, backend in engines.items():
         ((conversions,),) = backend.execute("SELECT conversions FROM attribution_runs")
-        comparison, moves = panels.attribution_runs(backend, window)
+        comparison, returns, moves = panels.attribution_runs(backend, window)
+        assert sorted(t["name"] for t in returns["figure"]["data"]) == sorted(MODELS), name
         traces = comparison["figure"]["data"]
         assert sorted(t["name"] for t in traces) == sorted(MODELS), name
         for t in traces:
