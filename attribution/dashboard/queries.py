@@ -235,7 +235,11 @@ class Window:
 
 
 def auto_bucket(span_s: int, points: int = MAX_BUCKETS) -> int:
-    """The smallest nice bucket that cuts `span_s` seconds into at most `points` buckets."""
+    """The smallest nice bucket that cuts `span_s` seconds into at most `points` buckets.
+
+    >>> auto_bucket(3600), auto_bucket(86400), auto_bucket(86400, points=30)
+    (30, 900, 3600)
+    """
     for b in NICE_BUCKETS_S:
         if math.ceil(span_s / b) <= points:
             return b
@@ -243,7 +247,11 @@ def auto_bucket(span_s: int, points: int = MAX_BUCKETS) -> int:
 
 
 def parse_time(value: str, field: str) -> int:
-    """Epoch seconds from `value`: epoch seconds, or ISO 8601 (no offset means UTC)."""
+    """Epoch seconds from `value`: epoch seconds, or ISO 8601 (no offset means UTC).
+
+    >>> parse_time("2026-01-01", "since"), parse_time("2026-01-01T01:00:00+01:00", "since")
+    (1767225600, 1767225600)
+    """
     text = value.strip()
     try:
         return int(float(text))
