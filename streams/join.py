@@ -133,6 +133,8 @@ class LabelJoin:
     stream_ts: float = float("-inf")
     watermark_window: int = DEFAULT_WINDOW
     label_mode: LabelMode = "hold"
+    # orphans are bounded in time (one window) and in number: beyond this the oldest is evicted
+    max_orphans: int = 100_000
     counts: Counter[str] = field(default_factory=Counter)
     # ids whose Redis copy must be written / deleted (drained by the worker each batch)
     dirty: set[str] = field(default_factory=set)
@@ -237,6 +239,13 @@ class LabelJoin:
         if orphan is None:
             orphan = self.orphans[iid] = Orphan(ts)
             heapq.heappush(self._orphan_deadlines, (ts + self.window_s, iid))
+            heap = self._orphan_deadlines
+            while len(self.orphans) > self.max_orphans and heap:
+                expiry, old = heapq.heappop(heap)
+                o = self.orphans.get(old)
+                if o is not None and o.first_ts + self.window_s == expiry:
+                    del self.orphans[old]
+                    self.counts["orphan_evicted"] += 1
         return orphan
 
     def on_click(self, click: Click, ts: float | None = None) -> list[TrainingExample]:

@@ -145,3 +145,11 @@ def test_event_ahead_of_wall_clock_is_dead_lettered_whatever_its_record_says() -
 def test_default_skew_is_within_the_attribution_window() -> None:
     s = Settings()
     assert s.max_event_skew_s <= s.attribution_window_s
+
+
+def test_orphans_are_bounded_in_number_oldest_evicted_first() -> None:
+    j = LabelJoin(60.0, max_orphans=100)
+    for k in range(250):
+        j.on_click(click(f"c{k}", 0.01 * k, f"missing{k}"), at(0.01 * k).timestamp())
+    assert len(j.orphans) == 100 and j.counts["orphan_evicted"] == 150
+    assert "missing249" in j.orphans and "missing149" not in j.orphans
