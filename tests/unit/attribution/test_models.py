@@ -87,7 +87,7 @@ def test_shapley_two_players_by_hand() -> None:
     masks = np.array([1, 2, 3], dtype=np.uint64)
     conv, nulls = np.array([10.0, 30.0, 60.0]), np.array([90.0, 70.0, 40.0])
     game = CoalitionValue(masks, conv, nulls, 2, prior_journeys=0.0)
-    game.v0 = 0.0
+    game.set_baseline(0.0)
     phi = _exact_group(np.array([3], dtype=np.uint64), 2, game)[0]
     # φa = ½(v(a) − 0) + ½(v(ab) − v(b)) = .05 + .15; φb = .15 + .25
     assert phi == pytest.approx([0.2, 0.4])
@@ -112,7 +112,7 @@ def test_shapley_axioms_efficiency_symmetry_null_player() -> None:
     v = 0.1 * (bit(masks, 0) + bit(masks, 2)).astype(float) + 0.3 * bit(masks, 1) * bit(masks, 0)
     journeys = np.full(masks.shape[0], 1000.0)
     sym = CoalitionValue(masks, v * 1000, journeys - v * 1000, 4, prior_journeys=0.0)
-    sym.v0 = 0.0
+    sym.set_baseline(0.0)
     phi = _exact_group(full, 4, sym)[0]
     assert phi[0] == pytest.approx(0.1 + 0.15) and phi[2] == pytest.approx(0.1)  # c0 shares c0·c1
     assert phi[3] == pytest.approx(0.0, abs=1e-12)  # null player
@@ -124,7 +124,7 @@ def test_shapley_symmetric_players_equal() -> None:
     bit = lambda m, i: ((m >> np.uint64(i)) & np.uint64(1)).astype(float)  # noqa: E731
     v = 0.2 * bit(masks, 0) + 0.2 * bit(masks, 1) + 0.1 * bit(masks, 2) + 0.1 * bit(masks, 0) * bit(masks, 1)
     game = CoalitionValue(masks, v * 1000, 1000 - v * 1000, 3, prior_journeys=0.0)
-    game.v0 = 0.0
+    game.set_baseline(0.0)
     phi = _exact_group(np.array([7], dtype=np.uint64), 3, game)[0]
     assert phi[0] == pytest.approx(phi[1]) and phi[0] == pytest.approx(0.25)
     assert phi[2] == pytest.approx(0.1)
@@ -189,3 +189,17 @@ def test_shapley_refuses_more_channels_than_a_mask_holds() -> None:
     p = paths_from_lists([[f"c{i}" for i in range(64)]], [1])
     with pytest.raises(AttributionInputError, match="64"):
         channel_masks(p)
+
+
+def test_dividend_shapley_equals_subset_enumeration(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    shapley_mod = sys.modules["attribution.models.shapley"]
+    rng = np.random.default_rng(11)
+    names = [f"c{i}" for i in range(9)]
+    paths = [list(rng.choice(names, size=rng.integers(1, 8), replace=False)) for _ in range(2000)]
+    p = paths_from_lists(paths, rng.integers(0, 3, 2000), nulls=rng.integers(0, 6, 2000))
+    dense, _, _ = shapley_mod.shapley(p, 12, 50, 0)
+    monkeypatch.setattr(shapley_mod, "DENSE_MAX", 0)  # no table: enumerate each set's subsets
+    enumerated, _, _ = shapley_mod.shapley(p, 12, 50, 0)
+    assert dense == pytest.approx(enumerated, rel=1e-9, abs=1e-9)

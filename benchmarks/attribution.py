@@ -1,0 +1,237 @@
+"""Attribution benchmarks and the truth check.
+
+1. `sink_rows_per_s`: raw events (impressions, clicks, conversions of the attribution market)
+   inserted into the raw tables of the ClickHouse server through clickhouse-driver, columnar
+   batches of 200,000 rows (the column lists are built before the clock starts). Goal ≥ 100,000.
+2. `path_build_events_per_s`: the path-building SQL (attribution.paths) over those events, at
+   slot × campaign granularity, events in range / wall time. Goal ≥ 1,000,000.
+3. `models_100k_paths_s`: every model (point estimates; Markov with its order chosen on held-out
+   likelihood) on 100,000 distinct paths over 15 channels. Goal ≤ 2 s.
+4. `shapley_1m_paths_s`: Shapley over 1,000,000 conversion paths with 3–12 distinct channels
+   each (15 channels), exact per channel set. Goal ≤ 5 s.
+5. The truth check (attribution.truth) on an unconfounded and a confounded market (with 30 %
+   holdouts on the confounded one), every model and its calibrated variant: TV distance of
+   credit shares against the exact causal credit, and the true change in caused conversions
+   and value when each model's budget plan is re-simulated → `results/attribution_truth.json`.
+
+Run: `.venv/bin/python benchmarks/attribution.py` (`--quick` for a smaller run while developing).
+Prints a table; writes `benchmarks/results/attribution.json`. The ClickHouse server of the
+settings is used (a database of its own, dropped at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from attribution.migrate import clickhouse_client, migrate  # noqa: E402
+from attribution.models import MODELS, ModelConfig, attribute  # noqa: E402
+from attribution.models.shapley import shapley  # noqa: E402
+from attribution.paths import Paths, Window, build_paths, paths_from_rows  # noqa: E402
+from attribution.sql import DriverBackend  # noqa: E402
+from attribution.truth import check_market  # noqa: E402
+from schemas.settings import Settings  # noqa: E402
+from workloads.attribution_market import (  # noqa: E402
+    AttributionMarketConfig,
+    period,
+    raw_columns,
+    simulate,
+)
+
+RESULTS = ROOT / "benchmarks" / "results"
+GOALS = {
+    "sink_rows_per_s": (">=", 100_000),
+    "path_build_events_per_s": (">=", 1_000_000),
+    "models_100k_paths_s": ("<=", 2.0),
+    "shapley_1m_paths_s": ("<=", 5.0),
+}
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def synthetic_paths(n: int, channels: int, lo: int, hi: int, seed: int, nulls: bool) -> Paths:
+    """`n` random paths of `lo`–`hi` distinct channels (in random order), one conversion each
+    (and some null journeys when `nulls`), built straight into the flat layout."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(lo, hi + 1, n)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    # distinct channels per path: the first `length` of a random permutation (argsort of noise)
+    perm = np.argsort(rng.random((n, channels)), axis=1)
+    mask = np.arange(channels)[None, :] < lengths[:, None]
+    channel = perm[mask].astype(np.int32)
+    touches = channel.shape[0]
+    conv = rng.integers(0, 3, n).astype(float) if nulls else np.ones(n)
+    null = rng.integers(0, 4, n).astype(float) if nulls else np.zeros(n)
+    conv[(conv == 0) & (null == 0)] = 1.0
+    return Paths(
+        tuple(f"ch{i:02d}" for i in range(channels)), offsets, channel,
+        rng.integers(0, 2, touches).astype(np.uint8), rng.uniform(0, 7 * 86400, touches),
+        conv, conv * rng.uniform(10, 100, n), null,
+    )  # fmt: skip
+
+
+def bench_sink_and_paths(settings: Settings, users: int) -> dict[str, Any]:
+    url = urlparse(settings.clickhouse_url)
+    name = f"adstream_bench_attr_{uuid.uuid4().hex[:6]}"
+    s = settings.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"/{name}"))})
+    migrate(s)
+    client = clickhouse_client(s, name)
+    backend = DriverBackend(client)
+    try:
+        cfg = AttributionMarketConfig(seed=3, n_users=users)
+        data = simulate(cfg)
+        tables = raw_columns(data)
+        rows = sum(len(cols[0]) for _, cols in tables.values())
+        t0 = time.perf_counter()
+        for table, (names, cols) in tables.items():
+            for lo in range(0, len(cols[0]), 200_000):
+                backend.insert_columnar(table, names, [c[lo : lo + 200_000] for c in cols])
+        insert_s = time.perf_counter() - t0
+        client.execute("OPTIMIZE TABLE impressions FINAL")  # merged parts, as a settled table would be
+        since, until = period(cfg)
+        window = Window(click_s=3 * 86400, view_s=86400, gap_s=3 * 86400)
+        build_paths(backend, "slot_campaign", since, until, window)  # warm the caches
+        t0 = time.perf_counter()
+        built = build_paths(backend, "slot_campaign", since, until, window)
+        path_s = time.perf_counter() - t0
+        return {
+            "rows": rows,
+            "insert_s": round(insert_s, 3),
+            "sink_rows_per_s": round(rows / insert_s),
+            "path_events": data.n_events,
+            "path_build_s": round(path_s, 3),
+            "path_build_events_per_s": round(data.n_events / path_s),
+            "distinct_paths": built.paths.n,
+        }
+    finally:
+        client.execute(f"DROP DATABASE IF EXISTS {name}")
+        client.disconnect()
+
+
+def bench_models(n: int) -> dict[str, Any]:
+    paths = synthetic_paths(n, 15, 1, 10, seed=1, nulls=True)
+    cfg = ModelConfig(seed=0)
+    per: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for m in MODELS:
+        t1 = time.perf_counter()
+        attribute(m, paths, cfg)
+        per[m] = round(time.perf_counter() - t1, 3)
+    total = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    attribute("shapley", paths, ModelConfig(seed=0, bootstrap=20))
+    boot = time.perf_counter() - t1
+    return {"paths": n, "models_100k_paths_s": round(total, 3), "per_model_s": per,
+            "shapley_bootstrap20_s": round(boot, 3)}  # fmt: skip
+
+
+def bench_shapley(n: int) -> dict[str, Any]:
+    paths = synthetic_paths(n, 15, 3, 12, seed=2, nulls=False)
+    t0 = time.perf_counter()
+    _, _, meta = shapley(paths, exact_max=12, permutations=200, seed=0)
+    return {"conversion_paths": n, "touches": int(paths.channel.shape[0]),
+            "shapley_1m_paths_s": round(time.perf_counter() - t0, 3), "sampled_sets": meta["sampled_sets"]}  # fmt: skip
+
+
+def truth(settings: Settings, users: int) -> dict[str, Any]:
+    url = urlparse(settings.clickhouse_url)
+    out: dict[str, Any] = {}
+    for market, cfg in {
+        "unconfounded": AttributionMarketConfig(seed=1, n_users=users),
+        "confounded": AttributionMarketConfig(seed=1, n_users=2 * users, confounded=True, holdout_share=0.3),
+    }.items():
+        name = f"adstream_bench_truth_{uuid.uuid4().hex[:6]}"
+        s = settings.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"/{name}"))})
+        migrate(s)
+        client = clickhouse_client(s, name)
+        try:
+            res, data = check_market(DriverBackend(client), cfg, list(MODELS), ModelConfig(seed=1))
+        finally:
+            client.execute(f"DROP DATABASE IF EXISTS {name}")
+            client.disconnect()
+        true_conv, _ = data.true_credit()
+        out[market] = {
+            "users": cfg.n_users,
+            "holdout_share": cfg.holdout_share,
+            "caused_conversions": float(true_conv.sum()),
+            "all_conversions": int(data.conv["t"].shape[0]),
+            "models": {m: r.to_dict() for m, r in res.items()},
+            "true_share": next(iter(res.values())).true_share,
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (development)")
+    ap.add_argument("--skip-truth", action="store_true")
+    args = ap.parse_args()
+    settings = Settings()
+    sink_users = 20_000 if args.quick else 100_000
+    n_models, n_shapley = (20_000, 100_000) if args.quick else (100_000, 1_000_000)
+    result: dict[str, Any] = {"machine": machine(), "command": " ".join(["benchmarks/attribution.py", *sys.argv[1:]])}
+    result["sink_and_paths"] = bench_sink_and_paths(settings, sink_users)
+    result["models"] = bench_models(n_models)
+    result["shapley"] = bench_shapley(n_shapley)
+    figures = {
+        "sink_rows_per_s": result["sink_and_paths"]["sink_rows_per_s"],
+        "path_build_events_per_s": result["sink_and_paths"]["path_build_events_per_s"],
+        "models_100k_paths_s": result["models"]["models_100k_paths_s"],
+        "shapley_1m_paths_s": result["shapley"]["shapley_1m_paths_s"],
+    }
+    result["figures"] = figures
+    result["goals"] = {
+        k: {"goal": f"{op} {v}", "met": bool(figures[k] >= v if op == ">=" else figures[k] <= v)}
+        for k, (op, v) in GOALS.items()
+    }
+    result["machine"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    table = Table("figure", "value", "goal", "met")
+    for k, v in figures.items():
+        table.add_row(k, f"{v:,}", result["goals"][k]["goal"], "yes" if result["goals"][k]["met"] else "NO")
+    console = Console()
+    console.print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "attribution_quick.json" if args.quick else "attribution.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
+    if args.skip_truth:
+        return
+    truth_result = {"machine": machine(), "markets": truth(settings, 10_000 if args.quick else 20_000)}
+    t = Table("market", "model", "TV error", "retarget share", "Δ true conv. of budget moves")
+    for market, body in truth_result["markets"].items():
+        for model, r in body["models"].items():
+            t.add_row(market, model, f"{r['error']:.3f}", f"{r['retarget_share']:.3f}",
+                      f"{r.get('budget_moves_true_conversions_delta', float('nan')):+.0f}")  # fmt: skip
+    console.print(t)
+    (RESULTS / ("attribution_truth_quick.json" if args.quick else "attribution_truth.json")).write_text(
+        json.dumps(truth_result, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
