@@ -35,7 +35,7 @@ from serving.canary import Arm, Canary, CanaryRule, arm_for
 from serving.catalog import Catalog
 from serving.deadline import Deadline, Rung, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
-from serving.http import BodyTooLarge, ClientDisconnect, is_json, read_body
+from serving.http import BodyTooLarge, ClientDisconnect, duplicate_keys, is_json, read_body
 from serving.io import ImpressionSink, RedisIO, UserCodec
 from serving.loops import ReplicaLoops
 from serving.metrics import ServingMetrics
@@ -195,6 +195,13 @@ class AdServer(ReplicaLoops):
                 return self._status(413, _error(413, f"request body over {limit} bytes"))
             except ClientDisconnect:
                 return self._status(400, _error(400, "client disconnected before the body ended"))
+            if dupes := duplicate_keys(body):
+                detail = [
+                    {"loc": [k], "msg": "key given twice in one object", "type": "duplicate_key"}
+                    for k in dupes
+                ]
+                error = f"duplicate JSON key(s) {dupes}"
+                return self._status(422, JSONResponse({"detail": detail, "error": error}, status_code=422))
             try:
                 req = AdRequest.model_validate_json(body)
             except ValidationError as exc:

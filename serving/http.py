@@ -3,6 +3,9 @@ read with a hard byte limit (a chunked body has no Content-Length to trust)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from starlette.requests import ClientDisconnect, Request
 
 
@@ -43,4 +46,29 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-__all__ = ["BodyTooLarge", "ClientDisconnect", "is_json", "read_body"]
+def duplicate_keys(body: bytes) -> list[str]:
+    """Keys that appear twice in one JSON object of `body` (JSON parsers keep the last one, so
+    `{"user_id": "a", "user_id": "b"}` would be read as "b" by us and as "a" by something else).
+    Empty for bodies without duplicates and for bodies that are not JSON (the model says why).
+
+    >>> duplicate_keys(b'{"user_id": "a", "slot": "feed", "user_id": "b"}')
+    ['user_id']
+    """
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen and key not in found:
+                found.append(key)
+            seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return []
+    return found
+
+
+__all__ = ["BodyTooLarge", "ClientDisconnect", "duplicate_keys", "is_json", "read_body"]

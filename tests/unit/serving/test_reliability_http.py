@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from schemas.settings import Settings
 from serving.admin import check_admin, presented_token, token_digest, weak_token_reason
-from serving.http import BodyTooLarge, is_json, read_body
+from serving.http import BodyTooLarge, duplicate_keys, is_json, read_body
 
 STRONG = "a-strong-admin-token-0123"
 
@@ -130,3 +130,11 @@ def test_only_json_bodies_are_ads_requests() -> None:
         "application/jsonx",
     ):
         assert not is_json(ct)
+
+
+# -- L4: duplicate keys ----------------------------------------------------------------------
+def test_duplicate_json_keys_are_found() -> None:
+    assert duplicate_keys(b'{"user_id": "a", "slot": "feed", "user_id": "b"}') == ["user_id"]
+    assert duplicate_keys(b'{"user_id": "a", "context": {"x": 1, "x": 2}}') == ["x"]
+    assert duplicate_keys(b'{"user_id": "a", "context": {"user_id": 1}}') == []  # other objects
+    assert duplicate_keys(b"not json") == [] and duplicate_keys(b"[" * 100_000) == []
