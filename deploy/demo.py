@@ -349,13 +349,11 @@ def run_demo(
         metrics = httpx.get(f"{url}/metrics", timeout=5).text
         attribution = demo.run_optional("attribution", "attribution", "compare", "--by", "slot")
 
-    from deploy.demo_live import phase_means, write_report
+    from deploy.demo_live import QUALITY_SERIES, phase_means, write_report
 
     lat = loop_report.latencies_ms
     summary = market.summary()
-    quality = {
-        k: phase_means(watch.samples, k) for k in ("online_auc", "base_auc", "served_auc", "oracle_auc")
-    }
+    quality = {k: phase_means(watch.samples, k) for k in QUALITY_SERIES}
     report: dict[str, Any] = {
         "dir": str(demo.dir),
         "started": started,

@@ -26,6 +26,8 @@ from workloads.closed_loop import ClosedLoopReport
 from workloads.market import Market
 
 WINDOW = 2000  # impressions in a served-AUC window
+# the AUC series of every sample that the report summarises before the drift and at the end
+QUALITY_SERIES = ("online_auc", "base_auc", "served_auc", "oracle_auc", "population_auc")
 
 
 @dataclass
@@ -131,12 +133,16 @@ async def _scrape(http: httpx.AsyncClient, url: str) -> dict[tuple[str, tuple[tu
 
 
 def _mean_auc(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], model: str) -> float:
-    values = [
-        v
+    """The trainer's rolling AUC of `model` on the feed adapter (most of the traffic; the small
+    slots' windows are too noisy to average in), or the mean over adapters when there is none."""
+    by_adapter = {
+        dict(labels).get("adapter", ""): v
         for (name, labels), v in metrics.items()
         if name == "adstream_trainers_rolling_auc" and dict(labels).get("model") == model and math.isfinite(v)
-    ]
-    return float(np.mean(values)) if values else math.nan
+    }
+    if "feed" in by_adapter:
+        return by_adapter["feed"]
+    return float(np.mean(list(by_adapter.values()))) if by_adapter else math.nan
 
 
 async def _adapters(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> dict[str, str]:
@@ -172,8 +178,8 @@ def plot(samples: list[Sample], out: Path) -> list[str]:
     names = []
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for attr, label in (
-        ("online_auc", "online LoRA (trainer, progressive)"),
-        ("base_auc", "frozen base (trainer, progressive)"),
+        ("online_auc", "online LoRA (trainer, progressive, feed)"),
+        ("base_auc", "frozen base (trainer, progressive, feed)"),
         ("served_auc", f"served pCTR (last {WINDOW} impressions)"),
         ("oracle_auc", "oracle (true model, same impressions)"),
     ):

@@ -1,0 +1,59 @@
+"""`adstream demo`'s report from samples: phase means, the explanation, markdown and plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from deploy.demo import explain
+from deploy.demo_live import QUALITY_SERIES, Sample, markdown, phase_means, write_report
+
+
+def _samples() -> list[Sample]:
+    out = []
+    for i in range(40):
+        drifted = i >= 20
+        out.append(
+            Sample(
+                t_s=float(i), requests=30 * i, events=10 * i, impressions=90 * i, p99_ms=20.0 + i % 3,
+                served_auc=0.72, oracle_auc=0.86, population_auc=0.65,
+                online_auc=0.70 + (0.02 if drifted and i > 30 else 0.0),
+                base_auc=0.70 - (0.05 if drifted else 0.0),
+                examples=100.0 * i, adapters={"feed": f"seq-{i}"}, drifted=drifted,
+            )
+        )  # fmt: skip
+    return out
+
+
+def test_phase_means_take_the_last_quarter_of_each_phase() -> None:
+    m = phase_means(_samples(), "base_auc")
+    assert m["before_drift"] == 0.70 and abs(m["end"] - 0.65) < 1e-12
+    online = phase_means(_samples(), "online_auc")
+    assert online["end"] == 0.72
+    # a phase with no finite figure is NaN, not an error
+    nan = phase_means([*_samples()[:3]], "online_auc")
+    assert math.isnan(nan["end"])
+
+
+def test_report_files_and_every_quality_series_named(tmp_path: Path) -> None:
+    samples = _samples()
+    quality = {k: phase_means(samples, k) for k in QUALITY_SERIES}
+    train = {"ranker": {"auc": 0.69}}
+    truth = {"oracle_auc": 0.86, "impressions": 20_000, "users": 400}
+    report = {
+        "started": "now", "machine": "test", "spec": {"seed": 7, "users": 400, "ads": 300, "history": 20_000,
+        "rate": 30.0, "drift_mode": "handover"}, "loop": {"requests": 1200, "served": 3600, "errors": {},
+        "p50_ms": 10.0, "p99_ms": 22.0}, "quality": quality,
+        "offline": {"holdout_auc": 0.69, "oracle_auc": 0.86},
+        "explanation": explain(train, truth, quality), "adapters_end": {"feed": "seq-39"}, "clickhouse": {},
+    }  # fmt: skip
+    write_report(tmp_path, report, samples)
+    assert {"report.md", "report.json", "auc_over_time.png", "latency.png"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
+    md = (tmp_path / "report.md").read_text()
+    assert "0.650" in md and "taste" in md  # the taste-blind oracle is reported and used to explain
+    assert "+0.070" in " ".join(report["explanation"])  # served − taste-blind, measured
+    assert len(json.loads((tmp_path / "report.json").read_text())["samples"]) == 40
+    assert markdown(report).startswith("# adstream demo")
