@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,24 +38,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from deploy.machine import machine
 from schemas import topics
 from schemas.settings import Settings
 
 OUT = Path(__file__).parent / "results" / "soak.json"
 ROLES = ("worker", "trainer", "serve")
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def group_rss_mb(pgid: int) -> float:

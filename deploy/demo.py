@@ -26,6 +26,7 @@ from urllib.parse import urlparse, urlunparse
 import httpx
 import numpy as np
 
+from deploy.machine import describe
 from schemas.clients import clickhouse_args, redis_args
 from schemas.errors import StackError
 from schemas.settings import Settings
@@ -357,7 +358,7 @@ def run_demo(
     report: dict[str, Any] = {
         "dir": str(demo.dir),
         "started": started,
-        "machine": machine(),
+        "machine": describe(),
         "spec": asdict(spec),
         "offline": {
             "holdout_auc": train["ranker"]["auc"],
@@ -410,20 +411,6 @@ def explain(train: dict[str, Any], truth: dict[str, Any], quality: dict[str, Any
         f"Served minus the taste-blind oracle: {served - population:+.3f} "
         "(positive: the model ranks by what it learned of users, beyond ad/slot/position effects).",
     ]
-
-
-def machine() -> str:
-    """CPU model, cores and load, for the report."""
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{model}, {os.cpu_count()} cores, load {load:.2f}"
 
 
 def clickhouse_counts(settings: Settings) -> dict[str, int]:

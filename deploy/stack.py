@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _ours_alive(record: dict[str, object]) -> bool:
+def _ours_alive(record: Mapping[str, object]) -> bool:
     """The recorded process still runs: same pid AND same start time (pids get reused; and
     servers such as redis rewrite their command line, so that cannot identify them)."""
     pid = record.get("pid")
@@ -204,7 +205,7 @@ def up(settings: Settings, only: set[str] | None = None) -> list[str]:
     return started
 
 
-def _stop_record(record: dict[str, object], timeout_s: float = 15.0) -> bool:
+def _stop_record(record: Mapping[str, object], timeout_s: float = 15.0) -> bool:
     pid = record.get("pid")
     if not isinstance(pid, int) or not _ours_alive(record):
         return False
