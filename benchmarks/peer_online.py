@@ -1,0 +1,620 @@
+"""Benchmark: the online learners a user would pick instead (Vowpal Wabbit, River) against
+adstream's online trainer — progressive AUC and examples/s on the same recorded streams.
+
+Streams (each one list of TrainingExamples in impression order, shared by every learner):
+
+- the simulator drift streams of `benchmarks/online_drift.py` (`handover`, `redraw`, `trend`,
+  `population`; built by its `_market_stream` with the same defaults: `--impressions` 120,000,
+  drift half-way, new ads there too), for every seed of `--seeds`;
+- the Open Bandit Dataset replay (`workloads.obd`, realism only: 20,000 impressions and
+  80–115 clicks per campaign, both logging policies merged in time), one stream per
+  `--obd-campaigns` entry, turned into examples exactly as `adstream trainer --replay FILE` does
+  (`deploy.cli_trainers.examples_from_events`).
+
+The first `--pretrain` examples (OBD: the first third) are the warm-up: adstream trains its base
+ranker on them offline (`train_ranker`, 6 epochs, as online_drift does), the peers learn them
+online, `--warm-passes` times, unscored. Every learner then scores each later example before it
+learns it (progressive validation) in stream order:
+
+- `adstream`: the online LoRA trainer with the settings' targets and spec (`adstream trainer
+  --replay`'s configuration), replayed by online_drift's `_replay_online` (micro-batches of
+  `settings.micro_batch`: each micro-batch is scored, then learned); `frozen` is its base;
+- `vw`: Vowpal Wabbit, logistic loss and link, driven natively over a text file (`-d … -p …`;
+  VW's predictions file holds each example's prediction before its update), `--vw-args`;
+- `river`: River's `LogisticRegression` (`--river-optimizer`, `--river-lr`), one example at a
+  time (`predict_proba_one`, then `learn_one`). River's FM (`facto.FMClassifier`) is not run:
+  it learned ~60 examples/s here (pure Python), 30 minutes for one stream;
+- `oracle` (simulator): the true click probability, the ceiling.
+
+Feature encoding of the peers: the information adstream's featurizer (`trainers.features`) sees,
+no more. Namespaces (VW) / feature-name prefixes (River):
+
+=====  ======================================================================================
+`u`    the user state vector, `d0` … `d{state_dim-1}` (dense floats, zeros dropped)
+`i`    `intent` (intent score of the ad's category), `recall` and `has_recall`
+`a`    `ad=`, `adv=` (advertiser) and `camp=` (campaign) ids, one-hot
+`k`    `cat=` (category), one-hot
+`s`    `slot=`; `p`: `pos=` (position capped like the ranker's); `h`: `hour=` (0–23)
+=====  ======================================================================================
+
+Interactions (quadratic terms): `ua` (user state × ad ids: a per-ad taste vector, what the
+ranker's user-state/ad crosses learn), `uk` (user state × category), `ik` (intent × category),
+`sp` (slot × position). VW takes them as `-q ua -q uk -q ik -q sp` (hashed, `-b` bits); River
+gets the same products as explicit features (`u:d3*a:ad=x`), so both see identical inputs.
+
+Figures per stream (simulator windows as online_drift's, via its `Curves`: `--window` 10,000
+examples, `--horizon` 20,000): `overall` (every scored example), `pre` (the window ending at the
+drift), `dip` (the lowest window ending within the horizon), `after` (the window ending at the
+horizon); examples/s of each learner's progressive predict+learn (warm-up included for the
+peers; adstream's base training is `pretrain_s`); `vw_encode_s`/`river` include building the
+features from TrainingExamples in Python. `diff_*`: adstream − peer overall AUC with a paired
+bootstrap 95 % interval (`--bootstrap` resamples). The goal (issue 16): adstream's progressive
+AUC ≥ both peers on every simulator stream (`goal_met`, judged on `overall`; `goal_met_after`
+on the after-drift window). Hyper-parameters of the peers were chosen on seed 1 (a tuning seed,
+not reported), the defaults below.
+
+Usage: `.venv/bin/python benchmarks/peer_online.py [--seeds 7,8] [--scenarios handover,redraw]`
+writes `benchmarks/results/peer_online.json` and prints one table per stream.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# run as a script, this folder comes first on sys.path and its streams.py would shadow the package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from schemas.events import TrainingExample
+from schemas.settings import Settings
+from trainers.metrics import auc
+from trainers.offline import TrainSpec, train_ranker
+from trainers.online import OnlineSpec
+from trainers.ranker import RankerConfig
+
+OUT = Path(__file__).parent / "results" / "peer_online.json"
+SCENARIOS = ("handover", "redraw", "trend", "population")
+LEARNERS = ("adstream", "vw", "river", "frozen", "oracle")
+PEERS = ("vw", "river")
+INTERACTIONS = ("ua", "uk", "ik", "sp")
+VW_ARGS = "--loss_function logistic --link logistic -b 22 --learning_rate 0.5"
+
+
+def _online_drift() -> ModuleType:
+    """benchmarks/online_drift.py as a module (its streams and replay are the ones compared)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_online_drift", Path(__file__).parent / "online_drift.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+OD = _online_drift()
+
+
+# -- the peers' encoding ----------------------------------------------------------------------
+def _tok(value: str) -> str:
+    """A VW-safe token: no whitespace, ':' or '|' (they delimit features and namespaces)."""
+    return "".join("_" if c.isspace() or c in ":|" else c for c in value)
+
+
+def namespaces(ex: TrainingExample, state_dim: int, max_position: int) -> dict[str, list[tuple[str, float]]]:
+    """The example's features by namespace (see the module docstring): what both peers learn."""
+    vec = list(ex.user_vector)[:state_dim]
+    rs = ex.recall_score
+    dense = [("intent", float(ex.intent_score)), ("recall", 0.0 if rs is None else float(rs))]
+    return {
+        # zeros are dropped (VW's parser does too): a zero feature moves neither model
+        "u": [(f"d{j}", float(v)) for j, v in enumerate(vec) if v != 0.0],
+        "i": [(f, v) for f, v in dense if v != 0.0] + ([("has_recall", 1.0)] if rs is not None else []),
+        "a": [
+            (f"ad={_tok(ex.ad_id)}", 1.0),
+            (f"adv={_tok(ex.advertiser_id)}", 1.0),
+            (f"camp={_tok(ex.campaign_id)}", 1.0),
+        ],
+        "k": [(f"cat={_tok(ex.category)}", 1.0)],
+        "s": [(f"slot={ex.slot}", 1.0)],
+        "p": [(f"pos={min(ex.position, max_position - 1)}", 1.0)],
+        "h": [(f"hour={ex.hour}", 1.0)],
+    }
+
+
+def vw_line(ns: dict[str, list[tuple[str, float]]], click: bool) -> str:
+    """One VW text example (label ±1)."""
+    parts = ["1" if click else "-1"]
+    for name, feats in ns.items():
+        parts.append(f"|{name} " + " ".join(f if v == 1.0 else f"{f}:{v:.6g}" for f, v in feats))
+    return " ".join(parts)
+
+
+def river_features(ns: dict[str, list[tuple[str, float]]], interactions: Sequence[str]) -> dict[str, float]:
+    """The same features and quadratic terms as VW's `-q`, as one flat dict."""
+    x = {f"{n}:{f}": v for n, feats in ns.items() for f, v in feats}
+    for a, b in interactions:
+        for fa, va in ns[a]:
+            for fb, vb in ns[b]:
+                x[f"{a}:{fa}*{b}:{fb}"] = va * vb
+    return x
+
+
+# -- the learners -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PeerSpec:
+    """How the peers learn (defaults: chosen on tuning seed 1)."""
+
+    vw_args: str = VW_ARGS
+    interactions: tuple[str, ...] = INTERACTIONS
+    river_optimizer: str = "adagrad"
+    river_lr: float = 0.05
+    warm_passes: int = 1
+    state_dim: int = 32
+    max_position: int = RankerConfig.max_position
+
+
+def _encode(examples: Sequence[TrainingExample], spec: PeerSpec) -> list[dict[str, list[tuple[str, float]]]]:
+    return [namespaces(e, spec.state_dim, spec.max_position) for e in examples]
+
+
+def run_vw(
+    warm: Sequence[TrainingExample], stream: Sequence[TrainingExample], spec: PeerSpec
+) -> dict[str, Any]:
+    """VW's progressive predictions over `stream` after learning `warm`, and its timings."""
+    t0 = time.perf_counter()
+    lines = [vw_line(ns, e.click) for ns, e in zip(_encode(warm, spec), warm, strict=True)] * spec.warm_passes
+    n_warm = len(lines)
+    lines += [vw_line(ns, e.click) for ns, e in zip(_encode(stream, spec), stream, strict=True)]
+    encode_s = time.perf_counter() - t0
+    from vowpalwabbit import Workspace
+
+    with tempfile.TemporaryDirectory(prefix="peer-vw-") as tmp:
+        data, raw = Path(tmp) / "data.vw", Path(tmp) / "raw.txt"
+        data.write_text("\n".join(lines) + "\n")
+        quad = " ".join(f"-q {q}" for q in spec.interactions)
+        t1, c1 = time.perf_counter(), time.process_time()
+        # raw predictions (the margin): the probabilities file's 6 decimals tie small CTRs
+        ws = Workspace(f"{spec.vw_args} {quad} -d {data} -r {raw} --quiet")
+        ws.run_parser()
+        ws.finish()
+        learn_s, cpu_s = time.perf_counter() - t1, time.process_time() - c1
+        margin = np.loadtxt(raw, dtype=np.float64, ndmin=2, usecols=0).reshape(-1)
+    if len(margin) != len(lines):
+        raise RuntimeError(f"vw wrote {len(margin)} predictions for {len(lines)} examples")
+    p = 1.0 / (1.0 + np.exp(-np.clip(margin[n_warm:], -50, 50)))
+    return {"scores": p, "learn_s": learn_s, "cpu_s": cpu_s, "encode_s": encode_s, "learned": len(lines)}
+
+
+def _river_model(spec: PeerSpec) -> Any:
+    from river import linear_model, optim
+
+    opts: dict[str, Callable[[float], Any]] = {"sgd": optim.SGD, "adagrad": optim.AdaGrad, "adam": optim.Adam}
+    if spec.river_optimizer not in opts:
+        raise ValueError(f"river_optimizer={spec.river_optimizer!r}: one of {', '.join(opts)}")
+    return linear_model.LogisticRegression(optimizer=opts[spec.river_optimizer](spec.river_lr))
+
+
+def run_river(
+    warm: Sequence[TrainingExample], stream: Sequence[TrainingExample], spec: PeerSpec
+) -> dict[str, Any]:
+    """River logistic regression: learn `warm`, then predict-then-learn each example of `stream`."""
+    model = _river_model(spec)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(spec.warm_passes):
+        for ns, e in zip(_encode(warm, spec), warm, strict=True):
+            model.learn_one(river_features(ns, spec.interactions), e.click)
+    out = np.empty(len(stream))
+    for i, (ns, e) in enumerate(zip(_encode(stream, spec), stream, strict=True)):
+        x = river_features(ns, spec.interactions)
+        out[i] = model.predict_proba_one(x).get(True, 0.0)
+        model.learn_one(x, e.click)
+    return {
+        "scores": out,
+        "learn_s": time.perf_counter() - t0,
+        "cpu_s": time.process_time() - c0,
+        "learned": len(warm) * spec.warm_passes + len(stream),
+    }
+
+
+def run_adstream(
+    warm: Sequence[TrainingExample], stream: list[TrainingExample], settings: Settings, seed: int
+) -> dict[str, Any]:
+    """Base ranker on `warm`, then the online trainer replayed over `stream` (online_drift's path)."""
+    t0 = time.perf_counter()
+    base = train_ranker(warm, RankerConfig(state_dim=settings.state_dim), TrainSpec(epochs=6, seed=seed))
+    pretrain_s = time.perf_counter() - t0
+    spec = OnlineSpec.from_settings(settings)
+    c0 = time.process_time()
+    _, out, counts = OD._replay_online(stream, base, settings, settings.lora_targets, spec, served=False)
+    cpu_s = time.process_time() - c0
+    return {
+        "scores": out["online"],
+        "frozen": out["frozen"],
+        "labels": out["labels"],
+        "learn_s": counts["replay_s"],
+        "cpu_s": cpu_s,
+        "pretrain_s": round(pretrain_s, 2),
+        "learned": len(stream),
+        "trainer_counts": counts["trainer_counts"],
+    }
+
+
+# -- one stream -------------------------------------------------------------------------------
+@dataclass
+class StreamRun:
+    """Every learner's progressive scores on one stream, aligned with `labels` (stream order)."""
+
+    name: str
+    seed: int | None
+    impression_ids: list[str]
+    labels: np.ndarray
+    scores: dict[str, np.ndarray]
+    drift: int | None
+    timing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def run_stream(
+    name: str,
+    warm: list[TrainingExample],
+    stream: list[TrainingExample],
+    settings: Settings,
+    spec: PeerSpec,
+    *,
+    seed: int,
+    drift: int | None = None,
+    oracle: Callable[[str], float] | None = None,
+) -> StreamRun:
+    """Run adstream, VW and River on the same `stream` (after the same `warm` examples)."""
+    labels = np.asarray([e.click for e in stream], dtype=np.float64)
+    ada = run_adstream(warm, stream, settings, seed)
+    if not np.array_equal(ada["labels"], labels):
+        raise RuntimeError("adstream's progressive log is not in stream order")
+    results = {"adstream": ada, "vw": run_vw(warm, stream, spec), "river": run_river(warm, stream, spec)}
+    scores = {k: np.asarray(v["scores"], dtype=np.float64) for k, v in results.items()}
+    scores["frozen"] = np.asarray(ada["frozen"], dtype=np.float64)
+    if oracle is not None:
+        scores["oracle"] = np.asarray([oracle(e.impression_id) for e in stream])
+    timing = {
+        k: {
+            "learn_s": round(v["learn_s"], 3),
+            "examples_per_s": round(v["learned"] / v["learn_s"], 1) if v["learn_s"] > 0 else None,
+            "cpu_s": round(v["cpu_s"], 3),
+            "examples_per_cpu_s": round(v["learned"] / v["cpu_s"], 1) if v["cpu_s"] > 0 else None,
+            "learned": v["learned"],
+            **({"encode_s": round(v["encode_s"], 3)} if "encode_s" in v else {}),
+            **({"pretrain_s": v["pretrain_s"]} if "pretrain_s" in v else {}),
+        }
+        for k, v in results.items()
+    }
+    vw = timing["vw"]
+    vw["examples_per_s_with_encoding"] = round(vw["learned"] / (vw["learn_s"] + vw["encode_s"]), 1)
+    return StreamRun(
+        name,
+        seed,
+        [e.impression_id for e in stream],
+        labels,
+        scores,
+        drift,
+        timing,
+        {
+            "warm_examples": len(warm),
+            "stream_examples": len(stream),
+            "positives": int(labels.sum()),
+            "adstream_trainer_counts": ada["trainer_counts"],
+        },
+    )
+
+
+def _clean(x: float) -> float | None:
+    return None if math.isnan(x) else round(float(x), 5)
+
+
+def _bootstrap_diff(run: StreamRun, peer: str, n: int, seed: int) -> dict[str, Any]:
+    """adstream − peer overall AUC, with a paired bootstrap 95 % interval over examples."""
+    y, a, b = run.labels, run.scores["adstream"], run.scores[peer]
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(n):
+        idx = rng.integers(0, len(y), len(y))
+        d = auc(a[idx], y[idx]) - auc(b[idx], y[idx])
+        if not math.isnan(d):
+            diffs.append(d)
+    lo, hi = np.percentile(diffs, [2.5, 97.5]) if diffs else (math.nan, math.nan)
+    return {"diff": _clean(auc(a, y) - auc(b, y)), "ci95": [_clean(lo), _clean(hi)]}
+
+
+def stream_figures(run: StreamRun, window: int, horizon: int, bootstrap: int) -> dict[str, Any]:
+    """AUC per learner overall and (with a drift) in online_drift's windows, plus the goal checks."""
+    fig: dict[str, Any] = {m: {"overall": _clean(auc(s, run.labels))} for m, s in run.scores.items()}
+    if run.drift is not None:
+        curves = OD.Curves([OD.SeedRun(run.seed or 0, run.labels, run.scores, run.drift)])
+        step = max(1, window // 10)
+        post = range(step, horizon + 1, step)
+        for m in run.scores:
+            fig[m] |= {
+                "pre": _clean(curves.at(m, 0, window)),
+                "dip": _clean(min(curves.at(m, o, window) for o in post)),
+                "after": _clean(curves.at(m, horizon, window)),
+            }
+    res: dict[str, Any] = {"auc": fig, "timing": run.timing, **run.info, "drift_index": run.drift}
+    res |= {f"diff_{p}": _bootstrap_diff(run, p, bootstrap, run.seed or 0) for p in PEERS}
+
+    def beats(key: str) -> bool | None:
+        vals = [fig[m].get(key) for m in ("adstream", *PEERS)]
+        return None if None in vals else bool(vals[0] >= max(vals[1:]))
+
+    res["goal_met"] = beats("overall")
+    res["goal_met_after"] = beats("after") if run.drift is not None else None
+    return res
+
+
+# -- the streams ------------------------------------------------------------------------------
+def simulator_stream(
+    args: argparse.Namespace, settings: Settings, scenario: str, seed: int
+) -> dict[str, Any]:
+    """online_drift's stream of `scenario` and `seed`, split into warm-up and scored part."""
+    # (examples, drift time, oracle, info[, events]): the events were added later; not needed here
+    examples, drift_ts, oracle, info, *_ = OD._market_stream(args, settings, scenario, seed)
+    warm, stream = examples[: args.pretrain], examples[args.pretrain :]
+    drift = next((i for i, e in enumerate(stream) if e.impression_ts >= drift_ts), None)
+    return {"warm": warm, "stream": stream, "drift": drift, "oracle": oracle, "info": info}
+
+
+def obd_stream(settings: Settings, campaign: str, warm_share: float) -> dict[str, Any]:
+    """One OBD campaign (both logging policies, in time order) as `adstream trainer --replay` reads it."""
+    from deploy.cli_trainers import examples_from_events
+    from trainers.replay import impression_order
+    from workloads.obd import POLICIES, replay_obd
+
+    msgs = [m for policy in POLICIES for m in replay_obd(policy, campaign)]
+    examples = impression_order(examples_from_events(msgs, settings)[0])
+    n_warm = int(len(examples) * warm_share)
+    return {
+        "warm": examples[:n_warm],
+        "stream": examples[n_warm:],
+        "drift": None,
+        "oracle": None,
+        "info": {"campaign": campaign, "policies": list(POLICIES)},
+    }
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+# -- main -------------------------------------------------------------------------------------
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    return lambda v: [kind(x) for x in v.split(",") if x]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The benchmark's flags; the market flags mirror online_drift's (same names, same defaults)."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--seeds", type=_csv(int), default=[7, 8], help="reporting seeds, e.g. 7,8")
+    ap.add_argument("--scenarios", type=_csv(str), default=list(SCENARIOS), help=",".join(SCENARIOS))
+    ap.add_argument("--obd-campaigns", type=_csv(str), default=["all", "men", "women"], help="'' skips OBD")
+    ap.add_argument("--obd-warm-share", type=float, default=1 / 3)
+    ap.add_argument("--impressions", type=int, default=120_000)
+    ap.add_argument("--pretrain", type=int, default=40_000)
+    ap.add_argument("--users", type=int, default=200)
+    ap.add_argument("--drift-share", type=float, default=1.0)
+    ap.add_argument("--trend-users", type=int, default=2000)
+    ap.add_argument("--trend-share", type=float, default=1.0)
+    ap.add_argument("--trend-up", type=int, default=2)
+    ap.add_argument("--trend-down", type=int, default=2)
+    ap.add_argument("--trend-delta", type=float, default=2.0)
+    ap.add_argument("--new-ads", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--window", type=int, default=10_000)
+    ap.add_argument("--horizon", type=int, default=20_000)
+    ap.add_argument("--vw-args", default=VW_ARGS, help="VW options besides -q, -d, -p")
+    ap.add_argument("--interactions", type=_csv(str), default=list(INTERACTIONS), help="namespace pairs")
+    ap.add_argument("--river-optimizer", default=PeerSpec.river_optimizer, help="sgd, adagrad or adam")
+    ap.add_argument("--river-lr", type=float, default=PeerSpec.river_lr)
+    ap.add_argument("--warm-passes", type=int, default=1, help="passes of the peers over the warm-up")
+    ap.add_argument("--bootstrap", type=int, default=100, help="paired bootstrap resamples")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (adstream)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if unknown := set(args.scenarios) - set(SCENARIOS):
+        ap.error(f"--scenarios: unknown {', '.join(sorted(unknown))} (known: {', '.join(SCENARIOS)})")
+    if bad := [q for q in args.interactions if len(q) != 2 or set(q) - set("uiaksph")]:
+        ap.error(f"--interactions: {bad} are not pairs of the namespaces u,i,a,k,s,p,h")
+    return args
+
+
+def _print(name: str, res: dict[str, Any]) -> None:
+    windows = "pre" in res["auc"]["adstream"]
+    table = Table(
+        title=f"{name}: progressive AUC ({res['stream_examples']} examples, "
+        f"{res['positives']} clicks, after {res['warm_examples']} warm-up)"
+    )
+    cols = ["learner", "overall", *(("pre-drift", "lowest", "+horizon") if windows else ())]
+    cols += ["examples/s", "per CPU-s"]
+    for col in cols:
+        table.add_column(col)
+    for m in LEARNERS:
+        if m not in res["auc"]:
+            continue
+        a = res["auc"][m]
+        t = res["timing"].get(m, {})
+        row = [m, _f(a["overall"])] + ([_f(a["pre"]), _f(a["dip"]), _f(a["after"])] if windows else [])
+        table.add_row(
+            *row, *(f"{t[k]:,.0f}" if t.get(k) else "-" for k in ("examples_per_s", "examples_per_cpu_s"))
+        )
+    console = Console(width=140)
+    console.print(table)
+    dv, dr = res["diff_vw"], res["diff_river"]
+    console.print(
+        f"adstream − vw {_f(dv['diff'])} {dv['ci95']}, − river {_f(dr['diff'])} {dr['ci95']} (95 % paired "
+        f"bootstrap); adstream ≥ both overall: {res['goal_met']}, after the drift: {res['goal_met_after']}"
+    )
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def summarize(streams: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Mean over seeds per scenario, and whether the goal held on every simulator stream."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for res in streams.values():
+        if res["kind"] == "simulator":
+            by.setdefault(res["scenario"], []).append(res)
+    means = {
+        sc: {
+            m: {
+                k: _clean(float(np.mean([r["auc"][m][k] for r in rs])))
+                for k in ("overall", "pre", "dip", "after")
+            }
+            for m in LEARNERS
+            if all(m in r["auc"] for r in rs)
+        }
+        for sc, rs in by.items()
+    }
+    sim = [r for rs in by.values() for r in rs]
+    return {
+        "scenario_means": means,
+        "goal_met": bool(sim) and all(r["goal_met"] for r in sim),
+        "goal_met_after": bool(sim) and all(r["goal_met_after"] for r in sim),
+        "streams_meeting": sum(bool(r["goal_met"]) for r in sim),
+        "streams_meeting_after": sum(bool(r["goal_met_after"]) for r in sim),
+        "simulator_streams": len(sim),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = Settings()
+    torch.set_num_threads(max(1, min(args.threads, 2)))
+    spec = PeerSpec(
+        args.vw_args,
+        tuple(args.interactions),
+        args.river_optimizer,
+        args.river_lr,
+        args.warm_passes,
+        settings.state_dim,
+    )
+    load_start = os.getloadavg()
+    t0 = time.perf_counter()
+    jobs: list[tuple[str, dict[str, Any], Callable[[], dict[str, Any]], int]] = []
+    for sc in args.scenarios:
+        for seed in args.seeds:
+            jobs.append(
+                (
+                    f"{sc}/seed {seed}",
+                    {"kind": "simulator", "scenario": sc, "seed": seed},
+                    lambda sc=sc, seed=seed: simulator_stream(args, settings, sc, seed),
+                    seed,
+                )
+            )
+    for c in args.obd_campaigns:
+        jobs.append(
+            (
+                f"obd/{c}",
+                {"kind": "obd", "campaign": c},
+                lambda c=c: obd_stream(settings, c, args.obd_warm_share),
+                0,
+            )
+        )
+    streams: dict[str, dict[str, Any]] = {}
+    for name, meta, build, seed in jobs:
+        s = build()
+        run = run_stream(
+            name, s["warm"], s["stream"], settings, spec, seed=seed, drift=s["drift"], oracle=s["oracle"]
+        )
+        streams[name] = (
+            meta | {"stream": s["info"]} | stream_figures(run, args.window, args.horizon, args.bootstrap)
+        )
+        _print(name, streams[name])
+    out = {
+        "goal": "adstream's progressive AUC >= Vowpal Wabbit's and River's on every simulator stream",
+        **summarize(streams),
+        "seeds": args.seeds,
+        "tuning_seeds": [1],
+        "scenarios": args.scenarios,
+        "streams": streams,
+        "peers": {
+            "vw_args": spec.vw_args,
+            "interactions": list(spec.interactions),
+            "river": f"LogisticRegression({spec.river_optimizer}({spec.river_lr}))",
+            "warm_passes": spec.warm_passes,
+        },
+        "adstream": {
+            "lora_targets": list(settings.lora_targets),
+            "online_lr": settings.online_lr,
+            "micro_batch": settings.micro_batch,
+            "base_epochs": 6,
+        },
+        "window": args.window,
+        "horizon": args.horizon,
+        "versions": {
+            "vowpalwabbit": _version("vowpalwabbit"),
+            "river": _version("river"),
+            "torch": torch.__version__,
+        },
+        "machine": machine(),
+        "load_avg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+        "total_s": round(time.perf_counter() - t0, 1),
+        "command": shlex.join(
+            [".venv/bin/python", "benchmarks/peer_online.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+    }
+    Console().print(
+        f"goal (adstream ≥ VW and River on every simulator stream): overall {out['goal_met']} "
+        f"({out['streams_meeting']}/{out['simulator_streams']}), after the drift {out['goal_met_after']} "
+        f"({out['streams_meeting_after']}/{out['simulator_streams']}); {out['total_s']} s"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    main()
