@@ -11,7 +11,7 @@ conversion's path starts after it. Holdout impressions are not touchpoints.
 
 The SQL runs on ClickHouse 18.16 and current releases alike (groupArray / arraySort /
 arrayFilter / ARRAY JOIN, no window functions or CTEs); every value is a bound parameter.
-The result is one row per distinct (channels, kinds, ages in hours) with conversion, value
+The result is one row per distinct (channel hashes, kinds, ages in hours) with conversion, value
 and null counts; `Paths` holds it as flat numpy arrays (CSR layout) for the models.
 """
 
@@ -60,7 +60,7 @@ SELECT user_id, advertiser_id,
        arraySort(groupArray((t, k, ch))) AS tt,
        arrayMap(x -> x.1, tt) AS t_ts, arrayMap(x -> x.2, tt) AS t_kind, arrayMap(x -> x.3, tt) AS t_ch
 FROM (
-    SELECT user_id, advertiser_id, toUInt32(ts) AS t, toUInt8(0) AS k, {ch} AS ch
+    SELECT user_id, advertiser_id, toUInt32(ts) AS t, toUInt8(0) AS k, cityHash64({ch}) AS ch
     FROM impressions FINAL
     WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
     UNION ALL
@@ -69,11 +69,23 @@ FROM (
         SELECT user_id, toUInt32(ts) AS t, impression_id AS event_id FROM clicks FINAL
         WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
     ) AS c ANY INNER JOIN (
-        SELECT event_id, advertiser_id, {ch} AS ch FROM impressions FINAL
+        -- only the clicked impressions go into the join's hash table
+        SELECT event_id, advertiser_id, cityHash64({ch}) AS ch FROM impressions FINAL
         WHERE ts >= toDateTime(%(imp_lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+          AND event_id IN (
+              SELECT impression_id FROM clicks FINAL
+              WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s))
     ) AS i USING event_id
 )
 GROUP BY user_id, advertiser_id
+"""
+
+# Channels travel through the path SQL as 64-bit hashes (cheaper to sort, copy and group than
+# strings); this names them.
+CHANNEL_NAMES_SQL = """
+SELECT DISTINCT cityHash64({ch}) AS h, {ch} AS name
+FROM impressions FINAL
+WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
 """
 
 # Conversions of every (user, advertiser) in [lo, until) (earlier ones only reset paths).
@@ -113,16 +125,16 @@ FROM (
             -- events: the conversions (flag 0), and a journey end (flag 1) at every touch that no
             -- touch or conversion follows within the gap (the last touch: until the range ends)
             SELECT t_ts, t_kind, t_ch, cw, vw,
+                   -- touches (0) and conversions (1) in time order; the time of the next of either
+                   arraySort(arrayConcat(arrayMap(t -> (t, toUInt8(0)), t_ts),
+                                         arrayMap(t -> (t, toUInt8(1)), c_ts))) AS merged,
+                   arrayPushBack(arrayPopFront(arrayMap(x -> x.1, merged)), toUInt32(%(until)s)) AS m_next,
                    arraySort(arrayConcat(
                        arrayMap((t, v) -> (t, toUInt8(0), v), c_ts, c_val),
-                       arrayMap(t -> (t, toUInt8(1), 0.), arrayFilter(
-                           (t, nt) -> toInt64(nt) - t >= %(gap)s
-                               AND (arrayFirst(c -> c > t, c_ts) = 0
-                                    OR toInt64(arrayFirst(c -> c > t, c_ts)) - t > %(gap)s),
-                           t_ts, t_next)))) AS ev
+                       arrayMap(x -> (x.1, toUInt8(1), 0.), arrayFilter(
+                           (x, nt) -> x.2 = 0 AND toInt64(nt) - x.1 >= %(gap)s, merged, m_next)))) AS ev
             FROM (
                 SELECT t_ts, t_kind, t_ch, c_ts, c_val,
-                       arrayPushBack(arrayPopFront(t_ts), toUInt32(%(until)s)) AS t_next,
                        transform(advertiser_id, %(advertisers)s, %(click_ws)s, %(click_w)s) AS cw,
                        transform(advertiser_id, %(advertisers)s, %(view_ws)s, %(view_w)s) AS vw
                 FROM ({touches}) AS t ANY LEFT JOIN ({conversions}) AS c USING user_id, advertiser_id
@@ -182,6 +194,11 @@ def paths_query(by: str) -> str:
     """The full path-building SQL at granularity `by` (placeholders as in `path_params`)."""
     ch = channel_sql(by)
     return PATHS_SQL.format(touches=_TOUCHES.format(ch=ch), conversions=_CONVERSIONS)
+
+
+def channel_names_query(by: str) -> str:
+    """Channel hash → name at granularity `by` (same placeholders as `paths_query`)."""
+    return CHANNEL_NAMES_SQL.format(ch=channel_sql(by))
 
 
 def path_params(since: int, until: int, window: Window) -> dict[str, Any]:
@@ -250,10 +267,20 @@ class Paths:
         )  # fmt: skip
 
 
-def paths_from_rows(rows: Sequence[Sequence[Any]]) -> Paths:
-    """`Paths` from rows (path, kinds, ages_h, conversions, value, nulls) as PATHS_SQL returns them."""
-    names = sorted({c for row in rows for c in row[0]})
-    code = {c: i for i, c in enumerate(names)}
+def paths_from_rows(rows: Sequence[Sequence[Any]], names_of: dict[Any, str] | None = None) -> Paths:
+    """`Paths` from rows (path, kinds, ages_h, conversions, value, nulls) as PATHS_SQL returns them.
+
+    `names_of` maps the channel keys of the rows (hashes) to names; without it keys are names.
+    """
+    keys = {c for row in rows for c in row[0]}
+    if names_of is not None:
+        missing = keys - names_of.keys()
+        if missing:
+            raise AttributionInputError(f"path channels {sorted(missing)[:3]} have no name")
+    name = (lambda k: names_of[k]) if names_of is not None else (lambda k: k)  # noqa: E731
+    names = sorted({name(k) for k in keys})
+    index = {n: i for i, n in enumerate(names)}
+    code = {k: index[name(k)] for k in keys}
     lengths = np.fromiter((len(r[0]) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     flat = [c for r in rows for c in r[0]]
@@ -313,7 +340,9 @@ class PathBuild:
 def build_paths(backend: Backend, by: str, since: int, until: int, window: Window) -> PathBuild:
     """Build the aggregated path table of [since, until) in ClickHouse and load it."""
     check_range(since, until)
-    rows = backend.execute(paths_query(by), path_params(since, until, window))
+    params = path_params(since, until, window)
+    rows = backend.execute(paths_query(by), params)
+    names_of = {h: n for h, n in backend.execute(channel_names_query(by), params)}
     totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
     conv, value = (totals[0] if totals else (0, 0.0))
-    return PathBuild(paths_from_rows(rows), float(conv or 0), float(value or 0.0))
+    return PathBuild(paths_from_rows(rows, names_of), float(conv or 0), float(value or 0.0))
