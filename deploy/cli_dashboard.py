@@ -27,8 +27,24 @@ def register(app: typer.Typer) -> None:
 
         from attribution.dashboard.app import clickhouse_where, create_app
 
+        _check_bindable(host, port)
         settings = Settings()
         app_ = create_app(settings)
         where = clickhouse_where(settings)
         console.print(f"dashboard on http://{host}:{port}/ (reads ClickHouse {where}; Ctrl-C stops it)")
         uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """A clear error (exit 2) for an address in use or not ours, before anything is printed."""
+    import socket
+
+    from schemas.errors import ConfigError
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+        ) from exc

@@ -66,3 +66,13 @@ def test_a_bad_port_is_a_usage_error() -> None:
         [str(ADSTREAM), "dashboard", "--port", "0"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and "--port" in done.stderr
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [str(ADSTREAM), "dashboard", "--port", str(port)], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 2
+    assert f"--port {port}: cannot listen there" in " ".join(done.stderr.split())
