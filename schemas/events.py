@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Final, Literal, TypeAlias
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import (
     AfterValidator,
@@ -205,6 +206,18 @@ class DeadLetter(Message):
     # the original record's size and sha256 (hex) when `raw` holds only its first MAX_RAW_BYTES
     raw_size: Annotated[int, Field(ge=0)] | None = None
     raw_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+
+def dead_letter_fields(raw: bytes, error: str) -> dict[str, Any]:
+    """`raw`, `error` (and, for a long record, `raw_size`, `raw_sha256`) of a DeadLetter that
+    always fits a producer request: a record longer than MAX_RAW_BYTES keeps its prefix."""
+    fields: dict[str, Any] = {"raw": raw}
+    if len(raw) > MAX_RAW_BYTES:
+        note = f" (original {len(raw)} bytes truncated to {MAX_RAW_BYTES}; see raw_size, raw_sha256)"
+        error = error[: 4096 - len(note)] + note
+        fields.update(raw=raw[:MAX_RAW_BYTES], raw_size=len(raw), raw_sha256=hashlib.sha256(raw).hexdigest())
+    fields["error"] = error[:4096] or "invalid"
+    return fields
 
 
 def _check_finite(values: list[float], field: str) -> list[float]:

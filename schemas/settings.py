@@ -95,7 +95,19 @@ class Settings(BaseSettings):
     state_dim: int = Field(32, ge=1, le=1024, description="Dimension of user state / ad vectors")
     sink_batch_size: int = Field(5000, ge=1, description="ClickHouse sink flushes at this many rows")
     sink_flush_s: float = Field(1.0, gt=0, description="…or after this many seconds")
+    sink_max_partitions: int = Field(
+        100, ge=1, description="Months (ClickHouse partitions) one INSERT block may span (server: 100)"
+    )
     metrics_port: int = Field(9464, ge=0, description="Prometheus port of workers (0 = off)")
+    metrics_host: str = Field(
+        "127.0.0.1", description="Interface the worker's and trainer's metrics servers bind (0.0.0.0: all)"
+    )
+    merge_max_idle_s: float = Field(
+        30.0, gt=0, description="An input partition silent this long no longer holds back the others"
+    )
+    merge_max_buffered: int = Field(
+        100_000, ge=1, description="…nor once the merge holds this many records of its co-partition"
+    )
 
     # -- trainers ------------------------------------------------------------------------
     lora_rank: int = Field(8, ge=1, le=256)
@@ -127,6 +139,9 @@ class Settings(BaseSettings):
     reset_margin: float = Field(0.01, ge=0, description="Adapter AUC below base by more than this is bad")
     reset_patience: int = Field(20, ge=1, description="Bad micro-batches in a row before an adapter reset")
     trainer_group: str = Field("adstream-trainer", description="Consumer group of the online trainer")
+    trainer_dedupe_ids: int = Field(
+        200_000, ge=0, description="Recent example event_ids the trainer remembers to skip re-deliveries"
+    )
     trainer_hold_labels: bool = Field(
         True, description="label_mode hold: learn examples in impression order after their window closes"
     )

@@ -6,13 +6,12 @@ import hashlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import ValidationError
 
 from schemas.codec import decode, error_reason, model_for_topic
 from schemas.errors import SchemaError
-from schemas.events import MAX_RAW_BYTES, MAX_TS, DeadLetter, Message
+from schemas.events import MAX_TS, DeadLetter, Message, dead_letter_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +104,4 @@ def dead_letter(
     return Invalid(dl, reason)
 
 
-def capped(raw: bytes, error: str) -> dict[str, Any]:
-    """`raw` and `error` fields of a dead letter that always fits a producer request: a record
-    longer than MAX_RAW_BYTES keeps its prefix, with its size and sha256 (and the error says so).
-    """
-    fields: dict[str, Any] = {"raw": raw}
-    if len(raw) > MAX_RAW_BYTES:
-        note = f" (original {len(raw)} bytes truncated to {MAX_RAW_BYTES}; see raw_size, raw_sha256)"
-        error = error[: 4096 - len(note)] + note
-        fields.update(raw=raw[:MAX_RAW_BYTES], raw_size=len(raw), raw_sha256=hashlib.sha256(raw).hexdigest())
-    fields["error"] = error[:4096] or "invalid"
-    return fields
+capped = dead_letter_fields  # the contract's rule, shared with the trainer's dead letters

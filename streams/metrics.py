@@ -35,14 +35,20 @@ RETRIES = Counter("adstream_streams_retries_total", "Failed writes retried", ["s
 STATE_USERS = Gauge("adstream_streams_state_users", "User states cached by this worker")
 PENDING = Gauge("adstream_streams_pending_impressions", "Impressions waiting for labels")
 BUFFERED = Gauge("adstream_streams_merge_buffered_events", "Records waiting in the merge")
+MERGE_FORCED = Counter(
+    "adstream_streams_merge_forced_total",
+    "Times the merge stopped waiting for an input partition that gave no answer (merge_max_idle_s)",
+)
+CORRUPT = Counter("adstream_streams_corrupt_user_records_total", "User records in Redis that did not decode")
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on `port` (0 = off); a busy port is logged, not fatal."""
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on `host:port` (0 = off; loopback unless `metrics_host` says otherwise);
+    a busy port is logged, not fatal."""
     if port <= 0:
         return
     try:
-        start_http_server(port)
-        log.info("metrics on :%d/metrics", port)
+        start_http_server(port, addr=host)
+        log.info("metrics on %s:%d/metrics", host, port)
     except OSError as exc:
         log.warning("metrics port %d unavailable (%s); metrics not exposed", port, exc)

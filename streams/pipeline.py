@@ -12,7 +12,13 @@ seconds commits a batch in this order:
 4. the records are acked to the source (so Kafka's committed offset never passes Redis's).
 
 A crash before 3 replays the batch with no visible effect but re-sent duplicates downstream
-dedupes by id; a crash after 3 skips it on replay. State changes happen exactly once.
+dedupes by id; a crash after 3 skips it on replay. State changes happen exactly once. A step
+that fails for a while (a service down) is retried with backoff; one that can never succeed (a
+row the event store refuses, a message the broker cannot take) has those records split out and
+dead-lettered and the rest written (`streams.delivery`), so one record never stalls the stream.
+
+Records reach the merge only once every user they touch is loaded from Redis (a failed read is
+retried), so no record is ever applied to a user's state that was not read.
 
 The write of a batch overlaps the processing of the next one (its contents are fixed before it
 starts, and a batch's write starts only when the previous one has finished, so the order above
@@ -35,9 +41,11 @@ from typing import Any
 
 from schemas import topics
 from schemas.codec import encode, key_of, model_for_topic
+from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from streams import metrics as m
+from streams.delivery import TABLE_TOPIC, produce_all, refused_letter, retrying, write_rows
 from streams.ingest import Invalid, ahead_of_record, validate
 from streams.merge import Item, PartitionMerge
 from streams.processor import Catalog, Processor
@@ -49,6 +57,8 @@ log = logging.getLogger(__name__)
 
 BACKLOG = 4  # a batch grows to at most this many times sink_batch_size while a write is in flight
 INPUTS: tuple[str, ...] = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
+
+__all__ = ["INPUTS", "Pipeline", "RawRecord", "retrying"]
 
 Send = Callable[[str, bytes, bytes], Awaitable[Any]]  # (physical topic, key, value) → delivery
 CaughtUp = Callable[[str, int, int | None], bool]  # (physical topic, partition, last seen offset)
@@ -79,6 +89,7 @@ class _Part:
 @dataclass
 class _Batch:
     rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=empty_rows)
+    raws: dict[str, list[bytes | None]] = field(default_factory=empty_rows)  # each row's record
     dead: list[DeadLetter] = field(default_factory=list)
     examples: list[TrainingExample] = field(default_factory=list)
     offsets: dict[str, int] = field(default_factory=dict)
@@ -86,22 +97,6 @@ class _Batch:
     handles: list[Any] = field(default_factory=list)
     count: int = 0
     started: float = 0.0
-
-
-async def retrying(step: Callable[[], Awaitable[None]], what: str, max_wait_s: float = 30.0) -> None:
-    """Run `step` until it succeeds, backing off; the worker pauses instead of losing a batch."""
-    wait = min(0.5, max_wait_s)
-    while True:
-        try:
-            await step()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            m.RETRIES.labels(what).inc()
-            log.warning("%s failed (%s); retrying in %.1fs", what, exc, wait)
-            await asyncio.sleep(wait)
-            wait = min(max_wait_s, wait * 2)
 
 
 class Pipeline:
@@ -142,11 +137,20 @@ class Pipeline:
     async def _part(self, p: int) -> _Part:
         part = self.parts.get(p)
         if part is None:
-            snap = await self.store.load_partition(p, self.inputs)
+            snaps = []
+
+            async def read() -> None:
+                snaps.append(await self.store.load_partition(p, self.inputs))
+
+            await retrying(read, "partition read", give_up=lambda exc: not isinstance(exc, StoreError))
+            snap = snaps[-1]
             proc = Processor.from_settings(self.settings, self.catalog)
             proc.join.load(snap.pending)
             proc.join.stream_ts = snap.stream_ts
-            part = self.parts[p] = _Part(proc, PartitionMerge(), dict(snap.offsets), dict(snap.offsets))
+            merge = PartitionMerge(
+                max_idle_s=self.settings.merge_max_idle_s, max_buffered=self.settings.merge_max_buffered
+            )
+            part = self.parts[p] = _Part(proc, merge, dict(snap.offsets), dict(snap.offsets))
         return part
 
     async def feed(self, records: Iterable[RawRecord]) -> None:
@@ -155,6 +159,10 @@ class Pipeline:
             missing: dict[int, set[str]] = {}
             skipped = []
             seen: Counter[str] = Counter()
+            # nothing reaches the merge before every user it touches is loaded (a Redis error
+            # here is retried; were it to escape, the merge would be as before this call)
+            staged: list[tuple[_Part, Item]] = []
+            latest: dict[tuple[int, str], int] = {}  # offsets staged in this call
             for rec in records:
                 base = self.base_of.get(rec.topic)
                 if base is None:
@@ -167,28 +175,24 @@ class Pipeline:
                     m.SKIPPED.inc()
                     skipped.append(rec.handle)
                     continue
-                last = max(part.merge.last_seen.get(rec.topic, -1), part.applied.get(rec.topic, -1))
+                key = (rec.partition, rec.topic)
+                last = max(
+                    latest.get(key, part.merge.last_seen.get(rec.topic, -1)), part.applied.get(rec.topic, -1)
+                )
                 if rec.offset <= last:  # a client re-delivered what the merge or batch holds
                     m.SKIPPED.inc()
                     part.redelivered.append((rec.topic, rec.offset, rec.handle))
                     continue
-                part.merge.last_seen[rec.topic] = rec.offset
-                try:  # the common case; a failure is redone by `validate`, which dead-letters it
-                    result: Message | Invalid = self.model_of[rec.topic].model_validate_json(rec.value)  # type: ignore[arg-type]
-                except Exception:
-                    result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
-                if not isinstance(result, Invalid):
-                    result = ahead_of_record(
-                        result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
-                        self.settings.max_event_skew_s,
-                    ) or result  # fmt: skip
+                latest[key] = rec.offset
+                result = self._judge(base, rec)
                 if isinstance(result, Invalid):
                     m.INVALID.labels(base, result.reason).inc()
                     self.counts[f"invalid:{result.reason}"] += 1
-                    part.merge.push(Item(rec.topic, rec.offset, None, 0.0, rec.handle, result.dead_letter))
+                    bad = Item(rec.topic, rec.offset, None, 0.0, rec.handle, result.dead_letter)
+                    staged.append((part, bad))
                     continue
                 ts = result.ts.timestamp()
-                part.merge.push(Item(rec.topic, rec.offset, result, ts, rec.handle, raw=rec.value))
+                staged.append((part, Item(rec.topic, rec.offset, result, ts, rec.handle, raw=rec.value)))
                 uid = getattr(result, "user_id", None)
                 if uid is not None and uid not in part.proc.states:
                     missing.setdefault(rec.partition, set()).add(uid)
@@ -197,13 +201,36 @@ class Pipeline:
             if skipped:
                 self.ack(skipped)
             for p, uids in missing.items():
-                part = self.parts[p]
-                loaded = await self.store.load_users(uids)
-                for uid in uids:
-                    part.proc.states[uid] = loaded.get(uid) or UserState.empty(uid, self.settings.state_dim)
+                await self._load_users(self.parts[p], uids)
+            for part, item in staged:
+                part.merge.push(item)
             await self._release_all()
             if self._due():
                 await self._commit()
+
+    def _judge(self, base: str, rec: RawRecord) -> Message | Invalid:
+        """The record's event, or its dead letter (contract violation, far-future time)."""
+        try:  # the common case; a failure is redone by `validate`, which dead-letters it
+            result: Message | Invalid = self.model_of[rec.topic].model_validate_json(rec.value)  # type: ignore[arg-type]
+        except Exception:
+            result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
+        if not isinstance(result, Invalid):
+            result = ahead_of_record(
+                result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
+                self.settings.max_event_skew_s,
+            ) or result  # fmt: skip
+        return result
+
+    async def _load_users(self, part: _Part, uids: set[str]) -> None:
+        """Read users from Redis into the partition's cache (retried while Redis fails)."""
+        loaded: dict[str, UserState] = {}
+
+        async def load() -> None:
+            loaded.update(await self.store.load_users(uids))
+
+        await retrying(load, "user read", give_up=lambda exc: not isinstance(exc, StoreError))
+        for uid in uids:
+            part.proc.states[uid] = loaded.get(uid) or UserState.empty(uid, self.settings.state_dim)
 
     def _writing(self) -> bool:
         return self._inflight is not None and not self._inflight.done()
@@ -262,7 +289,8 @@ class Pipeline:
             more = True
             while more:
                 more = False
-                for item in part.merge.release(caught_up, self.inputs):
+                forced = part.merge.forced
+                for item in part.merge.release(caught_up, self.inputs, time.monotonic()):
                     self._process(p, part, item)
                     if self._full():
                         # keep batches bounded even when a long-blocked merge releases a backlog;
@@ -270,6 +298,12 @@ class Pipeline:
                         await self._commit()
                         more = True
                         break
+                if part.merge.forced != forced:
+                    m.MERGE_FORCED.inc(part.merge.forced - forced)
+                    log.warning(
+                        "partition %d: an input gave no answer for %.0fs (or %d records waited): "
+                        "merging without it", p, self.settings.merge_max_idle_s, part.merge.buffered(),
+                    )  # fmt: skip
 
     def _process(self, p: int, part: _Part, item: Item) -> None:
         b = self.batch
@@ -286,6 +320,7 @@ class Pipeline:
         event: Message = item.event
         table, row = row_of(event, p, item.offset, item.ts)
         b.rows[table].append(row)
+        b.raws[table].append(item.raw)
         examples = part.proc.on_event(event, item.raw, item.ts)
         if examples:
             b.examples += examples
@@ -322,7 +357,7 @@ class Pipeline:
         self._inflight = asyncio.create_task(self._finish(b, commit, messages))
 
     async def _finish(self, b: _Batch, commit: Commit, messages: list[tuple[str, bytes, bytes]]) -> None:
-        await retrying(lambda: self._write(b, commit, messages), "batch commit")
+        await self._write(b, commit, messages)
         if b.dead:
             m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
         if b.examples:
@@ -346,14 +381,24 @@ class Pipeline:
         self._gauges()
 
     async def _write(self, b: _Batch, commit: Commit, messages: list[tuple[str, bytes, bytes]]) -> None:
-        """ClickHouse, then Kafka, then Redis: each step idempotent, so a retry is safe."""
+        """ClickHouse, then Kafka, then Redis: each step idempotent and retried while it fails for
+        a while; rows the store refuses for good and messages the broker can never take become
+        dead letters (sent before the offsets that pass them are committed)."""
         t0 = time.perf_counter()
-        await self.sink.write(b.rows)
+        refused = await write_rows(self.sink.write, b.rows, "batch sink")
         m.SINK_LATENCY.observe(time.perf_counter() - t0)
+        for table, i, error in refused:
+            row = b.rows[table][i]
+            m.INVALID.labels(TABLE_TOPIC[table], "refused").inc()
+            self.counts["invalid:refused"] += 1
+            log.warning("%s row at offset %s refused by the event store: %s", table, row[-1], error)
+            letter = refused_letter(self.prefix, table, row, b.raws[table][i], error)
+            messages.append((self.dlq_topic, key_of(letter), encode(letter)))
         if messages:
-            await asyncio.gather(*(self.send(t, k, v) for t, k, v in messages))
+            replaced = await produce_all(self.send, messages, "batch produce", self.dlq_topic)
+            self.counts["unsendable"] += replaced
         t1 = time.perf_counter()
-        await self.store.commit(commit)
+        await retrying(lambda: self.store.commit(commit), "batch commit")
         m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
 
     def _over_cache(self) -> bool:

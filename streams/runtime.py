@@ -11,7 +11,6 @@ or aiokafka's) is given as a function; both have `assignment()` and `highwater(t
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 from collections.abc import Callable, Iterable
@@ -26,8 +25,9 @@ from schemas.errors import SchemaError
 from schemas.events import AdCreative, DeadLetter
 from schemas.settings import Settings
 from streams import metrics as m
+from streams.delivery import produce_all, refused_letter, write_rows
 from streams.ingest import Invalid, validate
-from streams.pipeline import Pipeline, RawRecord, retrying
+from streams.pipeline import Pipeline, RawRecord
 from streams.processor import Catalog
 from streams.sink import ClickHouseSink, empty_rows, row_of
 from streams.store import RedisStateStore
@@ -64,13 +64,15 @@ class Runtime:
             import redis.asyncio as aioredis
 
             s = self.settings
-            self.producer = AIOKafkaProducer(**kafka_args(s), linger_ms=5, acks=1)
+            # acks=all: a record is durable once the broker's in-sync replicas have it, so a
+            # leader failover cannot lose dead letters or examples whose offsets were committed
+            self.producer = AIOKafkaProducer(**kafka_args(s), linger_ms=5, acks="all")
             await self.producer.start()
             redis_client = aioredis.Redis.from_url(**redis_args(s))
             store = RedisStateStore(redis_client, s.redis_prefix, s.user_state_ttl_s)
             pipeline = Pipeline(s, store, ClickHouseSink(s), self._send, self.ack, self.catalog)
             pipeline.caught_up = self._caught_up
-            m.serve(s.metrics_port)
+            m.serve(s.metrics_port, s.metrics_host)
             # Many short-lived objects per record (models, items) over a large live heap (states,
             # pending labels, merge buffers): default GC thresholds spend a large share of the
             # time in collections; collect young objects less often, and freeze start-up objects.
@@ -85,10 +87,8 @@ class Runtime:
         await self.start()  # the producer
         dlq = topics.topic_name(topics.DLQ, self.settings.topic_prefix)
 
-        async def send_all() -> None:
-            await asyncio.gather(*(self._send(dlq, key_of(d), encode(d)) for d in dead))
-
-        await retrying(send_all, "catalog dead letters")
+        messages = [(dlq, key_of(d), encode(d)) for d in dead]
+        await produce_all(self._send, messages, "catalog dead letters", dlq)
         m.EVENTS_OUT.labels(topics.DLQ).inc(len(dead))
 
     async def _send(self, topic: str, key: bytes, value: bytes) -> Any:
@@ -135,7 +135,13 @@ class Runtime:
         pipeline = await self.start()
         batch, self.incoming = self.incoming, []
         if batch:
-            await pipeline.feed(batch)
+            try:
+                await pipeline.feed(batch)
+            except BaseException:
+                # the feed did not take them (it stages records before the merge sees any):
+                # keep them, or later offsets would pass records never applied
+                self.incoming[:0] = batch
+                raise
         else:
             await pipeline.tick()
 
@@ -156,6 +162,7 @@ class Runtime:
             while True:
                 batches = await consumer.getmany(timeout_ms=200, max_records=5000)
                 rows = empty_rows()
+                raws: dict[str, list[bytes | None]] = empty_rows()
                 dead: list[DeadLetter] = []
                 for tp, records in batches.items():
                     for r in records:
@@ -174,8 +181,10 @@ class Runtime:
                         self.catalog.update(ad)
                         table, row = row_of(ad, tp.partition, r.offset)
                         rows[table].append(row)
-                if rows:
-                    await retrying(functools.partial(sink.write, rows), "catalog sink")
+                        raws[table].append(r.value)
+                for table, i, error in await write_rows(sink.write, rows, "catalog sink"):
+                    m.INVALID.labels(topics.CATALOG, "refused").inc()
+                    dead.append(refused_letter(s.topic_prefix, table, rows[table][i], raws[table][i], error))
                 if dead:  # the catalog is re-read from the start on restart: ids are deterministic
                     await self._dead_letters(dead)
                 if not self.catalog_ready.is_set():

@@ -3,12 +3,18 @@
 Idempotent by construction: tables are ReplacingMergeTree keyed on `event_id`, so a batch
 inserted again after a crash collapses; read them with FINAL or `uniq(event_id)`. The sink is a
 Protocol so a different store can stand in; `ClickHouseSink` is the real one.
+
+Tables are partitioned by month (`toYYYYMM(ts)`) and current ClickHouse refuses an INSERT block
+that touches more than `max_partitions_per_insert_block` (100) partitions, for good: a batch
+spanning more months (old events replayed, a hostile producer) is inserted in blocks of at most
+`settings.sink_max_partitions` months each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from operator import attrgetter
 from typing import Any, Protocol
@@ -63,6 +69,30 @@ def row_of(
     )
 
 
+def _month(ts: int) -> int:
+    t = time.gmtime(ts)
+    return t.tm_year * 12 + t.tm_mon - 1
+
+
+def month_blocks(batch: list[tuple[Any, ...]], max_months: int) -> list[list[tuple[Any, ...]]]:
+    """`batch` (rows of one table, `ts` in column 1) cut into blocks of at most `max_months`
+    distinct months each; one block (the batch itself) when it spans fewer."""
+    if not batch:
+        return []
+    lo = min(row[1] for row in batch)
+    hi = max(row[1] for row in batch)
+    if _month(hi) - _month(lo) < max_months:
+        return [batch]
+    by_month: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in batch:
+        by_month[_month(row[1])].append(row)
+    months = sorted(by_month)
+    return [
+        [row for mo in months[i : i + max_months] for row in by_month[mo]]
+        for i in range(0, len(months), max_months)
+    ]
+
+
 class EventSink(Protocol):
     """Where valid events are written in batches; `write` must be idempotent per event_id."""
 
@@ -83,17 +113,20 @@ class ClickHouseSink:
         # `adstream worker` before it starts); streams only inserts into them
         self._client = Client(**clickhouse_connect_args(settings, clickhouse_database(settings)))
         self._lock = asyncio.Lock()
+        self.max_months = settings.sink_max_partitions
 
     def _insert(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
         by_table = {table: cols for _, (table, cols) in COLUMNS.items()}
         for table, batch in rows.items():
-            if not batch:
-                continue
-            cols = ", ".join((*by_table[table], "kafka_partition", "kafka_offset"))
-            # `ts` is epoch seconds: DateTime takes it as is (no tz conversion on the client)
-            self._client.execute(
-                f"INSERT INTO {table} ({cols}) VALUES", batch, types_check=False, settings={}
-            )
+            cols = (*by_table[table], "kafka_partition", "kafka_offset")
+            for block in month_blocks(batch, self.max_months):
+                self._execute(table, cols, block)
+
+    def _execute(self, table: str, cols: tuple[str, ...], block: list[tuple[Any, ...]]) -> None:
+        # `ts` is epoch seconds: DateTime takes it as is (no tz conversion on the client)
+        self._client.execute(
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES", block, types_check=False, settings={}
+        )
 
     async def write(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
         async with self._lock:

@@ -16,14 +16,19 @@ the same writes, at about a third of the client's packing and parsing time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.errors import StoreError
+from streams import metrics as m
 from streams.join import Pending
 from streams.record import decode_state, encode_state, user_key
 from streams.state import UserState
+
+log = logging.getLogger(__name__)
+
 
 # SET KEYS[i] ARGV[i + 1] EX ARGV[1] for every key (run inside the batch's MULTI/EXEC)
 SET_EX_ALL = "for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[1]) end return #KEYS"
@@ -69,7 +74,16 @@ class RedisStateStore:
             values = await self.redis.mget([user_key(self.prefix, u) for u in ids])
         except Exception as exc:
             raise StoreError(f"Redis MGET of {len(ids)} user records failed: {exc}") from exc
-        return {u: decode_state(u, v) for u, v in zip(ids, values, strict=True) if v is not None}
+        out: dict[str, UserState] = {}
+        for u, v in zip(ids, values, strict=True):
+            if v is None:
+                continue
+            try:
+                out[u] = decode_state(u, v)
+            except StoreError as exc:  # never retried for ever: the user restarts from empty
+                log.error("%s; the user starts from an empty state", exc)
+                m.CORRUPT.inc()
+        return out
 
     async def load_partition(self, partition: int, topics: Iterable[str]) -> PartitionSnapshot:
         try:

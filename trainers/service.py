@@ -52,9 +52,10 @@ from pydantic import ValidationError
 from schemas import codec, topics
 from schemas.clients import kafka_args, redis_args
 from schemas.errors import SchemaError, StoreError
-from schemas.events import AdapterDelta, DeadLetter, TrainingExample
+from schemas.events import AdapterDelta, DeadLetter, TrainingExample, dead_letter_fields
 from schemas.settings import Settings
 from trainers import telemetry
+from trainers.features import featurize
 from trainers.online import OnlineTrainer
 from trainers.reorder import DelayBuffer
 from trainers.snapshots import (
@@ -102,6 +103,9 @@ class TrainerService:
         self.position: dict[int, int] = {}  # partition → last offset processed
         self.adapter_partition: dict[str, int] = {}
         self.dirty: set[str] = set()
+        # event ids of examples taken (learned or held), oldest first: a re-delivered example
+        # (a streams batch produced again after a retry) is skipped, not learned twice
+        self.seen: dict[str, None] = {}
         self.published = 0
         self.learned = 0
         self._last_snapshot = time.monotonic()
@@ -187,7 +191,12 @@ class TrainerService:
         for p in gone:
             self.position.pop(p, None)
         if self.held is not None:  # the new owner re-reads them from the committed offsets
-            keep = [(e, pos) for e, pos in self.held.drain() if pos[0] not in gone]
+            keep = []
+            for e, pos in self.held.drain():
+                if pos[0] in gone:
+                    self.seen.pop(e.event_id, None)  # not learned: take it again if it comes back
+                else:
+                    keep.append((e, pos))
             for e, (part, off) in keep:
                 self.held.push(e, part, off)
 
@@ -252,6 +261,7 @@ class TrainerService:
     async def process(self, records: Sequence[Any]) -> None:
         """Validate, restore unknown adapters, learn, and publish the resulting deltas."""
         decoded: list[tuple[TrainingExample, tuple[int, int]]] = []
+        taken: list[Any] = []
         for r in records:
             self.position[r.partition] = max(r.offset, self.position.get(r.partition, -1))
             try:
@@ -260,7 +270,13 @@ class TrainerService:
                 await self._dead_letter(r, str(exc))
                 continue
             assert isinstance(msg, TrainingExample)
+            if msg.event_id in self.seen:
+                telemetry.DUPLICATES.inc()
+                continue
+            self._remember(msg.event_id)
             decoded.append((msg, (r.partition, r.offset)))
+            taken.append(r)
+        decoded = await self._featurizable(decoded, taken)
         if self.held is not None:
             at_once = []
             for ex, (part, off) in decoded:
@@ -271,6 +287,32 @@ class TrainerService:
             decoded = at_once + self.held.pop_ready()
             telemetry.HELD.set(len(self.held))
         await self._learn(decoded)
+
+    def _remember(self, event_id: str) -> None:
+        self.seen[event_id] = None
+        if len(self.seen) > self.s.trainer_dedupe_ids:
+            del self.seen[next(iter(self.seen))]
+
+    async def _featurizable(
+        self, decoded: list[tuple[TrainingExample, tuple[int, int]]], records: list[Any]
+    ) -> list[tuple[TrainingExample, tuple[int, int]]]:
+        """The examples the ranker can take; one it cannot (featurize raises) is dead-lettered
+        instead of stopping the trainer, which would read it again after every restart."""
+        cfg = self.trainer.bank.config
+        try:
+            featurize([ex for ex, _ in decoded], cfg)
+            return decoded
+        except SchemaError:
+            pass
+        ok = []
+        for (ex, pos), r in zip(decoded, records, strict=True):
+            try:
+                featurize([ex], cfg)
+            except SchemaError as exc:
+                await self._dead_letter(r, f"not featurizable: {exc}")
+                continue
+            ok.append((ex, pos))
+        return ok
 
     async def _learn(self, batch: Sequence[tuple[TrainingExample, tuple[int, int]]]) -> None:
         realign: list[AdapterDelta] = []
@@ -370,8 +412,7 @@ class TrainerService:
             source_topic=self.in_topic,
             partition=record.partition,
             offset=record.offset,
-            error=error[:4096],
-            raw=bytes(record.value or b"")[:1_000_000],
+            **dead_letter_fields(bytes(record.value or b""), error),
         )
         await self.producer.send_and_wait(self.dlq_topic, codec.encode(dl), key=self.in_topic.encode())
 

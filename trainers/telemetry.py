@@ -17,6 +17,9 @@ from trainers.online import AdapterRun
 EXAMPLES = Counter("adstream_trainers_examples_total", "Training examples learned")
 INVALID = Counter("adstream_trainers_invalid_examples_total", "Records that failed validation", ["reason"])
 SKIPPED = Counter("adstream_trainers_skipped_examples_total", "Records already learned before a restart")
+DUPLICATES = Counter(
+    "adstream_trainers_duplicate_examples_total", "Re-delivered examples (an event_id already taken) skipped"
+)
 DELTAS = Counter("adstream_trainers_deltas_total", "AdapterDelta messages published", ["kind"])
 DELTA_BYTES = Histogram(
     "adstream_trainers_delta_bytes",
@@ -57,10 +60,10 @@ AUC_MEAN = Gauge("adstream_trainers_rolling_auc_mean", "Mean rolling online AUC 
 AUC_GAIN = Gauge("adstream_trainers_rolling_auc_gain_mean", "Mean rolling AUC of online minus base")
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on `port` (0 = off)."""
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on `host:port` (0 = off); loopback unless told otherwise (`metrics_host`)."""
     if port:
-        start_http_server(port)
+        start_http_server(port, addr=host)
 
 
 def export(runs: Mapping[str, AdapterRun], per_adapter_labels: bool) -> None:

@@ -1,0 +1,194 @@
+"""Writes that can fail, and what to do about it: retry what may succeed later, split out what never will.
+
+A transient failure (a broker, Redis or ClickHouse that is down, slow or busy) pauses the worker:
+the step is retried with capped exponential backoff and nothing is lost or acked meanwhile. A
+failure that can never succeed on retry (a record larger than the producer allows, a row the
+server refuses for its content: a type or constraint error, "too many partitions for a single
+INSERT block") must not be retried for ever with every partition stalled behind it: the batch is
+split until the refused rows are alone, they are dead-lettered, and the rest is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import re
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas import topics
+from schemas.codec import encode
+from schemas.events import DeadLetter
+from streams import metrics as m
+from streams.ingest import capped, dead_letter
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, bytes, bytes], Awaitable[Any]]
+Rows = dict[str, list[tuple[Any, ...]]]
+
+# ClickHouse error codes that say "this data, never": parse/type/range/constraint errors
+_PERMANENT_CODES = frozenset({6, 26, 27, 38, 41, 53, 69, 70, 72, 117, 131, 321, 469})
+_CODE = re.compile(r"Code: (\d+)")
+# the table a sink row goes to → the contract topic it was read from
+TABLE_TOPIC = {
+    "impressions": topics.IMPRESSIONS,
+    "clicks": topics.CLICKS,
+    "dwell": topics.DWELL,
+    "conversions": topics.CONVERSIONS,
+    "ads": topics.CATALOG,
+}
+
+
+def permanent(exc: BaseException) -> bool:
+    """Whether a write failed because of what it writes (retrying cannot help) rather than where."""
+    from aiokafka import errors as kafka_errors
+
+    if isinstance(
+        exc,
+        kafka_errors.MessageSizeTooLargeError
+        | kafka_errors.RecordTooLargeError
+        | kafka_errors.RecordListTooLargeError
+        | kafka_errors.InvalidMessageError,
+    ):
+        return True
+    if isinstance(exc, TypeError | ValueError | OverflowError | struct.error | UnicodeError):
+        return True  # the client could not encode the values (raised before anything is sent)
+    code = getattr(exc, "code", None)
+    text = str(exc)
+    if not isinstance(code, int):
+        found = _CODE.search(text)
+        code = int(found.group(1)) if found else None
+    if code == 252:  # TOO_MANY_PARTS: transient ("merges are slower than inserts") unless this:
+        return "for single INSERT block" in text
+    return code in _PERMANENT_CODES
+
+
+async def retrying(
+    step: Callable[[], Awaitable[None]],
+    what: str,
+    max_wait_s: float = 30.0,
+    give_up: Callable[[BaseException], bool] | None = None,
+) -> None:
+    """Run `step` until it succeeds, backing off; the worker pauses instead of losing a batch.
+
+    An error for which `give_up(exc)` is true is raised at once instead (it can never succeed).
+    """
+    wait = min(0.5, max_wait_s)
+    while True:
+        try:
+            await step()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if give_up is not None and give_up(exc):
+                raise
+            m.RETRIES.labels(what).inc()
+            log.warning("%s failed (%s); retrying in %.1fs", what, exc, wait)
+            await asyncio.sleep(wait)
+            wait = min(max_wait_s, wait * 2)
+
+
+async def write_rows(
+    write: Callable[[Rows], Awaitable[None]], rows: Rows, what: str
+) -> list[tuple[str, int, str]]:
+    """Write `rows` (idempotent per event_id); return (table, index, error) of the rows refused
+    for good, after halving the failing blocks until each refused row is alone."""
+    if not any(rows.values()):
+        return []
+    try:
+        await retrying(lambda: write(rows), what, give_up=permanent)
+        return []
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("%s refused a batch for good (%s): splitting it", what, exc)
+    refused: list[tuple[str, int, str]] = []
+    for table, batch in rows.items():
+        stack: list[range] = [range(len(batch))]
+        while stack:
+            part = stack.pop()
+            if not part:
+                continue
+            block = {table: [batch[i] for i in part]}
+            try:
+                await retrying(functools.partial(write, block), what, give_up=permanent)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if len(part) == 1:
+                    refused.append((table, part[0], str(exc)))
+                    continue
+                mid = len(part) // 2
+                stack += [part[mid:], part[:mid]]
+    return refused
+
+
+def refused_letter(
+    prefix: str, table: str, row: tuple[Any, ...], raw: bytes | None, error: str
+) -> DeadLetter:
+    """The dead letter of a sink row the store refused (its topic, partition, offset, bytes)."""
+    topic = topics.topic_name(TABLE_TOPIC[table], prefix)
+    partition, offset = int(row[-2]), int(row[-1])
+    reason = f"refused by the event store: {error}"
+    return dead_letter(topic, partition, offset, raw or b"", int(row[2]), reason, "refused").dead_letter
+
+
+def unsendable_letter(topic: str, value: bytes, error: str) -> bytes:
+    """A dead letter standing in for a message the broker can never take (it is too large)."""
+    digest = hashlib.blake2b(topic.encode() + b"\0" + value, digest_size=16).hexdigest()
+    dl = DeadLetter(
+        event_id=f"dlq-{digest}",
+        ts=datetime.now(UTC),
+        source_topic=topic[:249],
+        partition=-1,
+        offset=-1,
+        **capped(value, f"could not be produced to {topic}: {error}"),
+    )
+    return encode(dl)
+
+
+async def produce_all(
+    send: Send,
+    messages: Sequence[tuple[str, bytes, bytes]],
+    what: str,
+    dlq_topic: str,
+    max_wait_s: float = 30.0,
+) -> int:
+    """Produce every message (retrying only those that failed); a message the broker can never
+    take is replaced by its dead letter on `dlq_topic`. Returns how many were replaced."""
+    todo = [(t, k, v, False) for t, k, v in messages]  # … and whether it is a stand-in already
+    replaced = 0
+    wait = min(0.5, max_wait_s)
+    while todo:
+        results = await asyncio.gather(*(send(t, k, v) for t, k, v, _ in todo), return_exceptions=True)
+        again: list[tuple[str, bytes, bytes, bool]] = []
+        transient: BaseException | None = None
+        for (topic, key, value, stand_in), res in zip(todo, results, strict=True):
+            if isinstance(res, asyncio.CancelledError):
+                raise res
+            if not isinstance(res, BaseException):
+                continue
+            if not permanent(res):
+                again.append((topic, key, value, stand_in))
+                transient = res
+            elif stand_in:  # cannot happen with the producer's default limits (capped raw)
+                log.error("dead letter of an unsendable message not produced either: %s", res)
+                m.RETRIES.labels(f"{what} (dropped)").inc()
+            else:
+                replaced += 1
+                log.warning("message to %s can never be produced (%s): dead-lettered", topic, res)
+                letter = unsendable_letter(topic, value, f"{type(res).__name__}: {res}")
+                again.append((dlq_topic, topic.encode(), letter, True))
+        if transient is not None:
+            m.RETRIES.labels(what).inc()
+            log.warning("%s failed (%s); retrying %d message(s) in %.1fs", what, transient, len(again), wait)
+            await asyncio.sleep(wait)
+            wait = min(max_wait_s, wait * 2)
+        todo = again
+    return replaced
