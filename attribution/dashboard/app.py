@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 
 from attribution.dashboard import panels
@@ -29,6 +29,12 @@ from schemas.settings import Settings, clickhouse_connect_args, clickhouse_datab
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
@@ -59,6 +65,13 @@ def create_app(settings: Settings, connect: Callable[[], Backend] | None = None)
     connect = connect or clickhouse_backend(settings)
     js = plotly_js()
     app = FastAPI(title="adstream dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def local_only(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # the browser itself refuses anything not from this server (Plotly draws with inline styles)
+        response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:

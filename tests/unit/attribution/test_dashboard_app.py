@@ -82,6 +82,7 @@ def test_page_and_assets_are_served_locally(backend: SharedChdb) -> None:
     assert js.status_code == 200 and js.content == plotly_js().read_bytes()
     for name in ("dashboard.js", "dashboard.css"):
         assert client.get(f"/static/{name}").status_code == 200
+    assert "default-src 'self'" in page.headers["content-security-policy"]  # the browser enforces it
     assert client.get("/static/../app.py").status_code == 404
     assert client.get("/static/secrets.txt").status_code == 404
 
