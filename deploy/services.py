@@ -123,7 +123,10 @@ def launch_redis(ep: Endpoint, state_dir: Path) -> Launch:
     binary = _which("redis-server", "redis-server")
     data = state_dir / "redis"
     data.mkdir(parents=True, exist_ok=True)
-    argv = [binary, "--bind", ep.host, "--port", str(ep.port), "--save", "", "--appendonly", "no"]
+    # persistent: user state and applied offsets live here (the worker's source of truth), so an
+    # append-only file fsynced every second keeps them through a crash or restart of Redis
+    argv = [binary, "--bind", ep.host, "--port", str(ep.port), "--save", ""]
+    argv += ["--appendonly", "yes", "--appendfsync", "everysec"]
     argv += ["--dir", str(data.resolve()), "--daemonize", "no", "--protected-mode", "yes"]
     return Launch(argv, state_dir / "logs" / "redis.log")
 
