@@ -53,34 +53,48 @@ def _fuzz(server: httpx.Client, budget: dict[tuple[str, str], int]) -> collectio
                 if n == 0:
                     continue
 
-                @hypothesis.settings(
-                    max_examples=n,
-                    deadline=None,
-                    database=None,
-                    derandomize=True,
-                    phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck),
-                )
-                @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
-                def run(
-                    case: Any, label: str = label, admin: bool = admin, mode: GenerationMode = mode
-                ) -> None:
-                    kw = case.as_transport_kwargs(base_url=base)
-                    headers = dict(kw.get("headers") or {})
-                    if admin and mode is GenerationMode.POSITIVE and seen[label] % 2 == 0:
-                        headers.update(ADMIN)
-                    resp = client.request(
-                        kw["method"], kw["url"], params=kw.get("params"), headers=headers,
-                        content=_content(kw), cookies=kw.get("cookies"),
-                    )  # fmt: skip
-                    seen[label] += 1
-                    seen[f"status {resp.status_code}"] += 1
-                    _check(resp, f"{label} [{mode.value}] {case.body!r:.200}")
-
+                run = _runner(client, base, operation, mode, n, label, admin, seen)
                 run()
     finally:
         client.close()
     return seen
+
+
+def _runner(
+    client: httpx.Client,
+    base: str,
+    operation: Any,
+    mode: GenerationMode,
+    n: int,
+    label: str,
+    admin: bool,
+    seen: collections.Counter[str],
+) -> Any:
+    """A hypothesis test sending `n` generated requests of `operation` in `mode`."""
+
+    @hypothesis.settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
+    def run(case: Any) -> None:
+        kw = case.as_transport_kwargs(base_url=base)
+        headers = dict(kw.get("headers") or {})
+        if admin and mode is GenerationMode.POSITIVE and seen[label] % 2 == 0:
+            headers.update(ADMIN)
+        resp = client.request(
+            kw["method"], kw["url"], params=kw.get("params"), headers=headers,
+            content=_content(kw), cookies=kw.get("cookies"),
+        )  # fmt: skip
+        seen[label] += 1
+        seen[f"status {resp.status_code}"] += 1
+        _check(resp, f"{label} [{mode.value}] {case.body!r:.200}")
+
+    return run
 
 
 def _content(kw: dict[str, Any]) -> bytes | None:

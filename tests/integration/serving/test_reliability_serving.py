@@ -109,16 +109,20 @@ def test_admin_routes_and_exposure(server: httpx.Client) -> None:
 def test_request_edges(server: httpx.Client) -> None:
     """M3: a chunked body over the limit gets 413 before it is all sent; L7: only JSON bodies;
     OpenAPI: `k: 61.0` is the integer 61."""
-    sent = [0]
+    import socket
+    from urllib.parse import urlparse
 
-    def body():  # type: ignore[no-untyped-def]
-        for _ in range(2000):  # 32 MB if it were all read
-            sent[0] += 1
-            yield b"x" * 16384
-
-    r = server.post("/v1/ads", content=body(), headers={"Content-Type": "application/json"})
-    assert r.status_code == 413 and "over" in r.json()["detail"]
-    assert sent[0] < 2000
+    url = urlparse(str(server.base_url))
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/ads HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"x" * 16384
+        for _ in range(6):  # 96 KiB of a body that never ends: no terminating chunk is sent
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        head = sock.recv(65536)  # answered while the body is still open: it was never read whole
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
     for ct in ("text/plain", "application/x-www-form-urlencoded", None):
         headers = {"Content-Type": ct} if ct else {}
         r = server.post("/v1/ads", content=b'{"user_id": "u", "slot": "feed"}', headers=headers)
@@ -135,5 +139,5 @@ def test_openapi_documents_admin_errors_and_metrics(server: httpx.Client) -> Non
         op = next(iter(spec["paths"][path].values()))
         assert {"401", "403", "404"} <= set(op["responses"]), path
     metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
-    assert list(metrics) == ["text/plain; version=0.0.4; charset=utf-8"]
+    assert len(metrics) == 1 and next(iter(metrics)).startswith("text/plain")
     assert {"413", "415", "422", "503"} <= set(spec["paths"]["/v1/ads"]["post"]["responses"])
