@@ -109,7 +109,8 @@ FROM (
         arrayFilter((t, k) -> t <= e_ts AND t > e_prev
                     AND (e_null = 1 OR toInt64(e_ts) - t <= if(k = 1, e_cw, e_vw)), t_ts, t_kind) AS p_ts,
         arrayFilter((c, t, k) -> t <= e_ts AND t > e_prev
-                    AND (e_null = 1 OR toInt64(e_ts) - t <= if(k = 1, e_cw, e_vw)), t_ch, t_ts, t_kind) AS path,
+                    AND (e_null = 1 OR toInt64(e_ts) - t <= if(k = 1, e_cw, e_vw)),
+                    t_ch, t_ts, t_kind) AS path,
         arrayFilter((k, t) -> t <= e_ts AND t > e_prev
                     AND (e_null = 1 OR toInt64(e_ts) - t <= if(k = 1, e_cw, e_vw)), t_kind, t_ts) AS kinds,
         arrayMap(t -> toUInt32(intDiv(toInt64(e_ts) - t, 3600)), p_ts) AS ages,
@@ -248,7 +249,9 @@ class Paths:
 
     def with_counts(self, conversions: np.ndarray, value: np.ndarray, nulls: np.ndarray) -> Paths:
         """The same paths with other counts (bootstrap replicates, held-out splits)."""
-        return Paths(self.channels, self.offsets, self.channel, self.kind, self.age_s, conversions, value, nulls)
+        return Paths(
+            self.channels, self.offsets, self.channel, self.kind, self.age_s, conversions, value, nulls
+        )
 
     def converting(self) -> Paths:
         """Only the paths with at least one conversion."""
@@ -258,8 +261,10 @@ class Paths:
         idx = np.flatnonzero(mask)
         lengths = self.lengths[idx]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        touch = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in idx]) if idx.size else (
-            np.zeros(0, dtype=np.int64)
+        touch = (
+            np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in idx])
+            if idx.size
+            else (np.zeros(0, dtype=np.int64))
         )
         return Paths(
             self.channels, offsets, self.channel[touch], self.kind[touch], self.age_s[touch],
@@ -277,7 +282,7 @@ def paths_from_rows(rows: Sequence[Sequence[Any]], names_of: dict[Any, str] | No
         missing = keys - names_of.keys()
         if missing:
             raise AttributionInputError(f"path channels {sorted(missing)[:3]} have no name")
-    name = (lambda k: names_of[k]) if names_of is not None else (lambda k: k)  # noqa: E731
+    name = (lambda k: names_of[k]) if names_of is not None else (lambda k: k)
     names = sorted({name(k) for k in keys})
     index = {n: i for i, n in enumerate(names)}
     code = {k: index[name(k)] for k in keys}
@@ -344,5 +349,5 @@ def build_paths(backend: Backend, by: str, since: int, until: int, window: Windo
     rows = backend.execute(paths_query(by), params)
     names_of = {h: n for h, n in backend.execute(channel_names_query(by), params)}
     totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
-    conv, value = (totals[0] if totals else (0, 0.0))
+    conv, value = totals[0] if totals else (0, 0.0)
     return PathBuild(paths_from_rows(rows, names_of), float(conv or 0), float(value or 0.0))

@@ -121,7 +121,9 @@ def plan_budget(
     chans = result.channels
     for name in bounds or {}:
         if name not in chans:
-            raise AttributionInputError(f"unknown channel {name!r} in budget bounds (known: {', '.join(chans)})")
+            raise AttributionInputError(
+                f"unknown channel {name!r} in budget bounds (known: {', '.join(chans)})"
+            )
     spend = np.array([spend_by_channel.get(c, 0.0) for c in chans])
     lo = spend * (1 - min(max_change, 1.0))
     hi = spend * (1 + max_change)

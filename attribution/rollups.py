@@ -100,4 +100,7 @@ def refresh_rollups(backend: Backend, since: int, until: int, version: int | Non
 def read_rollups(backend: Backend, since: int, until: int) -> list[dict[str, Any]]:
     """The rollup rows of [since, until) as dicts (one per hour × campaign × slot × advertiser)."""
     lo, hi = hour_bounds(since, until)
-    return [dict(zip(_COLUMNS, row, strict=True)) for row in backend.execute(ROLLUP_SQL, {"since": lo, "until": hi})]
+    return [
+        dict(zip(_COLUMNS, row, strict=True))
+        for row in backend.execute(ROLLUP_SQL, {"since": lo, "until": hi})
+    ]

@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from attribution.incrementality import calibrate, measure_lift
@@ -88,7 +88,7 @@ class Run:
         }
 
 
-def run_attribution(
+def run_attribution(  # noqa: PLR0913 - keyword-only knobs of one run
     backend: Backend,
     *,
     models: list[str],
@@ -130,7 +130,9 @@ def run_attribution(
             cal = calibrate(result, lifts, by)
             run.results[cal.model] = cal
     for name, result in run.results.items():
-        run.plans[name] = plan_budget(result, run.spend, elasticity=elasticity, max_change=max_change, bounds=bounds)
+        run.plans[name] = plan_budget(
+            result, run.spend, elasticity=elasticity, max_change=max_change, bounds=bounds
+        )
     return run
 
 
@@ -138,7 +140,11 @@ def store_run(backend: Backend, run: Run) -> None:
     """Write the run and one row per model × channel."""
     now = int(time.time())
     p = run.build.paths
-    params = {"seconds": run.seconds, "window": run.window.__dict__, "meta": {m: r.meta for m, r in run.results.items()}}
+    params = {
+        "seconds": run.seconds,
+        "window": run.window.__dict__,
+        "meta": {m: r.meta for m, r in run.results.items()},
+    }
     backend.insert(
         RUNS_TABLE,
         _RUN_COLUMNS,
@@ -156,14 +162,15 @@ def store_run(backend: Backend, run: Run) -> None:
             c = plan[r.channel]
             rows.append((
                 run.run_id, _dt(now), model, r.channel, r.conversions, r.value, r.share, r.ci_low, r.ci_high,
-                r.value_ci_low, r.value_ci_high, c.spend, c.roi, c.cpa, c.recommended_spend, int(c.low_confidence),
+                r.value_ci_low, r.value_ci_high, c.spend, c.roi, c.cpa, c.recommended_spend,
+                int(c.low_confidence),
             ))  # fmt: skip
     backend.insert(RESULTS_TABLE, _RESULT_COLUMNS, rows)
 
 
 def _dt(ts: int) -> datetime:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(ts, tz=UTC).replace(tzinfo=None)
 
 
 def _iso(ts: int) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from schemas.errors import StoreError
 
@@ -59,12 +59,12 @@ class DriverBackend:
 class _UTCContext:
     """What clickhouse-driver's escaper asks of a connection context (only the server time zone)."""
 
-    class server_info:  # noqa: N801 - mirrors the driver's attribute name
+    class server_info:
         @staticmethod
         def get_timezone() -> str:
             return "UTC"
 
-    client_settings: dict[str, Any] = {}
+    client_settings: ClassVar[dict[str, Any]] = {}
 
 
 def bind(query: str, params: dict[str, Any] | None) -> str:
@@ -110,7 +110,9 @@ class ChdbBackend:
 
         ctx = _UTCContext()
         flat = tuple(escape_param(v, ctx) for row in rows for v in row)
-        self.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES " + (values % flat).replace("%", "%%"))
+        self.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES " + (values % flat).replace("%", "%%")
+        )
 
     def insert_columnar(self, table: str, columns: Sequence[str], data: Sequence[Sequence[Any]]) -> None:
         """Bulk insert through a temporary TSV file (chDB reads it with the `file` table function)."""
@@ -129,7 +131,9 @@ class ChdbBackend:
         fd, path = tempfile.mkstemp(suffix=".tsv")
         try:
             with os.fdopen(fd, "w", newline="") as fh:
-                writer = csv.writer(fh, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
+                writer = csv.writer(
+                    fh, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n"
+                )
                 writer.writerows(zip(*data, strict=True))
             self.execute(
                 f"INSERT INTO {table} ({', '.join(columns)}) "
@@ -145,7 +149,11 @@ class ChdbBackend:
 
 def _typed(value: Any, type_name: str) -> Any:
     """JSON values back to what clickhouse-driver would return (64-bit ints arrive quoted)."""
-    inner = type_name.removeprefix("Nullable(").removesuffix(")") if type_name.startswith("Nullable(") else type_name
+    inner = (
+        type_name.removeprefix("Nullable(").removesuffix(")")
+        if type_name.startswith("Nullable(")
+        else type_name
+    )
     if value is None:
         return None
     if inner.startswith(("UInt", "Int")) and isinstance(value, str):

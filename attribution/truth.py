@@ -64,7 +64,9 @@ def aligned_truth(data: MarketData, channels: tuple[str, ...]) -> np.ndarray:
 
 def _shares(values: np.ndarray, channels: tuple[str, ...]) -> dict[str, float]:
     total = float(values.sum())
-    return {c: round(float(v) / total, 4) if total > 0 else 0.0 for c, v in zip(channels, values, strict=True)}
+    return {
+        c: round(float(v) / total, 4) if total > 0 else 0.0 for c, v in zip(channels, values, strict=True)
+    }
 
 
 def _retarget(result: AttributionResult) -> float:

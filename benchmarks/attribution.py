@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from attribution.migrate import clickhouse_client, migrate  # noqa: E402
 from attribution.models import MODELS, ModelConfig, attribute  # noqa: E402
 from attribution.models.shapley import shapley  # noqa: E402
-from attribution.paths import Paths, Window, build_paths, paths_from_rows  # noqa: E402
+from attribution.paths import Paths, Window, build_paths  # noqa: E402
 from attribution.sql import DriverBackend  # noqa: E402
 from attribution.truth import check_market  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
@@ -156,7 +156,8 @@ def bench_shapley(n: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     _, _, meta = shapley(paths, exact_max=12, permutations=200, seed=0)
     return {"conversion_paths": n, "touches": int(paths.channel.shape[0]),
-            "shapley_1m_paths_s": round(time.perf_counter() - t0, 3), "sampled_sets": meta["sampled_sets"]}  # fmt: skip
+            "shapley_1m_paths_s": round(time.perf_counter() - t0, 3),
+            "sampled_sets": meta["sampled_sets"]}  # fmt: skip
 
 
 def truth(settings: Settings, users: int) -> dict[str, Any]:
@@ -195,7 +196,10 @@ def main() -> None:
     settings = Settings()
     sink_users = 20_000 if args.quick else 100_000
     n_models, n_shapley = (20_000, 100_000) if args.quick else (100_000, 1_000_000)
-    result: dict[str, Any] = {"machine": machine(), "command": " ".join(["benchmarks/attribution.py", *sys.argv[1:]])}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "command": " ".join(["benchmarks/attribution.py", *sys.argv[1:]]),
+    }
     result["sink_and_paths"] = bench_sink_and_paths(settings, sink_users)
     result["models"] = bench_models(n_models)
     result["shapley"] = bench_shapley(n_shapley)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -26,7 +26,7 @@ def parse_time(text: str | None, name: str, default: int) -> int:
     except ValueError:
         raise AttributionInputError(f"{name} {text!r} is not an ISO date/time or epoch seconds") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp())
 
 
@@ -60,7 +60,9 @@ def _execute(models: list[str], by: str, since: str | None, until: str | None, b
     from attribution.runs import run_attribution, store_run
 
     if by not in CHANNEL_SQL:
-        raise AttributionInputError(f"--by {by!r} is not a granularity (choose from {', '.join(CHANNEL_SQL)})")
+        raise AttributionInputError(
+            f"--by {by!r} is not a granularity (choose from {', '.join(CHANNEL_SQL)})"
+        )
     now = int(time.time())
     t_until = parse_time(until, "--until", now)
     t_since = parse_time(since, "--since", t_until - 7 * DAY)
@@ -109,14 +111,15 @@ def _print_model(run: Any, model: str, channels: list[str]) -> None:
         ci = f"{r.ci_low:,.1f}–{r.ci_high:,.1f}" if r.ci_low == r.ci_low else "—"
         table.add_row(
             r.channel, f"{r.conversions:,.1f}", ci, f"{r.share:.1%}", f"{r.value:,.2f}", f"{c.spend:,.2f}",
-            f"{c.roas:.2f}", f"{c.cpa:,.2f}", f"{c.recommended_spend:,.2f}", "low confidence" if c.low_confidence else "",
+            f"{c.roas:.2f}", f"{c.cpa:,.2f}", f"{c.recommended_spend:,.2f}",
+            "low confidence" if c.low_confidence else "",
         )  # fmt: skip
     console = Console()
     console.print(table)
     console.print(f"expected uplift of the budget moves: {run.plans[model].expected_uplift:,.2f} (value)")
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per subcommand
     """Add `adstream attribution` (and its `compare`, `rollup`, `lift` subcommands)."""
     group = typer.Typer(help="Attribution: credit per channel, ROI, budget moves (stored in ClickHouse).")
 
@@ -124,8 +127,12 @@ def register(app: typer.Typer) -> None:
     def attribution(
         ctx: typer.Context,
         model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s) to run")] = None,
-        by: Annotated[str, typer.Option(help="Channel granularity: slot, campaign or slot_campaign")] = "campaign",
-        since: Annotated[str | None, typer.Option(help="Start (ISO date/time, UTC, or epoch s); default until − 7 d")] = None,
+        by: Annotated[
+            str, typer.Option(help="Channel granularity: slot, campaign or slot_campaign")
+        ] = "campaign",
+        since: Annotated[
+            str | None, typer.Option(help="Start (ISO date/time, UTC, or epoch s); default until − 7 d")
+        ] = None,
         until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON")] = False,
         bootstrap: Annotated[int | None, typer.Option(help="Bootstrap replicates for CIs")] = None,
@@ -149,7 +156,9 @@ def register(app: typer.Typer) -> None:
 
     @group.command()
     def compare(
-        model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Models (default: all)")] = None,
+        model: Annotated[
+            list[str] | None, typer.Option("--model", "-m", help="Models (default: all)")
+        ] = None,
         by: Annotated[str, typer.Option(help="slot, campaign or slot_campaign")] = "campaign",
         since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s)")] = None,
         until: Annotated[str | None, typer.Option(help="End, exclusive")] = None,
@@ -181,7 +190,10 @@ def register(app: typer.Typer) -> None:
             for m in names:
                 r = run.results[m]
                 s = r.share[i]
-                ci = r.ci_low[i] / max(r.conversions.sum(), 1e-12), r.ci_high[i] / max(r.conversions.sum(), 1e-12)
+                ci = (
+                    r.ci_low[i] / max(r.conversions.sum(), 1e-12),
+                    r.ci_high[i] / max(r.conversions.sum(), 1e-12),
+                )
                 cells.append(f"{s:.1%}" + (f" ({ci[0]:.0%}–{ci[1]:.0%})" if ci[0] == ci[0] else ""))
             table.add_row(c, *cells)
         Console().print(table)
@@ -220,11 +232,14 @@ def register(app: typer.Typer) -> None:
         if not lifts:
             raise AttributionInputError("no campaign has both exposed and holdout users in that range")
         if as_json:
-            typer.echo(json.dumps({c: {**lf.__dict__, "relative_lift": lf.relative_lift} for c, lf in lifts.items()}))
+            typer.echo(
+                json.dumps({c: {**lf.__dict__, "relative_lift": lf.relative_lift} for c, lf in lifts.items()})
+            )
             return
         for c, lf in lifts.items():
             typer.echo(
-                f"{c}: exposed {lf.exposed_rate:.4f} ({lf.exposed_users} users), holdout {lf.holdout_rate:.4f} "
+                f"{c}: exposed {lf.exposed_rate:.4f} ({lf.exposed_users} users), "
+                f"holdout {lf.holdout_rate:.4f} "
                 f"({lf.holdout_users}), incremental {lf.incremental_conversions:,.1f} ± {lf.se:,.1f}"
             )
 

@@ -26,9 +26,7 @@ _SCALE = float(2**64)
 
 def holdout_draw(user_id: str, campaign_id: str, salt: str) -> float:
     """A uniform draw in [0, 1) fixed by (salt, campaign, user): blake2b of the three."""
-    digest = hashlib.blake2b(
-        f"{salt}\x1f{campaign_id}\x1f{user_id}".encode(), digest_size=8
-    ).digest()
+    digest = hashlib.blake2b(f"{salt}\x1f{campaign_id}\x1f{user_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / _SCALE
 
 

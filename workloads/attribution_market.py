@@ -206,7 +206,9 @@ def simulate(cfg: AttributionMarketConfig) -> MarketData:
         cids = [c.campaign_id for c in cfg.campaigns]
         # the draw per (user, campaign) pair, as serving makes it
         pairs, inv = np.unique(iu * len(cids) + camp_of, return_inverse=True)
-        draw = np.array([holdout_draw(f"u{p // len(cids):06d}", cids[p % len(cids)], cfg.holdout_salt) for p in pairs])
+        draw = np.array(
+            [holdout_draw(f"u{p // len(cids):06d}", cids[p % len(cids)], cfg.holdout_salt) for p in pairs]
+        )
         hold = draw[inv] < cfg.holdout_share
 
     ctr = np.array([c.ctr[s] for c in cfg.campaigns for s in SLOTS])
@@ -304,12 +306,14 @@ def raw_columns(data: MarketData) -> dict[str, tuple[tuple[str, ...], list[list[
         zeros[:n_i], list(range(n_i)),
     ]  # fmt: skip
     clicks = [
-        [f"{p}c{i:09d}" for i in range(n_c)], ts_c.astype(np.int64).tolist(), (ts_c * 1000).astype(np.int64).tolist(),
+        [f"{p}c{i:09d}" for i in range(n_c)], ts_c.astype(np.int64).tolist(),
+        (ts_c * 1000).astype(np.int64).tolist(),
         users[clk["user"]].tolist(), imp_ids[clk["imp"]].tolist(), ad_ids[clk["imp"]].tolist(),
         camps[clk["imp"]].tolist(), zeros[:n_c], list(range(n_c)),
     ]  # fmt: skip
     conversions = [
-        [f"{p}v{i:09d}" for i in range(n_v)], ts_v.astype(np.int64).tolist(), (ts_v * 1000).astype(np.int64).tolist(),
+        [f"{p}v{i:09d}" for i in range(n_v)], ts_v.astype(np.int64).tolist(),
+        (ts_v * 1000).astype(np.int64).tolist(),
         users[conv["user"]].tolist(), ["cmp_site"] * n_v, [cfg.advertiser_id] * n_v, conv["value"].tolist(),
         zeros[:n_v], list(range(n_v)),
     ]  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from attribution.models import heuristics as h
-from attribution.models.markov import choose_order, markov
+from attribution.models.markov import _choose, chain, markov
 from attribution.models.result import AttributionResult, ChannelCredit, tv_distance
 from attribution.models.shapley import shapley
 from attribution.paths import AttributionInputError, Paths
@@ -75,11 +75,14 @@ def _time_decay(paths: Paths, cfg: ModelConfig) -> Credits:
 def _markov(paths: Paths, cfg: ModelConfig) -> Credits:
     order = cfg.markov_order
     meta: dict[str, Any] = {}
+    structure = cfg.extra.get("markov_chain")  # the same paths' chain (bootstrap replicates)
     if order == 0:
-        order, scores = choose_order(paths, cfg.seed)
+        order, scores, structure = _choose(paths, cfg.seed, (1, 2, 3))
         meta["heldout_loglik"] = {str(k): v for k, v in scores.items()}
-    conv, value, extra = markov(paths, order)
-    return conv, value, {**meta, **extra, "order": order}
+    elif structure is None:
+        structure = chain(paths, order)
+    conv, value, extra = markov(paths, order, structure)
+    return conv, value, {**meta, **extra, "order": order, "_chain": structure}
 
 
 def _shapley(paths: Paths, cfg: ModelConfig) -> Credits:
@@ -116,11 +119,18 @@ def attribute(name: str, paths: Paths, cfg: ModelConfig | None = None) -> Attrib
     if cfg.bootstrap > 0:
         rng = np.random.default_rng([cfg.seed, 3])
         reps_c, reps_v = [], []
-        fixed = replace(cfg, markov_order=meta.get("order", cfg.markov_order))  # order chosen once
+        # the order is chosen once; replicates reuse the chain's structure (same paths)
+        fixed = replace(
+            cfg,
+            markov_order=meta.get("order", cfg.markov_order),
+            extra={**cfg.extra, "markov_chain": meta.get("_chain")},
+        )
         for _ in range(cfg.bootstrap):
             c2 = rng.poisson(paths.conversions).astype(float)
             n2 = rng.poisson(paths.nulls).astype(float)
-            v2 = np.divide(paths.value * c2, paths.conversions, out=np.zeros(paths.n), where=paths.conversions > 0)
+            v2 = np.divide(
+                paths.value * c2, paths.conversions, out=np.zeros(paths.n), where=paths.conversions > 0
+            )
             if c2.sum() <= 0:
                 continue
             bc, bv, _ = run(paths.with_counts(c2, v2, n2), fixed)
@@ -130,4 +140,5 @@ def attribute(name: str, paths: Paths, cfg: ModelConfig | None = None) -> Attrib
             lo, hi = np.percentile(np.array(reps_c), [2.5, 97.5], axis=0)
             vlo, vhi = np.percentile(np.array(reps_v), [2.5, 97.5], axis=0)
         meta = {**meta, "bootstrap": len(reps_c)}
+    meta = {k: v for k, v in meta.items() if not k.startswith("_")}
     return AttributionResult(name, paths.channels, conv, value, lo, hi, vlo, vhi, meta)

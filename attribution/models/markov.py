@@ -5,7 +5,8 @@ channel are merged first (a view then a click on the same channel is one step). 
 start in START and end in CONV (converting paths, weighted by their conversions) or NULL
 (null paths). With Q the transient-to-transient and r the transient-to-CONV probabilities,
 the conversion probability from every state solves (I − Q) x = r (absorbing chain; solved to
-floating-point precision by its Neumann series, see `solve_absorbing`). Removing channel c sends every state ending in c to NULL; its removal effect
+floating-point precision by its Neumann series, see `solve_absorbing`). Removing channel c
+sends every state ending in c to NULL; its removal effect
 is 1 − p₋c / p. Credits are the conversions (and value) split in proportion to the removal
 effects, so they sum to the totals. The order is chosen by held-out log-likelihood of the
 transitions (an 80/20 split of each path's counts, seeded) unless given.
@@ -45,8 +46,31 @@ def _collapsed(paths: Paths) -> tuple[np.ndarray, np.ndarray]:
     return ch[keep], pid[keep]
 
 
-def transitions(paths: Paths, order: int, conversions: np.ndarray, nulls: np.ndarray) -> Transitions:
-    """The chain's transitions for per-path counts `conversions` / `nulls` (same paths)."""
+@dataclass(frozen=True)
+class Chain:
+    """The transition structure of an order-k chain over fixed paths, for any counts on them.
+
+    Each *slot* is one step of one distinct path (START → first state, state → next state, last
+    state → CONV, last state → NULL); `inv` maps it to its distinct (src, dst) transition.
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    inv: np.ndarray
+    slot_path: np.ndarray
+    slot_kind: np.ndarray  # 0: weighted by the path's journeys, 1: by its conversions, 2: by nulls
+    src_state: np.ndarray  # per distinct transition: index of its source among the distinct sources
+    base: int
+
+    def weights(self, conversions: np.ndarray, nulls: np.ndarray) -> np.ndarray:
+        """Weight of every distinct transition for per-path counts."""
+        c, n = conversions[self.slot_path], nulls[self.slot_path]
+        w = np.where(self.slot_kind == 0, c + n, np.where(self.slot_kind == 1, c, n))
+        return np.bincount(self.inv, weights=w, minlength=self.src.shape[0])
+
+
+def chain(paths: Paths, order: int) -> Chain:
+    """The structure of the order-`order` chain of `paths` (consecutive repeats merged)."""
     ch, pid = _collapsed(paths)
     base = len(paths.channels) + 1
     n = ch.shape[0]
@@ -60,116 +84,157 @@ def transitions(paths: Paths, order: int, conversions: np.ndarray, nulls: np.nda
         prev = np.zeros(n, dtype=np.int64)
         prev[m:] = ch[:-m] + 1
         code = code + np.where(pos >= m, prev, 0) * base**m
-    w = (conversions + nulls)[pid]
     nxt = np.roll(code, -1)
-    src = np.concatenate([np.full(int(first.sum()), START), code[~last], code[last], code[last]])
-    dst = np.concatenate([code[first], nxt[~last], np.full(int(last.sum()), CONV), np.full(int(last.sum()), NULL)])
-    wt = np.concatenate([w[first], w[~last], conversions[pid[last]], nulls[pid[last]]])
-    keep = wt > 0
-    return _aggregate(src[keep], dst[keep], wt[keep], base)
-
-
-def _aggregate(src: np.ndarray, dst: np.ndarray, wt: np.ndarray, base: int) -> Transitions:
+    n_first, n_last = int(first.sum()), int(last.sum())
+    src = np.concatenate([np.full(n_first, START), code[~last], code[last], code[last]])
+    dst = np.concatenate([code[first], nxt[~last], np.full(n_last, CONV), np.full(n_last, NULL)])
+    slot_path = np.concatenate([pid[first], pid[~last], pid[last], pid[last]])
+    slot_kind = np.concatenate(
+        [
+            np.zeros(n_first + int((~last).sum()), np.int8),
+            np.ones(n_last, np.int8),
+            np.full(n_last, 2, np.int8),
+        ]
+    )
     m = np.int64(base**3 + 8)
-    key = (src + 3) * m + (dst + 3)
-    uniq, inv = np.unique(key, return_inverse=True)
-    weight = np.bincount(inv, weights=wt)
-    return Transitions(uniq // m - 3, uniq % m - 3, weight, base)
+    uniq, inv = np.unique((src + 3) * m + (dst + 3), return_inverse=True)
+    usrc, udst = uniq // m - 3, uniq % m - 3
+    _, src_state = np.unique(usrc, return_inverse=True)
+    return Chain(usrc, udst, inv, slot_path, slot_kind, src_state, base)
+
+
+def transitions(
+    paths: Paths, order: int, conversions: np.ndarray, nulls: np.ndarray, structure: Chain | None = None
+) -> Transitions:
+    """The chain's transitions (with positive weight) for per-path counts on `paths`."""
+    c = structure or chain(paths, order)
+    w = c.weights(conversions, nulls)
+    keep = w > 0
+    return Transitions(c.src[keep], c.dst[keep], w[keep], c.base)
+
+
+@dataclass(frozen=True)
+class Absorbing:
+    """The absorbing chain of some transitions: Q over transient states, r into CONV, START."""
+
+    states: np.ndarray
+    q: sp.csr_matrix
+    r: np.ndarray
+    start_w: np.ndarray
+    start_i: np.ndarray
+    base: int
+
+    @classmethod
+    def of(cls, t: Transitions) -> Absorbing:
+        states = np.unique(np.concatenate([t.src[t.src >= 0], t.dst[t.dst >= 0]]))
+        n = states.shape[0]
+        from_state = t.src >= 0
+        si_all = np.searchsorted(states, t.src[from_state])
+        out = np.bincount(si_all, weights=t.weight[from_state], minlength=n)
+        inner = from_state & (t.dst >= 0)
+        si, di = np.searchsorted(states, t.src[inner]), np.searchsorted(states, t.dst[inner])
+        q = sp.csr_matrix((t.weight[inner] / out[si], (si, di)), shape=(n, n))
+        conv = from_state & (t.dst == CONV)
+        ci = np.searchsorted(states, t.src[conv])
+        r = np.bincount(ci, weights=t.weight[conv] / out[ci], minlength=n)
+        st = t.src == START
+        return cls(states, q, r, t.weight[st], np.searchsorted(states, t.dst[st]), t.base)
+
+    def probability(
+        self, removed: int | None = None, start: np.ndarray | None = None
+    ) -> tuple[float, np.ndarray]:
+        """P(CONV | START) (channel `removed` sent to NULL wherever it is last) and every state's."""
+        keep = None if removed is None else (self.states % self.base) != removed + 1
+        x = solve_absorbing(self.q, self.r, keep=keep, start=start)
+        total = self.start_w.sum()
+        return (float((self.start_w * x[self.start_i]).sum() / total) if total > 0 else 0.0), x
 
 
 def conversion_probability(t: Transitions, removed: int | None = None) -> float:
     """P(CONV | START), optionally with channel index `removed` sent to NULL wherever it is last."""
-    states = np.unique(np.concatenate([t.src[t.src >= 0], t.dst[t.dst >= 0]]))
-    out = np.bincount(np.searchsorted(states, np.where(t.src >= 0, t.src, states[0])),
-                      weights=np.where(t.src >= 0, t.weight, 0.0), minlength=states.shape[0])  # fmt: skip
-    keep_state = np.ones(states.shape[0], dtype=bool)
-    if removed is not None:
-        keep_state = (states % t.base) != removed + 1
-    inner = (t.src >= 0) & (t.dst >= 0)
-    si = np.searchsorted(states, t.src[inner])
-    di = np.searchsorted(states, t.dst[inner])
-    prob = t.weight[inner] / out[si]
-    live = keep_state[si]
-    n = states.shape[0]
-    q = sp.csr_matrix((prob[live], (si[live], di[live])), shape=(n, n))
-    conv = (t.src >= 0) & (t.dst == CONV)
-    ci = np.searchsorted(states, t.src[conv])
-    r = np.bincount(ci, weights=t.weight[conv] / out[ci], minlength=n) * keep_state
-    x = solve_absorbing(q, r)
-    st = t.src == START
-    start_w = t.weight[st]
-    start_i = np.searchsorted(states, t.dst[st])
-    return float((start_w * x[start_i]).sum() / start_w.sum()) if start_w.sum() > 0 else 0.0
+    return Absorbing.of(t).probability(removed)[0]
 
 
-def solve_absorbing(q: sp.csr_matrix, r: np.ndarray, tol: float = 1e-13, max_iter: int = 20_000) -> np.ndarray:
-    """x = (I − Q)⁻¹ r for a substochastic Q: the fixed point of x = r + Qx.
+def solve_absorbing(
+    q: sp.csr_matrix,
+    r: np.ndarray,
+    tol: float = 1e-13,
+    max_iter: int = 20_000,
+    keep: np.ndarray | None = None,
+    start: np.ndarray | None = None,
+) -> np.ndarray:
+    """x = (I − DQ)⁻¹ Dr for a substochastic Q (D: the diagonal of `keep`, default all): the fixed
+    point of x = D(r + Qx); states outside `keep` are absorbed into NULL (x = 0).
 
-    The iteration is the Neumann series of (I − Q)⁻¹ and converges geometrically (every state
+    The iteration is the Neumann series of (I − DQ)⁻¹ and converges geometrically (every state
     reaches absorption); it is iterated to a change below `tol`, i.e. to the exact solution in
     floating point, without LU fill-in (a direct sparse LU of an order-3 chain over 15
-    channels takes seconds). A direct solve is the fallback if it has not converged.
+    channels takes seconds). `start` is a first guess (e.g. the solution without removal).
+    A direct solve is the fallback if it has not converged.
     """
-    x = r.copy()
+    mask = np.ones(r.shape[0]) if keep is None else keep.astype(float)
+    x = (r if start is None else start) * mask
     for _ in range(max_iter):
-        nxt = r + q @ x
+        nxt = mask * (r + q @ x)
         if np.max(np.abs(nxt - x)) <= tol * max(1.0, float(np.max(np.abs(nxt)))):
             return np.asarray(nxt)
         x = nxt
     n = q.shape[0]
-    return np.atleast_1d(spsolve((sp.identity(n, format="csc") - q).tocsc(), r))
+    dq = sp.diags(mask) @ q
+    return np.atleast_1d(spsolve((sp.identity(n, format="csc") - dq).tocsc(), mask * r))
 
 
 def removal_effects(t: Transitions, n_channels: int) -> tuple[float, np.ndarray]:
     """Base conversion probability and each channel's removal effect 1 − p₋c / p."""
-    p = conversion_probability(t)
+    chain_ = Absorbing.of(t)
+    p, x = chain_.probability()
     if p <= 0:
         return 0.0, np.zeros(n_channels)
-    effects = np.array([1.0 - conversion_probability(t, c) / p for c in range(n_channels)])
+    effects = np.array([1.0 - chain_.probability(c, start=x)[0] / p for c in range(n_channels)])
     return p, np.clip(effects, 0.0, None)
 
 
-def heldout_loglik(paths: Paths, order: int, seed: int, test_share: float = 0.2) -> float:
+def heldout_loglik(
+    paths: Paths, order: int, seed: int, test_share: float = 0.2, structure: Chain | None = None
+) -> float:
     """Mean log-likelihood per held-out transition of an order-`order` chain fitted on the rest."""
     # the same split for every order: the generator does not depend on `order`
     rng = np.random.default_rng([seed, 7])
     conv_test = rng.binomial(paths.conversions.astype(np.int64), test_share).astype(float)
     null_test = rng.binomial(paths.nulls.astype(np.int64), test_share).astype(float)
-    train = transitions(paths, order, paths.conversions - conv_test, paths.nulls - null_test)
-    test = transitions(paths, order, conv_test, null_test)
-    if test.weight.sum() <= 0:
+    c = structure or chain(paths, order)
+    train = c.weights(paths.conversions - conv_test, paths.nulls - null_test)
+    test = c.weights(conv_test, null_test)
+    if test.sum() <= 0:
         return float("nan")
-    m = np.int64(train.base**3 + 8)
-    tkey = (train.src + 3) * m + (train.dst + 3)
-    order_idx = np.argsort(tkey)
-    tkey = tkey[order_idx]
-    tw = train.weight[order_idx]
-    srcs, src_inv = np.unique(train.src, return_inverse=True)
-    out = np.bincount(src_inv, weights=train.weight)
+    out = np.bincount(c.src_state, weights=train)[c.src_state]
     alphabet = len(paths.channels) + 2  # the next channel, CONV or NULL
-    qkey = (test.src + 3) * m + (test.dst + 3)
-    if tkey.shape[0] == 0:
-        return float(np.log(1.0 / alphabet))
-    pos = np.clip(np.searchsorted(tkey, qkey), 0, tkey.shape[0] - 1)
-    count = np.where(tkey[pos] == qkey, tw[pos], 0.0)
-    spos = np.clip(np.searchsorted(srcs, test.src), 0, srcs.shape[0] - 1)
-    seen = srcs[spos] == test.src
-    total = np.where(seen, out[spos], 0.0)
-    prob = np.where(seen, (count + SMOOTHING) / (total + SMOOTHING * alphabet), 1.0 / alphabet)
-    return float((test.weight * np.log(prob)).sum() / test.weight.sum())
+    prob = np.where(out > 0, (train + SMOOTHING) / (out + SMOOTHING * alphabet), 1.0 / alphabet)
+    used = test > 0
+    return float((test[used] * np.log(prob[used])).sum() / test.sum())
 
 
-def choose_order(paths: Paths, seed: int, orders: tuple[int, ...] = (1, 2, 3)) -> tuple[int, dict[int, float]]:
+def choose_order(
+    paths: Paths, seed: int, orders: tuple[int, ...] = (1, 2, 3)
+) -> tuple[int, dict[int, float]]:
     """The order with the best held-out log-likelihood, and every order's score."""
-    scores = {k: heldout_loglik(paths, k, seed) for k in orders}
-    finite = {k: v for k, v in scores.items() if np.isfinite(v)}
-    best = max(finite, key=lambda k: finite[k]) if finite else orders[0]
+    best, scores, _ = _choose(paths, seed, orders)
     return best, scores
 
 
-def markov(paths: Paths, order: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+def _choose(paths: Paths, seed: int, orders: tuple[int, ...]) -> tuple[int, dict[int, float], Chain]:
+    chains = {k: chain(paths, k) for k in orders}
+    scores = {k: heldout_loglik(paths, k, seed, structure=chains[k]) for k in orders}
+    finite = {k: v for k, v in scores.items() if np.isfinite(v)}
+    best = max(finite, key=lambda k: finite[k]) if finite else orders[0]
+    return best, scores, chains[best]
+
+
+def markov(
+    paths: Paths, order: int, structure: Chain | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Credits (conversions, value) of an order-`order` chain, with p and the removal effects."""
-    t = transitions(paths, order, paths.conversions, paths.nulls)
+    t = transitions(paths, order, paths.conversions, paths.nulls, structure)
     p, effects = removal_effects(t, len(paths.channels))
     total = effects.sum()
     share = effects / total if total > 0 else np.zeros_like(effects)

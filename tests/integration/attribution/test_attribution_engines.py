@@ -15,7 +15,7 @@ from urllib.parse import urlparse, urlunparse
 import numpy as np
 import pytest
 
-from attribution import incrementality, paths, rollups, roi, runs
+from attribution import incrementality, paths, roi, rollups, runs
 from attribution.migrate import apply_migrations, clickhouse_client, migrate, migration_files
 from attribution.models import ModelConfig
 from attribution.paths import Window, build_paths
@@ -82,7 +82,9 @@ def test_path_building_agrees_on_both_engines(engines: dict[str, Backend], by: s
     rows = both(engines, paths.paths_query(by), paths.path_params(since, until, WINDOW))
     assert rows and sum(r[3] for r in rows) > 0 and sum(r[5] for r in rows) > 0  # conversions and nulls
     built = build_paths(engines["chdb"], by, since, until, WINDOW)
-    assert built.paths.conversions.sum() + built.direct_conversions == pytest.approx(built.conversions_in_range)
+    assert built.paths.conversions.sum() + built.direct_conversions == pytest.approx(
+        built.conversions_in_range
+    )
 
 
 def test_paths_respect_lookbacks_and_reset(engines: dict[str, Backend]) -> None:

@@ -27,7 +27,7 @@ def test_holdout_is_stable_random_and_per_campaign() -> None:
 
 
 def test_holdout_share_out_of_range_is_refused() -> None:
-    with pytest.raises(ConfigError, match="1.5"):
+    with pytest.raises(ConfigError, match=r"1\.5"):
         is_holdout("u", "c", 1.5, "s")
 
 
@@ -72,13 +72,18 @@ def test_budget_bounds_name_unknown_channels_and_bad_ranges() -> None:
         plan_budget(r, {"c0": 1.0, "c1": 1.0}, bounds={"zz": (0, 1)})
     with pytest.raises(AttributionInputError, match="'c0'"):
         plan_budget(r, {"c0": 1.0, "c1": 1.0}, bounds={"c0": (5, 1)})
-    with pytest.raises(AttributionInputError, match="1.5"):
+    with pytest.raises(AttributionInputError, match=r"1\.5"):
         plan_budget(r, {"c0": 1.0}, elasticity=1.5)
 
 
 def test_calibration_sets_measured_campaigns_to_their_lift() -> None:
-    r = AttributionResult("m", ("a:feed", "a:search", "b:feed"), np.array([30.0, 10.0, 60.0]), np.array([3.0, 1.0, 6.0]))
-    lifts = {"b": Lift("b", 1000, 100, 0.05, 0.05, 0.0, 5.0), "a": Lift("a", 1000, 100, 0.06, 0.02, 40.0, 5.0)}
+    r = AttributionResult(
+        "m", ("a:feed", "a:search", "b:feed"), np.array([30.0, 10.0, 60.0]), np.array([3.0, 1.0, 6.0])
+    )
+    lifts = {
+        "b": Lift("b", 1000, 100, 0.05, 0.05, 0.0, 5.0),
+        "a": Lift("a", 1000, 100, 0.06, 0.02, 40.0, 5.0),
+    }
     cal = calibrate(r, lifts, "slot_campaign")
     assert cal.conversions.sum() == pytest.approx(100.0)  # efficiency kept
     assert cal.share == pytest.approx([0.75, 0.25, 0.0])  # b had no lift; a keeps its split

@@ -54,6 +54,8 @@ def test_market_truth_is_exact_and_deterministic() -> None:
     retarget = [i for i, c in enumerate(a.channels) if c.startswith("cmp_retarget")]
     assert ca[retarget].sum() == 0  # zero effect by construction
     assert a.imp["holdout"].sum() == 0  # no holdout unless asked
-    doubled = simulate(AttributionMarketConfig(seed=4, n_users=3000, spend_multiplier={"cmp_search:search": 2.0}))
+    doubled = simulate(
+        AttributionMarketConfig(seed=4, n_users=3000, spend_multiplier={"cmp_search:search": 2.0})
+    )
     ch = a.channels.index("cmp_search:search")
     assert (doubled.imp["channel"] == ch).sum() > 1.6 * (a.imp["channel"] == ch).sum()
