@@ -2,6 +2,9 @@
 
 Tables and columns are those of `attribution/migrations/001_raw_events.sql`; rows are read with
 `FINAL` (deduplicated by `event_id`) and rebuilt into contract models, merged in time order.
+`iter_events` reads each table in pages of `chunk` rows (keyset pagination on `ts_ms, event_id`,
+one query at a time on one connection) and merges them lazily: memory holds one page per table,
+not the tables.
 """
 
 from __future__ import annotations
@@ -51,30 +54,42 @@ def _client(url: str) -> tuple[Any, str]:
     return client, database
 
 
-def _rows(client: Any, table: str, limit: int | None) -> Iterator[Message]:
+def _rows(client: Any, table: str, limit: int | None, chunk: int) -> Iterator[Message]:
+    """A table's events in (ts_ms, event_id) order, read `chunk` rows per query."""
     cols, kind = _QUERIES[table]
-    sql = f"SELECT event_id, ts_ms, {cols} FROM {table} FINAL ORDER BY ts_ms, event_id"
-    if limit is not None:
-        sql += f" LIMIT {int(limit)}"
     names = ["event_id", "ts_ms", *(c.strip() for c in cols.split(","))]
     model = _MODELS[kind]
-    for row in client.execute_iter(sql):
-        rec = dict(zip(names, row, strict=True))
-        rec["ts"] = datetime.fromtimestamp(rec.pop("ts_ms") / 1000, tz=UTC)
-        if kind == "ad":
-            rec["active"] = bool(rec["active"])
-        yield model.model_validate({k: v for k, v in rec.items() if v is not None}, strict=False)
+    after: tuple[int, str] | None = None
+    left = limit
+    while left is None or left > 0:
+        n = chunk if left is None else min(chunk, left)
+        where = "" if after is None else "WHERE ts_ms > %(t)s OR (ts_ms = %(t)s AND event_id > %(e)s)"
+        sql = f"SELECT event_id, ts_ms, {cols} FROM {table} FINAL {where} ORDER BY ts_ms, event_id LIMIT {n}"
+        page = client.execute(sql, {} if after is None else {"t": after[0], "e": after[1]})
+        for row in page:
+            rec = dict(zip(names, row, strict=True))
+            after = (rec["ts_ms"], rec["event_id"])
+            rec["ts"] = datetime.fromtimestamp(rec.pop("ts_ms") / 1000, tz=UTC)
+            if kind == "ad":
+                rec["active"] = bool(rec["active"])
+            yield model.model_validate({k: v for k, v in rec.items() if v is not None}, strict=False)
+        if left is not None:
+            left -= len(page)
+        if len(page) < n:
+            return
 
 
-def read_events(url: str, limit: int | None = None) -> list[Message]:
-    """Every event of the raw tables (at most `limit` per table), merged in time order."""
+def iter_events(url: str, limit: int | None = None, chunk: int = 50_000) -> Iterator[Message]:
+    """Every event of the raw tables (at most `limit` per table), merged lazily in time order."""
     client, database = _client(url)
     try:
-        streams = [_rows(client, t, limit) for t in _QUERIES]
-        # execute_iter streams one query at a time; materialise each table before merging
-        tables = [list(s) for s in streams]
+        yield from heapq.merge(*(_rows(client, t, limit, chunk) for t in _QUERIES), key=lambda m: m.ts)
     except Exception as exc:
         raise StoreError(f"could not read events from ClickHouse database {database!r}: {exc}") from exc
     finally:
         client.disconnect()
-    return list(heapq.merge(*tables, key=lambda m: m.ts))
+
+
+def read_events(url: str, limit: int | None = None, chunk: int = 50_000) -> list[Message]:
+    """`iter_events` as a list (for callers that sort or index all of it anyway)."""
+    return list(iter_events(url, limit, chunk))
