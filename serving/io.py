@@ -59,7 +59,7 @@ def fcap_key(prefix: str, day: str, user_id: str) -> str:
     """The frequency-cap hash of one user for one day (the id hashed: keys stay 32 hex long).
 
     >>> fcap_key("p:", "20260101", "u1")
-    'p:fcap:20260101:e6fba4a7d9b3ee8c2d85e98d5e2b8aeb'
+    'p:fcap:20260101:53199585bddea28e67fe7143a42baef7'
     """
     digest = hashlib.blake2b(user_id.encode(), digest_size=16).hexdigest()
     return f"{prefix}fcap:{day}:{digest}"
