@@ -89,10 +89,13 @@ class UsearchIndex:
             self.indexed = grown
 
     def _graph_vectors(self, rows: np.ndarray) -> np.ndarray:
-        vecs = np.asarray(self.vectors[rows], dtype=np.float32)
-        if self.dtype == "i8":  # i8 holds [-1, 1]: unit rows, so no component is clipped
+        vecs: np.ndarray = np.asarray(self.vectors[rows], dtype=np.float32)
+        # i8 holds [-1, 1]: rows go in at unit length, so nothing is clipped. The graph then ranks
+        # by cosine, which is the inner product for the unit vectors recall uses (content
+        # vectors and two-tower outputs are both L2-normalised); the re-scoring is exact anyway.
+        if self.dtype == "i8":
             norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-            vecs = vecs / np.where(norms > 0, norms, 1.0)
+            vecs = (vecs / np.where(norms > 0, norms, 1.0)).astype(np.float32)
         return vecs
 
     def upsert(self, row: int, active: bool) -> None:
