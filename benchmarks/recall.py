@@ -94,6 +94,7 @@ def main() -> None:
         "--oversample", default=None, help="comma-separated variants (default: settings' value, 1.0, 2.0)"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--graph", type=Path, default=None, help="save the built graph here / reuse it")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/recall.json")
     args = ap.parse_args()
 
@@ -128,10 +129,23 @@ def main() -> None:
     )
     n0 = args.ads
     index.update(vectors, n0)
-    t = time.perf_counter()
-    index.upsert_many(np.arange(n0), np.ones(n0, dtype=bool))
-    build_s = time.perf_counter() - t
-    print(f"build: {n0:,} ads in {build_s:.1f}s ({dtype}, connectivity {connectivity})", flush=True)
+    # the graph of the same data and parameters may be reused from --graph (builds take long)
+    shape = {k: getattr(args, k) for k in ("ads", "dim", "data", "clusters", "spread", "churn", "seed")}
+    shape |= {"dtype": dtype, "connectivity": connectivity, "expansion_add": expansion_add}
+    meta = args.graph.with_suffix(".json") if args.graph else None
+    if meta is not None and meta.exists() and json.loads(meta.read_text())["shape"] == shape:
+        index.graph.load(str(args.graph))
+        index.indexed[:n0] = True
+        build_s = float(json.loads(meta.read_text())["build_s"])
+        print(f"graph: {len(index.graph):,} ads loaded from {args.graph} (built in {build_s:.1f}s)")
+    else:
+        t = time.perf_counter()
+        index.upsert_many(np.arange(n0), np.ones(n0, dtype=bool))
+        build_s = time.perf_counter() - t
+        print(f"build: {n0:,} ads in {build_s:.1f}s ({dtype}, connectivity {connectivity})", flush=True)
+        if args.graph is not None and meta is not None:
+            index.graph.save(str(args.graph))
+            meta.write_text(json.dumps({"shape": shape, "build_s": build_s}))
 
     # live churn: pause some ads, add as many new ones, one at a time (what ad.catalog does)
     churn = int(args.ads * args.churn)
