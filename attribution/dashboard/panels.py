@@ -16,7 +16,7 @@ from attribution.dashboard.events import (
     pacing,
 )
 from attribution.dashboard.figures import Panel, error, stamp
-from attribution.dashboard.runs import RUN_PANELS, attribution_runs
+from attribution.dashboard.runs import RUN_PANELS, attribution_runs, recent_runs
 from attribution.sql import Backend
 from schemas.errors import StoreError
 
@@ -41,6 +41,7 @@ PANELS: tuple[tuple[PanelFn, tuple[tuple[str, str], ...]], ...] = (
     (attribution_runs, RUN_PANELS),
     (online_auc, (("online_auc", "Online AUC"),)),
     (adapter_versions, (("adapter_versions", "Adapter versions"),)),
+    (recent_runs, (("recent_runs", "Attribution runs"),)),
 )
 PANEL_IDS: tuple[str, ...] = tuple(pid for _, ids in PANELS for pid, _ in ids)
 

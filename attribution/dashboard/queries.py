@@ -164,6 +164,14 @@ FROM attribution_results WHERE run_id IN ({_RUN})
 ORDER BY model, channel
 """
 
+# The latest runs, to pick one by id (`?run=`).
+RECENT_RUNS = """
+SELECT run_id, toUInt32(created_at) AS created, toUInt32(since) AS lo, toUInt32(until) AS hi,
+       granularity, arrayStringConcat(models, ', ') AS model_list, conversions, value
+FROM attribution_runs
+ORDER BY created_at DESC, run_id DESC LIMIT %(top)s
+"""
+
 # Every statement of the page, by name.
 QUERIES: dict[str, str] = {
     "event_rates": EVENT_RATES,
@@ -175,6 +183,7 @@ QUERIES: dict[str, str] = {
     "adapter_mix": ADAPTER_MIX,
     "run_info": RUN_INFO,
     "run_results": RUN_RESULTS,
+    "recent_runs": RECENT_RUNS,
 }
 
 # Buckets the page chooses from: the smallest giving at most MAX_BUCKETS points.

@@ -155,3 +155,38 @@ def _no_run(text: str) -> list[Panel]:
 
 def _pct(x: float | None) -> float | None:
     return None if x is None else 100.0 * x
+
+
+def recent_runs(backend: Backend, window: q.Window) -> Panel:
+    """The latest stored runs (the `top` newest), the one shown marked, to pick one with `?run=`."""
+    rows = backend.execute(q.RECENT_RUNS, window.params)
+    if not rows:
+        return empty("recent_runs", "Attribution runs", "no attribution run stored yet")
+    shown = window.run_id or str(rows[0][0])
+    columns = list(zip(*rows, strict=True))
+    header = ["run (?run=…)", "created (UTC)", "window (UTC)", "by", "models", "conversions", "value"]
+    cells = [
+        [f"▶ {r}" if r == shown else str(r) for r in columns[0]],
+        [stamp(int(t)) for t in columns[1]],
+        [f"{stamp(int(lo))} – {stamp(int(hi))}" for lo, hi in zip(columns[2], columns[3], strict=True)],
+        [str(g) for g in columns[4]],
+        [str(m) for m in columns[5]],
+        [round(float(c), 2) for c in columns[6]],
+        [round(float(v), 2) for v in columns[7]],
+    ]
+    figure = {
+        "data": [
+            {
+                "type": "table",
+                "columnwidth": [1.2, 1.2, 2.4, 0.8, 2.6, 1, 1],
+                "header": {"values": header, "align": "left", "fill": {"color": "#e5e7eb"}},
+                "cells": {"values": cells, "align": "left", "height": 24},
+            }
+        ],
+        "layout": base_layout(
+            f"Attribution runs (latest {window.top}; ▶ shown above)",
+            height=90 + 32 * len(rows),
+            margin={"l": 10, "r": 10, "t": 10, "b": 10},
+        ),
+    }
+    return panel("recent_runs", "Attribution runs", figure)

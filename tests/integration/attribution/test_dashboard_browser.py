@@ -131,7 +131,8 @@ def test_every_chart_has_data_and_no_console_errors(browser: Any, seeded: Served
     points = page.eval_on_selector_all(
         "div.plot",
         """els => els.map(el => [el.id, el.querySelector('svg.main-svg') !== null,
-             (el.data || []).map(t => (t.y || []).filter(v => v !== null && v !== undefined).length)])""",
+             (el.data || []).map(t => (t.type === "table" ? t.cells.values[0] : (t.y || []))
+                                      .filter(v => v !== null && v !== undefined).length)])""",
     )
     assert [p[0] for p in points] == [f"plot-{pid}" for pid in panels.PANEL_IDS]
     for pid, drawn, per_trace in points:

@@ -18,9 +18,10 @@ from attribution.sql import Backend
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(180)]
 
-# Columns drawn from an attribution run's bootstrap, which depends on the order an engine returns
-# the paths in (attribution.paths): the engines agree on the point estimates only.
-BOOTSTRAPPED = {"conversions_ci_low", "conversions_ci_high", "confidence"}
+# Columns each engine has its own values in: a run's id and creation time, and what is drawn from
+# its bootstrap, which depends on the order an engine returns the paths in (attribution.paths):
+# the engines agree on the point estimates.
+ENGINE_SPECIFIC = {"run_id", "created_at", "conversions_ci_low", "conversions_ci_high", "confidence"}
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "dashboards" / "adstream.json"
 
 
@@ -66,7 +67,7 @@ def test_panel_sql_runs_on_both_engines_alike(
     assert results["clickhouse"], f"{title}: no rows on seeded data"
     client: Any = engines["clickhouse"].client  # type: ignore[attr-defined]
     _, columns = client.execute(query, with_column_types=True)
-    keep = [i for i, (column, _) in enumerate(columns) if column not in BOOTSTRAPPED]
+    keep = [i for i, (column, _) in enumerate(columns) if column not in ENGINE_SPECIFIC]
     server, embedded = ([tuple(r[i] for i in keep) for r in results[e]] for e in ("clickhouse", "chdb"))
     _close(_comparable(server), _comparable(embedded), title)
     if kind == "timeseries":
