@@ -196,12 +196,12 @@ class AdServer(ReplicaLoops):
             except ClientDisconnect:
                 return self._status(400, _error(400, "client disconnected before the body ended"))
             if dupes := duplicate_keys(body):
-                detail = [
+                twice: list[dict[str, Any]] = [
                     {"loc": [k], "msg": "key given twice in one object", "type": "duplicate_key"}
                     for k in dupes
                 ]
                 error = f"duplicate JSON key(s) {dupes}"
-                return self._status(422, JSONResponse({"detail": detail, "error": error}, status_code=422))
+                return self._status(422, JSONResponse({"detail": twice, "error": error}, status_code=422))
             try:
                 req = AdRequest.model_validate_json(body)
             except ValidationError as exc:
