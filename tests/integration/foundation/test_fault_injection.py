@@ -243,11 +243,22 @@ def _start_loop(demo: Any, say: Callable[[str], None]) -> tuple[str, dict[str, t
     return url, args
 
 
+def _raylet_aborted(pid: int) -> bool:
+    """Whether the raylet of the Ray session this Serve driver (`pid`) started has aborted."""
+    for session in Path("/tmp/ray").glob(f"session_*_{pid}"):
+        try:
+            if "Check failed" in (session / "logs" / "raylet.out").read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def start_serve(demo: Any, args: tuple[str, ...], url: str, say: Callable[[str], None]) -> None:
     """Start the Serve app and wait for /healthz. On a loaded machine Ray's raylet can abort its
-    own start (it waits 15 s, not configurable, for its metrics agent's port file): such an
-    attempt exits before answering and is retried (twice), said in the log."""
-    for attempt in range(3):
+    own start (it waits 15 s, not configurable, for its metrics agent's port file) while the
+    driver waits minutes for it: such an attempt is killed and retried (up to 4), said in the log."""
+    for attempt in range(4):
         demo.start("serve", *args)
         proc = demo.children["serve"]
         deadline = time.monotonic() + 420
@@ -257,11 +268,14 @@ def start_serve(demo: Any, args: tuple[str, ...], url: str, say: Callable[[str],
                     return
             except httpx.HTTPError:
                 pass
+            if _raylet_aborted(proc.pid):
+                kill9_tree(proc)
+                break
             time.sleep(1)
         if proc.poll() is None:
             raise AssertionError(f"the Serve app did not answer {url}/healthz within 420 s")
-        say(f"  serve attempt {attempt + 1} exited with {proc.returncode} before answering; retrying")
-    raise AssertionError("the Serve app failed to start three times")
+        say(f"  serve attempt {attempt + 1}: Ray did not start ({proc.returncode}); retrying")
+    raise AssertionError("the Serve app failed to start four times")
 
 
 def _inject_faults(sc: Scenario, args: dict[str, tuple[str, ...]]) -> list[Fault]:
