@@ -264,7 +264,7 @@ def parse_time(value: str, field: str) -> int:
     text = value.strip()
     try:
         return int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or nan / inf
         pass
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -46,7 +46,11 @@ async function load() {
   }
   if (!response.ok) {
     status.className = "error";
-    status.textContent = body.error || ("HTTP " + response.status);
+    // our own errors name the value; FastAPI's 422s list each bad query parameter
+    const detail = Array.isArray(body.detail)
+      ? body.detail.map((d) => `${(d.loc || []).slice(-1)[0]}=${JSON.stringify(d.input)}: ${d.msg}`).join("; ")
+      : null;
+    status.textContent = body.error || detail || ("HTTP " + response.status);
     document.body.dataset.ready = "error";
     return;
   }

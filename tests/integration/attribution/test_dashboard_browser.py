@@ -151,6 +151,10 @@ def test_a_bad_window_is_a_clear_error_on_the_page(browser: Any, seeded: Served)
     assert page.evaluate("document.body.dataset.ready") == "error"
     assert "must be after since=" in page.inner_text("#status")
     page.close()
+    page, _, _ = _open(browser, seeded.url + "?bucket=abc")
+    assert page.evaluate("document.body.dataset.ready") == "error"
+    assert page.inner_text("#status").startswith('bucket="abc": ')
+    page.close()
 
 
 def test_an_empty_database_shows_no_data_everywhere(browser: Any, stack: Settings) -> None:

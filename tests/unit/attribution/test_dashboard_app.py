@@ -132,6 +132,7 @@ def test_empty_database_is_a_no_data_state(backend: SharedChdb) -> None:
         ("since=tomorrow", "since='tomorrow' is neither epoch seconds nor an ISO 8601 time"),
         ("bucket=0", "bucket=0 must be between"),
         ("top=1000", "top=1000 must be between 1 and 100"),
+        ("since=inf", "since='inf' is neither epoch seconds nor an ISO 8601 time"),
     ],
 )
 def test_bad_parameters_are_400_with_the_value_named(backend: SharedChdb, query: str, message: str) -> None:
@@ -168,3 +169,10 @@ def test_an_unreachable_clickhouse_is_503_naming_where_without_credentials() -> 
 def test_static_folder_holds_only_the_page_files() -> None:
     assert sorted(p.name for p in STATIC.iterdir()) == ["dashboard.css", "dashboard.js", "index.html"]
     assert Path(plotly_js()).stat().st_size > 1_000_000  # the full bundle, not a stub
+
+
+def test_a_non_integer_bucket_is_a_422_naming_the_parameter(backend: SharedChdb) -> None:
+    response = _client(backend).get("/api/panels?bucket=abc")
+    assert response.status_code == 422
+    (detail,) = response.json()["detail"]
+    assert detail["loc"][-1] == "bucket" and detail["input"] == "abc"  # what the page shows

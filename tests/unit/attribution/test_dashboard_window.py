@@ -30,9 +30,12 @@ def test_parse_time_takes_epoch_and_iso(text: str, epoch: int) -> None:
     assert q.parse_time(text, "since") == epoch
 
 
-def test_parse_time_names_the_field_and_value() -> None:
-    with pytest.raises(ConfigError, match=r"until='yesterday' is neither epoch seconds nor an ISO 8601"):
-        q.parse_time("yesterday", "until")
+@pytest.mark.parametrize("text", ["yesterday", "inf", "nan", "-inf", "", "2026-13-01"])
+def test_parse_time_names_the_field_and_value(text: str) -> None:
+    with pytest.raises(
+        ConfigError, match=re.escape(f"until={text!r} is neither epoch seconds nor an ISO 8601")
+    ):
+        q.parse_time(text, "until")
 
 
 def test_defaults_come_from_the_data() -> None:
