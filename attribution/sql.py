@@ -73,7 +73,7 @@ def bind(query: str, params: dict[str, Any] | None) -> str:
 
     if not params:
         return query.replace("%%", "%")
-    return query % escape_params(params, _UTCContext())
+    return str(query % escape_params(params, _UTCContext()))
 
 
 class ChdbBackend:
@@ -84,15 +84,16 @@ class ChdbBackend:
     def __init__(self, database: str = "adstream", path: str | None = None) -> None:
         from chdb import session
 
-        self.session = session.Session(path) if path else session.Session()
+        # chDB ships no type hints
+        self.session = session.Session(path) if path else session.Session()  # type: ignore[no-untyped-call]
         self.database = database
-        self.session.query(f"CREATE DATABASE IF NOT EXISTS {database}")
-        self.session.query(f"USE {database}")
+        self.session.query(f"CREATE DATABASE IF NOT EXISTS {database}")  # type: ignore[no-untyped-call]
+        self.session.query(f"USE {database}")  # type: ignore[no-untyped-call]
 
     def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         sql = bind(query, params)
         try:
-            result = self.session.query(sql, "JSONCompact")
+            result = self.session.query(sql, "JSONCompact")  # type: ignore[no-untyped-call]
         except Exception as exc:
             raise StoreError(f"chDB query failed: {_first_line(exc)}") from exc
         text = result.data() if hasattr(result, "data") else str(result)
@@ -144,7 +145,7 @@ class ChdbBackend:
             os.unlink(path)
 
     def close(self) -> None:
-        self.session.close()
+        self.session.close()  # type: ignore[no-untyped-call]
 
 
 def _typed(value: Any, type_name: str) -> Any:

@@ -84,7 +84,10 @@ def _execute(models: list[str], by: str, since: str | None, until: str | None, b
         bounds=parse_bounds(bounds),
     )
     if store:
+        from attribution.rollups import refresh_rollups
+
         store_run(backend, run)
+        refresh_rollups(backend, t_since, t_until)  # the dashboards' hourly figures of that range
     return run
 
 

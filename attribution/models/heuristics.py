@@ -37,13 +37,13 @@ def _position(paths: Paths) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def first_click(paths: Paths) -> np.ndarray:
     """All credit to the first touch."""
     idx, _, _ = _position(paths)
-    return (idx == 0).astype(float)
+    return np.asarray(idx == 0, dtype=np.float64)
 
 
 def last_click(paths: Paths) -> np.ndarray:
     """All credit to the last touch (of any kind: the classic 'last click' report)."""
     idx, length, _ = _position(paths)
-    return (idx == length - 1).astype(float)
+    return np.asarray(idx == length - 1, dtype=np.float64)
 
 
 def last_non_view(paths: Paths) -> np.ndarray:
@@ -54,7 +54,7 @@ def last_non_view(paths: Paths) -> np.ndarray:
     last = np.full(paths.n, -1)
     np.maximum.at(last, pid[is_click], idx[is_click])
     target = np.where(last[pid] >= 0, last[pid], length - 1)
-    return (idx == target).astype(float)
+    return np.asarray(idx == target, dtype=np.float64)
 
 
 def linear(paths: Paths) -> np.ndarray:

@@ -96,9 +96,9 @@ def chain(paths: Paths, order: int) -> Chain:
             np.full(n_last, 2, np.int8),
         ]
     )
-    m = np.int64(base**3 + 8)
-    uniq, inv = np.unique((src + 3) * m + (dst + 3), return_inverse=True)
-    usrc, udst = uniq // m - 3, uniq % m - 3
+    mult = np.int64(base**3 + 8)
+    uniq, inv = np.unique((src + 3) * mult + (dst + 3), return_inverse=True)
+    usrc, udst = uniq // mult - 3, uniq % mult - 3
     _, src_state = np.unique(usrc, return_inverse=True)
     return Chain(usrc, udst, inv, slot_path, slot_kind, src_state, base)
 

@@ -80,7 +80,7 @@ class CoalitionValue:
         out = np.full(masks.shape, self.v0)
         for c in np.flatnonzero(self.beta > 0):
             out += self.beta[c] * ((masks >> np.uint64(c)) & np.uint64(1))
-        return np.clip(out, 0.0, 1.0)
+        return np.asarray(np.clip(out, 0.0, 1.0), dtype=np.float64)
 
     def __call__(self, masks: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
         """v at each mask (`prior` may be given when the caller has it already)."""
@@ -156,7 +156,7 @@ def _exact_all(game: CoalitionValue) -> np.ndarray:
     for j in range(n):  # zeta transform: g(J) = Σ_{T⊆J} h(T)
         view = h.reshape(n, -1, 2, 2**j)
         view[:, :, 1, :] += view[:, :, 0, :]
-    return h
+    return np.asarray(h, dtype=np.float64)
 
 
 def _sampled(mask: np.uint64, value: CoalitionValue, permutations: int, rng: np.random.Generator
@@ -242,4 +242,4 @@ def _normalise(phi: np.ndarray, member: np.ndarray | None = None) -> np.ndarray:
         equal = np.full_like(pos, 1.0 / pos.shape[1])
     else:
         equal = member / member.sum(axis=1, keepdims=True)
-    return np.where(total > 0, pos / np.where(total > 0, total, 1.0), equal)
+    return np.asarray(np.where(total > 0, pos / np.where(total > 0, total, 1.0), equal), dtype=np.float64)
