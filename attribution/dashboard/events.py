@@ -13,6 +13,8 @@ SLOT_COLOURS = {"feed": "#1f77b4", "search": "#ff7f0e", "splash": "#2ca02c"}
 
 
 def event_rates(backend: Backend, window: q.Window) -> Panel:
+    """Events per second of each kind per bucket (impressions on the left axis, the rarer
+    clicks, dwell and conversions on the right)."""
     rows = backend.execute(q.EVENT_RATES, window.params)
     if not rows:
         return empty("event_rates", "Event rates", f"no events {span(window)}")
@@ -53,6 +55,7 @@ def event_rates(backend: Backend, window: q.Window) -> Panel:
 
 
 def ctr(backend: Backend, window: q.Window) -> Panel:
+    """CTR per campaign (the `top` by impressions), one bar per slot; counts in the hover."""
     rows = backend.execute(q.CTR_BY_SLOT_CAMPAIGN, window.params)
     if not rows:
         return empty("ctr", "CTR by slot and campaign", f"no impressions {span(window)}")
@@ -215,6 +218,7 @@ def campaign_economics(backend: Backend, window: q.Window) -> list[Panel]:
 
 
 def online_auc(backend: Backend, window: q.Window) -> Panel:
+    """Online AUC of the served pctr per (coarse) bucket, for all traffic and per adapter."""
     bucket = window.coarse_bucket
     rows = backend.execute(q.ONLINE_AUC, {**window.params, "bucket": bucket})
     if not rows:
@@ -262,6 +266,7 @@ def online_auc(backend: Backend, window: q.Window) -> Panel:
 
 
 def adapter_versions(backend: Backend, window: q.Window) -> Panel:
+    """Each adapter version's share of the served impressions per bucket."""
     rows = backend.execute(q.ADAPTER_MIX, window.params)
     if not rows:
         return empty("adapter_versions", "Adapter versions", f"no impressions {span(window)}")
