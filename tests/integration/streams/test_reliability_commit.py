@@ -232,3 +232,50 @@ def test_a_redis_error_mid_feed_loses_nothing(deployment: Settings) -> None:
         check_state(r, s, replay([*catalog, *events], s).states)
     finally:
         r.close()
+
+
+def test_an_input_that_never_answers_holds_the_others_back_only_merge_max_idle_s(
+    deployment: Settings,
+) -> None:
+    """Dwell partitions give no fetch answer (never caught up): after merge_max_idle_s the merge
+    goes on without them, and every record is committed (M12)."""
+    s = deployment.model_copy(update={"merge_max_idle_s": 1.0})
+    catalog, events = simulate(400, seed=9)
+    records = [r for r in records_of(s, events) if not r.topic.endswith(topics.DWELL)]
+
+    async def go() -> Pipeline:
+        import redis.asyncio as aioredis
+        from aiokafka import AIOKafkaProducer
+
+        from attribution.migrate import migrate
+
+        await asyncio.to_thread(migrate, s)
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        await producer.start()
+
+        async def send(topic: str, key: bytes, value: bytes) -> None:
+            await (await producer.send(topic, value=value, key=key))
+
+        client = aioredis.Redis.from_url(s.redis_url)
+        cat = Catalog(s.state_dim)
+        for ad in catalog:
+            cat.update(ad)
+        store = RedisStateStore(client, s.redis_prefix, s.user_state_ttl_s)
+        pipe = Pipeline(s, store, ClickHouseSink(s), send, lambda h: None, cat)
+        pipe.caught_up = lambda topic, partition, last: not topic.endswith(topics.DWELL)
+        try:
+            await pipe.feed(records)
+            for _ in range(100):  # the worker's timer
+                await pipe.tick()
+                if pipe.counts["committed"] + pipe.batch.count == len(records):
+                    break
+                await asyncio.sleep(0.05)
+            await pipe.flush()
+        finally:
+            await producer.stop()
+            await client.aclose()
+        return pipe
+
+    pipe = asyncio.run(asyncio.wait_for(go(), timeout=60))
+    assert pipe.counts["committed"] == len(records)
+    assert sum(part.merge.forced for part in pipe.parts.values()) >= 1
