@@ -22,6 +22,11 @@ highest reserved seq (a fresh snapshot re-aligns replicas when deltas were publi
 it); assigned partitions resume after the snapshotted offsets, so nothing is learned twice or
 skipped, and no seq is reused.
 
+Bad input: a record that fails the contract, or an example the ranker cannot featurize, goes to
+`ad.dlq` (its raw bytes capped so the dead letter fits the producer) and the loop goes on; an
+example whose `event_id` was taken already (among the last `settings.trainer_dedupe_ids`: a
+streams batch produced again after a retry) is skipped, counted, not learned twice.
+
 Guards: every message is checked before its seq is reserved: a snapshot must pass what a replica
 checks (`trainers.snapshots.check_snapshot`: structure, finite values, ΔW norm within
 `settings.serve_adapter_max_norm`) and so must the state replicas reach after the batch. A refused
