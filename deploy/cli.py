@@ -34,8 +34,14 @@ def up(
     from deploy import stack
 
     s = settings()
-    started = stack.up(s, set(only) if only else None)
+    wanted = set(only) if only else None
+    started = stack.up(s, wanted)
     console.print(f"started: {', '.join(started) or 'nothing (all already running)'}")
+    if wanted is None or "clickhouse" in wanted:
+        from attribution.migrate import migrate
+
+        applied = migrate(s)  # the event, rollup and attribution tables, each migration once
+        console.print(f"ClickHouse migrations applied: {', '.join(applied) or 'none (up to date)'}")
     _print_status(stack.status(s))
 
 

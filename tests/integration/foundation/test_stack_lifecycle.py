@@ -69,8 +69,11 @@ def test_up_status_down_leaves_nothing_behind(spare_env: dict[str, str]) -> None
     assert set(pids) == {"kafka", "redis", "clickhouse"}
     assert all(alive(pid) for pid in pids.values())
 
+    # `up` applied the ClickHouse migrations (event, rollup and attribution tables) once
+    assert "ClickHouse migrations applied: 001_raw_events" in up.stdout, up.stdout
     again = run(spare_env, "up")  # idempotent: everything answers, nothing new is started
     assert "started: nothing" in again.stdout
+    assert "ClickHouse migrations applied: none (up to date)" in again.stdout, again.stdout
 
     down = run(spare_env, "down")
     assert down.returncode == 0
