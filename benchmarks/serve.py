@@ -183,8 +183,148 @@ def run_wrk(url: str, rate: int, duration: int, conns: int, users: int) -> dict[
     }
 
 
+# -- load-balanced ingress (issue 13): each case in its own process, so Serve's env-read
+# constants (RAY_SERVE_ENABLE_HA_PROXY) start fresh with a fresh local Ray cluster
+LB_CASES = {
+    # name: (replicas, extra environment, which URL)
+    "direct_1": (1, {}, "replica"),
+    "haproxy_2": (2, {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}, "proxy"),
+    "serve_proxy_2": (2, {"RAY_SERVE_ENABLE_HA_PROXY": "0"}, "proxy"),
+}
+
+
+def lb_case(
+    case: str, model_dir: Path, catalog: Path, port: int, args: argparse.Namespace
+) -> dict[str, object]:
+    """Deploy `case` (Ray started again up to 3 times: on a busy CPU its raylet may miss Ray's
+    fixed 30 s registration window), then capacity (paced far above it) and P99 at 100 req/s."""
+    import httpx
+    import ray
+    from ray import serve
+
+    from deploy.cli_serving import start
+    from schemas.settings import Settings
+
+    replicas, env, which = LB_CASES[case]
+    os.environ.update(env)
+    settings = Settings(
+        model_dir=model_dir,
+        serve_catalog_file=catalog,
+        http_port=port,
+        serve_replicas=replicas,
+        serve_consume_deltas=False,
+        topic_prefix=f"benchlb{port}.",
+        redis_prefix=f"adstream-bench-lb:{port}:",
+    )
+    for attempt in range(3):
+        try:
+            endpoints = start(settings, name="benchlb")
+            break
+        except Exception as exc:  # Ray's own start-up timeout on a loaded machine
+            print(f"{case}: start failed ({exc}); attempt {attempt + 1} of 3", flush=True)
+            ray.shutdown()
+            if attempt == 2:
+                raise
+    try:
+        url = endpoints.replicas[0] if which == "replica" else endpoints.proxy
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # every replica up behind the balancer
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).json().get("status") == "ok":
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1)
+        run_wrk(url, 50, 5, args.conns, args.users)  # warm-up
+        capacity = run_wrk(url, 5000, args.duration, args.lb_capacity_conns, args.users)
+        at_100 = summarize(
+            [run_wrk(url, 100, args.duration, args.conns, args.users) for _ in range(args.repeats)]
+        )
+        return {
+            "case": case,
+            "replicas": replicas,
+            "url": url,
+            "env": env,
+            "capacity": capacity,
+            "at_100": at_100,
+        }
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        import redis
+
+        r = redis.Redis.from_url(settings.redis_url)
+        keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
+        if keys:
+            r.delete(*keys)
+
+
+def load_balanced(args: argparse.Namespace, model_dir: Path, catalog: Path) -> dict[str, object]:
+    """Every LB case, then the goal's ratios against one replica's direct port (same run)."""
+    cases: dict[str, dict[str, object]] = {}
+    for i, case in enumerate(args.lb_cases.split(",")):
+        out = Path(tempfile.mkstemp(suffix=".json")[1])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--lb-case",
+            case,
+            "--lb-out",
+            str(out),
+            "--port",
+            str(args.port + 100 * i),
+        ]
+        cmd += [
+            "--lb-model-dir",
+            str(model_dir),
+            "--lb-catalog",
+            str(catalog),
+            "--duration",
+            str(args.duration),
+        ]
+        cmd += ["--repeats", str(args.repeats), "--conns", str(args.conns), "--users", str(args.users)]
+        cmd += ["--lb-capacity-conns", str(args.lb_capacity_conns)]
+        proc = subprocess.run(cmd, cwd=ROOT, timeout=900)
+        if proc.returncode == 0:
+            cases[case] = json.loads(out.read_text())
+        else:
+            cases[case] = {"case": case, "error": f"exit {proc.returncode}"}
+        out.unlink(missing_ok=True)
+    direct = cases.get("direct_1", {})
+    best = None
+    for name in ("haproxy_2", "serve_proxy_2"):
+        c = cases.get(name, {})
+        if "capacity" in c and "capacity" in direct:
+            c["capacity_ratio_to_direct"] = round(c["capacity"]["rps"] / direct["capacity"]["rps"], 3)  # type: ignore[index]
+            c["p99_ratio_to_direct_at_100"] = round(c["at_100"]["p99_ms"] / direct["at_100"]["p99_ms"], 3)  # type: ignore[index]
+            if best is None or c["capacity_ratio_to_direct"] > cases[best]["capacity_ratio_to_direct"]:  # type: ignore[operator]
+                best = name
+    head = cases.get(best or "", {})
+    return {
+        "replicas": head.get("replicas"),
+        "ingress": best,
+        "capacity_ratio_to_direct": head.get("capacity_ratio_to_direct"),
+        "p99_ratio_to_direct_at_100": head.get("p99_ratio_to_direct_at_100"),
+        "goal": {"capacity_ratio_to_direct": 0.9, "p99_ratio_to_direct_at_100": 1.2},
+        "load_average_start_end": [args.lb_load_start, round(os.getloadavg()[0], 2)],
+        "cases": cases,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--load-balanced",
+        action="store_true",
+        help="only the load-balanced ingress cases (direct 1 replica, HAProxy 2, Serve proxy 2) → "
+        "serve.json's `load_balanced`",
+    )
+    ap.add_argument("--lb-cases", default="direct_1,haproxy_2,serve_proxy_2")
+    ap.add_argument("--lb-capacity-conns", type=int, default=32)
+    ap.add_argument("--lb-case", help=argparse.SUPPRESS)
+    ap.add_argument("--lb-out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--lb-model-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--lb-catalog", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--ads", type=int, default=10_000)
     ap.add_argument("--rates", default="50,100")
     ap.add_argument("--duration", type=int, default=15)
@@ -201,6 +341,29 @@ def main() -> None:
     ap.add_argument("--schemes", default="slot,advertiser", help="adapter schemes to run (first one → rates)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve.json")
     args = ap.parse_args()
+    if args.lb_case:  # a child of --load-balanced
+        args.lb_out.write_text(
+            json.dumps(lb_case(args.lb_case, args.lb_model_dir, args.lb_catalog, args.port, args))
+        )
+        return
+    if args.load_balanced:
+        from schemas.settings import Settings
+
+        args.lb_load_start = round(os.getloadavg()[0], 2)
+        tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-lb-"))
+        try:
+            catalog = tmp / "catalog.jsonl"
+            make_catalog(catalog, args.ads)
+            make_model(tmp / "models", Settings().model_dir)
+            result = load_balanced(args, tmp / "models", catalog)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
+        data = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "serve"}
+        data["load_balanced"] = result
+        args.out.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {args.out} (load_balanced)")
+        return
 
     import httpx
     import ray

