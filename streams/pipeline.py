@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +89,7 @@ class _Part:
 @dataclass
 class _Batch:
     rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=empty_rows)
-    raws: dict[str, list[bytes | None]] = field(default_factory=empty_rows)  # each row's record
+    raws: dict[str, list[bytes | None]] = field(default_factory=lambda: defaultdict(list))  # rows' records
     dead: list[DeadLetter] = field(default_factory=list)
     examples: list[TrainingExample] = field(default_factory=list)
     offsets: dict[str, int] = field(default_factory=dict)

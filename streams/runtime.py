@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -162,7 +163,7 @@ class Runtime:
             while True:
                 batches = await consumer.getmany(timeout_ms=200, max_records=5000)
                 rows = empty_rows()
-                raws: dict[str, list[bytes | None]] = empty_rows()
+                raws: dict[str, list[bytes | None]] = defaultdict(list)
                 dead: list[DeadLetter] = []
                 for tp, records in batches.items():
                     for r in records:
