@@ -4,8 +4,9 @@ Each benchmark stays a script runnable alone (`python benchmarks/<name>.py`, its
 JSON under `benchmarks/results/`). `adstream bench <name> [ARGS…]` runs one with its flags;
 `adstream bench all` runs every one in turn and writes one markdown table (status, wall time,
 headline figures of its JSON) with the machine it ran on. `--quick` passes each benchmark small
-sizes (`QUICK`) and keeps the committed results as they are: what a quick run writes is moved
-to `benchmarks/results/quick/`, the table with it.
+sizes (`QUICK`; one without an entry there, or without `--out`, is skipped, not run at full
+size) and `--out benchmarks/results/quick/<name>.json`, so the committed results stay as they
+are; the table goes there too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -48,11 +48,9 @@ QUICK: dict[str, list[str]] = {
         "--no-default-targets",
     ],
     "peer_online": ["--seeds", "7", "--impressions", "20000", "--pretrain", "8000"],
-    "produce": ["--events", "20000"],
     "rank": ["--seconds", "3", "--runs", "1"],
     "recall": ["--ads", "20000", "--queries", "200"],
     "serve": ["--rates", "50", "--duration", "5", "--repeats", "1"],
-    "streams": ["--events", "20000"],
 }
 NEEDS_GPU = {"gpu_check"}
 
@@ -87,15 +85,16 @@ def headline(result: dict[str, Any], n: int = 6) -> str:
     )
 
 
-def _results() -> dict[Path, float]:
-    out = BENCH_DIR / "results"
-    return {p: p.stat().st_mtime for p in out.glob("*") if p.is_file()} if out.exists() else {}
-
-
 def run_one(name: str, args: list[str], quick: bool) -> dict[str, Any]:
-    """Run `benchmarks/<name>.py args`; its status, wall time, result files and headline."""
-    before = _results()
-    backup = {p: p.read_bytes() for p in before} if quick else {}
+    """Run `benchmarks/<name>.py args`; its status, wall time, result file and headline.
+
+    A quick run writes its JSON to `benchmarks/results/quick/<name>.json` (`--out`) and touches
+    nothing else; a full run's figures are read from `benchmarks/results/<name>.json`."""
+    result = BENCH_DIR / "results" / ("quick" if quick else "") / f"{name}.json"
+    if quick:
+        result.parent.mkdir(parents=True, exist_ok=True)
+        args = [*args, "--out", str(result)]
+    before = result.stat().st_mtime if result.exists() else None
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(BENCH_DIR / f"{name}.py"), *args],
@@ -104,34 +103,19 @@ def run_one(name: str, args: list[str], quick: bool) -> dict[str, Any]:
         text=True,
     )
     wall = time.monotonic() - t0
-    changed = [p for p, m in _results().items() if before.get(p) != m]
-    if quick:  # keep the committed results: a quick run's files go to results/quick/
-        quick_dir = BENCH_DIR / "results" / "quick"
-        quick_dir.mkdir(parents=True, exist_ok=True)
-        moved = []
-        for p in changed:
-            dest = quick_dir / p.name
-            shutil.copy2(p, dest)
-            moved.append(dest)
-            if p in backup:
-                p.write_bytes(backup[p])
-            else:
-                p.unlink()
-        changed = moved
+    wrote = result.exists() and result.stat().st_mtime != before
     figures = ""
-    for p in sorted(changed, key=lambda p: p.stem != name):  # its own <name>.json first
-        if p.suffix == ".json":
-            try:
-                figures = headline(json.loads(p.read_text()))
-            except (ValueError, OSError):
-                continue
-            break
+    if wrote:
+        try:
+            figures = headline(json.loads(result.read_text()))
+        except (ValueError, OSError):
+            pass
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] if proc.returncode else []
     return {
         "benchmark": name,
         "status": "ok" if proc.returncode == 0 else f"failed ({proc.returncode}): {' '.join(tail)[:200]}",
         "wall_s": round(wall, 1),
-        "results": [str(p.relative_to(BENCH_DIR.parent)) for p in changed],
+        "results": [str(result.relative_to(BENCH_DIR.parent))] if wrote else [],
         "headline": figures,
     }
 
@@ -175,6 +159,10 @@ def register(app: typer.Typer) -> None:
         rows = []
         for name in benchmarks():
             if name in skipped:
+                continue
+            if quick and name not in QUICK:  # never a full-size run by surprise (a 30-minute soak)
+                rows.append({"benchmark": name, "status": "skipped (no --quick sizes)", "wall_s": 0,
+                             "results": [], "headline": ""})  # fmt: skip
                 continue
             if name in NEEDS_GPU and not _cuda():
                 rows.append({"benchmark": name, "status": "skipped (no GPU)", "wall_s": 0, "results": [],

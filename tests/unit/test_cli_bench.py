@@ -33,24 +33,27 @@ def _fake_bench(root: Path, body: str) -> None:
     (root / "benchmarks" / "fake.py").write_text(body)
 
 
-def test_quick_run_moves_its_results_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quick_run_writes_only_under_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_bench(
         tmp_path,
-        "import json, pathlib, sys\n"
-        "out = pathlib.Path(__file__).parent / 'results'\n"
-        "(out / 'fake.json').write_text(json.dumps({'p50_s': 0.5, 'args': sys.argv[1:]}))\n"
-        "(out / 'committed.json').write_text('overwritten')\n",
+        "import argparse, json, pathlib\n"
+        "ap = argparse.ArgumentParser(); ap.add_argument('--small', action='store_true')\n"
+        "here = pathlib.Path(__file__).parent\n"
+        "ap.add_argument('--out', type=pathlib.Path, default=here / 'results' / 'fake.json')\n"
+        "a = ap.parse_args()\n"
+        "a.out.write_text(json.dumps({'p50_s': 0.5, 'small': a.small}))\n",
     )
-    committed = tmp_path / "benchmarks" / "results" / "committed.json"
-    committed.write_text("the committed figures")
+    committed = tmp_path / "benchmarks" / "results" / "fake.json"
+    committed.write_text('{"p50_s": 9.0}')
     monkeypatch.setattr(cli_bench, "BENCH_DIR", tmp_path / "benchmarks")
     row = cli_bench.run_one("fake", ["--small"], quick=True)
-    assert row["status"] == "ok" and row["headline"] == "p50_s=0.5"
-    assert committed.read_text() == "the committed figures"
-    assert not (tmp_path / "benchmarks" / "results" / "fake.json").exists()
-    quick = tmp_path / "benchmarks" / "results" / "quick"
-    assert json.loads((quick / "fake.json").read_text())["args"] == ["--small"]
-    assert (quick / "committed.json").read_text() == "overwritten"
+    assert row["status"] == "ok" and row["headline"] == "p50_s=0.5, small=True"
+    assert committed.read_text() == '{"p50_s": 9.0}'  # the committed figures are untouched
+    quick = tmp_path / "benchmarks" / "results" / "quick" / "fake.json"
+    assert json.loads(quick.read_text()) == {"p50_s": 0.5, "small": True}
+    assert row["results"] == ["benchmarks/results/quick/fake.json"]
+    full = cli_bench.run_one("fake", [], quick=False)
+    assert full["headline"] == "p50_s=0.5, small=False" and full["results"] == ["benchmarks/results/fake.json"]
 
 
 def test_a_failing_benchmark_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
