@@ -114,9 +114,9 @@ def seeded(stack: Settings) -> Iterator[Served]:
     settings = _database(stack, "web")
     gen = server_backend(settings)
     backend = next(gen)
-    insert_rows(backend, seeded_rows())
+    insert_rows(backend, seeded_rows(4000))
     lo, hi = panels.data_bounds(backend)  # type: ignore[misc]
-    store_run(backend, lo, hi + 1, bootstrap=20)
+    store_run(backend, lo, hi + 1, bootstrap=10)
     with Served(settings) as served:
         yield served
     gen.close()
