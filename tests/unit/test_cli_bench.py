@@ -53,7 +53,8 @@ def test_quick_run_writes_only_under_quick(tmp_path: Path, monkeypatch: pytest.M
     assert json.loads(quick.read_text()) == {"p50_s": 0.5, "small": True}
     assert row["results"] == ["benchmarks/results/quick/fake.json"]
     full = cli_bench.run_one("fake", [], quick=False)
-    assert full["headline"] == "p50_s=0.5, small=False" and full["results"] == ["benchmarks/results/fake.json"]
+    assert full["headline"] == "p50_s=0.5, small=False"
+    assert full["results"] == ["benchmarks/results/fake.json"]
 
 
 def test_a_failing_benchmark_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
