@@ -205,7 +205,11 @@ class AdServer(ReplicaLoops):
             try:
                 req = AdRequest.model_validate_json(body)
             except ValidationError as exc:
-                detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+                # an error of the whole body (not JSON, not an object) is located at `body`
+                detail = [
+                    {"loc": list(e["loc"]) or ["body"], "msg": e["msg"], "type": e["type"]}
+                    for e in exc.errors()
+                ]
                 return self._status(
                     422,
                     JSONResponse(
