@@ -350,4 +350,8 @@ def build_paths(backend: Backend, by: str, since: int, until: int, window: Windo
     names_of = {h: n for h, n in backend.execute(channel_names_query(by), params)}
     totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
     conv, value = totals[0] if totals else (0, 0.0)
+    # Engines return the aggregated paths in no set order, and a seeded bootstrap resamples rows
+    # by position: sort them by content so the same events give the same run on any engine.
+    rows = sorted(rows, key=lambda r: (tuple(names_of.get(c, str(c)) for c in r[0]), tuple(r[1]),
+                                       tuple(r[2]), r[3], r[4], r[5]))  # fmt: skip
     return PathBuild(paths_from_rows(rows, names_of), float(conv or 0), float(value or 0.0))
