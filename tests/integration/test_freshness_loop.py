@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def _freshness():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("freshness_bench", BENCH)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
