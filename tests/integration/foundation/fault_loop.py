@@ -51,6 +51,9 @@ TABLES = {
 }
 
 
+DEBUG = os.environ.get("ADSTREAM_FAULT_DEBUG") == "1"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -407,7 +410,8 @@ class Load:
         try:
             parts = consumer.partitions_for_topic(name)
             while not parts:
-                await consumer.client.force_metadata_update()
+                await asyncio.sleep(0.2)
+                await consumer.topics()  # refreshes the metadata of every topic
                 parts = consumer.partitions_for_topic(name)
             tps = [TopicPartition(name, p) for p in sorted(parts)]
             consumer.assign(tps)
@@ -508,30 +512,40 @@ def dump_topics(s: Any, bases: Iterable[str]) -> dict[str, list[Any]]:
     from schemas import topics
     from schemas.clients import kafka_args
 
-    async def go() -> dict[str, list[Any]]:
+    async def one(base: str) -> list[Any]:
+        # a consumer per topic: re-assigning one consumer to the next topic can stall its fetcher
         consumer = AIOKafkaConsumer(**kafka_args(s), enable_auto_commit=False)
         await consumer.start()
         try:
-            out: dict[str, list[Any]] = {}
-            for base in bases:
-                name = topics.topic_name(base, s.topic_prefix)
+            name = topics.topic_name(base, s.topic_prefix)
+            parts = consumer.partitions_for_topic(name) or set()
+            if not parts:
+                await consumer.topics()  # refreshes the metadata of every topic
                 parts = consumer.partitions_for_topic(name) or set()
-                if not parts:
-                    await consumer.client.force_metadata_update()
-                    parts = consumer.partitions_for_topic(name) or set()
-                tps = [TopicPartition(name, p) for p in sorted(parts)]
-                consumer.assign(tps)
-                await consumer.seek_to_beginning(*tps)
-                ends = await consumer.end_offsets(tps)
-                got: list[Any] = []
-                while any(await consumer.position(tp) < ends[tp] for tp in tps):
-                    batch = await consumer.getmany(timeout_ms=500)
-                    for records in batch.values():
-                        got += records
-                out[base] = got
-            return out
+            tps = [TopicPartition(name, p) for p in sorted(parts)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            got: list[Any] = []
+            idle_since = time.monotonic()
+            # to the log end; should the broker report an end past what it serves, a partition
+            # silent for 5 s counts as read out
+            while time.monotonic() - idle_since < 5:
+                behind = [tp for tp in tps if await consumer.position(tp) < ends[tp]]
+                if not behind:
+                    break
+                batch = await consumer.getmany(*behind, timeout_ms=500)
+                for records in batch.values():
+                    got += records
+                    idle_since = time.monotonic()
+            if DEBUG:
+                print(base, {tp.partition: (await consumer.position(tp), ends[tp]) for tp in tps}, flush=True)
+            return got
         finally:
             await consumer.stop()
+
+    async def go() -> dict[str, list[Any]]:
+        return {base: await asyncio.wait_for(one(base), 300) for base in bases}
 
     return asyncio.run(go())
 

@@ -101,6 +101,7 @@ class Run:
     trainer_metrics: dict[str, float]
     drained: str | None
     runtime_s: float
+    errors: dict[str, str]  # analysis steps that failed, with their traceback
 
 
 def _port_block() -> int:
@@ -444,12 +445,33 @@ def _scenario(demo: Any, spare: SpareStack, say: Callable[[str], None]) -> Run:
     faults = _inject_faults(sc, args)
     say("faults done; stopping the load and draining the worker")
     load.stop()
+    errors: dict[str, str] = {}
+
+    def attempt(what: str, fn: Callable[[], Any], default: Any) -> Any:
+        """One step of the analysis; its failure is kept for the check that needs it."""
+        try:
+            return fn()
+        except Exception as exc:
+            import traceback
+
+            errors[what] = "".join(traceback.format_exception(exc))[-3000:]
+            say(f"  analysis step {what} failed: {exc!r}")
+            return default
+
     records = dump_topics(s, [*USER_TOPICS, "ad.catalog"])
     drained = _drain(sc, records)
     topic_ids = {base: {codec.decode_any(r.value).event_id for r in records[base]} for base in USER_TOPICS}
-    ch = _clickhouse(s, topic_ids)
-    mismatch, count_mismatch, compared, unordered = _compare_states(sc, records, load.log, topic_ids)
-    deltas = [codec.decode_any(r.value) for r in dump_topics(s, ["ad.adapter-deltas"])["ad.adapter-deltas"]]
+    ch = attempt("clickhouse", lambda: _clickhouse(s, topic_ids), {})
+    mismatch, count_mismatch, compared, unordered = attempt(
+        "state", lambda: _compare_states(sc, records, load.log, topic_ids), ([], [], 0, set())
+    )
+    deltas = attempt(
+        "lineage",
+        lambda: [
+            codec.decode_any(r.value) for r in dump_topics(s, ["ad.adapter-deltas"])["ad.adapter-deltas"]
+        ],
+        [],
+    )
     sc.redis.close()
     return Run(
         faults=faults,
@@ -466,6 +488,7 @@ def _scenario(demo: Any, spare: SpareStack, say: Callable[[str], None]) -> Run:
         trainer_metrics=_scrape_or_empty(demo.trainer_metrics_port, "adstream_trainers_"),
         drained=drained,
         runtime_s=time.monotonic() - t0,
+        errors=errors,
     )
 
 
@@ -549,6 +572,7 @@ def test_every_fault_recovered_and_the_served_adapter_moved_again(run: Run) -> N
 def test_clickhouse_holds_each_event_of_the_topics_once(run: Run) -> None:
     from schemas import codec
 
+    assert "clickhouse" not in run.errors, run.errors["clickhouse"]
     assert run.drained is None, run.drained
     problems = {}
     for base in USER_TOPICS:
@@ -587,6 +611,7 @@ def test_what_was_acknowledged_or_served_reached_the_broker(run: Run) -> None:
 
 
 def test_every_user_state_equals_the_offline_replay(run: Run) -> None:
+    assert "state" not in run.errors, run.errors["state"]
     assert run.drained is None, run.drained
     assert run.users_compared > 0
     assert not run.state_count_mismatch, (
@@ -600,6 +625,7 @@ def test_every_user_state_equals_the_offline_replay(run: Run) -> None:
 
 
 def test_no_example_is_learned_twice(run: Run) -> None:
+    assert "lineage" not in run.errors, run.errors["lineage"]
     assert run.deltas > 0
     assert not run.lineage, run.lineage
 
