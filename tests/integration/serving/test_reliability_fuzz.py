@@ -116,8 +116,8 @@ def test_api_fuzz_quick(server: httpx.Client) -> None:
     seen = _fuzz(
         server,
         {
-            ("POST /v1/ads", "positive"): 120,
-            ("POST /v1/ads", "negative"): 120,
+            ("POST /v1/ads", "positive"): 150,
+            ("POST /v1/ads", "negative"): 150,
             ("*", "positive"): 15,
             ("*", "negative"): 15,
         },
@@ -132,8 +132,8 @@ def test_api_fuzz_full(server: httpx.Client) -> None:
     seen = _fuzz(
         server,
         {
-            ("POST /v1/ads", "positive"): 4000,
-            ("POST /v1/ads", "negative"): 4000,
+            ("POST /v1/ads", "positive"): 5000,
+            ("POST /v1/ads", "negative"): 5000,
             ("*", "positive"): 300,
             ("*", "negative"): 300,
         },
