@@ -107,7 +107,6 @@ MAX_VECTOR_DIM: Final = 1024
 # under a producer's 1 MiB request limit (a rank-8 snapshot of cross+deep+head+wide is ~710 KiB)
 MAX_DELTA_BYTES: Final = 765 * 1024
 MAX_SEQ: Final = 2**53 - 1  # an adapter's delta seq: ~285 years at a million deltas a second
-MAX_SEQ: Final = 2**53 - 1  # an adapter's delta seq: ~285 years at a million deltas a second
 # The original bytes a dead letter keeps (a longer record keeps this prefix, its size and sha256):
 # base64 (×4/3) plus the other fields stay far below a producer's 1 MiB request limit.
 MAX_RAW_BYTES: Final = 256 * 1024
