@@ -234,7 +234,22 @@ class SpareStack:
         self.proxy.start()
         self.start_redis()
         wait_until(self.kafka_up, 60, "the spare broker")
-        self.start_clickhouse()
+        from schemas.errors import StackError
+
+        for attempt in range(3):  # a free port can be taken between the pick and the bind
+            try:
+                self.start_clickhouse()
+                return
+            except StackError:
+                if attempt == 2:
+                    raise
+                self.ch_port, self.ch_http = free_port(), free_port()
+                self.settings = self.settings.model_copy(
+                    update={
+                        "clickhouse_url": f"clickhouse://default@127.0.0.1:{self.ch_port}/adstream",
+                        "clickhouse_http_port": self.ch_http,
+                    }
+                )
 
     def start_redis(self) -> None:
         self.redis.start()
