@@ -61,6 +61,15 @@ The goal (issue 16): adstream's progressive AUC ≥ both peers on every simulato
 examples/s is wall time (a shared machine's load moves it), examples per CPU-second
 (`process_time`, every thread) is what each learner costs.
 
+Measured 2026-12-01 (2-core Xeon VM shared with other jobs; `peer_online.json` seed 7,
+`peer_online_seeds_8_9.json`): adstream ≥ both on handover (seeds 7–9: +0.009 to +0.010 overall
+AUC over VW, +0.025 to +0.030 over River, intervals above 0), trend and population (seed 7:
++0.017 over VW); VW beats adstream on redraw on all three seeds (−0.003 to −0.009 overall, −0.03
+to −0.06 in the after-drift window: VW relearns its user-state × category weights, adstream's
+adapters adapt only the head and bias tables), so the goal does not hold there. OBD: every
+learner within noise of 0.5 (54–69 clicks per scored stream). VW learns ~75,000 examples per
+CPU-second, adstream ~8,500 (micro-batches of 256), River ~5,000.
+
 Usage: `.venv/bin/python benchmarks/peer_online.py [--seeds 7,8,9] [--scenarios handover,redraw]`
 writes `benchmarks/results/peer_online.json` (after every stream, `complete` false until the
 end) and prints one table per stream; the default (seed 7, four scenarios, three OBD campaigns)
