@@ -599,6 +599,7 @@ def lineage_faults(deltas: list[Any]) -> list[str]:
     for aid, ds in by_adapter.items():
         ds.sort(key=lambda d: d.seq)
         prev: dict[int, int] | None = None
+        prev_msg: Any = None
         for a, b in itertools.pairwise(ds):
             if a.seq == b.seq:
                 out.append(f"{aid}: seq {a.seq} published twice")
@@ -612,8 +613,13 @@ def lineage_faults(deltas: list[Any]) -> list[str]:
                     if d.learned_offsets.get(p, -1) < o
                 }
                 if back:
-                    out.append(f"{aid}: delta seq {d.seq} re-learns partition offsets {back} (was → now)")
-            prev = dict(d.learned_offsets)
+                    out.append(
+                        f"{aid}: delta seq {d.seq} (made {d.created_at:%H:%M:%S.%f}) re-learns partition "
+                        f"offsets {back} (was → now) after seq {prev_msg.seq} "
+                        f"({'snapshot' if prev_msg.snapshot else 'delta'}, "
+                        f"made {prev_msg.created_at:%H:%M:%S.%f})"
+                    )
+            prev, prev_msg = dict(d.learned_offsets), d
     return out
 
 

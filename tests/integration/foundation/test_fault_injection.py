@@ -627,7 +627,8 @@ def test_every_user_state_equals_the_offline_replay(run: Run) -> None:
 def test_no_example_is_learned_twice(run: Run) -> None:
     assert "lineage" not in run.errors, run.errors["lineage"]
     assert run.deltas > 0
-    assert not run.lineage, run.lineage
+    faults = [(f.name, time.strftime("%H:%M:%S", time.gmtime(f.injected))) for f in run.faults]
+    assert not run.lineage, (run.lineage, faults)
 
 
 def test_no_5xx_outside_the_outage_windows(run: Run) -> None:
