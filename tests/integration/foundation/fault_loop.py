@@ -589,9 +589,12 @@ def worker_order(s: Any, records: dict[str, list[Any]]) -> list[Any]:
 def lineage_faults(deltas: list[Any]) -> list[str]:
     """Where the served lineage of an adapter would learn an example twice or reuse a seq.
 
-    Per adapter in seq order (the order replicas apply them): a delta (not a snapshot, which
-    replaces the replica's state) whose `learned_offsets` go back on a partition learned again
-    what the state it applies to already holds; two messages with one seq are ambiguous."""
+    Per adapter in seq order (the order replicas apply them): a delta whose `learned_offsets`
+    go back on a partition learned again what the state it applies to already holds. A
+    snapshot replaces the replica's state, so the lineage restarts at its offsets (none: a
+    trainer that restarted without a Redis snapshot re-aligns replicas to zero and re-learns
+    from the committed offsets, which is learning once). Two messages with one seq are
+    ambiguous."""
     out: list[str] = []
     by_adapter: dict[str, list[Any]] = defaultdict(list)
     for d in deltas:
@@ -604,9 +607,12 @@ def lineage_faults(deltas: list[Any]) -> list[str]:
             if a.seq == b.seq:
                 out.append(f"{aid}: seq {a.seq} published twice")
         for d in ds:
+            if d.snapshot:  # replaces the replica's state: what it learned is all there is
+                prev, prev_msg = dict(d.learned_offsets or {}), d  # none: a fresh (zero) state
+                continue
             if d.learned_offsets is None:
                 continue
-            if not d.snapshot and prev is not None:
+            if prev is not None:
                 back = {
                     p: (o, d.learned_offsets.get(p, -1))
                     for p, o in prev.items()
