@@ -33,13 +33,13 @@ from serving.adapters import CANDIDATE, STABLE
 from serving.admin import check_admin, token_digest
 from serving.canary import Arm, Canary, CanaryRule, arm_for
 from serving.catalog import Catalog
-from serving.deadline import Deadline, Rung, plan_rank, plan_start
+from serving.deadline import Deadline, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
 from serving.http import BodyTooLarge, ClientDisconnect, duplicate_keys, is_json, read_body
 from serving.io import ImpressionSink, RedisIO, UserCodec
 from serving.loops import ReplicaLoops
 from serving.metrics import ServingMetrics
-from serving.pipeline import AdPipeline, content_vectorizer, recall_pctr, utcnow
+from serving.pipeline import AdPipeline, RequestContext, content_vectorizer, recall_pctr, utcnow
 from serving.ranking import RankInput, RankModel, load_ranker, resolve_device
 from serving.towers import TowerSpace
 from trainers.delta import resolve_signing_key
@@ -236,75 +236,81 @@ class AdServer(ReplicaLoops):
 
     async def _serve(self, req: AdRequest, arm_name: Arm) -> AdResponse:
         """One request on the canary arm `ads` chose for it (once: latency, errors and
-        impressions are all counted for that arm, even if the share moves meanwhile)."""
-        s = self.settings
-        deadline = Deadline(float(req.deadline_ms or s.deadline_ms))
-        now = utcnow()
-        request_id = uuid.uuid4().hex
-        costs = self.pipe.costs
-        stage = {"recall": 0.0, "rank": 0.0, "rerank": 0.0}
-        arm = CANDIDATE if arm_name == "candidate" else STABLE
-        rung: Rung = plan_start(deadline.remaining_ms(), costs)
-        if rung == "popular":
-            costs.relax("recall")
-        rows = np.zeros(0, dtype=np.int64)
-        pctr = np.zeros(0)
-        capped: list[str] = []
-        if rung != "popular":
-            t = time.perf_counter()
-            try:
-                user, capped = await asyncio.wait_for(
-                    self.redis.read(req.user_id, now), max(deadline.remaining_ms() / 2000, 0.001)
-                )
-            except Exception:  # Redis slow or down: serve the user cold, uncapped
-                user, capped = None, []
-            rec = self.pipe.recall(req, user, capped, now.hour)
-            stage["recall"] = (time.perf_counter() - t) * 1000
-            costs.observe("recall", stage["recall"])
-            rows = rec.rows
-            rung = plan_rank(deadline.remaining_ms(), costs)
-            if rung != "adapter":
-                costs.relax("rank_adapter")
-                if rung != "base_model":
-                    costs.relax("rank_base")
-            if rec.rank_input is not None and rung in ("adapter", "base_model"):
-                t = time.perf_counter()
-                use = rung == "adapter"
-                inp = rec.rank_input
-                if use:
-                    bank_rows = self.pipe.adapter_rows(req.slot, rows, arm)
-                    inp = RankInput(inp.dense, inp.ids, torch.from_numpy(bank_rows))
-                pctr = await self._rank_batch((inp, use))
-                stage["rank"] = (time.perf_counter() - t) * 1000
-                costs.observe("rank_adapter" if use else "rank_base", stage["rank"])
-            elif rows.shape[0]:
-                rung = "recall_score"
-                pctr = recall_pctr(rec.scores)
-        if rung == "popular" or rows.shape[0] == 0:
-            rung = "popular" if rows.shape[0] == 0 or rung == "popular" else rung
-            rows = self.pipe.popular(max(req.k * 4, 40))
-            if capped:  # known caps still hold on the last rung
-                capped_rows = {self.catalog.row_of.get(a) for a in capped}
-                rows = np.asarray([r for r in rows if int(r) not in capped_rows], dtype=np.int64)
-            pctr = np.full(rows.shape[0], 0.02)
+        impressions are all counted for that arm, even if the share moves meanwhile): down the
+        ladder adapter → base model → recall score → popular as the deadline allows."""
+        ctx = RequestContext(
+            req, uuid.uuid4().hex, utcnow(), CANDIDATE if arm_name == "candidate" else STABLE
+        )
+        deadline = Deadline(float(req.deadline_ms or self.settings.deadline_ms))
+        ctx.rung = plan_start(deadline.remaining_ms(), self.pipe.costs)
+        if ctx.rung == "popular":
+            self.pipe.costs.relax("recall")
+        else:
+            await self._recall_and_rank(ctx, deadline)
+        if ctx.rung == "popular" or ctx.rows.shape[0] == 0:
+            self._popular_rung(ctx)
+        return self._finish(ctx, arm_name)
+
+    async def _recall_and_rank(self, ctx: RequestContext, deadline: Deadline) -> None:
+        """Recall with the user's state, then rank on the rung the time left allows."""
+        costs, req = self.pipe.costs, ctx.req
         t = time.perf_counter()
-        resp, imps, chosen, cost = self.pipe.finish(
-            req, request_id, rows, pctr, rung, stage, now, rung == "adapter", arm
-        )
-        stage["rerank"] = (time.perf_counter() - t) * 1000
-        costs.observe("rerank", stage["rerank"])
+        try:
+            user, ctx.capped = await asyncio.wait_for(
+                self.redis.read(req.user_id, ctx.now), max(deadline.remaining_ms() / 2000, 0.001)
+            )
+        except Exception:  # Redis slow or down: serve the user cold, uncapped
+            user, ctx.capped = None, []
+        rec = self.pipe.recall(req, user, ctx.capped, ctx.now.hour)
+        ctx.stage_ms["recall"] = (time.perf_counter() - t) * 1000
+        costs.observe("recall", ctx.stage_ms["recall"])
+        ctx.rows = rec.rows
+        ctx.rung = plan_rank(deadline.remaining_ms(), costs)
+        if ctx.rung != "adapter":
+            costs.relax("rank_adapter")
+            if ctx.rung != "base_model":
+                costs.relax("rank_base")
+        if rec.rank_input is not None and ctx.rung in ("adapter", "base_model"):
+            t = time.perf_counter()
+            use = ctx.rung == "adapter"
+            inp = rec.rank_input
+            if use:
+                bank_rows = self.pipe.adapter_rows(req.slot, ctx.rows, ctx.arm)
+                inp = RankInput(inp.dense, inp.ids, torch.from_numpy(bank_rows))
+            ctx.pctr = await self._rank_batch((inp, use))
+            ctx.stage_ms["rank"] = (time.perf_counter() - t) * 1000
+            costs.observe("rank_adapter" if use else "rank_base", ctx.stage_ms["rank"])
+        elif ctx.rows.shape[0]:
+            ctx.rung = "recall_score"
+            ctx.pctr = recall_pctr(rec.scores)
+
+    def _popular_rung(self, ctx: RequestContext) -> None:
+        """The last rung: cached popular ads (the user's known frequency caps still hold)."""
+        ctx.rung = "popular"
+        rows = self.pipe.popular(max(ctx.req.k * 4, 40))
+        if ctx.capped:
+            capped_rows = {self.catalog.row_of.get(a) for a in ctx.capped}
+            rows = np.asarray([r for r in rows if int(r) not in capped_rows], dtype=np.int64)
+        ctx.rows, ctx.pctr = rows, np.full(rows.shape[0], 0.02)
+
+    def _finish(self, ctx: RequestContext, arm_name: Arm) -> AdResponse:
+        """Rerank, answer, and record what was served (metrics, canary, impressions, caps)."""
+        t = time.perf_counter()
+        resp, imps, chosen, cost = self.pipe.finish(ctx)
+        ctx.stage_ms["rerank"] = (time.perf_counter() - t) * 1000
+        self.pipe.costs.observe("rerank", ctx.stage_ms["rerank"])
         resp = resp.model_copy(
-            update={"stage_ms": resp.stage_ms.model_copy(update={"rerank": round(stage["rerank"], 3)})}
+            update={"stage_ms": resp.stage_ms.model_copy(update={"rerank": round(ctx.stage_ms["rerank"], 3)})}
         )
-        self.metrics.served_by.labels(rung).inc()
-        for name, ms in stage.items():
+        self.metrics.served_by.labels(ctx.rung).inc()
+        for name, ms in ctx.stage_ms.items():
             self.metrics.stage.labels(name).observe(ms / 1000)
         self.catalog.record_served(chosen, cost)
         for imp in imps:
             self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
         self.sink.emit(imps)
         if imps:
-            self.redis.record(req.user_id, now, imps, list(cost))
+            self.redis.record(ctx.req.user_id, ctx.now, imps, list(cost))
         return resp
 
     @api.get("/healthz")

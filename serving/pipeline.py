@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
@@ -57,6 +57,22 @@ def recall_pctr(scores: np.ndarray, prior_ctr: float = 0.02) -> np.ndarray:
     """A pCTR from a recall (cosine-like) score, for the `recall_score` rung: logistic around the prior."""
     base = math.log(prior_ctr / (1 - prior_ctr))
     return 1.0 / (1.0 + np.exp(-(base + 2.0 * np.asarray(scores, dtype=np.float64))))
+
+
+@dataclass
+class RequestContext:
+    """One `/v1/ads` request on its way down the ladder: what it asks, when, on which canary
+    arm, which rung it is on, and what each stage has produced so far."""
+
+    req: AdRequest
+    request_id: str
+    now: datetime
+    arm: int = CANDIDATE
+    rung: Rung = "adapter"
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pctr: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    capped: list[str] = field(default_factory=list)
+    stage_ms: dict[str, float] = field(default_factory=lambda: {"recall": 0.0, "rank": 0.0, "rerank": 0.0})
 
 
 class AdPipeline:
@@ -166,7 +182,6 @@ class AdPipeline:
                     cat.category[rows],
                     req.slot,
                     hour,
-                    np.zeros(rows.shape[0], dtype=np.int64),
                     self.settings.state_dim,
                 ),
             )
@@ -204,19 +219,16 @@ class AdPipeline:
         return out
 
     # -- rerank -------------------------------------------------------------------------
-    def finish(
-        self,
-        req: AdRequest,
-        request_id: str,
-        rows: np.ndarray,
-        pctr: np.ndarray,
-        rung: Rung,
-        stage_ms: dict[str, float],
-        now: datetime,
-        with_adapters: bool,
-        arm: int = CANDIDATE,
-    ) -> tuple[AdResponse, list[Impression], np.ndarray, np.ndarray]:
-        """Rerank candidates and build the response and its impression events."""
+    def finish(self, ctx: RequestContext) -> tuple[AdResponse, list[Impression], np.ndarray, np.ndarray]:
+        """Rerank a request's candidates and build the response and its impression events."""
+        req, request_id, rows, pctr, rung, now = (
+            ctx.req,
+            ctx.request_id,
+            ctx.rows,
+            ctx.pctr,
+            ctx.rung,
+            ctx.now,
+        )
         cat = self.catalog
         day_fraction = (now.hour * 3600 + now.minute * 60 + now.second) / 86400.0
         pacing = pacing_factor(
@@ -236,7 +248,8 @@ class AdPipeline:
         chosen_pctr = np.clip(pctr[res.order], 0.0, 1.0)
         ads, imps = [], []
         model_version = self.rank.version
-        versions = self.adapter_versions(req.slot, chosen, arm) if with_adapters else [None] * len(chosen)
+        with_adapters = rung == "adapter"
+        versions = self.adapter_versions(req.slot, chosen, ctx.arm) if with_adapters else [None] * len(chosen)
         for pos, (row, p, score, price) in enumerate(
             zip(chosen, chosen_pctr, res.scores, res.prices, strict=True)
         ):
@@ -273,7 +286,7 @@ class AdPipeline:
             ads=ads,
             degraded=rung != "adapter",
             served_by=rung,
-            stage_ms=StageMs(**{k: round(max(v, 0.0), 3) for k, v in stage_ms.items()}),
+            stage_ms=StageMs(**{k: round(max(v, 0.0), 3) for k, v in ctx.stage_ms.items()}),
             model_version=model_version,
             adapter_version=top_adapter,
         )

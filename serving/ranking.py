@@ -71,11 +71,11 @@ def build_input(
     cand_category: np.ndarray,
     slot: str,
     hour: int,
-    rows: np.ndarray,
     state_dim: int,
 ) -> RankInput:
     """Tensors for n candidates of one user, column for column as `trainers.features.featurize`
-    builds them (position 0: rank scores every candidate as if at the top)."""
+    builds them (position 0: rank scores every candidate as if at the top). Bank rows start at
+    0 (the base model); `AdPipeline.adapter_rows` fills them for the adapter rung."""
     n = cand_ids.shape[0]
     dense = np.zeros((n, state_dim + N_EXTRA_DENSE), dtype=np.float32)
     vec = np.asarray(user_vector, dtype=np.float32)[:state_dim]
@@ -88,7 +88,7 @@ def build_input(
     ids[:, 4] = SLOT_INDEX[slot]
     ids[:, 5] = 0
     ids[:, 6] = hour
-    return RankInput(torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(rows.astype(np.int64)))
+    return RankInput(torch.from_numpy(dense), torch.from_numpy(ids), torch.zeros(n, dtype=torch.int64))
 
 
 class RankModel:

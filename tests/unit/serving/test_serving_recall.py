@@ -14,7 +14,7 @@ from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
 from serving.catalog import Catalog
 from serving.index import ExactIndex
-from serving.pipeline import AdPipeline, UserView, content_vectorizer
+from serving.pipeline import AdPipeline, RequestContext, UserView, content_vectorizer
 from serving.ranking import RankModel, build_input
 from trainers.features import featurize
 from trainers.ranker import Ranker, RankerConfig
@@ -68,7 +68,6 @@ def test_rank_features_match_trainers_featurize() -> None:
         cat.category[rows],
         "search",
         7,
-        np.zeros(5, dtype=np.int64),
         16,
     )
 
@@ -152,7 +151,8 @@ def test_cold_user_uses_context_and_finish_builds_response_and_impressions() -> 
     assert rec.rank_input is not None
     pctr = pipe.rank.score([rec.rank_input], use_adapters=False)[0]
     stage = {"recall": 1.0, "rank": 2.0, "rerank": 0.0}
-    resp, imps, chosen, cost = pipe.finish(req, "req1", rec.rows, pctr, "base_model", stage, TS, False)
+    ctx = RequestContext(req, "req1", TS, rung="base_model", rows=rec.rows, pctr=pctr, stage_ms=stage)
+    resp, imps, chosen, cost = pipe.finish(ctx)
     assert len(resp.ads) == 4 and resp.degraded and resp.served_by == "base_model"
     assert [i.event_id for i in imps] == [f"req1/{p}" for p in range(4)]
     assert all(i.model_version == pipe.rank.version and i.request_id == "req1" for i in imps)
