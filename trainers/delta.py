@@ -296,30 +296,33 @@ def decode_delta(payload: bytes, modules: Sequence[str] | None = None) -> dict[s
         groups.setdefault(module, {})[part] = tensor
     if not groups:
         raise AdapterError("payload holds no tensors")
-    parts: dict[str, DeltaPart] = {}
-    for m, g in sorted(groups.items()):
-        missing = [p for p in _PARTS if p not in g]
-        if missing:
-            raise AdapterError(f"payload module {m!r} lacks tensor(s) {missing}")
-        dirs, a, b = g["dirs"], g["lora_A"], g["lora_B"]
-        if dirs.dtype != torch.int64 or dirs.dim() != 1:
-            raise AdapterError(f"tensor '{m}.dirs' must be int64 [k] (got {dirs.dtype} {list(dirs.shape)})")
-        for name, t in (("lora_A", a), ("lora_B", b)):
-            if t.dtype != torch.float32 or t.dim() != 2:
-                raise AdapterError(f"tensor '{m}.{name}' must be float32 2-d (got {t.dtype} {list(t.shape)})")
-            if not torch.isfinite(t).all():
-                raise AdapterError(f"tensor '{m}.{name}' has non-finite values; the delta seems to be broken")
-        k = dirs.numel()
-        if k == 0:
-            raise AdapterError(f"tensor '{m}.dirs' is empty; a module in a delta must change a direction")
-        if a.shape[0] != k or b.shape[1] != k:
-            raise AdapterError(
-                f"module {m!r}: {k} dirs but lora_A has {a.shape[0]} rows and lora_B {b.shape[1]} columns"
-            )
-        if torch.unique(dirs).numel() != k:
-            raise AdapterError(f"tensor '{m}.dirs' has repeated directions {dirs.tolist()}")
-        parts[m] = DeltaPart(dirs, a, b)
-    return parts
+    return {m: _module_part(m, g) for m, g in sorted(groups.items())}
+
+
+def _module_part(m: str, g: Mapping[str, torch.Tensor]) -> DeltaPart:
+    """One module's (dirs, lora_A, lora_B) of a payload, checked: dtypes, shapes, finite values,
+    distinct directions; AdapterError naming the tensor otherwise."""
+    missing = [p for p in _PARTS if p not in g]
+    if missing:
+        raise AdapterError(f"payload module {m!r} lacks tensor(s) {missing}")
+    dirs, a, b = g["dirs"], g["lora_A"], g["lora_B"]
+    if dirs.dtype != torch.int64 or dirs.dim() != 1:
+        raise AdapterError(f"tensor '{m}.dirs' must be int64 [k] (got {dirs.dtype} {list(dirs.shape)})")
+    for name, t in (("lora_A", a), ("lora_B", b)):
+        if t.dtype != torch.float32 or t.dim() != 2:
+            raise AdapterError(f"tensor '{m}.{name}' must be float32 2-d (got {t.dtype} {list(t.shape)})")
+        if not torch.isfinite(t).all():
+            raise AdapterError(f"tensor '{m}.{name}' has non-finite values; the delta seems to be broken")
+    k = dirs.numel()
+    if k == 0:
+        raise AdapterError(f"tensor '{m}.dirs' is empty; a module in a delta must change a direction")
+    if a.shape[0] != k or b.shape[1] != k:
+        raise AdapterError(
+            f"module {m!r}: {k} dirs but lora_A has {a.shape[0]} rows and lora_B {b.shape[1]} columns"
+        )
+    if torch.unique(dirs).numel() != k:
+        raise AdapterError(f"tensor '{m}.dirs' has repeated directions {dirs.tolist()}")
+    return DeltaPart(dirs, a, b)
 
 
 def _check_parts(state: AdapterState, parts: Mapping[str, DeltaPart]) -> None:

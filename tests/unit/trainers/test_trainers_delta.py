@@ -208,7 +208,7 @@ def test_seq_gap_stale_and_identity_checks() -> None:
 
 
 def test_garbage_payload_and_empty_delta() -> None:
-    with pytest.raises(AdapterError, match="not valid safetensors|header"):
+    with pytest.raises(AdapterError, match=r"not valid safetensors|header"):
         decode_delta(b"\x00\x01garbage")
     with pytest.raises(AdapterError, match="at least one"):
         encode_delta({})
