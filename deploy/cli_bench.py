@@ -178,7 +178,7 @@ def register(app: typer.Typer) -> None:
             json.dumps({"machine": machine(), "runs": rows}, indent=2) + "\n"
         )
         console.print(out.read_text())
-        if any(not r["status"].startswith(("ok", "skipped")) for r in rows):
+        if any(not str(r["status"]).startswith(("ok", "skipped")) for r in rows):
             raise typer.Exit(1)
 
     def _one(name: str) -> None:

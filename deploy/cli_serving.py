@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -83,7 +84,7 @@ def start(settings: Settings, name: str = "adstream", throughput_optimized: bool
     # the stack's key file exists before they start, so trainer and replicas share one key
     resolve_signing_key(settings)
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     serve.start(http_options={"host": settings.http_host, "port": settings.http_port})
     serve.run(build_app(settings, StreamsUserCodec(settings)), name=name, route_prefix="/", blocking=False)
     proxy = f"http://{settings.http_host}:{settings.http_port}"
@@ -159,7 +160,7 @@ def serve_cmd(
     import ray
     from ray import serve
 
-    serve.shutdown()
+    serve.shutdown()  # type: ignore[no-untyped-call]  # ray ships it untyped
     ray.shutdown()
 
 

@@ -46,9 +46,7 @@ async def produce_lines(settings: Settings, topic: str, lines: Iterable[bytes]) 
 
     report = ProduceReport()
     model_for_topic(topic)  # fail before connecting when the topic is not a contract topic
-    producer = AIOKafkaProducer(
-        **kafka_args(settings), linger_ms=5, max_batch_size=256 * 1024, acks=1
-    )
+    producer = AIOKafkaProducer(**kafka_args(settings), linger_ms=5, max_batch_size=256 * 1024, acks=1)
     try:
         await producer.start()
     except KafkaError as exc:

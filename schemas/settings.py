@@ -217,10 +217,14 @@ class Settings(BaseSettings):
     serve_consume_deltas: bool = Field(True, description="Replicas follow ad.adapter-deltas and ad.catalog")
     serve_catalog_file: Path | None = Field(None, description="JSON lines of AdCreative loaded at start")
     serve_adapter_max_drift: float = Field(
-        100.0, gt=0, description="Bound on how far (L2 of A, B) live deltas move an adapter from its promoted version"
+        100.0,
+        gt=0,
+        description="Bound on how far (L2 of A, B) live deltas move an adapter from its promoted version",
     )
     serve_delta_replay_s: float = Field(
-        3600.0, ge=0, description="A starting replica reads adapter deltas this far back (older ones: snapshots)"
+        3600.0,
+        ge=0,
+        description="A starting replica reads adapter deltas this far back (older ones: snapshots)",
     )
     serve_catalog_max_ads: int = Field(
         1_000_000, ge=1, description="Ads a replica's catalog holds; when full, inactive ads' rows are reused"

@@ -126,8 +126,8 @@ class MarketData:
         cause = self.conv["cause"]
         val = self.conv["value"]
         direct = cause >= 0
-        credit = np.bincount(cause[direct], minlength=k).astype(float)
-        value = np.bincount(cause[direct], weights=val[direct], minlength=k)
+        credit: np.ndarray = np.bincount(cause[direct], minlength=k).astype(np.float64)
+        value: np.ndarray = np.bincount(cause[direct], weights=val[direct], minlength=k).astype(np.float64)
         syn = cause == -2
         for j in (0, 1):
             ch = self.synergy_channels[syn, j]
@@ -139,7 +139,8 @@ class MarketData:
         """Spend per channel (served impressions × price)."""
         price = np.array([c.price for c in self.config.campaigns for _ in SLOTS])
         served = ~self.imp["holdout"]
-        return np.bincount(self.imp["channel"][served], minlength=len(self.channels)) * price
+        counts = np.bincount(self.imp["channel"][served], minlength=len(self.channels))
+        return np.asarray(counts * price, dtype=np.float64)
 
     @property
     def n_events(self) -> int:
