@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -43,7 +44,14 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
     from aiokafka import AIOKafkaProducer
 
     from schemas import codec, topics
-    from trainers.delta import AdapterState, empty_state, make_delta, select_parts
+    from trainers.delta import (
+        AdapterState,
+        empty_state,
+        make_delta,
+        resolve_signing_key,
+        select_parts,
+        sign_delta,
+    )
     from trainers.lora import target_shapes
     from trainers.ranker import load_checkpoint
 
@@ -51,6 +59,7 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
     shapes = target_shapes(model, settings.lora_targets)  # type: ignore[attr-defined]
     states = {s: empty_state(s, version, shapes, settings.lora_rank) for s in slots}  # type: ignore[attr-defined]
     gen = torch.Generator().manual_seed(0)
+    key = resolve_signing_key(settings)  # type: ignore[arg-type]  # replicas apply only signed deltas
     msgs = []  # made before the load, so that publishing costs the machine next to nothing
     for i in range(swaps):
         slot = slots[i % len(slots)]
@@ -63,7 +72,8 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
             else:
                 new[k][:, d] = torch.randn(new[k].shape[0], generator=gen) * 0.1
         parts = select_parts(new, {m: torch.tensor([d]) for m in st.modules})
-        msgs.append((slot, codec.encode(make_delta(st, parts, st.seq + 1))))
+        delta = make_delta(st, parts, st.seq + 1)
+        msgs.append((slot, codec.encode(sign_delta(delta, key) if key else delta)))
         states[slot] = AdapterState(slot, version, st.rank, st.seq + 1, new)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)  # type: ignore[attr-defined]
     await producer.start()
@@ -113,6 +123,7 @@ def main() -> None:
         canary_share=1.0,
         topic_prefix=f"hotswap{run}.",
         redis_prefix=f"adstream-bench:{run}:",
+        admin_token=secrets.token_urlsafe(24),  # admin routes refuse a default token
     )
     create_topics(settings)
     warm_users(settings, 5000, catalog)
@@ -134,7 +145,8 @@ def main() -> None:
         th.join()
         time.sleep(1.0)
         metrics = client.get("/metrics").text
-        adapters = client.get("/v1/adapters").json()
+        admin = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"}
+        adapters = client.get("/v1/adapters", headers=admin).json()
     finally:
         serve.shutdown()
         ray.shutdown()
