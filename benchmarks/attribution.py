@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 import uuid
@@ -45,6 +44,7 @@ from attribution.models.shapley import shapley  # noqa: E402
 from attribution.paths import Paths, Window, build_paths  # noqa: E402
 from attribution.sql import DriverBackend  # noqa: E402
 from attribution.truth import check_market  # noqa: E402
+from deploy.machine import machine  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from workloads.attribution_market import (  # noqa: E402
     AttributionMarketConfig,
@@ -60,19 +60,6 @@ GOALS = {
     "models_100k_paths_s": ("<=", 2.0),
     "shapley_1m_paths_s": ("<=", 5.0),
 }
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def synthetic_paths(n: int, channels: int, lo: int, hi: int, seed: int, nulls: bool) -> Paths:

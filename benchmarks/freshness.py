@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -82,17 +81,7 @@ class Trial:
     error: str | None = None
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+from deploy.machine import machine  # CPU model, cores, load: one definition for every benchmark
 
 
 def tracked_users(n: int, share: float) -> list[str]:

@@ -424,14 +424,9 @@ def obd_stream(settings: Settings, campaign: str, warm_share: float) -> dict[str
 
 def machine() -> dict[str, Any]:
     """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from deploy.machine import cpu_model
+
+    model = cpu_model()
     return {
         "cpu": model,
         "cores": os.cpu_count(),

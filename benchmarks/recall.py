@@ -61,14 +61,9 @@ def make_data(args: argparse.Namespace, rng: np.random.Generator) -> tuple[np.nd
 
 
 def machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from deploy.machine import cpu_model
+
+    model = cpu_model()
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version()}
 
 

@@ -12,8 +12,6 @@ are; the table goes there too.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -21,6 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from deploy.machine import machine
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 # small sizes for `bench all --quick` (a smoke run of every benchmark, minutes in all)
@@ -58,19 +58,6 @@ NEEDS_GPU = {"gpu_check"}
 def benchmarks() -> list[str]:
     """Names of the benchmark scripts (every `benchmarks/*.py`)."""
     return sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_"))
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def headline(result: dict[str, Any], n: int = 6) -> str:
