@@ -305,6 +305,7 @@ def run_demo(
     from deploy.stack import create_topics
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll would bury the view
+    market_config(spec, history=False)  # a bad --drift-mode etc. fails now, not after training
     demo = Demo(spec, settings, say)
     s = demo.settings
     create_topics(s)

@@ -57,3 +57,15 @@ def test_report_files_and_every_quality_series_named(tmp_path: Path) -> None:
     assert "+0.070" in " ".join(report["explanation"])  # served − taste-blind, measured
     assert len(json.loads((tmp_path / "report.json").read_text())["samples"]) == 40
     assert markdown(report).startswith("# adstream demo")
+
+
+def test_a_bad_market_option_fails_before_anything_starts(tmp_path: Path) -> None:
+    import pytest
+
+    from deploy.demo import DemoSpec, run_demo
+    from schemas.errors import ConfigError
+    from schemas.settings import Settings
+
+    with pytest.raises(ConfigError, match="drift_mode='bogus'"):
+        run_demo(DemoSpec(drift_mode="bogus"), Settings(state_dir=tmp_path), print)
+    assert not (tmp_path / "demo").exists()  # no run folder, no topics, no processes
