@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 GC_GEN0 = 50_000
 FEED_EVERY = 500  # records handed to the pipeline at once (the timer drains the rest)
+PRODUCE_BATCH_BYTES = 512 * 1024  # the producer's batch per partition (aiokafka's default: 16 KiB)
 
 
 class Runtime:
@@ -57,6 +58,7 @@ class Runtime:
         self.pipeline: Pipeline | None = None
         self.producer: AIOKafkaProducer | None = None
         self._started = asyncio.Lock()
+        self._enqueue = asyncio.Lock()  # one sender at a time inside the producer (see _send)
 
     async def start(self) -> Pipeline:
         async with self._started:
@@ -67,7 +69,11 @@ class Runtime:
             s = self.settings
             # acks=all: a record is durable once the broker's in-sync replicas have it, so a
             # leader failover cannot lose dead letters or examples whose offsets were committed
-            self.producer = AIOKafkaProducer(**kafka_args(s), linger_ms=5, acks="all")
+            # large batches: a commit produces thousands of examples at once (one request per
+            # partition instead of one per 16 KiB)
+            self.producer = AIOKafkaProducer(
+                **kafka_args(s), linger_ms=5, acks="all", max_batch_size=PRODUCE_BATCH_BYTES
+            )
             await self.producer.start()
             redis_client = aioredis.Redis.from_url(**redis_args(s))
             store = RedisStateStore(redis_client, s.redis_prefix, s.user_state_ttl_s)
@@ -93,8 +99,17 @@ class Runtime:
         m.EVENTS_OUT.labels(topics.DLQ).inc(len(dead))
 
     async def _send(self, topic: str, key: bytes, value: bytes) -> Any:
+        """Enqueue one message, then wait for its delivery.
+
+        Enqueueing is serialised: a commit sends thousands of messages concurrently, and aiokafka
+        wakes EVERY sender blocked on a full batch whenever one batch drains (each retries, one
+        fits), so n concurrent senders cost O(n²) wake-ups — minutes of CPU for a 15,000-example
+        batch. Behind a lock only one sender waits inside the producer; deliveries still overlap.
+        """
         assert self.producer is not None
-        return await (await self.producer.send(topic, value=value, key=key))
+        async with self._enqueue:
+            delivery = await self.producer.send(topic, value=value, key=key)
+        return await delivery
 
     def _caught_up(self, topic: str, partition: int, last_seen: int | None) -> bool:
         """Whether an input partition has nothing more to read right now (its high watermark)."""
