@@ -1,25 +1,28 @@
 """The Faust app of the streams worker (`adstream worker`): a thin shell around `Pipeline`.
 
-One agent consumes the four user-event topics as raw bytes (co-partitioned by `user_id`) with
-manual acks: a record is acked only after its batch is committed to ClickHouse, Kafka and Redis,
+The four user-event topics (co-partitioned by `user_id`) are read as raw bytes in whole fetched
+batches through Faust's own consumer (`streams.faust_intake`: Faust's fetch loop hands each
+batch to the pipeline instead of delivering records one by one through an agent's stream, whose
+per-record Event, queue, future and ack cost more than everything the pipeline does with a
+record). Records are acked only after their batch is committed to ClickHouse, Kafka and Redis,
 so Faust's committed offsets never pass the offsets stored in Redis. A task follows `ad.catalog`
-from the beginning with a plain consumer (every worker needs the whole catalog) and the agent
-waits until the catalog is read to its end before touching user state.
+from the beginning with a plain consumer (every worker needs the whole catalog) and no batch
+touches user state before the catalog is read to its end.
 
 Why no Faust tables: user state, pending labels and the last applied offset of every input
 partition live in Redis, written in ONE MULTI/EXEC per batch (`streams.store`); records at or below
 the stored offset are skipped on restart (decision and evidence: docs/decisions/0001-user-state-in-redis.md).
 
 Faust provides the consumer group, a co-partitioned assignment (partition p of every input on
-one worker), offset commits (never past Redis: records are acked only after their batch
-is committed) and the worker lifecycle. `adstream worker --engine aiokafka` runs the same pipeline
-on a bare aiokafka consumer group (throughput figures: benchmarks/results/streams.json).
+one worker), the rebalance protocol and its callbacks, offset commits on its timer (never past
+Redis), the monitor and the worker lifecycle; a timer releases and commits what is due.
+`adstream worker --engine aiokafka` runs the same pipeline on a bare aiokafka consumer group
+(throughput of both, and of a bare Faust agent: benchmarks/results/streams.json).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import faust
@@ -27,20 +30,17 @@ import faust
 from schemas import topics
 from schemas.clients import faust_args
 from schemas.settings import Settings
-from streams.pipeline import RawRecord
-from streams.runtime import FEED_EVERY, Runtime
+from streams.faust_intake import BatchConsumer, install
+from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-
-def _ack(handles: Iterable[Any]) -> None:
-    for h in handles:
-        if h is not None:
-            h.ack()
+FETCH_RECORDS = 5000  # records per fetch (Faust's default: 500)
+FETCH_BYTES = 4 * 1024 * 1024  # per partition and fetch (Faust's default: 1 MiB)
 
 
 def create_app(settings: Settings) -> faust.App:
-    """The Faust app: one raw-bytes agent over the user-event topics, a catalog task, a timer."""
+    """The Faust app: the user-event topics read in batches, a catalog task, a timer."""
     s = settings
     (s.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -53,10 +53,17 @@ def create_app(settings: Settings) -> faust.App:
         broker_session_timeout=10,
         broker_heartbeat_interval=1,
         broker_commit_interval=1.0,
+        broker_max_poll_records=FETCH_RECORDS,
+        consumer_max_fetch_size=FETCH_BYTES,
         datadir=str(s.state_dir / "faust"),
-        stream_buffer_maxsize=65536,
     )
-    rt = Runtime(s, lambda: app.consumer, _ack)
+
+    def ack(handles: Any) -> None:
+        consumer = app.consumer
+        assert isinstance(consumer, BatchConsumer)
+        consumer.ack_through(handles)
+
+    rt = Runtime(s, lambda: app.consumer, ack)
     app.runtime = rt  # type: ignore[attr-defined]
     parts = s.topic_partitions or topics.TOPICS_BY_NAME[topics.IMPRESSIONS].partitions
     source = app.topic(
@@ -68,28 +75,17 @@ def create_app(settings: Settings) -> faust.App:
         key_serializer="raw",
         partitions=parts,
     )
-
-    @app.agent(source)
-    async def ingest(stream: faust.StreamT[bytes]) -> None:
-        await rt.start()
-        await rt.catalog_ready.wait()
-        async for event in stream.noack().events():  # type: ignore[attr-defined]
-            msg = event.message
-            rt.incoming.append(
-                RawRecord(msg.topic, msg.partition, msg.offset, msg.value, int(msg.timestamp * 1000), event)
-            )
-            if len(rt.incoming) >= FEED_EVERY:
-                await rt.drain()
+    app.topics.add(source)  # subscribed by Faust's conductor; read by the batch intake
+    install(app, rt.feed)
 
     @app.task  # type: ignore[untyped-decorator]
     async def catalog() -> None:
+        await rt.start()
         await rt.follow_catalog()
 
     @app.timer(interval=0.1)  # type: ignore[untyped-decorator]
     async def tick() -> None:
-        if rt.catalog_ready.is_set():
-            await rt.drain()
-            rt.update_lag()
+        await rt.tick()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: faust.App, revoked: set[Any], **_: Any) -> None:

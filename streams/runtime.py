@@ -36,7 +36,6 @@ from streams.store import RedisStateStore
 log = logging.getLogger(__name__)
 
 GC_GEN0 = 50_000
-FEED_EVERY = 500  # records handed to the pipeline at once (the timer drains the rest)
 PRODUCE_BATCH_BYTES = 512 * 1024  # the producer's batch per partition (aiokafka's default: 16 KiB)
 
 
@@ -54,7 +53,6 @@ class Runtime:
         self.settings = settings
         self.catalog = Catalog(settings.state_dim)
         self.catalog_ready = asyncio.Event()
-        self.incoming: list[RawRecord] = []
         self.pipeline: Pipeline | None = None
         self.producer: AIOKafkaProducer | None = None
         self._started = asyncio.Lock()
@@ -147,19 +145,20 @@ class Runtime:
         for base, n in lag.items():
             m.LAG.labels(base).set(n)
 
-    async def drain(self) -> None:
+    async def feed(self, records: list[RawRecord]) -> None:
+        """Hand consumed records to the pipeline (once the catalog is read to its end)."""
         pipeline = await self.start()
-        batch, self.incoming = self.incoming, []
-        if batch:
-            try:
-                await pipeline.feed(batch)
-            except BaseException:
-                # the feed did not take them (it stages records before the merge sees any):
-                # keep them, or later offsets would pass records never applied
-                self.incoming[:0] = batch
-                raise
-        else:
+        await self.catalog_ready.wait()
+        await pipeline.feed(records)
+
+    async def tick(self) -> None:
+        """The timer: release what became certain, commit a due batch, update the lag gauges.
+
+        Skipped while a feed (or another tick) holds the pipeline: that one does the same."""
+        pipeline = self.pipeline
+        if self.catalog_ready.is_set() and pipeline is not None and not pipeline.lock.locked():
             await pipeline.tick()
+            self.update_lag()
 
     async def follow_catalog(self) -> None:
         """Read `ad.catalog` from the beginning; set `catalog_ready` at its end; keep following."""
