@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from deploy.machine import describe, machine
 from schemas.settings import Settings
 from streams.offline import training_examples
 from trainers.delta import encode_delta, select_parts
@@ -47,6 +47,8 @@ from trainers.ranker import Ranker, RankerConfig
 from workloads import Market, MarketConfig
 
 OUT = Path(__file__).parent / "results" / "dw_step.json"
+GOAL_P99_MS = 8.0  # learn() at micro-batch 256 on 2 cores
+GOAL_RATIO = 1.5  # learn() / core step (P50): featurize, guards and encode cheap beside the step
 
 
 def _examples(n: int) -> list[Any]:
@@ -103,6 +105,7 @@ def measure(
     spec = OnlineSpec(min_step_examples=1)
     trainer = OnlineTrainer(bank, spec)
     batches = [exs[i : i + args.batch] for i in range(0, len(exs), args.batch)]
+    batches = [b for b in batches if len(b) == args.batch]
     full, sizes = [], []
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
@@ -136,6 +139,7 @@ def measure(
         "core_mean_ms": c["mean_ms"],
         "delta_payload_bytes_mean": float(np.mean(sizes)) if sizes else 0.0,
         "deltas_per_step": len(sizes) / args.steps,
+        "resets": trainer.counts["resets"],
     }
 
 
@@ -155,7 +159,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     settings = Settings()
-    exs = _examples(args.batch * 8)
+    # one pass over a stream long enough for every step: cycling a few batches would score each
+    # impression's fake negative after learning its click, drive the rolling AUC below the base
+    # and time adapter resets that the live path does not do
+    exs = _examples(args.batch * (args.warmup + args.steps))
     load_before = os.getloadavg()[0]
     targets = tuple(settings.lora_targets)
     runs = [
@@ -180,14 +187,26 @@ def main() -> None:
         "device": args.device,
         "lora_rank": settings.lora_rank,
         "lora_targets": list(settings.lora_targets),
-        "claimed_ms": 8.0,
+        "learn_to_core_p50": best["p50_ms"] / best["core_p50_ms"],
+        "learn_to_core_p99": best["p99_ms"] / best["core_p99_ms"],
+        "resets": best["resets"],
+        "goal_p99_ms": GOAL_P99_MS,
+        "goal_learn_to_core": GOAL_RATIO,
+        "goal_met": best["p99_ms"] <= GOAL_P99_MS and best["p50_ms"] / best["core_p50_ms"] <= GOAL_RATIO,
         "load_average_1m_before": load_before,
-        "cpu_count": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": machine(),
         "torch": torch.__version__,
     }
-    table = Table(title=f"ΔW step, micro-batch {args.batch}, {args.device} (load avg {load_before:.1f})")
-    for col in ("threads (targets)", "learn() P50", "learn() P99", "core P50", "core P99", "delta B"):
+    table = Table(title=f"ΔW step, micro-batch {args.batch}, {args.device} ({describe()})")
+    for col in (
+        "threads (targets)",
+        "learn() P50",
+        "learn() P99",
+        "core P50",
+        "core P99",
+        "learn/core",
+        "delta B",
+    ):
         table.add_column(col)
     for r in runs + ([also] if also else []):
         table.add_row(
@@ -196,12 +215,15 @@ def main() -> None:
             f"{r['p99_ms']:.2f}",
             f"{r['core_p50_ms']:.2f}",
             f"{r['core_p99_ms']:.2f}",
+            f"{r['p50_ms'] / r['core_p50_ms']:.2f}",
             f"{r['delta_payload_bytes_mean']:.0f}",
         )
     Console().print(table)
     Console().print(
         "learn() = featurize + LoRA fwd (progressive score) + base fwd + bwd + optimiser + guards + "
-        "sparsify + encode; core = fwd + bwd on LoRA + sparsify + encode. Published designs claim ≤ 8 ms."
+        "sparsify + encode; core = fwd + bwd on LoRA + sparsify + encode. "
+        f"Goals: learn() P99 ≤ {GOAL_P99_MS:g} ms, learn()/core (P50) ≤ {GOAL_RATIO:g}: "
+        f"{'met' if result['goal_met'] else 'NOT met'}."
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

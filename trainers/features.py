@@ -49,8 +49,10 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
 
 from schemas.errors import SchemaError
@@ -122,51 +124,93 @@ def stable_bucket(value: str, buckets: int, salt: str) -> int:
     return int.from_bytes(digest, "little") % buckets
 
 
-def _row_ids(ex: RankerInput, cfg: RankerConfig) -> list[int]:
-    slot = _SLOT_INDEX.get(ex.slot)
-    if slot is None:
-        raise SchemaError(f"field 'slot': unknown slot {ex.slot!r} (known: {', '.join(SLOTS)})")
-    if not 0 <= ex.hour <= 23:
-        raise SchemaError(f"field 'hour': must be 0 … 23 (got {ex.hour!r})")
-    if ex.position < 0:
-        raise SchemaError(f"field 'position': must be >= 0 (got {ex.position!r})")
-    return [
-        stable_bucket(ex.ad_id, cfg.ad_buckets, "ad"),
-        stable_bucket(ex.advertiser_id, cfg.advertiser_buckets, "advertiser"),
-        stable_bucket(ex.campaign_id, cfg.campaign_buckets, "campaign"),
-        stable_bucket(ex.category, cfg.category_buckets, "category"),
-        slot,
-        min(int(ex.position), cfg.max_position - 1),
-        int(ex.hour),
+class _Buckets:
+    """`stable_bucket` of one id column, memoised in a plain dict (a micro-batch looks up the same
+    few thousand ids again and again; an `lru_cache` call with three arguments costs ~3× a dict
+    hit). Bounded: cleared when it passes `limit` entries."""
+
+    __slots__ = ("buckets", "limit", "memo", "salt")
+
+    def __init__(self, buckets: int, salt: str, limit: int = 1 << 16) -> None:
+        self.buckets, self.salt, self.limit = buckets, salt, limit
+        self.memo: dict[str, int] = {}
+
+    def __call__(self, values: list[str]) -> list[int]:
+        memo = self.memo
+        out = [memo.get(v, -1) for v in values]
+        if -1 in out:
+            if len(memo) > self.limit:
+                memo.clear()
+            for i, v in enumerate(values):
+                if out[i] < 0:
+                    out[i] = memo[v] = stable_bucket(v, self.buckets, self.salt)
+        return out
+
+
+@lru_cache(maxsize=64)
+def _buckets(buckets: int, salt: str) -> _Buckets:
+    return _Buckets(buckets, salt)
+
+
+def _vectors(examples: Sequence[RankerInput], dim: int) -> np.ndarray:
+    vecs = [ex.user_vector for ex in examples]
+    if all(len(v) == dim for v in vecs):
+        flat = np.fromiter(chain.from_iterable(vecs), dtype=np.float32, count=len(vecs) * dim)
+        return flat.reshape(len(vecs), dim)
+    out = np.zeros((len(vecs), dim), dtype=np.float32)
+    for i, v in enumerate(vecs):
+        row = list(v)[:dim]
+        out[i, : len(row)] = row
+    return out
+
+
+def _ids(examples: Sequence[RankerInput], cfg: RankerConfig) -> np.ndarray:
+    slots = [_SLOT_INDEX.get(ex.slot, -1) for ex in examples]
+    if -1 in slots:
+        bad = examples[slots.index(-1)].slot
+        raise SchemaError(f"field 'slot': unknown slot {bad!r} (known: {', '.join(SLOTS)})")
+    hours = [ex.hour for ex in examples]
+    positions = [ex.position for ex in examples]
+    for h in hours:
+        if not 0 <= h <= 23:
+            raise SchemaError(f"field 'hour': must be 0 … 23 (got {h!r})")
+    for p in positions:
+        if p < 0:
+            raise SchemaError(f"field 'position': must be >= 0 (got {p!r})")
+    top = cfg.max_position - 1
+    cols = [
+        _buckets(cfg.ad_buckets, "ad")([ex.ad_id for ex in examples]),
+        _buckets(cfg.advertiser_buckets, "advertiser")([ex.advertiser_id for ex in examples]),
+        _buckets(cfg.campaign_buckets, "campaign")([ex.campaign_id for ex in examples]),
+        _buckets(cfg.category_buckets, "category")([ex.category for ex in examples]),
+        slots,
+        [min(int(p), top) for p in positions],
+        [int(h) for h in hours],
     ]
+    return np.array(cols, dtype=np.int64).T
 
 
 def featurize(examples: Sequence[RankerInput], cfg: RankerConfig) -> RankerBatch:
     """Tensors for a list of candidates; pure (inputs are only read), deterministic.
 
     Raises SchemaError naming the field for an unknown slot or an out-of-range hour/position.
+    Column-wise (one list per column, one array per block) rather than row by row: a micro-batch
+    of 256 featurizes in ~0.4 ms instead of ~2 ms (`benchmarks/dw_step.py`).
     """
     n, dim = len(examples), cfg.state_dim
-    dense = torch.zeros((n, dim + N_EXTRA_DENSE), dtype=torch.float32)
-    ids = torch.empty((n, len(ID_COLUMNS)), dtype=torch.int64)
-    labels: list[float] = []
-    id_rows: list[list[int]] = []
-    vec_rows: list[list[float]] = []
-    extra_rows: list[list[float]] = []
-    for ex in examples:
-        vec = list(ex.user_vector)[:dim]
-        vec_rows.append(vec + [0.0] * (dim - len(vec)))
-        rs = ex.recall_score
-        extra_rows.append([float(ex.intent_score), 0.0 if rs is None else float(rs), float(rs is not None)])
-        id_rows.append(_row_ids(ex, cfg))
-        click = getattr(ex, "click", None)
-        if click is not None:
-            labels.append(1.0 if click else 0.0)
-    if n:
-        dense[:, :dim] = torch.tensor(vec_rows, dtype=torch.float32)
-        dense[:, dim:] = torch.tensor(extra_rows, dtype=torch.float32)
-        ids[:] = torch.tensor(id_rows, dtype=torch.int64)
-    if not torch.isfinite(dense).all():
+    if not n:
+        return RankerBatch(
+            dense=torch.zeros((0, dim + N_EXTRA_DENSE), dtype=torch.float32),
+            ids=torch.empty((0, len(ID_COLUMNS)), dtype=torch.int64),
+        )
+    dense = np.empty((n, dim + N_EXTRA_DENSE), dtype=np.float32)
+    dense[:, :dim] = _vectors(examples, dim)
+    recall = [ex.recall_score for ex in examples]
+    dense[:, dim] = [ex.intent_score for ex in examples]
+    dense[:, dim + 1] = [0.0 if r is None else r for r in recall]
+    dense[:, dim + 2] = [r is not None for r in recall]
+    if not np.isfinite(dense).all():
         raise SchemaError("field 'intent_score'/'recall_score': every value must be finite")
-    label = torch.tensor(labels, dtype=torch.float32) if n and len(labels) == n else None
-    return RankerBatch(dense=dense, ids=ids, label=label)
+    clicks = [getattr(ex, "click", None) for ex in examples]
+    label = None if None in clicks else torch.tensor([1.0 if c else 0.0 for c in clicks])
+    return RankerBatch(dense=torch.from_numpy(dense), ids=torch.from_numpy(_ids(examples, cfg)), label=label)

@@ -45,7 +45,7 @@ from torch import nn
 from schemas.errors import AdapterError, ConfigError
 from schemas.settings import Settings
 from trainers.features import RankerBatch
-from trainers.ranker import Ranker
+from trainers.ranker import Ranker, additive_in_logit
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _PLACEHOLDER = "placeholder"  # PEFT needs one adapter at construction; it stays at B = 0
@@ -148,6 +148,22 @@ class AdapterBank:
         kinds = dict(base.named_modules())
         self.shapes: dict[str, tuple[int, int]] = {m: module_shape(kinds[m]) for m in self.modules}
         self.embedding_modules: list[str] = [m for m in self.modules if isinstance(kinds[m], nn.Embedding)]
+        # when every target only adds to the logit, one forward gives the adapted and the base
+        # logit (a second, frozen forward costs as much as the adapted one): hooks catch each
+        # target's output with and without its LoRA term
+        self.base_from_lora_forward = all(additive_in_logit(m) for m in self.modules)
+        self._capture: dict[str, list[torch.Tensor]] | None = None
+        if self.base_from_lora_forward:
+            for m, layer in self._layers.items():
+                layer.register_forward_hook(self._catch(m, 0))
+                layer.base_layer.register_forward_hook(self._catch(m, 1))
+
+    def _catch(self, module: str, which: int) -> Any:
+        def hook(_mod: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+            if self._capture is not None:  # a copy: a later in-place add must not reach it
+                self._capture[module][which] = output.detach().clone()
+
+        return hook
 
     @property
     def adapters(self) -> list[str]:
@@ -259,3 +275,24 @@ class AdapterBank:
             self._training = name
         out: torch.Tensor = self.model(batch.dense, batch.ids)
         return out
+
+    def train_logits_and_base(self, batch: RankerBatch, adapter_id: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """`train_logits(batch, adapter_id)` and the frozen base's logits of the same batch.
+
+        When every target is additive in the logit (`ranker.additive_in_logit`: the head and the
+        wide tables, the default targets) the base logit is the adapted one minus each target's
+        LoRA term, caught by hooks during the one forward (equal to `base_logits` up to float
+        rounding); otherwise the base runs its own forward."""
+        if not self.base_from_lora_forward:
+            return self.train_logits(batch, adapter_id), self.base_logits(batch)
+        n = len(batch)
+        self._capture = {m: [torch.empty(0), torch.empty(0)] for m in self.modules}
+        try:
+            logits = self.train_logits(batch, adapter_id)
+            captured = self._capture
+        finally:
+            self._capture = None
+        base = logits.detach().clone()
+        for adapted, plain in captured.values():
+            base -= (adapted - plain).reshape(n)
+        return logits, base

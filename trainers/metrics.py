@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,43 +33,77 @@ def logloss(probs: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndar
 
 
 class RollingMetrics:
-    """AUC and log loss over the last `window` (prediction, label) pairs."""
+    """AUC and log loss over the last `window` (prediction, label) pairs.
+
+    A ring of two numpy arrays with a running count of positives: the online trainer's guard
+    reads `count`, `positives` and `auc()` after every step, so none of them may copy the window
+    into Python lists (AUC does not depend on the order of the pairs, so the ring is never
+    rotated back into arrival order).
+    """
 
     def __init__(self, window: int) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self._p: deque[float] = deque(maxlen=window)
-        self._y: deque[int] = deque(maxlen=window)
+        self.window = window
+        self._p = np.zeros(window, dtype=np.float64)
+        self._y = np.zeros(window, dtype=np.int8)
+        self._next = 0  # slot the next pair goes to
+        self._count = 0
+        self._positives = 0
 
     def update(self, prob: float, label: int) -> None:
         """Add one scored example."""
-        self._p.append(float(prob))
-        self._y.append(int(label))
+        self.extend([prob], [label])
 
-    def extend(self, probs: Sequence[float], labels: Sequence[int]) -> None:
+    def extend(self, probs: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> None:
         """Add many scored examples."""
-        for p, y in zip(probs, labels, strict=True):
-            self.update(p, y)
+        p = np.asarray(probs, dtype=np.float64).reshape(-1)
+        y = (np.asarray(labels).reshape(-1) != 0).astype(np.int8)
+        if p.shape != y.shape:
+            raise ValueError(f"extend: {p.shape[0]} probabilities but {y.shape[0]} labels")
+        if len(p) > self.window:  # only the newest `window` pairs survive
+            p, y = p[-self.window :], y[-self.window :]
+        n = len(p)
+        if n == 0:
+            return
+        idx = (self._next + np.arange(n)) % self.window
+        if self._count == self.window:  # full: the overwritten pairs leave the window
+            self._positives -= int(self._y[idx].sum())
+        else:
+            evicted = max(0, self._count + n - self.window)
+            if evicted:  # the first `evicted` slots written wrap onto the oldest pairs
+                self._positives -= int(self._y[idx[n - evicted :]].sum())
+        self._p[idx] = p
+        self._y[idx] = y
+        self._positives += int(y.sum())
+        self._next = int((self._next + n) % self.window)
+        self._count = min(self.window, self._count + n)
 
     @property
     def count(self) -> int:
         """Pairs currently in the window."""
-        return len(self._p)
+        return self._count
 
     @property
     def positives(self) -> int:
         """Positive labels currently in the window."""
-        return sum(self._y)
+        return self._positives
+
+    def _view(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._count == self.window:
+            return self._p, self._y
+        return self._p[: self._count], self._y[: self._count]
 
     def auc(self) -> float:
         """AUC of the window (NaN with one class only)."""
-        return auc(list(self._p), list(self._y))
+        p, y = self._view()
+        return auc(p, y)
 
     def logloss(self) -> float:
         """Log loss of the window (NaN when empty)."""
-        return logloss(list(self._p), list(self._y))
+        p, y = self._view()
+        return logloss(p, y)
 
     def clear(self) -> None:
         """Forget everything (after an adapter reset)."""
-        self._p.clear()
-        self._y.clear()
+        self._next = self._count = self._positives = 0

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -294,19 +294,22 @@ class OnlineTrainer:
         `offsets[i]` is `(partition, offset)` of `examples[i]` on the input topic (recorded per
         adapter once learned, for restart); omit it in replay mode.
         """
+        groups: dict[str, list[int]] = defaultdict(list)  # adapter → positions, in order
         for i, ex in enumerate(examples):
-            if ex.adapter_id not in self.runs and len(self.runs) >= self.spec.max_adapters:
+            groups[ex.adapter_id].append(i)
+        for adapter_id, index in groups.items():
+            if adapter_id not in self.runs and len(self.runs) >= self.spec.max_adapters:
                 if not self.counts["adapter_limit"]:
                     log.warning(
                         "trainer holds %d adapters (trainer_max_adapters): examples of new ones "
-                        "such as %r are skipped (counted: adapter_limit)", len(self.runs), ex.adapter_id,
+                        "such as %r are skipped (counted: adapter_limit)", len(self.runs), adapter_id,
                     )  # fmt: skip
-                self.counts["adapter_limit"] += 1
+                self.counts["adapter_limit"] += len(index)
                 continue
-            run = self.run_for(ex.adapter_id)
-            run.buffer.append(ex)
+            run = self.run_for(adapter_id)
+            run.buffer += [examples[i] for i in index]
             if offsets is not None:
-                run.buffer_offsets.append(offsets[i])
+                run.buffer_offsets += [offsets[i] for i in index]
         out: list[AdapterDelta] = []
         for run in list(self.runs.values()):
             if not run.buffer or (len(run.buffer) < self.spec.min_step_examples and not flush):
@@ -340,10 +343,10 @@ class OnlineTrainer:
         assert batch.label is not None
         before = self._state(run)
         run.optimizer.zero_grad(set_to_none=True)
-        logits = self.bank.train_logits(batch, run.adapter_id)
-        base_p = torch.sigmoid(self.bank.base_logits(batch))
+        logits, base_logits = self.bank.train_logits_and_base(batch, run.adapter_id)
+        base_p = torch.sigmoid(base_logits)
         online_p = torch.sigmoid(logits.detach())
-        self._record(run, online_p, base_p, batch.label, [e.impression_id for e in examples])
+        self._record(run, online_p, base_p, batch.label, examples)
         fake = torch.tensor([e.label_kind != "final" for e in examples], device=logits.device)
         loss = click_loss(logits, batch.label, fake, self.spec.fn_loss)
         if not torch.isfinite(loss):
@@ -360,9 +363,17 @@ class OnlineTrainer:
             return self._drop(run, before, "non_finite_gradient")
         run.optimizer.step()
         after = self._state(run)
-        if not all(torch.isfinite(t).all() for t in after.values()):
+        keys = list(after)
+        # one fused pass: a weight's norm is finite only when all its entries are
+        norms = torch.stack(
+            [
+                *torch._foreach_norm([after[k] for k in keys]),
+                *torch._foreach_norm(torch._foreach_sub([after[k] for k in keys], [before[k] for k in keys])),
+            ]
+        ).tolist()
+        if not all(math.isfinite(v) for v in norms[: len(keys)]):
             return self._drop(run, before, "non_finite_weights")
-        step_norm = math.sqrt(sum(float((after[k] - before[k]).pow(2).sum()) for k in after))
+        step_norm = math.sqrt(sum(v * v for v in norms[len(keys) :]))
         if step_norm > self.spec.max_norm:
             return self._drop(run, before, "oversized")
         run.counts["steps"] += 1
@@ -373,17 +384,22 @@ class OnlineTrainer:
         return delta
 
     def _record(
-        self, run: AdapterRun, online: torch.Tensor, base: torch.Tensor, label: torch.Tensor, ids: list[str]
+        self,
+        run: AdapterRun,
+        online: torch.Tensor,
+        base: torch.Tensor,
+        label: torch.Tensor,
+        examples: Sequence[TrainingExample],
     ) -> None:
-        o, b, y = online.tolist(), base.tolist(), [int(v) for v in label.tolist()]
+        o, b, y = online.numpy(), base.numpy(), label.numpy()
         run.online.extend(o, y)
         run.base.extend(b, y)
         if self.log is not None:
-            self.log.online += o
-            self.log.base += b
-            self.log.labels += y
+            self.log.online += o.tolist()
+            self.log.base += b.tolist()
+            self.log.labels += [int(v) for v in y.tolist()]
             self.log.adapters += [run.adapter_id] * len(y)
-            self.log.impression_ids += ids
+            self.log.impression_ids += [e.impression_id for e in examples]
 
     def _drop(self, run: AdapterRun, before: dict[str, torch.Tensor], reason: str) -> AdapterDelta | None:
         self.bank.set_state(run.adapter_id, before)

@@ -101,6 +101,18 @@ class RankerConfig:
         return cls(**data)
 
 
+def additive_in_logit(module: str) -> bool:
+    """Whether `module`'s output is added to the logit and feeds nothing else: the `head` (its
+    output is the logit before the wide biases) and the `wide.*` bias tables. A LoRA change to
+    such modules only shifts the logit by its own output, so the frozen base's logit is the
+    adapted logit minus the LoRA terms (`AdapterBank.train_logits_and_base`).
+
+    >>> additive_in_logit("head"), additive_in_logit("wide.category"), additive_in_logit("deep.0")
+    (True, True, False)
+    """
+    return module == "head" or module.startswith("wide.")
+
+
 class Ranker(nn.Module):
     """DCN-v2 CTR model; `forward(dense, ids) -> logits` (see the module docstring)."""
 

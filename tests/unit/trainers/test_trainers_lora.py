@@ -164,3 +164,28 @@ def test_embedding_delta_moves_only_the_listed_ids_and_round_trips() -> None:
     other = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=TABLES), "ranker-v1")
     other.set_state("feed", dict(replica.tensors))
     assert torch.allclose(other.logits(batch, ["feed"] * 60), base + moved, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("targets", "one_forward"),
+    [(("head", "wide.category", "wide.slot", "wide.position"), True), (("cross", "wide.category"), False)],
+)
+def test_train_logits_and_base_equal_the_separate_forwards(
+    targets: tuple[str, ...], one_forward: bool
+) -> None:
+    """The base logit taken out of the adapted forward (additive targets) is the frozen base's,
+    also once the adapter has moved away from the base; other targets run the base forward."""
+    torch.manual_seed(1)
+    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=targets), "ranker-v1")
+    assert bank.base_from_lora_forward is one_forward
+    bank.ensure("feed")
+    state = bank.get_state("feed")
+    bank.set_state("feed", {k: torch.randn_like(v) * 0.5 for k, v in state.items()})  # far from the base
+    batch = featurize(make_examples(64, dim=8), CFG)
+    logits, base = bank.train_logits_and_base(batch, "feed")
+    assert logits.requires_grad and not base.requires_grad
+    assert torch.allclose(logits.detach(), bank.train_logits(batch, "feed").detach(), atol=1e-6)
+    assert torch.allclose(base, bank.base_logits(batch), atol=1e-5)
+    assert not torch.allclose(base, logits.detach(), atol=1e-3)  # the adapter does change the scores
+    logits.sum().backward()  # gradients still reach the adapter's tensors
+    assert all(p.grad is not None for p in bank.parameters_of("feed"))
