@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.api import QosClass
+
+# defaults of the per-class QoS settings (serving.qos)
+_QOS_SLOT_CLASS: dict[str, QosClass] = {"search": "guaranteed", "feed": "burstable", "splash": "besteffort"}
+_QOS_QUEUE_LIMIT: dict[QosClass, int] = {"guaranteed": 32, "burstable": 16, "besteffort": 8}
+_QOS_QUEUE_TIMEOUT_MS: dict[QosClass, float] = {"guaranteed": 25.0, "burstable": 15.0, "besteffort": 10.0}
+_QOS_RETRY_AFTER_S: dict[QosClass, int] = {"guaranteed": 1, "burstable": 1, "besteffort": 2}
 
 
 class Settings(BaseSettings):
@@ -94,7 +102,12 @@ class Settings(BaseSettings):
     user_state_ttl_s: int = Field(7 * 24 * 3600, gt=0, description="TTL of a user's Redis record")
     state_dim: int = Field(32, ge=1, le=1024, description="Dimension of user state / ad vectors")
     sink_batch_size: int = Field(5000, ge=1, description="ClickHouse sink flushes at this many rows")
-    sink_flush_s: float = Field(1.0, gt=0, description="…or after this many seconds")
+    sink_flush_s: float = Field(
+        0.25,
+        gt=0,
+        description="…or after this many seconds: a batch's examples reach the trainer only once it "
+        "is committed, so this bounds the worker's share of click→served freshness",
+    )
     sink_max_partitions: int = Field(
         100, ge=1, description="Months (ClickHouse partitions) one INSERT block may span (server: 100)"
     )
@@ -184,7 +197,38 @@ class Settings(BaseSettings):
     serve_max_ongoing: int = Field(128, ge=1, description="Requests a replica works on at once")
     serve_max_queued: int = Field(64, ge=-1, description="Queued requests before 503 (-1 = unbounded)")
     serve_admission_limit: int = Field(32, ge=1, description="In-flight /v1/ads per replica before 503")
+    # QoS classes (serving.qos): a priority gate in front of the pipeline, shedding the lowest first
+    serve_qos_slots: int = Field(
+        8, ge=1, description="QoS gate: /v1/ads requests in the pipeline at once; the rest wait by class"
+    )
+    serve_qos_default_class: QosClass = Field(
+        "burstable",
+        description="QoS class of requests that name none, in slots not in serve_qos_slot_class",
+    )
+    serve_qos_slot_class: dict[str, QosClass] = Field(
+        default_factory=_QOS_SLOT_CLASS.copy,
+        description="QoS class per slot for requests that name none",
+    )
+    serve_qos_deadline_ms: dict[QosClass, Annotated[int, Field(ge=1, le=10_000)]] = Field(
+        default_factory=dict,
+        description="Request deadline per QoS class for requests that name none (others: deadline_ms)",
+    )
+    serve_qos_queue_limit: dict[QosClass, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=_QOS_QUEUE_LIMIT.copy,
+        description="Requests of a QoS class that may wait for the gate before more are shed (503)",
+    )
+    serve_qos_queue_timeout_ms: dict[QosClass, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=_QOS_QUEUE_TIMEOUT_MS.copy,
+        description="Longest wait of a QoS class for the gate before the request is shed (503)",
+    )
+    serve_qos_retry_after_s: dict[QosClass, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=_QOS_RETRY_AFTER_S.copy,
+        description="Retry-After (seconds) of a shed request, per QoS class",
+    )
     serve_batch_max: int = Field(8, ge=1, description="@serve.batch: requests ranked together")
+    serve_rank_thread: bool = Field(
+        True, description="Rank on one worker thread beside the replica's event loop (torch frees the GIL)"
+    )
     serve_batch_wait_ms: float = Field(0.0, ge=0, description="@serve.batch wait (0: take what is queued)")
     # measured in benchmarks/recall.py (1,000,000 ads): see README "Scale-out"
     recall_index: Literal["exact", "usearch"] = Field(

@@ -76,6 +76,21 @@ from trainers.snapshots import (
 log = logging.getLogger(__name__)
 
 
+def collect_deadline(
+    now: float, micro_batch_s: float, max_wait_s: float, waiting_since: float | None
+) -> float:
+    """When a collect started at `now` must return: after `micro_batch_s`, or earlier when
+    examples waiting since `waiting_since` reach `max_wait_s` (they are learned right after).
+
+    >>> collect_deadline(10.0, 0.5, 0.5, None), collect_deadline(10.0, 0.5, 0.5, 9.8)
+    (10.5, 10.3)
+    """
+    deadline = now + micro_batch_s
+    if waiting_since is not None:
+        deadline = min(deadline, waiting_since + max_wait_s)
+    return deadline
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, service: TrainerService) -> None:
         self.service = service
@@ -249,8 +264,14 @@ class TrainerService:
             self.store.abort = None
 
     async def _collect(self, stop: asyncio.Event) -> list[Any]:
+        """Up to `micro_batch` records within `micro_batch_s`, but never past the moment the
+        oldest waiting example (or the first record of this call) has waited
+        `trainer_max_wait_s`: a click that arrives early in a quiet window is not held for the
+        rest of it and then for the wait on top (freshness)."""
         assert self.consumer is not None
-        deadline = time.monotonic() + self.s.micro_batch_s
+        deadline = collect_deadline(
+            time.monotonic(), self.s.micro_batch_s, self.s.trainer_max_wait_s, self._waiting_since
+        )
         out: list[Any] = []
         while len(out) < self.s.micro_batch and not stop.is_set():
             left = deadline - time.monotonic()
@@ -261,6 +282,10 @@ class TrainerService:
             )
             for records in batch.values():
                 out.extend(records)
+            if out and self._waiting_since is None:
+                # these records wait from now: learned by now + trainer_max_wait_s at the latest
+                self._waiting_since = time.monotonic()
+                deadline = min(deadline, self._waiting_since + self.s.trainer_max_wait_s)
         return out
 
     async def process(self, records: Sequence[Any]) -> None:
@@ -352,9 +377,8 @@ class TrainerService:
             self._waiting_since = None
             return
         now = time.monotonic()
-        if self._waiting_since is None:
+        if self._waiting_since is None:  # set by _collect when the records arrived
             self._waiting_since = now
-            return
         if now - self._waiting_since < self.s.trainer_max_wait_s:
             return
         self._waiting_since = None

@@ -46,3 +46,14 @@ def test_replay_mode_claims_no_offsets() -> None:
     tr = _trainer()
     deltas = tr.learn(make_examples(64, dim=8), flush=True)
     assert deltas and all(d.learned_offsets is None for d in deltas)
+
+
+def test_collect_returns_when_the_oldest_waiting_example_is_due() -> None:
+    """A click collected at the start of a quiet window is learned `trainer_max_wait_s` after it
+    arrived, not at the end of the window plus the wait (the trainer hop was 1.0 s at P50 with
+    micro_batch_s = trainer_max_wait_s = 0.5)."""
+    from trainers.service import collect_deadline
+
+    assert collect_deadline(100.0, 0.5, 0.5, None) == 100.5  # nothing waits: a full window
+    assert collect_deadline(100.0, 0.5, 0.5, 99.9) == 99.9 + 0.5  # due before the window ends
+    assert collect_deadline(100.0, 0.5, 2.0, 99.9) == 100.5  # a long wait: the window ends first
