@@ -186,6 +186,14 @@ class AdapterBank:
             p.requires_grad_(False)
         self._training = None
 
+    def remove(self, adapter_id: str) -> None:
+        """Delete an adapter (its PEFT layers and tensors)."""
+        self._require(adapter_id)
+        name = self._ids.pop(adapter_id)
+        self.model.base_model.set_adapter(_PLACEHOLDER)
+        self._training = None
+        self.model.delete_adapter(name)
+
     def reset(self, adapter_id: str) -> None:
         """Put an adapter back to its initial state (B = 0: scores equal the base model's)."""
         self._require(adapter_id)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -94,8 +94,7 @@ class OnlineSpec:
     min_guard_positives: int = 10
     min_step_examples: int = 64
     fn_loss: Literal["weighted", "calibrated"] = "weighted"
-    # adapters held at once: examples of a new adapter past this are counted and skipped (an id
-    # from a forged event must not grow the trainer without bound; raise it for more advertisers)
+    # adapters held at once: past it the least recently used is evicted (`make_room`)
     max_adapters: int = 4096
     signing_key: bytes | None = field(default=None, repr=False)  # signs every delta and snapshot
 
@@ -252,6 +251,7 @@ class OnlineTrainer:
         self.clock = clock
         self.counts: Counter[str] = Counter()
         self.pending: list[AdapterDelta] = []
+        self.evicted: list[AdapterDelta] = []
 
     # -- adapters ------------------------------------------------------------------------
     def run_for(self, adapter_id: str) -> AdapterRun:
@@ -271,6 +271,55 @@ class OnlineTrainer:
             )
             self.runs[adapter_id] = run
         return run
+
+    def make_room(self, adapter_ids: Iterable[str]) -> None:
+        """Evict least recently used adapters until the new ones among `adapter_ids` fit in
+        `max_adapters` (an id from a forged event must not grow the trainer without bound, and
+        a real new advertiser must not be refused). `adapter_ids` themselves are never evicted:
+        a batch with more distinct adapters than the limit holds them all until the next call.
+        Each eviction learns the adapter's waiting examples, then queues its snapshot in
+        `pending` and in `evicted` (the service stores it in Redis, where `restore` finds it)."""
+        wanted = set(adapter_ids)
+        new = len(wanted - self.runs.keys())
+        while len(self.runs) + new > self.spec.max_adapters:
+            idle = [a for a, r in self.runs.items() if a not in wanted and not r.buffer]
+            victims = idle or [a for a in self.runs if a not in wanted]
+            if not victims:
+                self.counts["over_limit"] += 1
+                return
+            self.evict(victims[0])
+
+    def evict(self, adapter_id: str) -> AdapterDelta:
+        """Drop an adapter from the trainer (and its bank) after learning what waits for it;
+        returns its final snapshot (also queued in `pending` and `evicted`)."""
+        run = self.runs[adapter_id]
+        if run.buffer:
+            batch, run.buffer = run.buffer, []
+            delta = self._step(run, batch)
+            for part, off in run.buffer_offsets:
+                run.offsets[part] = max(off, run.offsets.get(part, -1))
+            run.buffer_offsets = []
+            if delta is not None:
+                self.pending.append(_with_offsets(delta, run))
+        snap = self.snapshot(adapter_id)
+        self.pending.append(snap)
+        self.evicted.append(snap)
+        del self.runs[adapter_id]
+        self.bank.remove(adapter_id)
+        self.counts["evictions"] += 1
+        log.info("adapter %s evicted (trainer_max_adapters %d)", adapter_id, self.spec.max_adapters)
+        return snap
+
+    def forget(self, adapter_id: str) -> None:
+        """Drop an adapter without a snapshot (its partition moved to another trainer, which
+        resumes it from Redis)."""
+        if self.runs.pop(adapter_id, None) is not None:
+            self.bank.remove(adapter_id)
+
+    def take_evicted(self) -> list[AdapterDelta]:
+        """Drain `evicted`: the final snapshots of evicted adapters, to store once published."""
+        out, self.evicted = self.evicted, []
+        return out
 
     def _optimizer(self, adapter_id: str) -> AdapterOptimizer:
         return AdapterOptimizer(self.bank, adapter_id, self.spec)
@@ -297,16 +346,10 @@ class OnlineTrainer:
         groups: dict[str, list[int]] = defaultdict(list)  # adapter → positions, in order
         for i, ex in enumerate(examples):
             groups[ex.adapter_id].append(i)
+        self.make_room(groups)
         for adapter_id, index in groups.items():
-            if adapter_id not in self.runs and len(self.runs) >= self.spec.max_adapters:
-                if not self.counts["adapter_limit"]:
-                    log.warning(
-                        "trainer holds %d adapters (trainer_max_adapters): examples of new ones "
-                        "such as %r are skipped (counted: adapter_limit)", len(self.runs), adapter_id,
-                    )  # fmt: skip
-                self.counts["adapter_limit"] += len(index)
-                continue
             run = self.run_for(adapter_id)
+            self.runs[adapter_id] = self.runs.pop(adapter_id)  # the most recently used goes last
             run.buffer += [examples[i] for i in index]
             if offsets is not None:
                 run.buffer_offsets += [offsets[i] for i in index]

@@ -205,7 +205,7 @@ class TrainerService:
         gone = {tp.partition for tp in revoked}
         for aid, part in list(self.adapter_partition.items()):
             if part in gone:
-                self.trainer.runs.pop(aid, None)
+                self.trainer.forget(aid)  # its PEFT layers too: the bank must not keep growing
                 self.adapter_partition.pop(aid)
                 self.dirty.discard(aid)
         for p in gone:
@@ -345,6 +345,10 @@ class TrainerService:
         return ok
 
     async def _learn(self, batch: Sequence[tuple[TrainingExample, tuple[int, int]]]) -> None:
+        # room for this batch's new adapters first (LRU eviction, `trainer_max_adapters`): the
+        # evicted ones' snapshots go to Redis before any of them could be restored again
+        self.trainer.make_room(dict.fromkeys(ex.adapter_id for ex, _ in batch))
+        await self._publish_all(self.trainer.take_pending())
         realign: list[AdapterDelta] = []
         for ex, (part, _) in batch:
             if ex.adapter_id not in self.trainer.runs:
@@ -366,7 +370,7 @@ class TrainerService:
         telemetry.count_trainer(before, self.trainer.counts)
         telemetry.EXAMPLES.inc(len(examples))
         self.learned += len(examples)
-        await self.publish(deltas)
+        await self._publish_all(deltas)
         telemetry.export(self.trainer.runs, per_adapter_labels=self.s.adapter_scheme == "slot")
 
     async def _learn_waiting(self) -> None:
@@ -387,7 +391,7 @@ class TrainerService:
         deltas = self.trainer.flush() + self.trainer.take_pending()
         telemetry.STEP.observe(time.perf_counter() - t0)
         telemetry.count_trainer(before, self.trainer.counts)
-        await self.publish(deltas)
+        await self._publish_all(deltas)
 
     async def _restore(self, adapter_id: str) -> AdapterDelta | None:
         known = await self._last_good(adapter_id, "restore")
@@ -444,6 +448,21 @@ class TrainerService:
             **dead_letter_fields(bytes(record.value or b""), error),
         )
         await self.producer.send_and_wait(self.dlq_topic, codec.encode(dl), key=self.in_topic.encode())
+
+    async def _publish_all(self, deltas: Sequence[AdapterDelta]) -> list[AdapterDelta]:
+        """`publish`, then store the final snapshots of adapters the trainer evicted meanwhile
+        (Redis is where `_restore` finds them when their examples come back)."""
+        published = await self.publish(deltas)
+        evicted = {d.adapter_id for d in self.trainer.take_evicted()}
+        if evicted:
+            assert self.store is not None
+            last = {d.adapter_id: d for d in published if d.snapshot and d.adapter_id in evicted}
+            await self.store.write([(d, d.learned_offsets or {}) for d in last.values()], {})
+            for aid in evicted:
+                self.adapter_partition.pop(aid, None)
+                self.dirty.discard(aid)
+            telemetry.EVICTIONS.inc(len(evicted))
+        return published
 
     async def publish(self, deltas: Sequence[AdapterDelta]) -> list[AdapterDelta]:
         """Guard, reserve the seqs in Redis, then produce the deltas in order (acks=all); returns

@@ -28,6 +28,10 @@ DELTA_BYTES = Histogram(
 )
 DROPPED = Counter("adstream_trainers_dropped_updates_total", "Updates dropped by a guard", ["reason"])
 RESETS = Counter("adstream_trainers_adapter_resets_total", "Adapters reset for falling below the base")
+EVICTIONS = Counter(
+    "adstream_trainers_adapter_evictions_total",
+    "Least recently used adapters evicted past trainer_max_adapters (their snapshot stored in Redis)",
+)
 STEP = Histogram(
     "adstream_trainers_step_seconds",
     "Time of one micro-batch (score, learn, sparsify)",

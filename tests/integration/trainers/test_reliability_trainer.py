@@ -8,12 +8,17 @@ import json
 from typing import Any
 
 import pytest
-from test_trainers_service import _examples, _records, _service
+import torch
+from test_trainers_service import CFG, _examples, _records, _service
 
 from schemas import codec, topics
 from schemas.events import DeadLetter
 from schemas.settings import Settings
+from trainers.lora import AdapterBank, LoraSpec
+from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.ranker import Ranker
 from trainers.service import TrainerService
+from trainers.snapshots import meta_key, snapshot_key
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -102,3 +107,32 @@ def test_a_re_delivered_batch_is_learned_once(deployment: Settings, redis_client
     svc = _service(s)
     asyncio.run(_run_to_end(svc, s))
     assert svc.learned == len(exs)  # 100 re-delivered examples skipped
+
+
+def test_adapters_past_the_limit_evict_the_least_recent_and_come_back_from_redis(
+    deployment: Settings, redis_client: Any
+) -> None:
+    """`trainer_max_adapters` bounds what the trainer holds by evicting the least recently learned
+    adapter (its snapshot stored in Redis first), never by skipping examples: a new advertiser's
+    clicks are learned, and an evicted adapter that returns resumes from its eviction snapshot."""
+    s = deployment
+    phases = [("adv:a", "adv:b"), ("adv:c", "adv:d"), ("adv:a",)]
+    exs = [
+        e.model_copy(update={"event_id": f"ev-{i}-{e.event_id}", "adapter_id": adapters[j % len(adapters)]})
+        for i, adapters in enumerate(phases)
+        for j, e in enumerate(_examples(96, seed=10 + i))
+    ]
+    asyncio.run(_produce_raw(s, [codec.encode(e) for e in exs]))
+    torch.manual_seed(0)
+    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-it")
+    svc = TrainerService(s, OnlineTrainer(bank, OnlineSpec(lr=0.01, min_step_examples=16, max_adapters=2)))
+    asyncio.run(_run_to_end(svc, s))
+    assert svc.learned == len(exs)  # nothing skipped
+    assert svc.trainer.counts["adapter_limit"] == 0
+    assert len(svc.trainer.runs) <= 2 and len(bank.adapters) <= 2
+    assert svc.trainer.counts["evictions"] >= 2
+    assert set(svc.adapter_partition) <= set(svc.trainer.runs)  # per-adapter maps shrink too
+    # adv:a was evicted while c and d learned, then came back from the snapshot it left in Redis
+    assert redis_client.exists(snapshot_key(s.redis_prefix, "adv:c"))  # c was evicted: stored
+    assert json.loads(redis_client.hget(meta_key(s.redis_prefix, "adv:c"), "offsets"))  # with its offsets
+    assert svc.trainer.runs["adv:a"].counts["steps"] > 0

@@ -323,13 +323,19 @@ def test_trainer_signs_deltas_and_snapshots_and_bounds_its_adapters() -> None:
     bank = AdapterBank(Ranker(cfg), LoraSpec(rank=4, alpha=8), "ranker-v1")
     spec = OnlineSpec(lr=0.01, min_step_examples=16, max_adapters=2, signing_key=KEY)
     tr = OnlineTrainer(bank, spec)
-    exs = make_examples(300, dim=8, adapters=("feed", "search", "splash"))
-    deltas = tr.learn(exs, flush=True)
-    assert set(tr.runs) == {"feed", "search"}  # the third adapter id is refused, counted
-    assert tr.counts["adapter_limit"] == sum(e.adapter_id == "splash" for e in exs) > 0
+    deltas = []
+    for adapter in ("feed", "search", "splash"):  # a third adapter evicts the least recent one
+        deltas += tr.learn(make_examples(100, dim=8, adapters=(adapter,)), flush=True) + tr.take_pending()
+    assert set(tr.runs) == {"search", "splash"} and set(bank.adapters) == {"search", "splash"}
+    assert tr.counts["evictions"] == 1
+    (gone,) = tr.take_evicted()
+    assert gone.adapter_id == "feed" and gone.snapshot and gone in deltas
     assert deltas and all(d.signature is not None for d in deltas)
-    for d in [*deltas, tr.snapshot("feed")]:
+    for d in [*deltas, tr.snapshot("search")]:
         verify_delta(d, KEY)
+    # a batch naming more adapters than the limit keeps them all (counted), never drops examples
+    tr.learn(make_examples(60, dim=8, adapters=("feed", "search", "splash")), flush=True)
+    assert set(tr.runs) == {"feed", "search", "splash"} and tr.counts["over_limit"] == 1
 
 
 def test_trainer_spec_from_settings_shares_the_stack_key(tmp_path: Path) -> None:
