@@ -21,9 +21,11 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
    magnitudes; per module because gradient scales differ by module — with one pooled
    percentile an id-table target took ~all published directions and the cross/deep layers'
    learning never reached replicas) are published as an `AdapterDelta` (`trainers.delta`
-   format) with the next `seq`; the trainer keeps the `published` state replicas hold, so
-   deltas chain exactly. A delta that would exceed `max_norm` against the published state
-   (accumulated unpublished change) is sent as a full snapshot instead;
+   format) with the next `seq` — when none passes, the single strongest direction is, so every
+   step's examples (its `learned_offsets`) reach replicas in that step's delta; the trainer
+   keeps the `published` state replicas hold, so deltas chain exactly. A delta that would
+   exceed `max_norm` against the published state (accumulated unpublished change) is sent as a
+   full snapshot instead;
 5. **guards quality**: if the adapter's rolling AUC stays below the base's by more than
    `reset_margin` for `reset_patience` micro-batches in a row, the adapter is reset to the
    base (its initial LoRA weights) and a snapshot of the reset state is published.
@@ -460,6 +462,10 @@ class OnlineTrainer:
         run.magnitudes.append(acc)
         thresholds = module_thresholds(run.magnitudes, self.spec.delta_percentile)
         chosen = acc >= thresholds[:, None]
+        if not chosen.any():
+            # nothing passed its module's percentile: publish the single strongest direction
+            # anyway, so what this step learned (its offsets) reaches replicas now (freshness)
+            chosen.flat[int(np.argmax(acc / np.maximum(thresholds, 1e-30)[:, None]))] = True
         dirs = {m: torch.from_numpy(np.flatnonzero(chosen[i])) for i, m in enumerate(self.bank.modules)}
         parts = select_parts(state, dirs)
         if not parts:

@@ -57,3 +57,18 @@ def test_collect_returns_when_the_oldest_waiting_example_is_due() -> None:
     assert collect_deadline(100.0, 0.5, 0.5, None) == 100.5  # nothing waits: a full window
     assert collect_deadline(100.0, 0.5, 0.5, 99.9) == 99.9 + 0.5  # due before the window ends
     assert collect_deadline(100.0, 0.5, 2.0, 99.9) == 100.5  # a long wait: the window ends first
+
+
+def test_every_step_publishes_a_delta_so_learned_clicks_reach_replicas() -> None:
+    """Sparsification publishes a step's strongest directions; a step where none passes the
+    percentile threshold still publishes its single strongest one (stamped with the offsets it
+    learned), so a click never waits for a later step to reach replicas (freshness)."""
+    torch.manual_seed(0)
+    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v1")
+    tr = OnlineTrainer(bank, OnlineSpec(lr=0.05, min_step_examples=1, delta_percentile=99.9))
+    exs = make_examples(40 * 8, dim=8)
+    for i in range(40):
+        chunk = exs[i * 8 : (i + 1) * 8]
+        deltas = tr.learn(chunk, [(0, i * 8 + j) for j in range(8)])
+        assert len(deltas) == 1, f"step {i} published {len(deltas)} deltas"
+        assert deltas[0].learned_offsets == {0: i * 8 + 7}

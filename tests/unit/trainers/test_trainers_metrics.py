@@ -7,12 +7,12 @@ import random
 from collections import deque
 
 import pytest
+from helpers_trainers import make_examples
 
 from schemas.stats import auc
 from trainers.features import featurize
 from trainers.metrics import RollingMetrics, logloss
 from trainers.ranker import RankerConfig
-from helpers_trainers import make_examples
 
 
 @pytest.mark.parametrize("window", [1, 7, 64, 500])
