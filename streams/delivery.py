@@ -29,6 +29,8 @@ from streams.ingest import capped, dead_letter
 log = logging.getLogger(__name__)
 
 Send = Callable[[str, bytes, bytes], Awaitable[Any]]
+# many messages at once → per message None (delivered) or the exception that stopped it
+SendMany = Callable[[Sequence[tuple[str, bytes, bytes]]], Awaitable[list[BaseException | None]]]
 Rows = dict[str, list[tuple[Any, ...]]]
 
 # ClickHouse error codes that say "this data, never": parse/type/range/constraint errors
@@ -159,14 +161,22 @@ async def produce_all(
     what: str,
     dlq_topic: str,
     max_wait_s: float = 30.0,
+    send_many: SendMany | None = None,
 ) -> int:
     """Produce every message (retrying only those that failed); a message the broker can never
-    take is replaced by its dead letter on `dlq_topic`. Returns how many were replaced."""
+    take is replaced by its dead letter on `dlq_topic`. Returns how many were replaced.
+
+    `send_many`, when given, sends a whole round at once (in batches: far less work per message
+    than one `send` each); `send` is used otherwise."""
     todo = [(t, k, v, False) for t, k, v in messages]  # … and whether it is a stand-in already
     replaced = 0
     wait = min(0.5, max_wait_s)
     while todo:
-        results = await asyncio.gather(*(send(t, k, v) for t, k, v, _ in todo), return_exceptions=True)
+        results: Sequence[Any]
+        if send_many is not None:
+            results = await send_many([(t, k, v) for t, k, v, _ in todo])
+        else:
+            results = await asyncio.gather(*(send(t, k, v) for t, k, v, _ in todo), return_exceptions=True)
         again: list[tuple[str, bytes, bytes, bool]] = []
         transient: BaseException | None = None
         for (topic, key, value, stand_in), res in zip(todo, results, strict=True):

@@ -45,7 +45,7 @@ from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from streams import metrics as m
-from streams.delivery import TABLE_TOPIC, produce_all, refused_letter, retrying, write_rows
+from streams.delivery import TABLE_TOPIC, SendMany, produce_all, refused_letter, retrying, write_rows
 from streams.ingest import Invalid, ahead_of_record, validate
 from streams.merge import Item, PartitionMerge
 from streams.processor import Catalog, Processor
@@ -111,11 +111,13 @@ class Pipeline:
         ack: Callable[[Iterable[Any]], None],
         catalog: Catalog | None = None,
         cache_users: int = 200_000,
+        send_many: SendMany | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.sink = sink
         self.send = send
+        self.send_many = send_many  # batches of messages at once (see `delivery.produce_all`)
         self.ack = ack
         self.catalog = catalog or Catalog(settings.state_dim)
         self.cache_users = cache_users
@@ -395,7 +397,9 @@ class Pipeline:
             letter = refused_letter(self.prefix, table, row, b.raws[table][i], error)
             messages.append((self.dlq_topic, key_of(letter), encode(letter)))
         if messages:
-            replaced = await produce_all(self.send, messages, "batch produce", self.dlq_topic)
+            replaced = await produce_all(
+                self.send, messages, "batch produce", self.dlq_topic, send_many=self.send_many
+            )
             self.counts["unsendable"] += replaced
         t1 = time.perf_counter()
         await retrying(lambda: self.store.commit(commit), "batch commit")
