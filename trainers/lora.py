@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,7 @@ class AdapterBank:
             p.requires_grad_(False)
         self.model.eval()
         self._ids: dict[str, str] = {}
+        self.a_init: dict[str, torch.Tensor] = {}  # module → lora_A of new adapters (init_from_inputs)
         self._training: str | None = None  # the adapter set up by the last train_logits
         kinds = dict(base.named_modules())
         self.shapes: dict[str, tuple[int, int]] = {m: module_shape(kinds[m]) for m in self.modules}
@@ -182,9 +184,47 @@ class AdapterBank:
             torch.manual_seed(_seed_of(adapter_id))
             self.model.add_adapter(name, self._lora_config)
         self._ids[adapter_id] = name
+        if self.a_init:
+            with torch.no_grad():
+                for module, a in self.a_init.items():
+                    self._pair(module, name)[0].copy_(a)
         for p in self._params(name):
             p.requires_grad_(False)
         self._training = None
+
+    def init_from_inputs(self, batch: RankerBatch) -> dict[str, torch.Tensor]:
+        """Start every new adapter's `lora_A` of each Linear target from the principal directions
+        of that layer's input under the base model (the top-`r` eigenvectors of the input
+        covariance over `batch`, scaled to the norm of PEFT's default rows), B = 0 as before:
+        the first steps of B then move the output along the directions the inputs vary most in,
+        instead of along random ones. Embedding targets keep PEFT's init. Returns the rows.
+
+        Applies to adapters added from now on (and to resets); compared with PEFT's random init
+        in `benchmarks/cold_start.py` (`adapter_init`)."""
+        linear = [m for m in self.modules if m not in self.embedding_modules]
+        inputs: dict[str, torch.Tensor] = {}
+        hooks = [
+            self._base.get_submodule(m).register_forward_hook(
+                lambda _mod, args, _out, m=m: inputs.__setitem__(m, args[0].detach())
+            )
+            for m in linear
+        ]
+        try:
+            self.base_logits(batch)
+        finally:
+            for h in hooks:
+                h.remove()
+        rank = self.spec.rank
+        rows: dict[str, torch.Tensor] = {}
+        for m, x in inputs.items():
+            x = x.double() - x.double().mean(0)
+            _vals, vecs = torch.linalg.eigh(x.T @ x / max(1, len(x) - 1))  # ascending
+            top = vecs[:, -rank:].flip(1).T  # [r, in], unit rows, largest variance first
+            if top.shape[0] < rank:  # fewer inputs than the rank: pad with zero rows
+                top = torch.cat([top, torch.zeros(rank - top.shape[0], top.shape[1], dtype=top.dtype)])
+            rows[m] = (top / math.sqrt(3)).float()  # PEFT's kaiming_uniform(a=√5) row norm ≈ 1/√3
+        self.a_init = rows
+        return rows
 
     def remove(self, adapter_id: str) -> None:
         """Delete an adapter (its PEFT layers and tensors)."""

@@ -189,3 +189,18 @@ def test_train_logits_and_base_equal_the_separate_forwards(
     assert not torch.allclose(base, logits.detach(), atol=1e-3)  # the adapter does change the scores
     logits.sum().backward()  # gradients still reach the adapter's tensors
     assert all(p.grad is not None for p in bank.parameters_of("feed"))
+
+
+def test_init_from_inputs_starts_new_adapters_on_the_principal_directions() -> None:
+    torch.manual_seed(2)
+    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-v1")
+    batch = featurize(make_examples(256, dim=8), CFG)
+    rows = bank.init_from_inputs(batch)
+    assert set(rows) == {m for m in bank.modules if m not in bank.embedding_modules} == {"head"}
+    a = rows["head"]
+    gram = a @ a.T * 3  # unit rows scaled by 1/√3, mutually orthogonal
+    assert torch.allclose(gram, torch.eye(4), atol=1e-4)
+    bank.ensure("adv:new")
+    assert torch.equal(bank.lora_params("adv:new")["head"][0].detach(), a)
+    # B = 0: the new adapter still scores exactly like the base
+    assert torch.allclose(bank.logits(batch, ["adv:new"] * len(batch)), bank.base_logits(batch), atol=1e-6)
