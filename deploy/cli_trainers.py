@@ -68,7 +68,7 @@ def events_from_clickhouse(settings: Settings, limit: int | None) -> list[Messag
     """Raw events back from ClickHouse (the streams sink's tables), in time order."""
     from trainers.clickhouse_source import read_events as ch_read
 
-    return ch_read(settings.clickhouse_url, limit=limit)
+    return ch_read(settings, limit=limit)
 
 
 def _quality_table(title: str, rows: list[tuple[str, Any, Any]]) -> Table:

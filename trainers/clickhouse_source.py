@@ -13,10 +13,11 @@ import heapq
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlparse
 
+from schemas.clients import clickhouse_args
 from schemas.errors import StoreError
 from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
+from schemas.settings import Settings, clickhouse_database
 
 _QUERIES: dict[str, tuple[str, str]] = {
     "ads": ("ad_id, campaign_id, advertiser_id, category, title, bid, daily_budget, active", "ad"),
@@ -38,20 +39,15 @@ _MODELS: dict[str, type[Message]] = {
 }
 
 
-def _client(url: str) -> tuple[Any, str]:
+def _client(source: Settings | str) -> tuple[Any, str]:
+    """A client of the events database, connected as every room connects
+    (`schemas.clients.clickhouse_args`: user, password and TLS from the settings, not only
+    what the URL holds)."""
     from clickhouse_driver import Client
 
-    u = urlparse(url)
-    database = (u.path or "/adstream").lstrip("/") or "adstream"
-    client = Client(
-        host=u.hostname or "127.0.0.1",
-        port=u.port or 9000,
-        user=u.username or "default",
-        password=u.password or "",
-        database=database,
-        connect_timeout=5,
-    )
-    return client, database
+    settings = source if isinstance(source, Settings) else Settings(clickhouse_url=source)
+    database = clickhouse_database(settings)
+    return Client(**clickhouse_args(settings, database)), database
 
 
 def _rows(client: Any, table: str, limit: int | None, chunk: int) -> Iterator[Message]:
@@ -79,9 +75,10 @@ def _rows(client: Any, table: str, limit: int | None, chunk: int) -> Iterator[Me
             return
 
 
-def iter_events(url: str, limit: int | None = None, chunk: int = 50_000) -> Iterator[Message]:
-    """Every event of the raw tables (at most `limit` per table), merged lazily in time order."""
-    client, database = _client(url)
+def iter_events(source: Settings | str, limit: int | None = None, chunk: int = 50_000) -> Iterator[Message]:
+    """Every event of the raw tables (at most `limit` per table), merged lazily in time order;
+    `source` is the settings (or only a `clickhouse_url`)."""
+    client, database = _client(source)
     try:
         yield from heapq.merge(*(_rows(client, t, limit, chunk) for t in _QUERIES), key=lambda m: m.ts)
     except Exception as exc:
@@ -90,6 +87,6 @@ def iter_events(url: str, limit: int | None = None, chunk: int = 50_000) -> Iter
         client.disconnect()
 
 
-def read_events(url: str, limit: int | None = None, chunk: int = 50_000) -> list[Message]:
+def read_events(source: Settings | str, limit: int | None = None, chunk: int = 50_000) -> list[Message]:
     """`iter_events` as a list (for callers that sort or index all of it anyway)."""
-    return list(iter_events(url, limit, chunk))
+    return list(iter_events(source, limit, chunk))

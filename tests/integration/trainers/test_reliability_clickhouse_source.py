@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from schemas.errors import StoreError
 from schemas.settings import Settings
 from workloads import Market, MarketConfig
 
@@ -47,6 +48,11 @@ def test_events_read_in_small_pages_equal_one_read(stack: Settings) -> None:
         first = list(itertools.islice(lazy, 3))
         lazy.close()  # type: ignore[attr-defined]
         assert [m.event_id for m in first] == [m.event_id for m in whole[:3]]
+        # the settings, not only the URL, say how to connect: a user the server does not know
+        # fails (it used to be ignored, and the source connected as the URL's user)
+        assert [m.event_id for m in read_events(s)] == [m.event_id for m in whole]
+        with pytest.raises(StoreError, match="adstream_nobody"):
+            read_events(s.model_copy(update={"clickhouse_user": "adstream_nobody"}))
     finally:
         client = clickhouse_client(s)
         client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse_url.rsplit('/', 1)[1]}")
