@@ -24,6 +24,8 @@ ContextValue: TypeAlias = (
     | Annotated[float, Field(ge=-(2**53), le=2**53, allow_inf_nan=False)]
 )
 Rung: TypeAlias = Literal["adapter", "base_model", "recall_score", "popular"]
+# QoS classes, top first: under overload a replica sheds BestEffort first, then Burstable
+QosClass: TypeAlias = Literal["guaranteed", "burstable", "besteffort"]
 
 
 class AdRequest(Contract):
@@ -37,6 +39,8 @@ class AdRequest(Contract):
         | None
     ) = None
     deadline_ms: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=10_000)] | None = None
+    # the request's QoS class; None: the slot's default (`serve_qos_slot_class`)
+    qos: QosClass | None = None
 
 
 class ServedAd(Contract):
