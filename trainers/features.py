@@ -108,6 +108,16 @@ class RankerBatch:
             self.dense[index], self.ids[index], None if self.label is None else self.label[index]
         )
 
+    @staticmethod
+    def cat(batches: Sequence[RankerBatch]) -> RankerBatch:
+        """The rows of `batches`, in order, as one batch (labels kept only if all have them)."""
+        labels = [b.label for b in batches]
+        return RankerBatch(
+            torch.cat([b.dense for b in batches]),
+            torch.cat([b.ids for b in batches]),
+            None if any(x is None for x in labels) else torch.cat([x for x in labels if x is not None]),
+        )
+
     def to(self, device: torch.device | str) -> RankerBatch:
         """The same batch on another device."""
         return RankerBatch(

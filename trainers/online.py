@@ -73,7 +73,7 @@ from trainers.delta import (
     resolve_signing_key,
     select_parts,
 )
-from trainers.features import featurize
+from trainers.features import RankerBatch, featurize
 from trainers.lora import AdapterBank
 from trainers.metrics import RollingMetrics
 
@@ -181,6 +181,9 @@ class AdapterRun:
     offsets: dict[int, int] = field(default_factory=dict)  # input partition → last offset learned
     buffer: list[TrainingExample] = field(default_factory=list)  # waiting for min_step_examples
     buffer_offsets: list[tuple[int, int]] = field(default_factory=list)
+    # the buffer's rows featurized by the caller (`learn(features=…)`), in chunks; None where a
+    # chunk came without them (then the step featurizes the examples itself)
+    buffer_rows: list[RankerBatch | None] = field(default_factory=list)
     below: int = 0
     counts: Counter[str] = field(default_factory=Counter)
 
@@ -296,8 +299,7 @@ class OnlineTrainer:
         returns its final snapshot (also queued in `pending` and `evicted`)."""
         run = self.runs[adapter_id]
         if run.buffer:
-            batch, run.buffer = run.buffer, []
-            delta = self._step(run, batch)
+            delta = self._step(run, *self._take_buffer(run))
             for part, off in run.buffer_offsets:
                 run.offsets[part] = max(off, run.offsets.get(part, -1))
             run.buffer_offsets = []
@@ -336,6 +338,7 @@ class OnlineTrainer:
         offsets: Sequence[tuple[int, int]] | None = None,
         *,
         flush: bool = False,
+        features: RankerBatch | None = None,
     ) -> list[AdapterDelta]:
         """Score, learn and sparsify one micro-batch; returns the deltas to publish, in order.
 
@@ -343,8 +346,12 @@ class OnlineTrainer:
         adapter's buffer for the next call (one Adam step on a handful of rows is mostly noise),
         unless `flush`. Waiting examples are still scored before they are learned.
         `offsets[i]` is `(partition, offset)` of `examples[i]` on the input topic (recorded per
-        adapter once learned, for restart); omit it in replay mode.
+        adapter once learned, for restart); omit it in replay mode. `features` may carry
+        `featurize(examples)` when the caller has it already (the service validates a batch by
+        featurizing it): the step then reuses those rows instead of featurizing again.
         """
+        if features is not None and len(features) != len(examples):
+            raise ValueError(f"features has {len(features)} rows for {len(examples)} examples")
         groups: dict[str, list[int]] = defaultdict(list)  # adapter → positions, in order
         for i, ex in enumerate(examples):
             groups[ex.adapter_id].append(i)
@@ -353,14 +360,16 @@ class OnlineTrainer:
             run = self.run_for(adapter_id)
             self.runs[adapter_id] = self.runs.pop(adapter_id)  # the most recently used goes last
             run.buffer += [examples[i] for i in index]
+            run.buffer_rows.append(
+                None if features is None else features.select(torch.as_tensor(index, dtype=torch.int64))
+            )
             if offsets is not None:
                 run.buffer_offsets += [offsets[i] for i in index]
         out: list[AdapterDelta] = []
         for run in list(self.runs.values()):
             if not run.buffer or (len(run.buffer) < self.spec.min_step_examples and not flush):
                 continue
-            batch, run.buffer = run.buffer, []
-            delta = self._step(run, batch)
+            delta = self._step(run, *self._take_buffer(run))
             for part, off in run.buffer_offsets:
                 run.offsets[part] = max(off, run.offsets.get(part, -1))
             run.buffer_offsets = []
@@ -376,15 +385,28 @@ class OnlineTrainer:
         """Examples buffered but not learned yet."""
         return sum(len(r.buffer) for r in self.runs.values())
 
-    def _step(self, run: AdapterRun, examples: list[TrainingExample]) -> AdapterDelta | None:
-        clicks = [e for e in examples if e.label_kind != "dwell"]
-        if len(clicks) < len(examples):  # dwell label updates: not click labels
+    @staticmethod
+    def _take_buffer(run: AdapterRun) -> tuple[list[TrainingExample], RankerBatch | None]:
+        examples, chunks = run.buffer, run.buffer_rows
+        run.buffer, run.buffer_rows = [], []
+        if not chunks or any(c is None for c in chunks):
+            return examples, None
+        rows = [c for c in chunks if c is not None]
+        return examples, rows[0] if len(rows) == 1 else RankerBatch.cat(rows)
+
+    def _step(
+        self, run: AdapterRun, examples: list[TrainingExample], rows: RankerBatch | None = None
+    ) -> AdapterDelta | None:
+        keep = [e.label_kind != "dwell" for e in examples]
+        if not all(keep):  # dwell label updates: not click labels
+            clicks = [e for e, k in zip(examples, keep, strict=True) if k]
             run.counts["dwell_updates"] += len(examples) - len(clicks)
             self.counts["dwell_updates"] += len(examples) - len(clicks)
             if not clicks:
                 return None
             examples = clicks
-        batch = featurize(examples, self.bank.config)
+            rows = None if rows is None else rows.select(torch.tensor(keep))
+        batch = rows if rows is not None and rows.label is not None else featurize(examples, self.bank.config)
         assert batch.label is not None
         before = self._state(run)
         run.optimizer.zero_grad(set_to_none=True)

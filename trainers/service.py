@@ -60,7 +60,7 @@ from schemas.errors import SchemaError, StoreError
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample, dead_letter_fields
 from schemas.settings import Settings
 from trainers import telemetry
-from trainers.features import featurize
+from trainers.features import RankerBatch, featurize
 from trainers.online import OnlineTrainer
 from trainers.reorder import DelayBuffer
 from trainers.snapshots import (
@@ -306,8 +306,9 @@ class TrainerService:
             self._remember(msg.event_id)
             decoded.append((msg, (r.partition, r.offset)))
             taken.append(r)
-        decoded = await self._featurizable(decoded, taken)
+        decoded, features = await self._featurizable(decoded, taken)
         if self.held is not None:
+            features = None  # the hold reorders the examples: the step featurizes them
             at_once = []
             for ex, (part, off) in decoded:
                 if ex.label_kind == "final":
@@ -316,7 +317,7 @@ class TrainerService:
                     at_once.append((ex, (part, off)))
             decoded = at_once + self.held.pop_ready()
             telemetry.HELD.set(len(self.held))
-        await self._learn(decoded)
+        await self._learn(decoded, features)
 
     def _remember(self, event_id: str) -> None:
         self.seen[event_id] = None
@@ -325,13 +326,13 @@ class TrainerService:
 
     async def _featurizable(
         self, decoded: list[tuple[TrainingExample, tuple[int, int]]], records: list[Any]
-    ) -> list[tuple[TrainingExample, tuple[int, int]]]:
-        """The examples the ranker can take; one it cannot (featurize raises) is dead-lettered
-        instead of stopping the trainer, which would read it again after every restart."""
+    ) -> tuple[list[tuple[TrainingExample, tuple[int, int]]], RankerBatch | None]:
+        """The examples the ranker can take, and their features when all of them could (the
+        step reuses them); one it cannot (featurize raises) is dead-lettered instead of stopping
+        the trainer, which would read it again after every restart."""
         cfg = self.trainer.bank.config
         try:
-            featurize([ex for ex, _ in decoded], cfg)
-            return decoded
+            return decoded, featurize([ex for ex, _ in decoded], cfg)
         except SchemaError:
             pass
         ok = []
@@ -342,9 +343,11 @@ class TrainerService:
                 await self._dead_letter(r, f"not featurizable: {exc}")
                 continue
             ok.append((ex, pos))
-        return ok
+        return ok, None
 
-    async def _learn(self, batch: Sequence[tuple[TrainingExample, tuple[int, int]]]) -> None:
+    async def _learn(
+        self, batch: Sequence[tuple[TrainingExample, tuple[int, int]]], features: RankerBatch | None = None
+    ) -> None:
         # room for this batch's new adapters first (LRU eviction, `trainer_max_adapters`): the
         # evicted ones' snapshots go to Redis before any of them could be restored again
         self.trainer.make_room(dict.fromkeys(ex.adapter_id for ex, _ in batch))
@@ -365,7 +368,7 @@ class TrainerService:
         offsets = [pos for _, pos in batch]
         before = dict(self.trainer.counts)
         t0 = time.perf_counter()
-        deltas = self.trainer.learn(examples, offsets) + self.trainer.take_pending()
+        deltas = self.trainer.learn(examples, offsets, features=features) + self.trainer.take_pending()
         telemetry.STEP.observe(time.perf_counter() - t0)
         telemetry.count_trainer(before, self.trainer.counts)
         telemetry.EXAMPLES.inc(len(examples))

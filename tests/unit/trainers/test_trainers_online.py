@@ -238,3 +238,27 @@ def test_a_steady_direction_is_published_once_its_summed_gradient_is_large() -> 
     # sum it would never be published; summed, it is, every ~10 steps
     assert len(published_steady) >= 3, published_steady
     assert published_steady[0] >= 5
+
+
+def test_learning_from_the_callers_features_equals_featurizing_in_the_step() -> None:
+    """`learn(features=featurize(examples))` (the service validates a batch by featurizing it)
+    steps exactly as featurizing inside the step would, across buffered calls, several adapters
+    and dwell label updates (which the step leaves out of the click loss)."""
+    from trainers.features import featurize
+
+    exs = make_examples(300, seed=5, adapters=("feed", "search"))
+    exs = [e.model_copy(update={"label_kind": "dwell"}) if i % 7 == 3 else e for i, e in enumerate(exs)]
+    spec = OnlineSpec(lr=0.05, min_step_examples=40, delta_percentile=50)
+    a, b = _trainer(spec), _trainer(spec)
+    out_a, out_b = [], []
+    for i in range(0, len(exs), 50):  # groups of 25 per adapter: every other call waits
+        chunk = exs[i : i + 50]
+        out_a += a.learn(chunk)
+        out_b += b.learn(chunk, features=featurize(chunk, CFG))
+    out_a += a.flush()
+    out_b += b.flush()
+    assert [d.payload for d in out_a] == [d.payload for d in out_b] and out_a
+    assert a.log is not None and b.log is not None and a.log.online == b.log.online
+    assert a.counts == b.counts and a.counts["dwell_updates"] > 0
+    with pytest.raises(ValueError, match="features has 3 rows for 50 examples"):
+        a.learn(exs[:50], features=featurize(exs[:3], CFG))
