@@ -25,6 +25,7 @@ from deploy.machine import machine
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 # small sizes for `bench all --quick` (a smoke run of every benchmark, minutes in all)
 QUICK: dict[str, list[str]] = {
+    "cold_start": ["--seeds", "7", "--impressions", "20000"],
     "dw_step": ["--steps", "30", "--warmup", "3"],
     "freshness": ["--trials", "10", "--rate", "10", "--history", "3000", "--warmup-s", "5"],
     "hotswap": ["--swaps", "10", "--duration", "10"],
