@@ -153,7 +153,7 @@ class FastDecoder:
         return event
 
 
-def ahead_of_record(
+def ahead_of_record(  # noqa: PLR0913 - the record, and keyword-only knobs
     event: Message,
     physical_topic: str,
     partition: int,
@@ -163,6 +163,7 @@ def ahead_of_record(
     max_skew_s: float,
     *,
     now_s: float | None = None,
+    event_ts: float | None = None,
 ) -> Invalid | None:
     """A dead letter when the event claims a time more than `max_skew_s` after it was written.
 
@@ -175,7 +176,7 @@ def ahead_of_record(
     """
     now = time.time() if now_s is None else now_s
     written = now if ts_ms <= 0 else min(ts_ms / 1000, now)
-    if event.ts.timestamp() <= written + max_skew_s:
+    if (event.ts.timestamp() if event_ts is None else event_ts) <= written + max_skew_s:
         return None
     if ts_ms <= 0:
         against = f"the wall clock {datetime.fromtimestamp(now, tz=UTC).isoformat()} (no record timestamp)"

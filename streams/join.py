@@ -60,6 +60,7 @@ def _dt(ts: float) -> datetime:
 
 
 _EXAMPLE_FIELDS: Final = tuple(TrainingExample.model_fields)
+_FIELDS_SET: Final = set(_EXAMPLE_FIELDS)
 _object_setattr = object.__setattr__
 
 
@@ -74,7 +75,7 @@ def unchecked_example(values: dict[str, Any]) -> TrainingExample:
     """
     ex = TrainingExample.__new__(TrainingExample)
     _object_setattr(ex, "__dict__", values)
-    _object_setattr(ex, "__pydantic_fields_set__", set(_EXAMPLE_FIELDS))
+    _object_setattr(ex, "__pydantic_fields_set__", _FIELDS_SET.copy())
     _object_setattr(ex, "__pydantic_extra__", None)
     _object_setattr(ex, "__pydantic_private__", None)
     return ex

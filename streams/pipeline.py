@@ -193,9 +193,9 @@ class Pipeline:
                     bad = Item(rec.topic, rec.offset, None, 0.0, rec.handle, result.dead_letter)
                     staged.append((part, bad))
                     continue
-                ts = result.ts.timestamp()
-                staged.append((part, Item(rec.topic, rec.offset, result, ts, rec.handle, raw=rec.value)))
-                uid = getattr(result, "user_id", None)
+                event, ts = result
+                staged.append((part, Item(rec.topic, rec.offset, event, ts, rec.handle, raw=rec.value)))
+                uid = getattr(event, "user_id", None)
                 if uid is not None and uid not in part.proc.states:
                     missing.setdefault(rec.partition, set()).add(uid)
             for base, n in seen.items():
@@ -210,17 +210,20 @@ class Pipeline:
             if self._due():
                 await self._commit()
 
-    def _judge(self, base: str, rec: RawRecord) -> Message | Invalid:
-        """The record's event, or its dead letter (contract violation, far-future time)."""
+    def _judge(self, base: str, rec: RawRecord) -> tuple[Message, float] | Invalid:
+        """The record's event and its time (epoch seconds), or its dead letter (contract
+        violation, far-future time)."""
         # the common case, fast; anything else is decided by `validate`, which dead-letters it
         result: Message | Invalid | None = self.fast_of[rec.topic].decode(rec.value)
         if result is None:
             result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
         if not isinstance(result, Invalid):
-            result = ahead_of_record(
+            ts = result.ts.timestamp()
+            late = ahead_of_record(
                 result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
-                self.settings.max_event_skew_s,
-            ) or result  # fmt: skip
+                self.settings.max_event_skew_s, event_ts=ts,
+            )  # fmt: skip
+            return late or (result, ts)
         return result
 
     async def _load_users(self, part: _Part, uids: set[str]) -> None:
@@ -354,7 +357,8 @@ class Pipeline:
             join.removed.clear()
             commit.stream_ts[p] = join.stream_ts
         messages = [(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
-        messages += [(self.examples_topic, key_of(e), encode(e)) for e in b.examples]
+        # keyed by adapter_id, as `key_of` keys them (the contract's key of the topic)
+        messages += [(self.examples_topic, e.adapter_id.encode(), encode(e)) for e in b.examples]
         await self._settle()
         self._inflight = asyncio.create_task(self._finish(b, commit, messages))
 
