@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     def worker(
         loglevel: Annotated[str, typer.Option(help="crit, error, warn, info or debug")] = "info",
         engine: Annotated[
-            str, typer.Option(help="faust (agents, default) or aiokafka (batch consumer, faster)")
+            str, typer.Option(help="faust (the Faust app, default) or aiokafka (a bare consumer group)")
         ] = "faust",
     ) -> None:
         """Run the streams worker: validation, user state, label join, ClickHouse sink."""

@@ -1,7 +1,8 @@
 """Streams room: the worker that validates events, keeps user state and joins labels.
 
-Run it with `adstream worker` (Faust agents; `--engine aiokafka` for the faster bare consumer
-group, same pipeline). Pure cores, usable without Kafka/Redis:
+Run it with `adstream worker` (the Faust app, reading whole fetches through Faust's consumer;
+`--engine aiokafka` for a bare aiokafka consumer group, same pipeline). Pure cores, usable
+without Kafka/Redis:
 
 * `streams.state` — `decay`, `apply_event(state, event, ad, params) -> UserState`, lazy reads
   (`intent_scores`, `vector_at`), `same_state`;
@@ -12,6 +13,7 @@ group, same pipeline). Pure cores, usable without Kafka/Redis:
   state and join over a time-ordered event list (trainer replay, drift benchmark, tests).
 
 Shells: `streams.pipeline` (validation → merge → state/join → batched ClickHouse/Kafka/Redis
-commit), `streams.app` (Faust; why Redis and not Faust tables is documented there),
-`streams.plain` (aiokafka), `streams.runtime`, `streams.store`, `streams.sink`, `streams.metrics`.
+commit), `streams.app` (Faust; why Redis and not Faust tables is documented there) with
+`streams.faust_intake` (batches from Faust's fetch loop), `streams.plain` (aiokafka),
+`streams.runtime`, `streams.store`, `streams.sink`, `streams.metrics`.
 """

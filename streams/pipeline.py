@@ -1,7 +1,8 @@
 """The worker's engine, independent of the Kafka client: records in → state, labels, sinks out.
 
-A source (the Faust agent in `streams.app`) feeds `RawRecord`s; the pipeline validates them
-(invalid → dead letter), skips records already applied (offset ≤ the one stored in Redis),
+A source (the Faust app's batched intake, `streams.faust_intake`, or `streams.plain`) feeds
+`RawRecord`s; the pipeline validates them (invalid → dead letter), skips records already
+applied (offset ≤ the one stored in Redis),
 merges each co-partition's inputs by event time (`streams.merge`), applies them to user state
 and the label join (`streams.processor`), and every `sink_batch_size` records or `sink_flush_s`
 seconds commits a batch in this order:

@@ -1,9 +1,9 @@
 """The same worker with a bare aiokafka consumer group instead of Faust (`--engine aiokafka`).
 
-Why it exists: Faust's per-message machinery (an Event, futures and an ack per record) costs
-more than everything the pipeline does with a record here — an empty Faust agent with manual acks
-reads ~15 k records/s on this machine while aiokafka's `getmany` reads hundreds of thousands
-(see benchmarks/streams.py). This shell hands whole fetch batches to the same `Pipeline`.
+Why it exists: the same pipeline without Faust, as the yardstick of the Faust engine (which
+reads whole fetches through Faust's own consumer, `streams.faust_intake`: an agent's per-record
+Event, futures and acks cost more than the pipeline's work; benchmarks/streams.py measures both
+engines and both clients' floors). This shell hands whole fetch batches to the same `Pipeline`.
 
 Positions come from Redis, not from Kafka commits: when partitions are assigned the consumer
 seeks every input partition to the offset after the last one applied in Redis (the merge's
