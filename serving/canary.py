@@ -59,6 +59,28 @@ class ArmStats:
     latency_p50_ms: float | None
     error_rate: float
     error_high_for_s: float
+    positives: int | None = None  # clicked impressions in the window (the AUC's standard error)
+
+    def auc_se(self) -> float | None:
+        """Standard error of `auc` (Hanley & McNeil 1982); None without the class counts."""
+        if self.auc is None or self.positives is None:
+            return None
+        return auc_standard_error(self.auc, self.positives, self.samples - self.positives)
+
+
+def auc_standard_error(a: float, positives: int, negatives: int) -> float:
+    """Hanley–McNeil standard error of an AUC `a` measured on `positives` and `negatives`.
+
+    >>> round(auc_standard_error(0.7, 50, 950), 4), round(auc_standard_error(0.7, 1000, 19000), 4)
+    (0.0422, 0.0094)
+    """
+    if positives < 1 or negatives < 1:
+        return math.inf
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    var = (a * (1 - a) + (positives - 1) * (q1 - a * a) + (negatives - 1) * (q2 - a * a)) / (
+        positives * negatives
+    )
+    return math.sqrt(max(var, 0.0))
 
 
 @dataclass(frozen=True)
@@ -70,34 +92,44 @@ class CanaryRule:
     max_error_rate: float = 0.005
     error_window_s: float = 300.0
     min_samples: int = 500
+    z: float = 1.96  # an AUC difference decides only beyond z standard errors of the difference
 
 
 def decide(stable: ArmStats, candidate: ArmStats, rule: CanaryRule) -> Action:
     """Promote, roll back or hold the candidate.
 
+    The AUC rules act on the difference of the two windows only where it exceeds `rule.z`
+    standard errors (Hanley–McNeil per arm, arms independent): with 1,000 impressions at 5 %
+    CTR one window's AUC has an SE of ~0.03, so comparing point estimates rolled back half of
+    all healthy candidates (and promoted a quarter of them).
+
     >>> r = CanaryRule(min_samples=10)
-    >>> s = ArmStats(0.70, 100, 10.0, 0.0, 0.0)
-    >>> decide(s, ArmStats(0.71, 100, 10.2, 0.0, 0.0), r)
+    >>> s = ArmStats(0.70, 20_000, 10.0, 0.0, 0.0, positives=1000)
+    >>> decide(s, ArmStats(0.74, 20_000, 10.2, 0.0, 0.0, positives=1000), r)
     'promote'
-    >>> decide(s, ArmStats(0.69, 100, 10.0, 0.0, 0.0), r)
+    >>> decide(s, ArmStats(0.69, 20_000, 10.0, 0.0, 0.0, positives=1000), r)  # within the noise
+    'hold'
+    >>> decide(s, ArmStats(0.66, 20_000, 10.0, 0.0, 0.0, positives=1000), r)
     'rollback'
-    >>> decide(s, ArmStats(0.71, 100, 10.0, 0.01, 301.0), r)
+    >>> decide(s, ArmStats(0.74, 100, 10.0, 0.01, 301.0), r)
     'rollback'
     """
     if candidate.error_rate > rule.max_error_rate and candidate.error_high_for_s >= rule.error_window_s:
         return "rollback"
     if candidate.samples < rule.min_samples or stable.samples < rule.min_samples:
         return "hold"
-    if candidate.auc is None or stable.auc is None:
+    se_c, se_s = candidate.auc_se(), stable.auc_se()
+    if candidate.auc is None or stable.auc is None or se_c is None or se_s is None:
         return "hold"
-    if candidate.auc < stable.auc:
+    diff, noise = candidate.auc - stable.auc, rule.z * math.hypot(se_c, se_s)
+    if diff < -noise:
         return "rollback"
     latency_ok = (
         candidate.latency_p50_ms is None
         or stable.latency_p50_ms is None
         or candidate.latency_p50_ms <= stable.latency_p50_ms * (1.0 + rule.latency_slack)
     )
-    if candidate.auc - stable.auc >= rule.auc_gain and latency_ok:
+    if diff >= rule.auc_gain and diff > noise and latency_ok:
         return "promote"
     return "hold"
 
@@ -173,7 +205,7 @@ class ArmWindow:
         labels = np.fromiter(self.clicked, dtype=bool, count=len(self.clicked))
         lat = float(np.median(np.fromiter(self.latency_ms, dtype=np.float64))) if self.latency_ms else None
         high = 0.0 if self.error_high_since is None else now - self.error_high_since
-        return ArmStats(auc(scores, labels), len(scores), lat, self.error_rate(), high)
+        return ArmStats(auc(scores, labels), len(scores), lat, self.error_rate(), high, int(labels.sum()))
 
 
 @dataclass
