@@ -8,6 +8,11 @@ Modules, each a pure core or a thin shell:
 
 - `app`       — the one ingress deployment (FastAPI through `@serve.ingress`): HTTP API, admission
                 (503 + Retry-After), `@serve.batch` ranking, the deadline ladder, metrics routes.
+- `qos`       — QoS classes Guaranteed / Burstable / BestEffort: the priority gate in front of the
+                pipeline (per-class queue limits and timeouts; the lowest class is shed first).
+- `http`      — the request edge (media type, bounded body, duplicate keys, `AdRequest`) and the
+                refusal answers, shared with `floor`.
+- `floor`     — the benchmark's framework floor: the same deployment and edge, a fixed answer.
 - `loops`     — start-up loading and background loops (catalog, deltas, clicks, counters, canary).
 - `pipeline`  — per-request recall and rerank over the catalog (no Ray).
 - `catalog`   — ads as numpy columns (vectors, bids, budgets, spend, ranker id buckets).

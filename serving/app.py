@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,13 +21,12 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
 from schemas import topics
-from schemas.api import AdapterInfo, AdRequest, AdResponse
-from schemas.codec import describe_validation_error
+from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass
 from schemas.errors import AdapterError
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
@@ -35,11 +35,13 @@ from serving.canary import Arm, Canary, CanaryRule, arm_for
 from serving.catalog import Catalog
 from serving.deadline import Deadline, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
-from serving.http import BodyTooLarge, ClientDisconnect, duplicate_keys, is_json, read_body
+from serving.http import error, is_json, overloaded, parse_ad_request, unsupported_media
 from serving.io import ImpressionSink, RedisIO, UserCodec
 from serving.loops import ReplicaLoops
 from serving.metrics import ServingMetrics
 from serving.pipeline import AdPipeline, RequestContext, content_vectorizer, recall_pctr, utcnow
+from serving.qos import Admission, class_of
+from serving.qos import policies as qos_policies
 from serving.ranking import RankInput, RankModel, load_ranker, resolve_device
 from serving.towers import TowerSpace
 from trainers.delta import resolve_signing_key
@@ -52,8 +54,7 @@ api = FastAPI(
 )
 
 
-def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+_error = error
 
 
 def _detail(description: str) -> dict[str, Any]:
@@ -114,13 +115,23 @@ class AdServer(ReplicaLoops):
             cooldown_s=s.canary_cooldown_s,
         )
         self.redis = RedisIO(s, user_codec)
-        self.sink = ImpressionSink(s, lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n))
+        self.sink = ImpressionSink(
+            s,
+            lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n),
+            lambda seconds: self.metrics.spent("impressions", seconds),
+        )
         self.in_flight = 0
+        self.gate = Admission(s.serve_qos_slots, qos_policies(s))
         self.max_swap_pause_s = 0.0
         self.ready = False
         if s.serve_catalog_file is not None:
             self._load_catalog_file(s)
         self.rank.warmup()
+        self._rank_pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="adstream-rank") if s.serve_rank_thread else None
+        )
+        if self._rank_pool is not None:  # the thread's own torch state (inference mode, allocator)
+            self._rank_pool.submit(self.rank.warmup, 512, 1).result()
         self._rank_batch.set_max_batch_size(s.serve_batch_max)  # type: ignore[attr-defined]
         self._rank_batch.set_batch_wait_timeout_s(s.serve_batch_wait_ms / 1000)  # type: ignore[attr-defined]
         await self.sink.start()
@@ -148,10 +159,22 @@ class AdServer(ReplicaLoops):
             log.warning("final counter flush failed: %s", exc)
         await self.sink.stop(timeout_s=5.0)
         await self.redis.close()
+        pool = getattr(self, "_rank_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     # -- ranking (batched across concurrent requests) ------------------------------------
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _rank_batch(self, items: list[tuple[RankInput, bool]]) -> list[np.ndarray]:
+        if self._rank_pool is None:
+            return self._score_batch(items)
+        # on the rank thread: the loop parses, recalls and reranks other requests meanwhile (torch
+        # releases the GIL in its kernels); one thread, so batches never run side by side
+        return await asyncio.get_running_loop().run_in_executor(self._rank_pool, self._score_batch, items)
+
+    def _score_batch(self, items: list[tuple[RankInput, bool]]) -> list[np.ndarray]:
+        """Scores of a batch: one forward pass with adapters, one without (the bank's `reading`
+        keeps the buffers a pass reads still while the loop swaps in deltas)."""
         out: list[np.ndarray | None] = [None] * len(items)
         for flag in (True, False):
             idx = [i for i, (_, use) in enumerate(items) if use is flag]
@@ -181,67 +204,67 @@ class AdServer(ReplicaLoops):
     async def ads(self, request: Request) -> Response:
         """Ranked ads for one user and slot (see `AdRequest` / `AdResponse`)."""
         t0 = time.perf_counter()
-        limit = self.settings.max_body_bytes
         if not is_json(request.headers.get("content-type")):
-            return self._status(415, _error(415, "Content-Type must be application/json"))
+            return self._status(415, unsupported_media())
         if self.in_flight >= self.settings.serve_admission_limit or not self.ready:
             self.metrics.shed.inc()
             return self._status(503, _error(503, "overloaded, retry later", {"Retry-After": "1"}))
-        self.in_flight += 1  # from the first byte: a slow body holds its admission slot
+        self.in_flight += 1  # from the first byte to its class: a slow body holds its admission slot
         try:
-            try:
-                body = await read_body(request, limit)
-            except BodyTooLarge:
-                return self._status(413, _error(413, f"request body over {limit} bytes"))
-            except ClientDisconnect:
-                return self._status(400, _error(400, "client disconnected before the body ended"))
-            if dupes := duplicate_keys(body):
-                twice: list[dict[str, Any]] = [
-                    {"loc": [k], "msg": "key given twice in one object", "type": "duplicate_key"}
-                    for k in dupes
-                ]
-                error = f"duplicate JSON key(s) {dupes}"
-                return self._status(422, JSONResponse({"detail": twice, "error": error}, status_code=422))
-            try:
-                req = AdRequest.model_validate_json(body)
-            except ValidationError as exc:
-                # an error of the whole body (not JSON, not an object) is located at `body`
-                detail = [
-                    {"loc": list(e["loc"]) or ["body"], "msg": e["msg"], "type": e["type"]}
-                    for e in exc.errors()
-                ]
-                return self._status(
-                    422,
-                    JSONResponse(
-                        {"detail": detail, "error": describe_validation_error(exc)}, status_code=422
-                    ),
-                )
-            arm = arm_for(req.user_id, self.canary.share(time.time()))
-            try:
-                resp = await self._serve(req, arm)
-            except Exception:
-                log.exception("request failed")
-                self.canary.request(arm, (time.perf_counter() - t0) * 1000, True, time.time())
-                return self._status(500, _error(500, "internal error"))
+            req = await parse_ad_request(request, self.settings.max_body_bytes)
         finally:
             self.in_flight -= 1
-        ms = (time.perf_counter() - t0) * 1000
+        if not isinstance(req, AdRequest):
+            return self._status(req.status_code, req)
+        t_gate = time.perf_counter()
+        self.metrics.spent("parse", t_gate - t0)
+        cls = class_of(
+            req.qos, req.slot, self.settings.serve_qos_slot_class, self.settings.serve_qos_default_class
+        )
+        outcome = await self.gate.enter(cls)
+        if outcome != "run":
+            return self._shed(cls, outcome)
+        wait_s = time.perf_counter() - t_gate
+        self.metrics.spent("gate", wait_s)
+        arm = arm_for(req.user_id, self.canary.share(time.time()))
+        try:
+            resp = await self._serve(req, arm, cls, t0)
+        except Exception:
+            log.exception("request failed")
+            self.canary.request(arm, (time.perf_counter() - t0) * 1000, True, time.time())
+            return self._status(500, _error(500, "internal error"))
+        finally:
+            self.gate.release()
+        t = time.perf_counter()
+        out = Response(resp.model_dump_json(), media_type="application/json")
+        done = time.perf_counter()
+        self.metrics.spent("respond", done - t)
+        ms = (done - t0) * 1000
         self.canary.request(arm, ms, False, time.time())
         self.metrics.latency.observe(ms / 1000)
-        return self._status(200, Response(resp.model_dump_json(), media_type="application/json"))
+        self.metrics.qos_served(cls, ms / 1000, wait_s)
+        return self._status(200, out)
+
+    def _shed(self, cls: QosClass, outcome: str) -> Response:
+        """503 + Retry-After for a request the QoS gate refused (queue full, waited too long, or
+        gave way to a higher class)."""
+        self.metrics.shed.inc()
+        self.metrics.qos_requests.labels(cls, outcome).inc()
+        return self._status(503, overloaded(cls, outcome, self.gate.retry_after(cls)))
 
     def _status(self, code: int, resp: Response) -> Response:
         self.metrics.requests.labels(str(code)).inc()
         return resp
 
-    async def _serve(self, req: AdRequest, arm_name: Arm) -> AdResponse:
+    async def _serve(self, req: AdRequest, arm_name: Arm, cls: QosClass, t0: float) -> AdResponse:
         """One request on the canary arm `ads` chose for it (once: latency, errors and
         impressions are all counted for that arm, even if the share moves meanwhile): down the
         ladder adapter → base model → recall score → popular as the deadline allows."""
         ctx = RequestContext(
             req, uuid.uuid4().hex, utcnow(), CANDIDATE if arm_name == "candidate" else STABLE
         )
-        deadline = Deadline(float(req.deadline_ms or self.settings.deadline_ms))
+        # the budget runs from the request's first byte (parsing and the gate's queue count)
+        deadline = Deadline(float(req.deadline_ms or self.gate.policies[cls].deadline_ms), start=t0)
         ctx.rung = plan_start(deadline.remaining_ms(), self.pipe.costs)
         if ctx.rung == "popular":
             self.pipe.costs.relax("recall")
@@ -261,8 +284,12 @@ class AdServer(ReplicaLoops):
             )
         except Exception:  # Redis slow or down: serve the user cold, uncapped
             user, ctx.capped = None, []
+        t_read = time.perf_counter()
         rec = self.pipe.recall(req, user, ctx.capped, ctx.now.hour)
-        ctx.stage_ms["recall"] = (time.perf_counter() - t) * 1000
+        t_end = time.perf_counter()
+        self.metrics.spent("redis", t_read - t)
+        self.metrics.spent("recall", t_end - t_read)
+        ctx.stage_ms["recall"] = (t_end - t) * 1000
         costs.observe("recall", ctx.stage_ms["recall"])
         ctx.rows = rec.rows
         ctx.rung = plan_rank(deadline.remaining_ms(), costs)
@@ -279,6 +306,7 @@ class AdServer(ReplicaLoops):
                 inp = RankInput(inp.dense, inp.ids, torch.from_numpy(bank_rows))
             ctx.pctr = await self._rank_batch((inp, use))
             ctx.stage_ms["rank"] = (time.perf_counter() - t) * 1000
+            self.metrics.spent("rank", ctx.stage_ms["rank"] / 1000)
             costs.observe("rank_adapter" if use else "rank_base", ctx.stage_ms["rank"])
         elif ctx.rows.shape[0]:
             ctx.rung = "recall_score"
@@ -295,13 +323,10 @@ class AdServer(ReplicaLoops):
 
     def _finish(self, ctx: RequestContext, arm_name: Arm) -> AdResponse:
         """Rerank, answer, and record what was served (metrics, canary, impressions, caps)."""
+        resp, imps, chosen, cost = self.pipe.finish(ctx)  # sets ctx.stage_ms["rerank"]
         t = time.perf_counter()
-        resp, imps, chosen, cost = self.pipe.finish(ctx)
-        ctx.stage_ms["rerank"] = (time.perf_counter() - t) * 1000
         self.pipe.costs.observe("rerank", ctx.stage_ms["rerank"])
-        resp = resp.model_copy(
-            update={"stage_ms": resp.stage_ms.model_copy(update={"rerank": round(ctx.stage_ms["rerank"], 3)})}
-        )
+        self.metrics.spent("rerank", ctx.stage_ms["rerank"] / 1000)
         self.metrics.served_by.labels(ctx.rung).inc()
         for name, ms in ctx.stage_ms.items():
             self.metrics.stage.labels(name).observe(ms / 1000)
@@ -311,6 +336,7 @@ class AdServer(ReplicaLoops):
         self.sink.emit(imps)
         if imps:
             self.redis.record(ctx.req.user_id, ctx.now, imps, list(cost))
+        self.metrics.spent("record", time.perf_counter() - t)
         return resp
 
     @api.get("/healthz")
@@ -415,19 +441,22 @@ class AdServer(ReplicaLoops):
         return Response(self.applier.info(adapter_id).model_dump_json(), media_type="application/json")
 
 
+def deployment_options(settings: Settings) -> dict[str, Any]:
+    """The Serve deployment options of the ingress (the ad server and the framework floor)."""
+    return {
+        "num_replicas": settings.serve_replicas,
+        "max_ongoing_requests": settings.serve_max_ongoing,
+        "max_queued_requests": settings.serve_max_queued,
+        # Serve's own queue limit answers like our admission check: 503 + Retry-After
+        "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1),
+        "ray_actor_options": {"num_cpus": 0},
+        "health_check_period_s": 5,
+    }
+
+
 def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:
     """The bound Serve application (one ingress deployment)."""
-    deployment = serve.deployment(
-        AdServer,
-        name="AdServer",
-        num_replicas=settings.serve_replicas,
-        max_ongoing_requests=settings.serve_max_ongoing,
-        max_queued_requests=settings.serve_max_queued,
-        # Serve's own queue limit answers like our admission check: 503 + Retry-After
-        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=1),
-        ray_actor_options={"num_cpus": 0},
-        health_check_period_s=5,
-    )
+    deployment = serve.deployment(AdServer, name="AdServer", **deployment_options(settings))
     return deployment.bind(  # type: ignore[attr-defined]
         settings_payload(settings), user_codec, token_digest(settings.admin_token)
     )

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+
+from schemas.api import AdRequest
+from schemas.codec import describe_validation_error
 
 
 class BodyTooLarge(Exception):
@@ -71,4 +76,63 @@ def duplicate_keys(body: bytes) -> list[str]:
     return found
 
 
-__all__ = ["BodyTooLarge", "ClientDisconnect", "duplicate_keys", "is_json", "read_body"]
+def error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The `{"detail": …}` answer of every refused request."""
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+SHED_WHY = {"queue_full": "queue full", "timeout": "waited too long", "evicted": "gave way to a higher class"}
+
+
+def overloaded(qos: str, outcome: str, retry_after: str) -> JSONResponse:
+    """The 503 of a request the QoS gate refused (`serving.qos`), with its class's Retry-After.
+
+    >>> r = overloaded("besteffort", "queue_full", "2")
+    >>> r.status_code, r.headers["retry-after"], r.body
+    (503, '2', b'{"detail":"overloaded (besteffort: queue full), retry later"}')
+    """
+    why = SHED_WHY.get(outcome, outcome)
+    return error(503, f"overloaded ({qos}: {why}), retry later", {"Retry-After": retry_after})
+
+
+def unsupported_media() -> JSONResponse:
+    return error(415, "Content-Type must be application/json")
+
+
+async def parse_ad_request(request: Request, limit: int) -> AdRequest | JSONResponse:
+    """The request edge of `POST /v1/ads` after the media type was checked: the body read within
+    `limit` bytes (413; 400 when the client left mid-body), duplicate keys refused (422) and the
+    `AdRequest` validated (422, each field located). The ad server and the benchmark's framework
+    floor (`serving.floor`) both answer through this, so the floor pays what the server pays."""
+    try:
+        body = await read_body(request, limit)
+    except BodyTooLarge:
+        return error(413, f"request body over {limit} bytes")
+    except ClientDisconnect:
+        return error(400, "client disconnected before the body ended")
+    if dupes := duplicate_keys(body):
+        twice: list[dict[str, Any]] = [
+            {"loc": [k], "msg": "key given twice in one object", "type": "duplicate_key"} for k in dupes
+        ]
+        return JSONResponse({"detail": twice, "error": f"duplicate JSON key(s) {dupes}"}, status_code=422)
+    try:
+        return AdRequest.model_validate_json(body)
+    except ValidationError as exc:
+        # an error of the whole body (not JSON, not an object) is located at `body`
+        detail = [
+            {"loc": list(e["loc"]) or ["body"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()
+        ]
+        return JSONResponse({"detail": detail, "error": describe_validation_error(exc)}, status_code=422)
+
+
+__all__ = [
+    "BodyTooLarge",
+    "ClientDisconnect",
+    "duplicate_keys",
+    "error",
+    "is_json",
+    "overloaded",
+    "parse_ad_request",
+    "read_body",
+    "unsupported_media",
+]

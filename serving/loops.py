@@ -155,8 +155,10 @@ class ReplicaLoops:
         """Frequency-cap and spend counters go to Redis in one pipeline every 50 ms, not per request."""
         while True:
             await asyncio.sleep(0.05)
+            t = time.perf_counter()
             try:
-                await self.redis.flush()
+                if await self.redis.flush():
+                    self.metrics.spent("flush", time.perf_counter() - t)
             except Exception as exc:
                 log.warning("counter flush to Redis failed: %s", exc)
 

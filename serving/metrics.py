@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class ServingMetrics:
-    """One registry per replica, exposed at `GET /metrics`."""
+    """One registry per replica, exposed at `GET /metrics`. The per-request series keep their
+    label children (`labels()` is a lock and a dict lookup per call)."""
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        self._qos_children: dict[str, tuple[Any, Any, Any]] = {}
+        self._parts: dict[str, Any] = {}
         buckets = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.1, 0.25, 1.0)
         self.requests = Counter(
             "adstream_serving_requests_total", "Ad requests by HTTP status", ["status"], registry=r
@@ -27,6 +32,34 @@ class ServingMetrics:
             "adstream_serving_served_by_total", "Requests by ladder rung", ["rung"], registry=r
         )
         self.shed = Counter("adstream_serving_shed_total", "Requests refused with 503 (overload)", registry=r)
+        self.qos_requests = Counter(
+            "adstream_serving_qos_requests_total",
+            "Ad requests by QoS class and gate outcome (served, or why shed: queue_full, timeout, evicted)",
+            ["qos", "outcome"],
+            registry=r,
+        )
+        self.qos_latency = Histogram(
+            "adstream_serving_qos_latency_seconds",
+            "Latency in the replica of served ad requests, by QoS class",
+            ["qos"],
+            buckets=buckets,
+            registry=r,
+        )
+        self.qos_wait = Histogram(
+            "adstream_serving_qos_wait_seconds",
+            "Time served ad requests waited at the QoS gate, by class",
+            ["qos"],
+            buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05),
+            registry=r,
+        )
+        self.part = Histogram(
+            "adstream_serving_request_part_seconds",
+            "Where an ad request's time in the replica goes (parse, gate, redis, recall, rank, "
+            "rerank, record, respond), and the background work it causes (flush, impressions)",
+            ["part"],
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=r,
+        )
         self.deltas = Counter(
             "adstream_serving_deltas_total", "Adapter deltas by outcome", ["outcome"], registry=r
         )
@@ -74,3 +107,24 @@ class ServingMetrics:
             ["task"],
             registry=r,
         )
+
+    def qos_served(self, qos: str, latency_s: float, wait_s: float) -> None:
+        """One served request of class `qos`: its latency and its wait at the gate."""
+        children = self._qos_children.get(qos)
+        if children is None:
+            children = self._qos_children[qos] = (
+                self.qos_requests.labels(qos, "served"),
+                self.qos_latency.labels(qos),
+                self.qos_wait.labels(qos),
+            )
+        served, latency, wait = children
+        served.inc()
+        latency.observe(latency_s)
+        wait.observe(wait_s)
+
+    def spent(self, part: str, seconds: float) -> None:
+        """Time one part of a request (or of the background work it causes) took."""
+        child = self._parts.get(part)
+        if child is None:
+            child = self._parts[part] = self.part.labels(part)
+        child.observe(seconds)

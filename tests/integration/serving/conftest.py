@@ -78,7 +78,13 @@ def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
             "serve_catalog_file": catalog,
             "http_port": _free_base_port(),
             "canary_share": 1.0,  # every user on the live (candidate) adapters
-            "serve_admission_limit": 6,
+            # bodies read at once before the class is known: high, so the QoS gate decides
+            "serve_admission_limit": 200,
+            # QoS gate: two requests in the pipeline; a BestEffort that would wait is shed at once,
+            # the others wait as long as it takes (a slow CI machine never times a test request out)
+            "serve_qos_slots": 2,
+            "serve_qos_queue_limit": {"guaranteed": 500, "burstable": 16, "besteffort": 0},
+            "serve_qos_queue_timeout_ms": {c: 30_000.0 for c in ("guaranteed", "burstable", "besteffort")},
             "frequency_cap": 2,
             "recall_k": 40,  # below the catalog size, so the user state decides what is recalled
             "deadline_ms": 1000,  # slow CI machines: the ladder tests set deadline_ms per request

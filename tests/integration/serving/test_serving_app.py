@@ -291,6 +291,36 @@ def test_overload_sheds_with_503_and_retry_after(server: httpx.Client) -> None:
     assert server.get("/healthz").status_code == 200
 
 
+def test_qos_sheds_the_lower_class_and_serves_the_top_one(server: httpx.Client) -> None:
+    """A burst of Guaranteed and BestEffort requests at once: with the gate's slots taken, a
+    BestEffort request that would have to wait is shed (its queue holds none here) with its
+    class's Retry-After, and no Guaranteed request is (its queue holds them all)."""
+
+    async def burst() -> list[tuple[str, httpx.Response]]:
+        async with httpx.AsyncClient(base_url=str(server.base_url), timeout=60) as c:
+            classes = ["besteffort", "besteffort", "guaranteed"] * 20
+            sent = [
+                c.post("/v1/ads", json={"user_id": f"qos{i}", "slot": "feed", "k": 5, "qos": cls})
+                for i, cls in enumerate(classes)
+            ]
+            return list(zip(classes, await asyncio.gather(*sent), strict=True))
+
+    codes: dict[str, Counter[int]] = {"guaranteed": Counter(), "besteffort": Counter()}
+    retry = set()
+    for cls, resp in asyncio.run(burst()):
+        codes[cls][resp.status_code] += 1
+        if resp.status_code == 503:
+            retry.add(resp.headers.get("retry-after"))
+            assert cls in resp.json()["detail"]
+    assert codes["guaranteed"] == Counter({200: 20}), codes
+    assert codes["besteffort"][503] > 0 and set(codes["besteffort"]) <= {200, 503}, codes
+    assert retry == {"2"}  # BestEffort's Retry-After
+    assert server.post("/v1/ads", json={"user_id": "q", "slot": "feed", "qos": "gold"}).status_code == 422
+    metrics = server.get("/metrics").text
+    assert 'adstream_serving_qos_requests_total{outcome="queue_full",qos="besteffort"}' in metrics
+    assert 'adstream_serving_qos_requests_total{outcome="served",qos="guaranteed"} ' in metrics
+
+
 def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
     server: httpx.Client, serve_settings: Settings, write_snapshot
 ) -> None:  # type: ignore[no-untyped-def]

@@ -69,3 +69,34 @@ def test_rerank_contract(n: int, k: int, seed: int) -> None:
         assert np.all(np.diff(res.scores) <= 1e-12)
     servable_advs = {a: min(2, int(((adv == a) & (pacing > 0)).sum())) for a in set(adv.tolist())}
     assert len(res.order) == min(k, sum(servable_advs.values()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.sampled_from([0.0, 0.5, 1.0, float("-inf")]), st.floats(0, 100)),
+            st.integers(0, 6),
+            st.integers(0, 4),
+        ),
+        min_size=1,
+        max_size=120,
+    ),
+    st.integers(1, 15),
+    st.integers(1, 3),
+    st.sampled_from([1.0, 0.8, 0.5, 0.01]),
+)
+def test_lazy_diversify_picks_what_the_array_loop_picks(
+    cands: list[tuple[float, int, int]], k: int, per_adv: int, decay: float
+) -> None:
+    """The heap (scores ≥ 0, decay ≤ 1) and the array loop agree pick for pick, ties included."""
+    from serving.rerank import _diversify_arrays, _diversify_lazy
+
+    scores = np.array([c[0] for c in cands], dtype=np.float64)
+    adv = np.array([c[1] for c in cands], dtype=np.int64)
+    cat = np.array([c[2] for c in cands], dtype=np.int64)
+    pool = np.argsort(-scores, kind="stable")[: max(k * per_adv * 4, 64)]
+    args = (pool, scores[pool], adv[pool], cat[pool], k, per_adv, decay)
+    lazy, arrays = _diversify_lazy(*args), _diversify_arrays(*args)
+    assert lazy[0].tolist() == arrays[0].tolist()
+    assert lazy[1].tolist() == arrays[1].tolist()
