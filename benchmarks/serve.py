@@ -1,13 +1,27 @@
-"""End-to-end latency of `POST /v1/ads` under a fixed request rate, driven by wrk.
+"""End-to-end latency of `POST /v1/ads` under a fixed request rate, driven by wrk, against a
+framework floor measured in the same run.
 
 Setup: a 10,000-ad catalog from `adstream simulate`, the ranker checkpoint under
 `settings.model_dir` (or a seeded untrained one of the same shape: same compute), warm users
-in Redis (streams' record format) for half of the user pool, the app deployed by
-`adstream serve`'s own code path (`deploy.cli_serving.start`) on a local Ray cluster.
+in Redis (streams' record format) for half of the user pool, signed adapter snapshots, the app
+deployed by `adstream serve`'s own code path (`deploy.cli_serving.start`) on a local Ray cluster.
 Load: wrk with `benchmarks/serve_load.lua` (random users and slots, k = 10, each connection
 paced so that all of them together send RATE requests/s).
 
-    .venv/bin/python benchmarks/serve.py --rates 50,100 --duration 20
+In one run (→ `benchmarks/results/serve.json`, with the machine: CPU model, cores, load):
+
+- the floor (`serving.floor`): the same Serve deployment and request edge answering a fixed
+  `AdResponse` after validating the `AdRequest` — `null_capacity_rps`, `null_p99_ms_at_100`;
+- adstream: `capacity_rps` (the highest paced rate with P99 ≤ 50 ms and no errors: an unpaced
+  probe, then paced steps down from it) and `p99_ms_at_100`; the goals are capacity ≥ 0.3 × the
+  floor's and P99 at 100 req/s ≤ the floor's + 10 ms;
+- `breakdown_ms`: where a request's milliseconds go, from the replica's own timers
+  (`adstream_serving_request_part_seconds`) over the 100 req/s runs;
+- `qos`: a mixed load at 2 × capacity (Guaranteed / Burstable / BestEffort, one wrk per class):
+  P99 of the served requests and the shed share per class.
+
+    .venv/bin/python benchmarks/serve.py                     # everything (~10 min)
+    .venv/bin/python benchmarks/serve.py --quick             # short runs, one repeat
 """
 
 from __future__ import annotations
@@ -21,7 +35,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -99,7 +115,7 @@ def write_adapters(settings: object, model_dir: Path, catalog: Path) -> int:
 
     from schemas import codec
     from schemas.ids import adapter_id_for
-    from trainers.delta import AdapterState, empty_state, full_parts, make_delta
+    from trainers.delta import AdapterState, empty_state, full_parts, make_delta, resolve_signing_key
     from trainers.lora import target_shapes
     from trainers.ranker import load_checkpoint
     from trainers.snapshots import snapshot_key
@@ -118,17 +134,18 @@ def write_adapters(settings: object, model_dir: Path, catalog: Path) -> int:
         }
     )
     r = redis.Redis.from_url(s.redis_url)  # type: ignore[attr-defined]
+    key = resolve_signing_key(s)  # type: ignore[arg-type]  # replicas apply only signed snapshots
     gen = torch.Generator().manual_seed(0)
     for aid in ids:
         st = empty_state(aid, version, shapes, s.lora_rank)  # type: ignore[attr-defined]
         tensors = {k: torch.randn(v.shape, generator=gen) * 0.05 for k, v in st.tensors.items()}
         st = AdapterState(aid, version, st.rank, 0, tensors)
-        snap = make_delta(st, full_parts(tensors, st.rank), 0, snapshot=True)
+        snap = make_delta(st, full_parts(tensors, st.rank), 0, snapshot=True, key=key)
         r.set(snapshot_key(s.redis_prefix, aid), codec.encode(snap))  # type: ignore[attr-defined]
     return len(ids)
 
 
-def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from repeated runs at a rate: the run with the median p99 (the machine is shared, so
     single runs swing), plus every run's p99 and the errors over all runs."""
     ordered = sorted(runs, key=lambda r: r["p99_ms"])
@@ -147,14 +164,32 @@ def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
     return row
 
 
-def run_wrk(url: str, rate: int, duration: int, conns: int, users: int) -> dict[str, float]:
+def run_wrk(
+    url: str,
+    rate: int,
+    duration: int,
+    conns: int,
+    users: int,
+    *,
+    threads: int = 1,
+    qos: str | None = None,
+) -> dict[str, Any]:
+    """One wrk run; `threads == conns` (one connection per thread) adds the P99 of the 200s alone."""
     if shutil.which("wrk") is None:
         raise SystemExit("benchmarks need the HTTP load tool wrk: apt-get install wrk")
-    env = {**os.environ, "RATE": str(rate), "CONNS": str(conns), "USERS": str(users), "K": "10"}
+    env = {
+        **os.environ,
+        "RATE": str(rate),
+        "CONNS": str(conns),
+        "THREADS": str(threads),
+        "USERS": str(users),
+        "K": "10",
+        "QOS": qos or "",
+    }
     out = subprocess.run(
         [
             "wrk",
-            "-t1",
+            f"-t{threads}",
             f"-c{conns}",
             f"-d{duration}s",
             "--timeout",
@@ -168,9 +203,15 @@ def run_wrk(url: str, rate: int, duration: int, conns: int, users: int) -> dict[
         text=True,
         env=env,
     ).stdout
-    res = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    return wrk_row(
+        json.loads(next(line for line in out.splitlines() if line.startswith("{"))), rate, threads == conns
+    )
+
+
+def wrk_row(res: dict[str, Any], rate: int, timed: bool = False) -> dict[str, Any]:
+    """A result row from the script's JSON line."""
     errors = res["err_connect"] + res["err_read"] + res["err_write"] + res["err_status"] + res["err_timeout"]
-    return {
+    row: dict[str, Any] = {
         "target_rps": rate,
         "rps": round(res["requests"] / (res["duration_us"] / 1e6), 1),
         "requests": res["requests"],
@@ -178,9 +219,191 @@ def run_wrk(url: str, rate: int, duration: int, conns: int, users: int) -> dict[
         "p90_ms": round(res["p90_us"] / 1000, 2),
         "p99_ms": round(res["p99_us"] / 1000, 2),
         "max_ms": round(res["max_us"] / 1000, 2),
+        "mean_ms": round(res["mean_us"] / 1000, 3),
         "errors": errors,
         "error_rate": round(errors / max(res["requests"], 1), 5),
+        "codes": res.get("codes", {}),
     }
+    if timed and res.get("ok_p99_us", -1) >= 0:
+        row["ok_p50_ms"] = round(res["ok_p50_us"] / 1000, 2)
+        row["ok_p99_ms"] = round(res["ok_p99_us"] / 1000, 2)
+    return row
+
+
+# -- the goals of issue 15: capacity and P99 at 100 req/s against a framework floor ----------
+P99_LIMIT_MS = 50.0
+
+
+def capacity(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The highest paced rate with P99 ≤ 50 ms, no errors and ≥ 97 % of it delivered: an unpaced
+    probe gives the served throughput (what was not shed); paced steps from 0.9 × it go up 15 %
+    while they pass or down 15 % until one passes, then one step halfway between pass and fail."""
+    conns = args.capacity_conns
+    probe = run_wrk(url, 1_000_000, args.duration, conns, args.users)
+    served = probe["rps"] * (1 - probe["error_rate"])
+    steps: list[dict[str, Any]] = []
+
+    def step(rate: int) -> bool:
+        row = run_wrk(url, rate, args.duration, conns, args.users)
+        row["passed"] = bool(
+            row["p99_ms"] <= P99_LIMIT_MS and row["errors"] == 0 and row["rps"] >= 0.97 * rate
+        )
+        steps.append(row)
+        print(f"  capacity step {rate}/s: p99 {row['p99_ms']} ms, errors {row['errors']}, ok={row['passed']}")
+        return bool(row["passed"])
+
+    rate = max(10, int(served * 0.9 / 10) * 10)
+    best, failed_at = 0, None
+    going_up = step(rate)
+    if going_up:
+        best = rate
+    while len(steps) < args.capacity_steps:
+        rate = int(rate * (1.15 if going_up else 0.85) / 10) * 10
+        if rate < 10:
+            break
+        if step(rate):
+            best = rate
+            if not going_up:
+                break
+        else:
+            failed_at = rate if failed_at is None else min(failed_at, rate)
+            if going_up:
+                break
+    if not going_up and failed_at is None:
+        failed_at = steps[0]["target_rps"]
+    if best and failed_at is not None and len(steps) < args.capacity_steps + 1:
+        mid = int((best + failed_at) / 2 / 10) * 10
+        if best < mid < failed_at and step(mid):
+            best = mid
+    return {"capacity_rps": best, "unpaced": probe, "steps": steps, "conns": conns}
+
+
+def metric_sums(text: str, name: str, label: str) -> dict[str, tuple[float, float]]:
+    """label value → (sum, count) of a Prometheus histogram in `/metrics` text."""
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for kind, i in (("_sum{", 0), ("_count{", 1)):
+            if line.startswith(name + kind):
+                key = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+                out.setdefault(key, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def breakdown(before: str, after: str, client_mean_ms: float, floor_mean_ms: float) -> dict[str, Any]:
+    """Milliseconds per served request, part by part, between two `/metrics` scrapes."""
+    a = metric_sums(before, "adstream_serving_request_part_seconds", "part")
+    b = metric_sums(after, "adstream_serving_request_part_seconds", "part")
+    served = b.get("respond", (0.0, 0.0))[1] - a.get("respond", (0.0, 0.0))[1]
+    parts: dict[str, float] = {}
+    for part, (total, _) in b.items():
+        parts[part] = round((total - a.get(part, (0.0, 0.0))[0]) / max(served, 1) * 1000, 3)
+    on_path = ("parse", "gate", "redis", "recall", "rank", "rerank", "record", "respond")
+    in_handler = round(sum(parts.get(p, 0.0) for p in on_path), 3)
+    return {
+        "requests": int(served),
+        "per_request_ms": {p: parts.get(p, 0.0) for p in on_path},
+        "background_ms_per_request": {p: v for p, v in parts.items() if p not in on_path},
+        "handler_ms": in_handler,
+        "client_mean_ms": client_mean_ms,
+        "outside_handler_ms": round(client_mean_ms - in_handler, 3),
+        "floor_client_mean_ms": floor_mean_ms,
+        "note": "per_request: the replica's timers on the request path (redis and rank include "
+        "their waits: the round trip, the batch); outside_handler: wrk's mean latency minus the "
+        "handler's parts (HTTP, Serve, the event loop's queue); background: loop time per request "
+        "spent on counter flushes and impression produce, off the request path",
+    }
+
+
+QOS_MIX = {"guaranteed": 0.25, "burstable": 0.25, "besteffort": 0.5}
+QOS_CONNS = {"guaranteed": 6, "burstable": 6, "besteffort": 12}
+
+
+def qos_run(
+    url: str, rate: int, args: argparse.Namespace, deadline_ms: Mapping[Any, float]
+) -> dict[str, Any]:
+    """A mixed load at `rate` req/s (25 % Guaranteed, 25 % Burstable, 50 % BestEffort), one wrk per
+    class at the same time, each with one connection per thread (so it times its 200s)."""
+    procs = {}
+    for cls, share in QOS_MIX.items():
+        env = {
+            **os.environ,
+            "RATE": str(max(1, int(rate * share))),
+            "THREADS": str(QOS_CONNS[cls]),
+            "USERS": str(args.users),
+            "K": "10",
+            "QOS": cls,
+        }
+        n = QOS_CONNS[cls]
+        cmd = ["wrk", f"-t{n}", f"-c{n}", f"-d{args.qos_duration}s", "--timeout", "2s"]
+        cmd += ["-s", str(ROOT / "benchmarks/serve_load.lua"), url]
+        procs[cls] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    classes: dict[str, Any] = {}
+    for cls, proc in procs.items():
+        out, _ = proc.communicate(timeout=args.qos_duration + 60)
+        row = wrk_row(json.loads(next(line for line in out.splitlines() if line.startswith("{"))), 0, True)
+        row["target_rps"] = int(rate * QOS_MIX[cls])
+        shed = int(row["codes"].get("503", 0))
+        row["shed"] = shed
+        row["shed_share"] = round(shed / max(row["requests"], 1), 4)
+        row["served"] = int(row["codes"].get("200", 0))
+        row["other_errors"] = row["requests"] - shed - row["served"]
+        row["deadline_ms"] = deadline_ms[cls]
+        classes[cls] = row
+    top = classes["guaranteed"]
+    return {
+        "offered_rps": rate,
+        "mix": QOS_MIX,
+        "conns": QOS_CONNS,
+        "duration_s": args.qos_duration,
+        "classes": classes,
+        "guaranteed_p99_within_deadline": bool(
+            top.get("ok_p99_ms", 1e9) <= top["deadline_ms"] and top["other_errors"] == 0
+        ),
+        "shed_order_holds": bool(
+            classes["besteffort"]["shed_share"]
+            >= classes["burstable"]["shed_share"]
+            >= classes["guaranteed"]["shed_share"]
+        ),
+    }
+
+
+def wait_ready(url: str, version: str | None = None) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            body = httpx.get(f"{url}/healthz", timeout=2).json()
+            if body.get("status") == "ok" and (version is None or body.get("model_version") == version):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} did not get ready")
+
+
+def floor_run(settings: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Deploy the floor the way the ad server is deployed, measure it, take it down again."""
+    from ray import serve
+
+    from deploy.cli_serving import start
+    from serving.floor import FLOOR_VERSION, build_floor_app
+
+    endpoints = start(settings, name="floor", app=build_floor_app(settings))
+    url = endpoints.best
+    try:
+        wait_ready(url, FLOOR_VERSION)
+        run_wrk(url, 100, 3, args.conns, args.users)  # warm-up
+        runs = [run_wrk(url, 100, args.duration, args.conns, args.users) for _ in range(args.repeats)]
+        at_100 = summarize(runs)
+        at_100["mean_ms"] = round(sum(r["mean_ms"] for r in runs) / len(runs), 3)
+        print(f"floor at 100/s: p99 {at_100['p99_ms']} ms")
+        cap = capacity(url, args)
+        print(f"floor capacity: {cap['capacity_rps']}/s (unpaced {cap['unpaced']['rps']}/s)")
+    finally:
+        serve.delete("floor")
+        time.sleep(3)  # its direct-ingress port drains (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)
+    return {"url": url, "at_100": at_100, "capacity": cap}
 
 
 # -- load-balanced ingress (issue 13): each case in its own process, so Serve's env-read
@@ -249,7 +472,7 @@ def lb_case(
             "at_100": at_100,
         }
     finally:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]  # ray ships it untyped
         ray.shutdown()
         import redis
 
@@ -340,7 +563,16 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--schemes", default="slot,advertiser", help="adapter schemes to run (first one → rates)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve.json")
+    ap.add_argument("--capacity-conns", type=int, default=32, help="connections of the capacity runs")
+    ap.add_argument("--capacity-steps", type=int, default=6, help="paced steps of a capacity search")
+    ap.add_argument("--qos-duration", type=int, default=20, help="seconds of the mixed QoS run")
+    ap.add_argument(
+        "--quick", action="store_true", help="development: 6 s runs, one repeat, the slot scheme only"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.duration, args.repeats, args.schemes, args.qos_duration = 6, 1, "slot", 8
+        args.proxy_check = False
     if args.lb_case:  # a child of --load-balanced
         args.lb_out.write_text(
             json.dumps(lb_case(args.lb_case, args.lb_model_dir, args.lb_catalog, args.port, args))
@@ -373,14 +605,17 @@ def main() -> None:
     from rich.table import Table
 
     from deploy.cli_serving import start
+    from deploy.machine import machine
     from schemas.settings import Settings
+    from serving.qos import policies
 
-    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
+    machine_start = machine()  # the machine is shared: say what it is and how busy it was
     tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-"))
     catalog = tmp / "catalog.jsonl"
     make_catalog(catalog, args.ads)
     model_note = make_model(tmp / "models", Settings().model_dir)
-    by_scheme: dict[str, dict[str, object]] = {}
+    by_scheme: dict[str, dict[str, Any]] = {}
+    head: dict[str, Any] = {}
     try:
         for scheme in args.schemes.split(","):
             run = uuid.uuid4().hex[:8]
@@ -394,30 +629,57 @@ def main() -> None:
                 adapter_scheme=scheme,
                 serve_adapter_capacity=4096,
             )
+            first = not by_scheme
             warm_users(settings, args.users, catalog)
             n_adapters = write_adapters(settings, tmp / "models", catalog)
+            if first:  # the floor, in the same Ray cluster and run, just before the ad server
+                head["floor"] = floor_run(settings, args)
             t0 = time.monotonic()
             endpoints = start(settings, name="bench")
             url = endpoints.best
             client = httpx.Client(base_url=url, timeout=10)
+            wait_ready(url)
             health = client.get("/healthz").json()
             print(f"{scheme}: deployed in {time.monotonic() - t0:.1f}s: {health}")
             rows = []
             try:
                 run_wrk(url, 50, 5, args.conns, args.users)  # warm-up (connections, caches)
+                before = client.get("/metrics").text
                 for rate in [int(r) for r in args.rates.split(",")]:
                     runs = [
                         run_wrk(url, rate, args.duration, args.conns, args.users) for _ in range(args.repeats)
                     ]
                     rows.append(summarize(runs))
+                    if rate == 100 and first:
+                        after = client.get("/metrics").text
+                        mean = round(sum(r["mean_ms"] for r in runs) / len(runs), 3)
+                        floor_mean = head["floor"]["at_100"]["mean_ms"]
+                        head["breakdown"] = breakdown(before, after, mean, floor_mean)
+                    before = client.get("/metrics").text
                 proxy_row = None
-                if args.proxy_check and not by_scheme and url != endpoints.proxy:
+                if first:
+                    cap = capacity(url, args)
+                    print(f"{scheme}: capacity {cap['capacity_rps']}/s")
+                    head["capacity"] = cap
+                    deadline = {c: p.deadline_ms for c, p in policies(settings).items()}
+                    qos_rate = 2 * max(cap["capacity_rps"], 50)
+                    qos_before = qos_metrics(client.get("/metrics").text)
+                    head["qos"] = qos_run(url, qos_rate, args, deadline)
+                    qos_after = qos_metrics(client.get("/metrics").text)
+                    head["qos"]["replica"] = {  # the gate's own count over the mixed run
+                        c: {o: n - qos_before.get(c, {}).get(o, 0.0) for o, n in outcomes.items()}
+                        for c, outcomes in qos_after.items()
+                    }
+                    print(f"{scheme}: qos at {qos_rate}/s: " + json.dumps({
+                        c: (r.get("ok_p99_ms"), r["shed_share"]) for c, r in head["qos"]["classes"].items()
+                    }))  # fmt: skip
+                if args.proxy_check and first and url != endpoints.proxy:
                     # the same load through Serve's proxy actor, for comparison (one run at the top rate)
                     top = max(int(r) for r in args.rates.split(","))
                     proxy_row = run_wrk(endpoints.proxy, top, args.duration, args.conns, args.users)
                 metrics = client.get("/metrics").text
             finally:
-                serve.shutdown()
+                serve.shutdown()  # type: ignore[no-untyped-call]  # ray ships it untyped
                 ray.shutdown()
                 r = redis.Redis.from_url(settings.redis_url)
                 keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
@@ -433,8 +695,8 @@ def main() -> None:
                 "served_by": served_by,
                 "rates": rows,
                 "url": "replica (direct ingress)" if url != endpoints.proxy else "Serve proxy",
-                "catalog_ads": health["ads"],
-                "device": health["device"],
+                "catalog_ads": health["ads"] if "ads" in health else args.ads,
+                "device": health.get("device", "cpu"),
                 "via_proxy": proxy_row,
             }
     finally:
@@ -451,7 +713,7 @@ def main() -> None:
         "error rate",
     )
     for scheme, res in by_scheme.items():
-        for row in res["rates"]:  # type: ignore[attr-defined]
+        for row in res["rates"]:
             table.add_row(
                 scheme,
                 str(res["adapters"]),
@@ -461,28 +723,69 @@ def main() -> None:
                 ),
             )
     Console().print(table)
-    first = next(iter(by_scheme.values()))
+    first_scheme = next(iter(by_scheme.values()))
+    at_100 = next((r for r in first_scheme["rates"] if r["target_rps"] == 100), None)
+    floor = head["floor"]
+    null_cap, cap = floor["capacity"]["capacity_rps"], head["capacity"]["capacity_rps"]
+    null_p99 = floor["at_100"]["p99_ms"]
+    p99_100 = at_100["p99_ms"] if at_100 else None
     result = {
         "benchmark": "serve",
-        "catalog_ads": first["catalog_ads"],
+        "machine": machine_start,
+        "machine_end": machine(),
+        "null_capacity_rps": null_cap,
+        "null_p99_ms_at_100": null_p99,
+        "capacity_rps": cap,
+        "p99_ms_at_100": p99_100,
+        "capacity_ratio_to_null": round(cap / null_cap, 3) if null_cap else None,
+        "p99_over_null_ms_at_100": round(p99_100 - null_p99, 2) if p99_100 is not None else None,
+        "goal": {"capacity_ratio_to_null": 0.3, "p99_over_null_ms_at_100": 10.0},
+        "goal_met": {
+            "capacity": bool(null_cap and cap >= 0.3 * null_cap),
+            "p99_at_100": bool(p99_100 is not None and p99_100 <= null_p99 + 10),
+        },
+        "capacity_rule": f"highest paced rate: P99 <= {P99_LIMIT_MS} ms, no errors, >= 97 % delivered",
+        "breakdown_ms": head.get("breakdown"),
+        "qos": head.get("qos"),
+        "floor": floor,
+        "capacity": head["capacity"],
+        "catalog_ads": first_scheme["catalog_ads"],
         "k": 10,
-        "url": first["url"],
-        "load_tool": "wrk 4.1 + benchmarks/serve_load.lua (one thread, paced connections)",
+        "url": first_scheme["url"],
+        "load_tool": "wrk 4.1 + benchmarks/serve_load.lua (paced connections)",
         "connections": args.conns,
         "duration_s": args.duration,
         "model": model_note,
-        "device": first["device"],
+        "device": first_scheme["device"],
         "cpus": os.cpu_count(),
         "throughput_optimized": os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1",
-        "load_average_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "load_average_start_end": [machine_start["load_avg_1m"], round(os.getloadavg()[0], 2)],
         "adapter_scheme": next(iter(by_scheme)),
-        "rates": first["rates"],
-        "via_proxy": first["via_proxy"],
+        "rates": first_scheme["rates"],
+        "via_proxy": first_scheme["via_proxy"],
         "by_scheme": by_scheme,
     }
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if "load_balanced" in previous:  # written by --load-balanced; kept
+        result["load_balanced"] = previous["load_balanced"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("null_capacity_rps", "null_p99_ms_at_100", "capacity_rps",
+                                              "p99_ms_at_100", "goal_met")}))  # fmt: skip
     print(f"wrote {args.out}")
+
+
+def qos_metrics(text: str) -> dict[str, dict[str, float]]:
+    """The replica's own count of requests per QoS class and gate outcome."""
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if line.startswith("adstream_serving_qos_requests_total{"):
+            labels = dict(
+                part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
+            cls, outcome = labels["qos"].strip('"'), labels["outcome"].strip('"')
+            out.setdefault(cls, {})[outcome] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 if __name__ == "__main__":

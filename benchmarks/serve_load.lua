@@ -1,5 +1,9 @@
 -- wrk script: POST /v1/ads for random users at a fixed per-connection rate; prints JSON at the end.
--- env: RATE (requests/s over all connections), CONNS (wrk -c), USERS (user pool), K, SLOT
+-- env: RATE (requests/s over all threads), THREADS (wrk -t, default 1), CONNS (wrk -c), USERS
+-- (user pool), K, QOS (the requests' `qos` class; unset: none, the slot's default)
+-- With one connection per thread (-tN -cN) each thread times its own requests, so the output also
+-- has status counts and the P99 of the 200s alone (`ok_p99_us`): a shed 503 answers fast and would
+-- pull wrk's overall percentiles down.
 local ffi = require("ffi")
 ffi.cdef[[
 typedef struct { long tv_sec; long tv_usec; } timeval;
@@ -12,14 +16,23 @@ local function now_ms()
 end
 
 local rate = tonumber(os.getenv("RATE") or "100")
-local conns = tonumber(os.getenv("CONNS") or "10")
+local threads_n = tonumber(os.getenv("THREADS") or "1")
 local users = tonumber(os.getenv("USERS") or "5000")
 local k = tonumber(os.getenv("K") or "10")
+local qos = os.getenv("QOS") or ""
 local slots = {"feed", "search", "splash"}
--- one wrk thread (-t1) runs every connection, so pacing this thread paces the whole load
-local interval = 1000.0 / rate
+-- each thread paces its connections, so all threads together send RATE requests/s
+local interval = 1000.0 * threads_n / rate
 local next_at = nil
-local counter = 0
+local sent_at = nil
+-- globals, not locals: done() reads them from each thread with thread:get
+ok_ms = {}
+codes = {}
+local threads = {}
+
+function setup(thread)
+  table.insert(threads, thread)
+end
 
 function init(args)
   math.randomseed(os.time() + tonumber(tostring(wrk.thread):match("0x(%x+)") or "0", 16) % 100000)
@@ -35,17 +48,43 @@ function delay()
 end
 
 function request()
-  counter = counter + 1
-  local body = string.format('{"user_id":"u%d","slot":"%s","k":%d}', math.random(users), slots[math.random(3)], k)
+  local extra = ""
+  if qos ~= "" then extra = string.format(',"qos":"%s"', qos) end
+  local body = string.format('{"user_id":"u%d","slot":"%s","k":%d%s}', math.random(users), slots[math.random(3)], k, extra)
+  sent_at = now_ms()
   return wrk.format("POST", "/v1/ads", {["Content-Type"] = "application/json"}, body)
 end
 
+function response(status, headers, body)
+  local key = tostring(status)
+  codes[key] = (codes[key] or 0) + 1
+  if status == 200 and sent_at ~= nil then
+    table.insert(ok_ms, now_ms() - sent_at)
+  end
+end
 
 function done(summary, latency, requests)
   local e = summary.errors
+  local all_ok = {}
+  local all_codes = {}
+  for _, thread in ipairs(threads) do
+    for _, v in ipairs(thread:get("ok_ms") or {}) do table.insert(all_ok, v) end
+    for c, n in pairs(thread:get("codes") or {}) do all_codes[c] = (all_codes[c] or 0) + n end
+  end
+  table.sort(all_ok)
+  local ok_p99 = -1
+  local ok_p50 = -1
+  if #all_ok > 0 then
+    ok_p99 = all_ok[math.max(1, math.ceil(#all_ok * 0.99))] * 1000
+    ok_p50 = all_ok[math.max(1, math.ceil(#all_ok * 0.5))] * 1000
+  end
+  local parts = {}
+  for c, n in pairs(all_codes) do table.insert(parts, string.format('"%s":%d', c, n)) end
   io.write(string.format(
-    '{"requests":%d,"duration_us":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d,' ..
-    '"err_connect":%d,"err_read":%d,"err_write":%d,"err_status":%d,"err_timeout":%d}\n',
+    '{"requests":%d,"duration_us":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d,"mean_us":%d,' ..
+    '"err_connect":%d,"err_read":%d,"err_write":%d,"err_status":%d,"err_timeout":%d,' ..
+    '"ok_p50_us":%d,"ok_p99_us":%d,"codes":{%s}}\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
-    latency:percentile(99), latency.max, e.connect, e.read, e.write, e.status, e.timeout))
+    latency:percentile(99), latency.max, latency.mean, e.connect, e.read, e.write, e.status, e.timeout,
+    ok_p50, ok_p99, table.concat(parts, ",")))
 end

@@ -55,8 +55,11 @@ class Endpoints:
         return self.replicas[0] if len(self.replicas) == 1 else self.proxy
 
 
-def start(settings: Settings, name: str = "adstream", throughput_optimized: bool = True) -> Endpoints:
-    """Start a local Ray cluster (own ports: never Redis' 6379) and deploy the app.
+def start(
+    settings: Settings, name: str = "adstream", throughput_optimized: bool = True, app: Any = None
+) -> Endpoints:
+    """Start a local Ray cluster (own ports: never Redis' 6379) and deploy the app (`app`: another
+    bound application deployed the same way, e.g. the benchmark's floor `serving.floor`).
 
     Throughput-optimized Serve runs user code on the replica's main loop and gives each ingress
     replica its own HTTP port ("direct ingress", here `http_port + 1 …`): a request that goes
@@ -84,9 +87,15 @@ def start(settings: Settings, name: str = "adstream", throughput_optimized: bool
     # the stack's key file exists before they start, so trainer and replicas share one key
     resolve_signing_key(settings)
     if not ray.is_initialized():
+        # Ray starts its workers at nice 15, and the replica is a worker: on a busy machine any
+        # process at the default priority (the broker, Redis, a load generator) preempts the ad
+        # server's event loop. It is the latency-critical process here, so it runs at nice 0.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     serve.start(http_options={"host": settings.http_host, "port": settings.http_port})
-    serve.run(build_app(settings, StreamsUserCodec(settings)), name=name, route_prefix="/", blocking=False)
+    if app is None:
+        app = build_app(settings, StreamsUserCodec(settings))
+    serve.run(app, name=name, route_prefix="/", blocking=False)
     proxy = f"http://{settings.http_host}:{settings.http_port}"
     return Endpoints(proxy, _replica_urls(settings) if throughput_optimized else [])
 
