@@ -272,6 +272,7 @@ OURS = ("streams", "schemas", "attribution", "deploy", "workloads")
 # frame prefixes (str.startswith takes a tuple) of our main steps, for their inclusive share
 STEPS: dict[str, str | tuple[str, ...]] = {
     "validate (pydantic decode + dead letters)": (
+        "FastDecoder.decode (streams/ingest.py",
         "validate (streams/ingest.py",
         "BaseModel.model_validate_json (pydantic/main.py",
     ),
@@ -281,7 +282,7 @@ STEPS: dict[str, str | tuple[str, ...]] = {
     "Redis MULTI/EXEC": "RedisStateStore.commit (streams/store.py",
     "encode user records": "encode_state (streams/record.py",
     "encode pending labels": "Pending.to_bytes (streams/join.py",
-    "produce examples/DLQ": "Runtime._send (streams/runtime.py",
+    "produce examples/DLQ": ("Runtime._send_many (streams/runtime.py", "Runtime._send (streams/runtime.py"),
     "Pipeline.feed (all intake)": "Pipeline.feed (streams/pipeline.py",
     "Pipeline._commit (all output)": (
         "Pipeline._commit (streams/pipeline.py",
