@@ -79,6 +79,32 @@ class Trial:
     hops: dict[str, float] = field(default_factory=dict)
     seq: int | None = None
     error: str | None = None
+    replica: dict[str, float] = field(default_factory=dict)  # canary and delta counters, on failure
+
+
+REPLICA_METRICS = (
+    "adstream_serving_canary_actions_total",
+    "adstream_serving_canary_share",
+    "adstream_serving_deltas_total",
+)
+
+
+async def replica_state(http: Any) -> dict[str, float]:
+    """The replica's canary decisions, candidate share and delta outcomes (`/metrics`): why a
+    trial's click was not served (a rollback holds the candidate back for the cool-down)."""
+    try:
+        text = (await http.get("/metrics")).text
+    except Exception as exc:
+        return {f"unavailable: {type(exc).__name__}": 1.0}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(REPLICA_METRICS):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name.replace("adstream_serving_", "")] = float(value)
+            except ValueError:
+                continue
+    return out
 
 
 from deploy.machine import machine  # CPU model, cores, load: one definition for every benchmark
@@ -246,6 +272,8 @@ async def measure(demo: Any, url: str, args: argparse.Namespace) -> list[Trial]:
             users = tracked_users(args.trials, s.canary_share)
             for i, user in enumerate(users):
                 t = await one_trial(http, producer, seen, s, user, args)
+                if t.error:
+                    t.replica = await replica_state(http)
                 trials.append(t)
                 if args.verbose or i % 10 == 0:
                     Console().print(
@@ -358,7 +386,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         },
         "per_trial": [
-            {"user": t.user, "total_s": t.total_s, "seq": t.seq, "error": t.error, **t.hops} for t in trials
+            {"user": t.user, "total_s": t.total_s, "seq": t.seq, "error": t.error, **t.hops}
+            | ({"replica": t.replica} if t.replica else {})
+            for t in trials
         ],
         "run_dir": str(demo.dir),
     }
