@@ -13,7 +13,10 @@ database), with background traffic from the closed-loop simulator (`--rate` requ
    the last offset learned into the adapter): the first delta of the adapter with
    `learned_offsets[partition] >= offset` contains the click;
 5. the user asks again every `--poll-ms` until the response's `adapter_version` (`seq-N`) is that
-   delta's seq or later: that response serves a version whose delta includes the click.
+   delta's seq or later: that response serves a version whose delta includes the click. The
+   polls are previews (`AdRequest.preview`: answered like any request, not logged as
+   impressions): 50 unclicked requests a second from one user flooded the canary's candidate
+   window, its AUC fell and the canary rolled the candidate back for its cool-down.
 
 Hops (each from the producer timestamps of the Kafka records, one machine, one clock):
 `produce` click sent → acked; `worker` acked → example record produced by the worker (broker →
@@ -220,8 +223,9 @@ async def one_trial(
     t.hops["trainer"] = made - ex_ts
     t.hops["publish"] = delta_ts - made
     deadline = time.monotonic() + args.trial_timeout_s
+    probe = body | {"preview": True}  # polls are previews: they must not flood the canary's windows
     while time.monotonic() < deadline:
-        r = await http.post("/v1/ads", json=body)
+        r = await http.post("/v1/ads", json=probe)
         if (
             r.status_code == 200
             and _seq(AdResponse.model_validate_json(r.content).adapter_version) >= delta.seq

@@ -41,6 +41,9 @@ class AdRequest(Contract):
     deadline_ms: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=10_000)] | None = None
     # the request's QoS class; None: the slot's default (`serve_qos_slot_class`)
     qos: QosClass | None = None
+    # a preview (tools, monitors, freshness probes): ranked and answered as usual, but no
+    # impression is logged, nothing is spent or frequency-capped, the canary's windows skip it
+    preview: bool = False
 
 
 class ServedAd(Contract):

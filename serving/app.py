@@ -240,7 +240,8 @@ class AdServer(ReplicaLoops):
         done = time.perf_counter()
         self.metrics.spent("respond", done - t)
         ms = (done - t0) * 1000
-        self.canary.request(arm, ms, False, time.time())
+        if not req.preview:
+            self.canary.request(arm, ms, False, time.time())
         self.metrics.latency.observe(ms / 1000)
         self.metrics.qos_served(cls, ms / 1000, wait_s)
         return self._status(200, out)
@@ -330,12 +331,13 @@ class AdServer(ReplicaLoops):
         self.metrics.served_by.labels(ctx.rung).inc()
         for name, ms in ctx.stage_ms.items():
             self.metrics.stage.labels(name).observe(ms / 1000)
-        self.catalog.record_served(chosen, cost)
-        for imp in imps:
-            self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
-        self.sink.emit(imps)
-        if imps:
-            self.redis.record(ctx.req.user_id, ctx.now, imps, list(cost))
+        if not ctx.req.preview:  # a preview shows ads without serving them
+            self.catalog.record_served(chosen, cost)
+            for imp in imps:
+                self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
+            self.sink.emit(imps)
+            if imps:
+                self.redis.record(ctx.req.user_id, ctx.now, imps, list(cost))
         self.metrics.spent("record", time.perf_counter() - t)
         return resp
 

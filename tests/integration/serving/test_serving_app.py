@@ -122,6 +122,40 @@ def test_served_ads_are_produced_as_impressions(server: httpx.Client, serve_sett
     assert found[0].event_id == f"{body['request_id']}/0"
 
 
+def test_a_preview_is_answered_but_not_served(server: httpx.Client, serve_settings: Settings) -> None:
+    """`preview: true` (monitors, freshness probes) ranks and answers as usual — the same ads a
+    real request would get, the adapter version — but logs no impression (nor caps, spend or
+    canary samples: a probe polling a user must not flood the canary's windows)."""
+    previews = [ads(server, "u-preview", k=5, preview=True) for _ in range(3)]
+    real = ads(server, "u-preview", k=5)
+    assert all(p["ads"] and p["adapter_version"] == real["adapter_version"] for p in previews)
+    assert [a["ad_id"] for a in previews[0]["ads"]] == [a["ad_id"] for a in real["ads"]]  # nothing capped
+
+    async def read() -> set[str]:
+        c = AIOKafkaConsumer(
+            topics.topic_name(topics.IMPRESSIONS, serve_settings.topic_prefix),
+            bootstrap_servers=serve_settings.kafka_bootstrap,
+            auto_offset_reset="earliest",
+            group_id=None,
+        )
+        await c.start()
+        seen: set[str] = set()
+        try:
+            end = time.monotonic() + 20
+            while time.monotonic() < end and real["request_id"] not in seen:
+                batch = await c.getmany(timeout_ms=500)
+                for recs in batch.values():
+                    for rec in recs:
+                        imp = codec.decode(Impression, rec.value)
+                        if isinstance(imp, Impression) and imp.user_id == "u-preview":
+                            seen.add(imp.request_id)
+        finally:
+            await c.stop()
+        return seen
+
+    assert asyncio.run(read()) == {real["request_id"]}  # the real request's, none of the previews'
+
+
 def test_frequency_cap_and_live_catalog(
     server: httpx.Client, serve_settings: Settings, catalog: list[AdCreative]
 ) -> None:
