@@ -197,7 +197,12 @@ class Settings(BaseSettings):
     serve_replicas: int = Field(1, ge=1, description="Ray Serve replicas of the ad server")
     serve_max_ongoing: int = Field(128, ge=1, description="Requests a replica works on at once")
     serve_max_queued: int = Field(64, ge=-1, description="Queued requests before 503 (-1 = unbounded)")
-    serve_admission_limit: int = Field(32, ge=1, description="In-flight /v1/ads per replica before 503")
+    serve_admission_limit: int = Field(
+        32,
+        ge=1,
+        description="/v1/ads requests per replica still reading their body (before their QoS class is "
+        "known) past which a new one gets 503; classified requests queue at the QoS gate",
+    )
     # QoS classes (serving.qos): a priority gate in front of the pipeline, shedding the lowest first
     # 2 kept the Guaranteed P99 within its deadline at 2x capacity (8: 82 ms) at the same capacity
     serve_qos_slots: int = Field(
