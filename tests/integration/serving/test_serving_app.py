@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import httpx
@@ -32,6 +33,36 @@ def ads(client: httpx.Client, user: str, slot: str = "feed", k: int = 10, **extr
     r = client.post("/v1/ads", json={"user_id": user, "slot": slot, "k": k, **extra})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def read_impressions(
+    settings: Settings, user: str, enough: Callable[[list[Impression]], bool], timeout_s: float = 20
+) -> list[Impression]:
+    """The impressions of `user` on the impressions topic, read from the start until `enough`."""
+
+    async def read() -> list[Impression]:
+        c = AIOKafkaConsumer(
+            topics.topic_name(topics.IMPRESSIONS, settings.topic_prefix),
+            bootstrap_servers=settings.kafka_bootstrap,
+            auto_offset_reset="earliest",
+            group_id=None,
+        )
+        await c.start()
+        found: list[Impression] = []
+        try:
+            end = time.monotonic() + timeout_s
+            while time.monotonic() < end and not enough(found):
+                batch = await c.getmany(timeout_ms=500)
+                for recs in batch.values():
+                    for rec in recs:
+                        imp = codec.decode(Impression, rec.value)
+                        if isinstance(imp, Impression) and imp.user_id == user:
+                            found.append(imp)
+        finally:
+            await c.stop()
+        return found
+
+    return asyncio.run(read())
 
 
 async def produce(settings: Settings, msgs: list[AdapterDelta | AdCreative]) -> None:
@@ -92,30 +123,8 @@ def test_api_errors_docs_and_metrics(server: httpx.Client) -> None:
 
 def test_served_ads_are_produced_as_impressions(server: httpx.Client, serve_settings: Settings) -> None:
     body = ads(server, "u-imp", k=5)
-
-    async def read() -> list[Impression]:
-        c = AIOKafkaConsumer(
-            topics.topic_name(topics.IMPRESSIONS, serve_settings.topic_prefix),
-            bootstrap_servers=serve_settings.kafka_bootstrap,
-            auto_offset_reset="earliest",
-            group_id=None,
-        )
-        await c.start()
-        found: list[Impression] = []
-        try:
-            end = time.monotonic() + 20
-            while time.monotonic() < end and len(found) < 5:
-                batch = await c.getmany(timeout_ms=500)
-                for recs in batch.values():
-                    for rec in recs:
-                        imp = codec.decode(Impression, rec.value)
-                        if isinstance(imp, Impression) and imp.request_id == body["request_id"]:
-                            found.append(imp)
-        finally:
-            await c.stop()
-        return found
-
-    found = sorted(asyncio.run(read()), key=lambda i: i.position)
+    found = read_impressions(serve_settings, "u-imp", lambda got: len(got) >= 5)
+    found = sorted((i for i in found if i.request_id == body["request_id"]), key=lambda i: i.position)
     assert [i.ad_id for i in found] == [a["ad_id"] for a in body["ads"]]
     assert all(i.user_id == "u-imp" and i.model_version == body["model_version"] for i in found)
     assert [i.pctr for i in found] == pytest.approx([a["pctr"] for a in body["ads"]])
@@ -131,29 +140,10 @@ def test_a_preview_is_answered_but_not_served(server: httpx.Client, serve_settin
     assert all(p["ads"] and p["adapter_version"] == real["adapter_version"] for p in previews)
     assert [a["ad_id"] for a in previews[0]["ads"]] == [a["ad_id"] for a in real["ads"]]  # nothing capped
 
-    async def read() -> set[str]:
-        c = AIOKafkaConsumer(
-            topics.topic_name(topics.IMPRESSIONS, serve_settings.topic_prefix),
-            bootstrap_servers=serve_settings.kafka_bootstrap,
-            auto_offset_reset="earliest",
-            group_id=None,
-        )
-        await c.start()
-        seen: set[str] = set()
-        try:
-            end = time.monotonic() + 20
-            while time.monotonic() < end and real["request_id"] not in seen:
-                batch = await c.getmany(timeout_ms=500)
-                for recs in batch.values():
-                    for rec in recs:
-                        imp = codec.decode(Impression, rec.value)
-                        if isinstance(imp, Impression) and imp.user_id == "u-preview":
-                            seen.add(imp.request_id)
-        finally:
-            await c.stop()
-        return seen
-
-    assert asyncio.run(read()) == {real["request_id"]}  # the real request's, none of the previews'
+    got = read_impressions(
+        serve_settings, "u-preview", lambda got: real["request_id"] in {i.request_id for i in got}
+    )
+    assert {i.request_id for i in got} == {real["request_id"]}  # the real request's, none of the previews'
 
 
 def test_frequency_cap_and_live_catalog(
