@@ -126,6 +126,32 @@ def markdown(rows: list[dict[str, Any]], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _machine_of(result: dict[str, Any]) -> str:
+    m = result.get("machine")
+    if isinstance(m, dict) and "cpu" in m:
+        load = m.get("load_avg_1m_start", m.get("load_avg_1m"))
+        return f"{m['cpu']}, {m.get('cores')} cores, load {load}"
+    return str(m) if m else "not recorded"
+
+
+def results_table() -> str:
+    """The committed results (`benchmarks/results/<name>.json` of every benchmark) as one markdown
+    table: headline figures and the machine each one ran on (they may differ: each is the latest
+    full run of that benchmark, not one `bench all` run)."""
+    lines = [
+        "| benchmark | headline (latest committed run) | machine of that run |",
+        "|---|---|---|",
+    ]
+    for name in benchmarks():
+        path = BENCH_DIR / "results" / f"{name}.json"
+        if not path.exists():
+            lines.append(f"| {name} | no committed result | |")
+            continue
+        result = json.loads(path.read_text())
+        lines.append(f"| {name} | {headline(result)} | {_machine_of(result)} |")
+    return "\n".join(lines) + "\n"
+
+
 def register(app: typer.Typer) -> None:
     """Add `adstream bench` to the CLI."""
     bench = typer.Typer(
@@ -168,6 +194,12 @@ def register(app: typer.Typer) -> None:
         console.print(out.read_text())
         if any(not str(r["status"]).startswith(("ok", "skipped")) for r in rows):
             raise typer.Exit(1)
+
+    @bench.command("table", help="The committed results as one markdown table (runs nothing)")
+    def table() -> None:
+        out = BENCH_DIR / "results" / "results_table.md"
+        out.write_text(results_table())
+        print(out.read_text(), end="")
 
     def _one(name: str) -> None:
         @bench.command(

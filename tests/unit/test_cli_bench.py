@@ -71,3 +71,12 @@ def test_bench_all_help_runs() -> None:
 
     res = CliRunner().invoke(app, ["bench", "all", "--help"])
     assert res.exit_code == 0 and "--quick" in res.output
+
+
+def test_results_table_has_a_row_per_benchmark_with_its_machine() -> None:
+    from deploy.cli_bench import benchmarks, results_table
+
+    rows = results_table().splitlines()[2:]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == benchmarks()
+    fresh = next(r for r in rows if r.startswith("| freshness |"))
+    assert "p99_s=" in fresh and "cores" in fresh  # headline figures and the machine they ran on
