@@ -68,6 +68,17 @@ def drift(state: AdapterState, reference: AdapterState | None) -> float:
     return math.sqrt(total)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What `DeltaApplier.prepare` made of a delta: the state it read, the state after the delta
+    (None when it does not apply) and, then, the outcome and why."""
+
+    state: AdapterState | None
+    new: AdapterState | None
+    outcome: str | None = None
+    error: str = ""
+
+
 @dataclass
 class DeltaApplier:
     """Per-replica adapter states and the rules for applying deltas to them."""
@@ -100,28 +111,60 @@ class DeltaApplier:
         A rejected delta leaves the served weights untouched; a gap marks the adapter for re-sync;
         a pinned adapter (admin rollback) ignores deltas until it is unpinned. `initial`: the
         start-up load of snapshots, which becomes the promoted version (no drift bound).
+        `prepare` + `commit` are the same in two steps, the first of them safe off the loop.
         """
-        if delta.adapter_id in self.pinned or delta.adapter_id in self.held:
-            return self._count("pinned")
+        return self.commit(delta, self.prepare(delta), arms, initial=initial)
+
+    def prepare(self, delta: AdapterDelta) -> Prepared:
+        """The costly, read-only half of `apply`: the signature (an HMAC over the payload), the
+        safetensors decode and the checks, against the adapter's current state. It changes
+        nothing, so a replica runs it in a worker thread for a large payload (a snapshot) while
+        requests keep being served; `commit` then swaps on the loop."""
+        aid = delta.adapter_id
+        if aid in self.pinned or aid in self.held:
+            return Prepared(None, None, "pinned")
         if self.key is not None:
             try:
                 verify_delta(delta, self.key)
             except AdapterError as exc:
-                log.warning("adapter %r: refused delta: %s", delta.adapter_id, exc)
-                return self._count("unsigned")
-        state = self.states.get(delta.adapter_id) or self._empty(delta.adapter_id)
+                return Prepared(None, None, "unsigned", str(exc))
+        state = self.states.get(aid) or self._empty(aid)
         try:
-            new = apply_delta(state, delta, self.max_norm)
+            return Prepared(state, apply_delta(state, delta, self.max_norm))
         except StaleDeltaError:
-            return self._count("stale")
+            return Prepared(state, None, "stale")
         except SeqGapError as exc:
-            log.warning("adapter %r: %s", delta.adapter_id, exc)
-            self.needs_resync.add(delta.adapter_id)
-            return self._count("gap")
+            return Prepared(state, None, "gap", str(exc))
         except AdapterError as exc:
-            log.warning("adapter %r: rejected delta seq %d: %s", delta.adapter_id, delta.seq, exc)
-            self._rejected(delta.adapter_id)
-            return self._count("rejected")
+            return Prepared(state, None, "rejected", str(exc))
+
+    def commit(
+        self,
+        delta: AdapterDelta,
+        prep: Prepared,
+        arms: tuple[int, ...] = (CANDIDATE,),
+        *,
+        initial: bool = False,
+    ) -> str:
+        """Swap what `prepare` made into the bank (on the loop); the rest of `apply`'s rules.
+        Redone on the loop when the adapter's state moved since `prepare` read it."""
+        aid = delta.adapter_id
+        if prep.state is not None and self.states.get(aid, prep.state) is not prep.state:
+            return self.commit(delta, self.prepare(delta), arms, initial=initial)
+        if aid in self.pinned or aid in self.held:
+            return self._count("pinned")
+        if prep.outcome == "unsigned":
+            log.warning("adapter %r: refused delta: %s", aid, prep.error)
+        elif prep.outcome == "gap":
+            log.warning("adapter %r: %s", aid, prep.error)
+            self.needs_resync.add(aid)
+        elif prep.outcome == "rejected":
+            log.warning("adapter %r: rejected delta seq %d: %s", aid, delta.seq, prep.error)
+            self._rejected(aid)
+        if prep.outcome is not None:
+            return self._count(prep.outcome)
+        new = prep.new
+        assert new is not None
         if not initial and STABLE not in arms:
             moved = drift(new, self.promoted.get(delta.adapter_id))
             if moved > self.max_drift:

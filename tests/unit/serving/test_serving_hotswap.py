@@ -203,3 +203,23 @@ def test_malformed_pins_are_skipped_not_followed() -> None:
 
     raw = {b"feed": b"3", b"adv:x": b"soon", "adv:y": "-1", b"adv:z": b""}
     assert parse_pins(raw) == {"feed": 3}
+
+
+def test_prepare_off_the_loop_then_commit_equals_apply_and_redoes_a_moved_state(
+    applier: DeltaApplier,
+) -> None:
+    """A replica verifies and decodes a large delta in a worker thread (`prepare`) and swaps it
+    on the loop (`commit`): the same outcomes as `apply`, and a delta prepared against a state
+    that another delta moved meanwhile is prepared again on the loop (never applied to a stale
+    base)."""
+    st = empty_state("slot:feed", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    st2, d2 = _step(st1, 0.05, 2)
+    early = asyncio.run(asyncio.to_thread(applier.prepare, d2))  # against the empty state: a gap
+    assert early.outcome == "gap"
+    assert applier.commit(d1, asyncio.run(asyncio.to_thread(applier.prepare, d1))) == "applied"
+    assert applier.commit(d2, early) == "applied"  # the state moved: prepared again, applies now
+    m = st2.modules[0]
+    assert torch.allclose(applier.bank.weights("slot:feed")[m][0], st2.tensors[f"{m}.lora_A"])
+    assert applier.commit(d1, applier.prepare(d1)) == "stale"
+    assert applier.outcomes["gap"] == 0 and "slot:feed" not in applier.needs_resync
