@@ -37,6 +37,11 @@ class Settings(BaseSettings):
         description="Token for the admin HTTP routes (at least 16 printable ASCII characters; empty, "
         "short or `change-me` disables the admin routes)",
     )
+    serve_api_keys: SecretStr = Field(
+        SecretStr(""),
+        description="Comma-separated keys a /v1/ads caller (a publisher's server or SDK) must send in "
+        "X-Api-Key, else 401; empty: /v1/ads is open (then put it behind edge auth or rate limits)",
+    )
     delta_signing_key: SecretStr = Field(
         SecretStr(""),
         description="HMAC key (at least 32 bytes) trainers sign adapter deltas with and replicas check; "

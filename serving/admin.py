@@ -82,3 +82,29 @@ def check_admin(
     if not hmac.compare_digest(given, digest):
         return 403, "wrong admin token"
     return None
+
+
+def api_key_digests(keys: SecretStr) -> frozenset[str]:
+    """SHA-256 digests of the comma-separated `serve_api_keys` (empty: /v1/ads is open).
+
+    >>> len(api_key_digests(SecretStr("pub-a, pub-b"))), api_key_digests(SecretStr(""))
+    (2, frozenset())
+    """
+    return frozenset(
+        hashlib.sha256(k.strip().encode()).hexdigest()
+        for k in keys.get_secret_value().split(",")
+        if k.strip()
+    )
+
+
+def check_api_key(presented: str | None, digests: frozenset[str]) -> str | None:
+    """None when `/v1/ads` may be served: no keys are configured, or `presented` (the X-Api-Key
+    header) is one of them (compared by digest, in constant time per key); else why not (401)."""
+    if not digests:
+        return None
+    if not presented:
+        return "missing X-Api-Key"
+    given = hashlib.sha256(presented.encode()).hexdigest()
+    if not any(hmac.compare_digest(given, d) for d in digests):
+        return "unknown X-Api-Key"
+    return None

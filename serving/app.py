@@ -30,7 +30,7 @@ from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass
 from schemas.errors import AdapterError
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
-from serving.admin import check_admin, token_digest
+from serving.admin import api_key_digests, check_admin, check_api_key, token_digest
 from serving.canary import Arm, Canary, CanaryRule, arm_for
 from serving.catalog import Catalog
 from serving.deadline import Deadline, plan_rank, plan_start
@@ -75,12 +75,17 @@ class AdServer(ReplicaLoops):
     """The ingress replica: HTTP API, pipeline, adapter bank, hot swap and canary."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-        self, settings_json: str, user_codec: UserCodec | None = None, admin_digest: str | None = None
+        self,
+        settings_json: str,
+        user_codec: UserCodec | None = None,
+        admin_digest: str | None = None,
+        api_keys: frozenset[str] = frozenset(),
     ) -> None:
-        # secrets never travel in the actor's init args: the admin token as its SHA-256, the
-        # delta signing key from this process' environment or the stack's key file
+        # secrets never travel in the actor's init args: the admin token and the API keys as
+        # SHA-256 digests, the delta signing key from this process' environment or key file
         s = self.settings = Settings(**json.loads(settings_json))
         self.admin_digest = admin_digest
+        self.api_keys = frozenset(api_keys)  # digests of serve_api_keys; empty: /v1/ads is open
         torch.set_num_threads(1)
         self.metrics = ServingMetrics()
         device = resolve_device(s.device)
@@ -197,6 +202,7 @@ class AdServer(ReplicaLoops):
             400: _detail("client disconnected before the body ended"),
             413: _detail("body over max_body_bytes (64 KiB)"),
             415: _detail("Content-Type is not application/json"),
+            401: _detail("`serve_api_keys` are set and X-Api-Key is missing or unknown"),
             422: {"description": "invalid request: `detail` lists each field (`loc`) and why"},
             503: _detail("overloaded; retry after Retry-After seconds"),
         },
@@ -204,6 +210,9 @@ class AdServer(ReplicaLoops):
     async def ads(self, request: Request) -> Response:
         """Ranked ads for one user and slot (see `AdRequest` / `AdResponse`)."""
         t0 = time.perf_counter()
+        denied = check_api_key(request.headers.get("x-api-key"), self.api_keys)
+        if denied is not None:
+            return self._status(401, _error(401, denied))
         if not is_json(request.headers.get("content-type")):
             return self._status(415, unsupported_media())
         if self.in_flight >= self.settings.serve_admission_limit or not self.ready:
@@ -460,7 +469,10 @@ def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:
     """The bound Serve application (one ingress deployment)."""
     deployment = serve.deployment(AdServer, name="AdServer", **deployment_options(settings))
     return deployment.bind(  # type: ignore[attr-defined]
-        settings_payload(settings), user_codec, token_digest(settings.admin_token)
+        settings_payload(settings),
+        user_codec,
+        token_digest(settings.admin_token),
+        api_key_digests(settings.serve_api_keys),
     )
 
 

@@ -138,3 +138,29 @@ def test_duplicate_json_keys_are_found() -> None:
     assert duplicate_keys(b'{"user_id": "a", "context": {"x": 1, "x": 2}}') == ["x"]
     assert duplicate_keys(b'{"user_id": "a", "context": {"user_id": 1}}') == []  # other objects
     assert duplicate_keys(b"not json") == [] and duplicate_keys(b"[" * 100_000) == []
+
+
+# -- H8: /v1/ads can require a publisher API key (serve_api_keys)
+def test_api_keys_gate_v1_ads_only_when_configured() -> None:
+    from pydantic import SecretStr
+
+    from serving.admin import api_key_digests, check_api_key
+
+    assert check_api_key(None, api_key_digests(SecretStr(""))) is None  # none configured: open
+    keys = api_key_digests(SecretStr(" pub-alpha-123 ,pub-beta-456,"))
+    assert len(keys) == 2 and "pub-alpha-123" not in keys  # digests only, spaces and empties dropped
+    assert check_api_key("pub-alpha-123", keys) is None
+    assert check_api_key("pub-beta-456", keys) is None
+    assert check_api_key(None, keys) == "missing X-Api-Key"
+    assert check_api_key("", keys) == "missing X-Api-Key"
+    assert check_api_key("pub-alpha-1234", keys) == "unknown X-Api-Key"
+
+
+def test_api_keys_reach_replicas_as_digests_not_in_the_settings_payload() -> None:
+    from pydantic import SecretStr
+
+    from schemas.settings import Settings
+    from serving.app import settings_payload
+
+    s = Settings(serve_api_keys=SecretStr("pub-alpha-123"))
+    assert "pub-alpha-123" not in settings_payload(s) and "serve_api_keys" not in settings_payload(s)
