@@ -298,13 +298,8 @@ class OnlineTrainer:
         """Drop an adapter from the trainer (and its bank) after learning what waits for it;
         returns its final snapshot (also queued in `pending` and `evicted`)."""
         run = self.runs[adapter_id]
-        if run.buffer:
-            delta = self._step(run, *self._take_buffer(run))
-            for part, off in run.buffer_offsets:
-                run.offsets[part] = max(off, run.offsets.get(part, -1))
-            run.buffer_offsets = []
-            if delta is not None:
-                self.pending.append(_with_offsets(delta, run))
+        if run.buffer and (delta := self._learn_buffer(run)) is not None:
+            self.pending.append(delta)
         snap = self.snapshot(adapter_id)
         self.pending.append(snap)
         self.evicted.append(snap)
@@ -369,13 +364,18 @@ class OnlineTrainer:
         for run in list(self.runs.values()):
             if not run.buffer or (len(run.buffer) < self.spec.min_step_examples and not flush):
                 continue
-            delta = self._step(run, *self._take_buffer(run))
-            for part, off in run.buffer_offsets:
-                run.offsets[part] = max(off, run.offsets.get(part, -1))
-            run.buffer_offsets = []
-            if delta is not None:
-                out.append(_with_offsets(delta, run))
+            if (delta := self._learn_buffer(run)) is not None:
+                out.append(delta)
         return out
+
+    def _learn_buffer(self, run: AdapterRun) -> AdapterDelta | None:
+        """One step on everything waiting in `run`'s buffer; its offsets count as learned and
+        stamp the delta it makes (if any)."""
+        delta = self._step(run, *self._take_buffer(run))
+        for part, off in run.buffer_offsets:
+            run.offsets[part] = max(off, run.offsets.get(part, -1))
+        run.buffer_offsets = []
+        return None if delta is None else _with_offsets(delta, run)
 
     def flush(self) -> list[AdapterDelta]:
         """Learn every waiting example now (before a snapshot or at the end of a replay)."""
