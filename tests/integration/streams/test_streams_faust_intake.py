@@ -19,7 +19,6 @@ import redis
 from streams_it import Worker, wait_for
 from test_streams_worker import (
     TABLE,
-    USER_TOPICS,
     all_applied,
     applied,
     ch_counts,
@@ -27,9 +26,9 @@ from test_streams_worker import (
     end_offsets,
     produce_run,
     simulate,
+    user_partitions,
 )
 
-from schemas import topics
 from schemas.codec import encode, key_of, topic_of
 from schemas.settings import Settings
 from streams.offline import replay
@@ -40,7 +39,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.clickhouse, pyte
 def kafka_committed(s: Settings) -> dict[str, int]:
     """`{topic}:{partition}` → the Faust worker group's committed offset (the next to read),
     fetched by a consumer of that group that assigns partitions itself (it does not join)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import AIOKafkaConsumer
 
     async def go() -> dict[str, int]:
         c = AIOKafkaConsumer(
@@ -50,11 +49,7 @@ def kafka_committed(s: Settings) -> dict[str, int]:
         )
         await c.start()
         try:
-            tps = [
-                TopicPartition(topics.topic_name(t, s.topic_prefix), p)
-                for t in USER_TOPICS
-                for p in range(s.topic_partitions or 8)
-            ]
+            tps = user_partitions(s)
             c.assign(tps)
             out = {}
             for tp in tps:

@@ -69,19 +69,26 @@ def malformed(valid: list[Message], n: int, rng: random.Random) -> list[tuple[st
     return out
 
 
+def user_partitions(s: Settings) -> list[Any]:
+    """Every partition of the four user-event topics of `s` (aiokafka TopicPartitions)."""
+    from aiokafka import TopicPartition
+
+    return [
+        TopicPartition(topics.topic_name(t, s.topic_prefix), p)
+        for t in USER_TOPICS
+        for p in range(s.topic_partitions or 8)
+    ]
+
+
 def end_offsets(s: Settings) -> dict[str, int]:
     """`{physical topic}:{partition}` → last offset, for every non-empty user-topic partition."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import AIOKafkaConsumer
 
     async def go() -> dict[str, int]:
         c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap)
         await c.start()
         try:
-            tps = [
-                TopicPartition(topics.topic_name(t, s.topic_prefix), p)
-                for t in USER_TOPICS
-                for p in range(s.topic_partitions or 8)
-            ]
+            tps = user_partitions(s)
             ends = await c.end_offsets(tps)
         finally:
             await c.stop()
