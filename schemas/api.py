@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import BeforeValidator, Field, StringConstraints
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
 
 from schemas.events import Contract, Ident, NonNegFloat, Probability, Slot, UserId, Version
+
+MAX_INTERESTS = 8  # declared interests per request: a sign-up form's few picks, not a profile
 
 
 def _integral(value: object) -> object:
@@ -28,6 +30,19 @@ Rung: TypeAlias = Literal["adapter", "base_model", "recall_score", "popular"]
 QosClass: TypeAlias = Literal["guaranteed", "burstable", "besteffort"]
 
 
+def _distinct(names: list[str]) -> list[str]:
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"lists a category more than once: {twice}")
+    return names
+
+
+# category names (`AdCreative.category`) the user declared; names the catalog does not hold are
+# ignored by serving and counted, not refused: the catalog's categories change while clients
+# keep sending what their users picked (OpenRTB bidders ignore unknown taxonomy values likewise)
+Interests: TypeAlias = Annotated[list[Ident], Field(max_length=MAX_INTERESTS), AfterValidator(_distinct)]
+
+
 class AdRequest(Contract):
     """A request for ranked ads for one user in one slot."""
 
@@ -44,6 +59,10 @@ class AdRequest(Contract):
     # a preview (tools, monitors, freshness probes): ranked and answered as usual, but no
     # impression is logged, nothing is spent or frequency-capped, the canary's windows skip it
     preview: bool = False
+    # declared interests (category names, e.g. picked at sign-up): a user with no state yet is
+    # ranked as if they had clicked once in each; the prior gives way as the user's own evidence
+    # accrues (`serving.interests`)
+    interests: Interests | None = None
 
 
 class ServedAd(Contract):
