@@ -262,6 +262,12 @@ class Settings(BaseSettings):
     )
     serve_adapter_capacity: int = Field(2048, ge=1, description="Adapters a replica can hold")
     serve_rank_chunk: int = Field(2048, ge=1, description="Rank on CPU: candidates per forward pass")
+    serve_interest_weight: float = Field(
+        1.0,
+        ge=0,
+        description="Cold start: each category a new user declares (AdRequest.interests) counts as "
+        "this many clicks in it, fading as the user's own evidence reaches it; 0 ignores interests",
+    )
     serve_merge_group_limit: int = Field(
         8, ge=0, description="Rank: a batch with at most this many adapters runs all of them merged"
     )
