@@ -100,7 +100,13 @@ class AdServer(ReplicaLoops):
             self.catalog = Catalog(
                 s.state_dim, model.config, content_vectorizer(s.state_dim), max_ads=s.serve_catalog_max_ads
             )
-        self.pipe = AdPipeline(s, self.rank, self.catalog, self.towers)
+        self.pipe = AdPipeline(
+            s,
+            self.rank,
+            self.catalog,
+            self.towers,
+            lambda outcome, n: self.metrics.interests.labels(outcome).inc(n),
+        )
         self.applier = DeltaApplier(
             self.rank.bank,
             version,

@@ -32,6 +32,13 @@ class ServingMetrics:
             "adstream_serving_served_by_total", "Requests by ladder rung", ["rung"], registry=r
         )
         self.shed = Counter("adstream_serving_shed_total", "Requests refused with 503 (overload)", registry=r)
+        self.interests = Counter(
+            "adstream_serving_interests_total",
+            "Declared interests of requests by outcome (used: a cold-start prior; faded: the user's "
+            "own evidence outweighs it; unknown: no such category in the catalog)",
+            ["outcome"],
+            registry=r,
+        )
         self.qos_requests = Counter(
             "adstream_serving_qos_requests_total",
             "Ad requests by QoS class and gate outcome (served, or why shed: queue_full, timeout, evicted)",

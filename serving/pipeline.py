@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -23,6 +24,7 @@ from serving.adapters import CANDIDATE
 from serving.ann import make_index
 from serving.catalog import Catalog
 from serving.deadline import Rung, StageCosts
+from serving.interests import CategoryCentroids, category_centroids, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
 from serving.rerank import RerankParams, pacing_factor, rerank
 from serving.towers import TowerSpace
@@ -80,7 +82,12 @@ class AdPipeline:
     """Recall and rerank over the replica's catalog, with the rank model and adapter ids at hand."""
 
     def __init__(
-        self, settings: Settings, rank: RankModel, catalog: Catalog, towers: TowerSpace | None = None
+        self,
+        settings: Settings,
+        rank: RankModel,
+        catalog: Catalog,
+        towers: TowerSpace | None = None,
+        on_interests: Callable[[str, int], None] | None = None,
     ) -> None:
         self.settings = settings
         self.towers = towers
@@ -99,6 +106,13 @@ class AdPipeline:
         self._popular_version = -1
         self._centroid = np.zeros(catalog.dim, dtype=np.float32)
         self._adapter_tables: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray]] = {}
+        # each row's content vector in the user-state space (declared interests' centroids): the
+        # catalog's own vectors when they are that space, else kept here
+        self._content = np.zeros((0, settings.state_dim), dtype=np.float32)
+        self._centroids: CategoryCentroids | None = None
+        self._centroids_version = -1
+        self.interest_counts: Counter[str] = Counter()  # declared interests: used / faded / unknown
+        self._on_interests = on_interests
 
     # -- catalog ------------------------------------------------------------------------
     def add_ad(self, ad: AdCreative, vector: np.ndarray | None = None) -> None:
@@ -106,6 +120,55 @@ class AdPipeline:
         row = self.catalog.upsert(ad, vector)
         self.index.update(self.catalog.vectors, self.catalog.n)
         self.index.upsert(row, ad.active)
+        if not self._content_is_catalog(vector):
+            if row >= self._content.shape[0]:
+                grown = np.zeros(
+                    (max(2 * self._content.shape[0], row + 1, 64), self.settings.state_dim), np.float32
+                )
+                grown[: self._content.shape[0]] = self._content
+                self._content = grown
+            self._content[row] = content_vector(ad.category, ad.title, self.settings.state_dim)
+
+    def _content_is_catalog(self, vector: np.ndarray | None = None) -> bool:
+        return self.towers is None and vector is None and self.catalog.dim == self.settings.state_dim
+
+    # -- declared interests (cold start) ------------------------------------------------
+    def centroids(self) -> CategoryCentroids:
+        """Each catalog category's mean content vector (refreshed when the catalog changed)."""
+        cat = self.catalog
+        if self._centroids is None or self._centroids_version != cat.version:
+            n = cat.n
+            content = cat.vectors[:n] if self._content_is_catalog() else self._content[:n]
+            self._centroids = category_centroids(cat.codes["category"], cat.category[:n], content)
+            self._centroids_version = cat.version
+        return self._centroids
+
+    def with_interests(self, user: UserView | None, interests: Sequence[str] | None) -> UserView | None:
+        """The user's view with the prior of their declared interests added (`serving.interests`):
+        the whole state of a brand-new user (None), fading to nothing as their evidence grows."""
+        weight = self.settings.serve_interest_weight
+        if not interests or weight <= 0:
+            return user
+        evidence = 0.0 if user is None else float(sum(user.intents.values()))
+        prior = interest_prior(interests, self.centroids(), weight, evidence)
+        for outcome in ("used", "faded", "unknown"):
+            n = getattr(prior, outcome)
+            if n:
+                self.interest_counts[outcome] += n
+                if self._on_interests is not None:
+                    self._on_interests(outcome, n)
+        if not prior.used:
+            return user
+        if user is None:
+            return UserView(prior.vector, prior.intents)
+        dim = self.settings.state_dim
+        vec = np.zeros(dim, dtype=np.float32)
+        own = np.asarray(user.vector, dtype=np.float32)[:dim]
+        vec[: own.shape[0]] = own
+        intents = dict(user.intents)
+        for c, w in prior.intents.items():
+            intents[c] = intents.get(c, 0.0) + w
+        return UserView(vec + prior.vector, intents)
 
     def popular(self, k: int) -> np.ndarray:
         """Cached popular rows (refreshed when the catalog changed)."""
@@ -160,6 +223,7 @@ class AdPipeline:
             row = cat.row_of.get(ad_id)
             if row is not None:
                 allowed[row] = False
+        user = self.with_interests(user, req.interests)
         query = self.query(user, req.context, req.slot, hour)
         rows, scores = self.index.search(query, self.settings.recall_k, allowed)
         intents = np.zeros(len(cat.codes["category"]), dtype=np.float32)
