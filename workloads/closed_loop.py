@@ -153,7 +153,10 @@ async def run_closed_loop(
             req = market.next_request(ts=now)
             pending.push(market.advance(now))
             report.requests += 1
-            resp = await _ask(http, AdRequest(user_id=req.user_id, slot=req.slot, k=req.k), report)
+            ask = AdRequest(
+                user_id=req.user_id, slot=req.slot, k=req.k, interests=list(req.interests) or None
+            )
+            resp = await _ask(http, ask, report)
             if resp is not None:
                 pending.push(_serve_outcome(market, req.user_id, req.slot, now, resp, report))
             pending.push(market.organic(req))

@@ -41,6 +41,11 @@ class MarketConfig:
     favorite_categories: int = 2
     favorite_boost: float = 3.0
     interest_noise: float = 0.5
+    # declared interests (sign-up picks, sent with every request as `AdRequest.interests`): each
+    # user's `declared_interests` truly top categories, each one swapped with probability
+    # `declared_error` for a category outside that top (users misreport, or pick on a whim)
+    declared_interests: int = 2
+    declared_error: float = 0.25
     bias: float = -4.6
     ad_quality_sd: float = 0.3
     advertiser_sd: float = 0.3
@@ -97,6 +102,10 @@ class MarketConfig:
             _fail("n_new_ads", self.n_new_ads, "must be >= 0")
         if not 0 <= self.favorite_categories <= self.n_categories:
             _fail("favorite_categories", self.favorite_categories, "must be in [0, n_categories]")
+        if not 0 <= self.declared_interests <= self.n_categories:
+            _fail("declared_interests", self.declared_interests, "must be in [0, n_categories]")
+        if not 0 <= self.declared_error <= 1:
+            _fail("declared_error", self.declared_error, "must be a probability in [0, 1]")
 
     def _check_time(self) -> None:
         if self.start.tzinfo is None:

@@ -17,13 +17,16 @@ class UnknownEntityError(AdstreamError):
 
 @dataclass(frozen=True)
 class Request:
-    """One ad request of the simulated traffic: who, where, how many ads, when."""
+    """One ad request of the simulated traffic: who, where, how many ads, when, and the
+    interests the user declared (sent with every request; serving uses them while it knows
+    little of the user)."""
 
     user_id: str
     user: int
     slot: Slot
     k: int
     ts: datetime
+    interests: tuple[str, ...] = ()
 
 
 def index_of(ident: str, prefix: str, n: int, what: str) -> int:

@@ -8,6 +8,9 @@ Public API (names are stable; other rooms build test streams and benchmarks on t
 - `market.open_loop(n_impressions)` → an iterator of contract messages in time order: the
   catalog first, then `Impression`/`Click`/`Dwell`/`Conversion`, and new-ad `AdCreative`s when
   they arrive (cold start); a logging policy (`config.policy`) picks the ads.
+- `market.declared_interests(user_id)` → the categories the user declared (their true top
+  `declared_interests` ones, each swapped with probability `declared_error`); every `Request`
+  carries them.
 - `market.oracle_pctr(impression_or_event_id)` → the true click probability of an emitted
   impression; `market.true_pctr(user_id, ad_id, slot, position)` for any pair, now.
 - `market.next_request()` / `market.respond(impression)` / `market.organic(request)` drive the
@@ -94,6 +97,11 @@ class Market:
     # -- identities --------------------------------------------------------------------
     def user_id(self, user: int) -> str:
         return f"u{user:06d}"
+
+    def declared_interests(self, user_id: str) -> tuple[str, ...]:
+        """The categories `user_id` declared (their true top ones, some swapped: `declared_error`)."""
+        user = index_of(user_id, "u", self.config.n_users, "user")
+        return tuple(self.world.categories[int(c)] for c in self.world.declared[user])
 
     def advertiser_id(self, ad: int) -> str:
         return f"adv{int(self.world.ads.advertiser[ad]):03d}"
@@ -257,7 +265,8 @@ class Market:
             heapq.heappush(self._sessions, (t_us + gap, self._requests, user, left - 1))
         slot = SLOTS[min(int(np.searchsorted(self._slot_cdf, rng.random(), side="right")), 2)]
         self._requests += 1
-        return Request(self.user_id(user), user, slot, cfg.slot_k[slot], ts or self._ts(t_us))
+        uid = self.user_id(user)
+        return Request(uid, user, slot, cfg.slot_k[slot], ts or self._ts(t_us), self.declared_interests(uid))
 
     def _outcomes(self, imp: Impression, user: int, ad: int, p: float) -> tuple[bool, list[Event]]:
         """Click, dwell and caused conversion of one impression, drawn from the true model."""

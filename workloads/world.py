@@ -56,6 +56,20 @@ def draw_interests(rng: np.random.Generator, n_users: int, cfg: MarketConfig) ->
     return u
 
 
+def declare_interests(rng: np.random.Generator, interests: np.ndarray, k: int, error: float) -> np.ndarray:
+    """Each user's declared categories, [n_users, k]: their k truly top ones (by `interests`),
+    each swapped with probability `error` for a random category outside that top."""
+    n_users, n_cats = interests.shape
+    top = np.argsort(-interests, axis=1, kind="stable")[:, :k].astype(np.int64)
+    declared = top.copy()
+    wrong = rng.random((n_users, k)) < error
+    for u, j in zip(*np.nonzero(wrong), strict=True):
+        others = np.setdiff1d(np.arange(n_cats), np.concatenate([top[u], declared[u]]))
+        if others.shape[0]:
+            declared[u, j] = others[int(rng.integers(others.shape[0]))]
+    return declared
+
+
 @dataclass(frozen=True)
 class Ads:
     """Column arrays of every ad the market will ever have (initial ones first, then new ones)."""
@@ -97,17 +111,20 @@ class World:
     # trend / handover modes: the categories whose interest rises / falls at the drift
     trend_up: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     trend_down: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # declared interests (category indices, [n_users, declared_interests]): see declare_interests
+    declared: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
 
 
 def build_world(cfg: MarketConfig) -> World:
     """Draw the world from independent child streams of the seed (changing one part of the
     config, e.g. the drift share, leaves the users and ads as they were)."""
-    s_words, s_users, s_ads, s_adv, s_drift = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(5)
+    s_words, s_users, s_ads, s_adv, s_drift, s_declared = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(6)
     )
     categories = category_names(cfg.n_categories)
     vocabs = category_vocabularies(s_words, categories)
     interests = draw_interests(s_users, cfg.n_users, cfg)
+    declared = declare_interests(s_declared, interests, cfg.declared_interests, cfg.declared_error)
     ads = draw_ads(s_ads, cfg.n_ads + cfg.n_new_ads, cfg, vocabs)
     advertiser_effect = s_adv.normal(0.0, cfg.advertiser_sd, size=cfg.n_advertisers)
     drift_users = s_drift.random(cfg.n_users) < cfg.drift_share
@@ -115,7 +132,16 @@ def build_world(cfg: MarketConfig) -> World:
         up, down, shift = trend_shift(s_drift, cfg)
         interests_after = interests + np.where(drift_users[:, None], shift, 0.0)
         return World(
-            categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads, up, down
+            categories,
+            vocabs,
+            interests,
+            interests_after,
+            drift_users,
+            advertiser_effect,
+            ads,
+            up,
+            down,
+            declared,
         )
     if cfg.drift_mode == "handover":
         before, after, shift_before, shift_after = handover_shift(s_drift, cfg)
@@ -130,10 +156,13 @@ def build_world(cfg: MarketConfig) -> World:
             ads,
             after,
             before,
+            declared,
         )
     fresh = draw_interests(s_drift, cfg.n_users, cfg)
     interests_after = np.where(drift_users[:, None], fresh, interests)
-    return World(categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads)
+    return World(
+        categories, vocabs, interests, interests_after, drift_users, advertiser_effect, ads, declared=declared
+    )
 
 
 def handover_shift(
