@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
@@ -35,6 +36,13 @@ CHANNEL_SQL: dict[str, str] = {
     "slot": "slot",
     "campaign": "campaign_id",
     "slot_campaign": "concat(campaign_id, ':', slot)",
+}
+
+# The same channel as a 64-bit key, hashed from the columns themselves (no string built per row).
+CHANNEL_KEY_SQL: dict[str, str] = {
+    "slot": "cityHash64(slot)",
+    "campaign": "cityHash64(campaign_id)",
+    "slot_campaign": "cityHash64(campaign_id, slot)",
 }
 
 VIEW, CLICK = 0, 1
@@ -54,13 +62,19 @@ def channel_sql(by: str) -> str:
         ) from None
 
 
+def channel_key_sql(by: str) -> str:
+    """The SQL expression of a touch's channel key (a 64-bit hash) for granularity `by`."""
+    channel_sql(by)  # the one check of `by`
+    return CHANNEL_KEY_SQL[by]
+
+
 # The touches of every (user, advertiser) in [lo, until), sorted by (time, kind, channel).
 _TOUCHES = """
 SELECT user_id, advertiser_id,
        arraySort(groupArray((t, k, ch))) AS tt,
        arrayMap(x -> x.1, tt) AS t_ts, arrayMap(x -> x.2, tt) AS t_kind, arrayMap(x -> x.3, tt) AS t_ch
 FROM (
-    SELECT user_id, advertiser_id, toUInt32(ts) AS t, toUInt8(0) AS k, cityHash64({ch}) AS ch
+    SELECT user_id, advertiser_id, toUInt32(ts) AS t, toUInt8(0) AS k, {key} AS ch
     FROM impressions FINAL
     WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
     UNION ALL
@@ -69,23 +83,29 @@ FROM (
         SELECT user_id, toUInt32(ts) AS t, impression_id AS event_id FROM clicks FINAL
         WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
     ) AS c ANY INNER JOIN (
-        -- only the clicked impressions go into the join's hash table
-        SELECT event_id, advertiser_id, cityHash64({ch}) AS ch FROM impressions FINAL
+        -- only the clicked impressions go into the join's hash table; no FINAL on this side or
+        -- in the IN set: ANY takes one row per key and a set ignores copies, so a re-inserted
+        -- row changes nothing here (the left side's FINAL keeps each click once)
+        SELECT event_id, advertiser_id, {key} AS ch FROM impressions
         WHERE ts >= toDateTime(%(imp_lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
           AND event_id IN (
-              SELECT impression_id FROM clicks FINAL
+              SELECT impression_id FROM clicks
               WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s))
     ) AS i USING event_id
 )
 GROUP BY user_id, advertiser_id
 """
 
-# Channels travel through the path SQL as 64-bit hashes (cheaper to sort, copy and group than
-# strings); this names them.
+# Channels travel through the path SQL as 64-bit keys (cheaper to sort, copy and group than
+# strings); this names them. Distinct (campaign, slot) pairs first: a re-inserted row adds no
+# pair, so no FINAL is needed, and the name is built once per pair, not per impression.
 CHANNEL_NAMES_SQL = """
-SELECT DISTINCT cityHash64({ch}) AS h, {ch} AS name
-FROM impressions FINAL
-WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+SELECT {key} AS h, any({ch}) AS name
+FROM (
+    SELECT DISTINCT campaign_id, slot FROM impressions
+    WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+)
+GROUP BY h
 """
 
 # Conversions of every (user, advertiser) in [lo, until) (earlier ones only reset paths).
@@ -149,6 +169,8 @@ FROM (
 )
 WHERE notEmpty(path)
 GROUP BY path, kinds, ages
+-- by content (channel keys, kinds, ages: unique per row), the same order on every engine
+ORDER BY path, kinds, ages
 """
 
 # Conversions in range, and how many of them no touch preceded (reported, not credited).
@@ -193,13 +215,12 @@ def check_range(since: int, until: int) -> None:
 
 def paths_query(by: str) -> str:
     """The full path-building SQL at granularity `by` (placeholders as in `path_params`)."""
-    ch = channel_sql(by)
-    return PATHS_SQL.format(touches=_TOUCHES.format(ch=ch), conversions=_CONVERSIONS)
+    return PATHS_SQL.format(touches=_TOUCHES.format(key=channel_key_sql(by)), conversions=_CONVERSIONS)
 
 
 def channel_names_query(by: str) -> str:
     """Channel hash → name at granularity `by` (same placeholders as `paths_query`)."""
-    return CHANNEL_NAMES_SQL.format(ch=channel_sql(by))
+    return CHANNEL_NAMES_SQL.format(ch=channel_sql(by), key=channel_key_sql(by))
 
 
 def path_params(since: int, until: int, window: Window) -> dict[str, Any]:
@@ -277,30 +298,32 @@ def paths_from_rows(rows: Sequence[Sequence[Any]], names_of: dict[Any, str] | No
 
     `names_of` maps the channel keys of the rows (hashes) to names; without it keys are names.
     """
-    keys = {c for row in rows for c in row[0]}
+    flat = list(chain.from_iterable(r[0] for r in rows))
+    keys = dict.fromkeys(flat)
     if names_of is not None:
-        missing = keys - names_of.keys()
+        missing = keys.keys() - names_of.keys()
         if missing:
             raise AttributionInputError(f"path channels {sorted(missing)[:3]} have no name")
-    name = (lambda k: names_of[k]) if names_of is not None else (lambda k: k)
+    name = names_of.__getitem__ if names_of is not None else (lambda k: k)
     names = sorted({name(k) for k in keys})
     index = {n: i for i, n in enumerate(names)}
     code = {k: index[name(k)] for k in keys}
-    lengths = np.fromiter((len(r[0]) for r in rows), dtype=np.int64, count=len(rows))
+    lengths = np.fromiter(map(len, (r[0] for r in rows)), dtype=np.int64, count=len(rows))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat = [c for r in rows for c in r[0]]
-    channel = np.fromiter((code[c] for c in flat), dtype=np.int32, count=len(flat))
-    kind = np.fromiter((k for r in rows for k in r[1]), dtype=np.uint8, count=len(flat))
-    ages = np.fromiter((a for r in rows for a in r[2]), dtype=np.float64, count=len(flat)) * 3600.0
+    count = len(flat)
+    channel = np.fromiter(map(code.__getitem__, flat), dtype=np.int32, count=count)
+    kind = np.fromiter(chain.from_iterable(r[1] for r in rows), dtype=np.uint8, count=count)
+    ages = np.fromiter(chain.from_iterable(r[2] for r in rows), dtype=np.float64, count=count) * 3600.0
+    counts = np.array([r[3:6] for r in rows], dtype=np.float64).reshape(len(rows), 3)
     return Paths(
         tuple(names),
         offsets,
         channel,
         kind,
         ages,
-        np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows)),
-        np.fromiter((r[4] for r in rows), dtype=np.float64, count=len(rows)),
-        np.fromiter((r[5] for r in rows), dtype=np.float64, count=len(rows)),
+        np.ascontiguousarray(counts[:, 0]),
+        np.ascontiguousarray(counts[:, 1]),
+        np.ascontiguousarray(counts[:, 2]),
     )
 
 
@@ -350,8 +373,4 @@ def build_paths(backend: Backend, by: str, since: int, until: int, window: Windo
     names_of = {h: n for h, n in backend.execute(channel_names_query(by), params)}
     totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
     conv, value = totals[0] if totals else (0, 0.0)
-    # Engines return the aggregated paths in no set order, and a seeded bootstrap resamples rows
-    # by position: sort them by content so the same events give the same run on any engine.
-    rows = sorted(rows, key=lambda r: (tuple(names_of.get(c, str(c)) for c in r[0]), tuple(r[1]),
-                                       tuple(r[2]), r[3], r[4], r[5]))  # fmt: skip
     return PathBuild(paths_from_rows(rows, names_of), float(conv or 0), float(value or 0.0))

@@ -1,8 +1,11 @@
 """Attribution benchmarks and the truth check.
 
 1. `sink_rows_per_s`: raw events (impressions, clicks, conversions of the attribution market)
-   inserted into the raw tables of the ClickHouse server through clickhouse-driver, columnar
-   batches of 200,000 rows (the column lists are built before the clock starts). Goal ≥ 100,000.
+   inserted into the raw tables of the ClickHouse server by the streams worker's own sink
+   (`streams.sink.ClickHouseSink`: row tuples as the worker builds them, blocks of
+   `sink_batch_size` rows; the tuples are built before the clock starts). Goal ≥ 100,000.
+   `bulk_load_rows_per_s` is the columnar load path (`DriverBackend.insert_columnar`, 200,000-row
+   column lists) that the tests and the truth check use, for comparison.
 2. `path_build_events_per_s`: the path-building SQL (attribution.paths) over those events, at
    slot × campaign granularity, events in range / wall time. Goal ≥ 1,000,000.
 3. `models_100k_paths_s`: every model (point estimates; Markov with its order chosen on held-out
@@ -46,6 +49,7 @@ from attribution.sql import DriverBackend  # noqa: E402
 from attribution.truth import check_market  # noqa: E402
 from deploy.machine import machine  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
+from streams.sink import ClickHouseSink  # noqa: E402
 from workloads.attribution_market import (  # noqa: E402
     AttributionMarketConfig,
     period,
@@ -95,11 +99,23 @@ def bench_sink_and_paths(settings: Settings, users: int) -> dict[str, Any]:
         data = simulate(cfg)
         tables = raw_columns(data)
         rows = sum(len(cols[0]) for _, cols in tables.values())
+        sink = ClickHouseSink(s)
+        batch = s.sink_batch_size
+        tuples = {table: (names, list(zip(*cols, strict=True))) for table, (names, cols) in tables.items()}
         t0 = time.perf_counter()
-        for table, (names, cols) in tables.items():
-            for lo in range(0, len(cols[0]), 200_000):
-                backend.insert_columnar(table, names, [c[lo : lo + 200_000] for c in cols])
+        for table, (names, block) in tuples.items():
+            for lo in range(0, len(block), batch):
+                sink.insert_block(table, names, block[lo : lo + batch])
         insert_s = time.perf_counter() - t0
+        sink.close()
+        # the impressions again through the columnar bulk path, into a copy of their table
+        client.execute("CREATE TABLE bulk_impressions AS impressions")
+        names, cols = tables["impressions"]
+        t0 = time.perf_counter()
+        for lo in range(0, len(cols[0]), 200_000):
+            backend.insert_columnar("bulk_impressions", names, [c[lo : lo + 200_000] for c in cols])
+        bulk_s = time.perf_counter() - t0
+        bulk_rows = len(cols[0])
         client.execute("OPTIMIZE TABLE impressions FINAL")  # merged parts, as a settled table would be
         since, until = period(cfg)
         window = Window(click_s=3 * 86400, view_s=86400, gap_s=3 * 86400)
@@ -110,7 +126,9 @@ def bench_sink_and_paths(settings: Settings, users: int) -> dict[str, Any]:
         return {
             "rows": rows,
             "insert_s": round(insert_s, 3),
+            "sink_batch_rows": batch,
             "sink_rows_per_s": round(rows / insert_s),
+            "bulk_load_rows_per_s": round(bulk_rows / bulk_s),
             "path_events": data.n_events,
             "path_build_s": round(path_s, 3),
             "path_build_events_per_s": round(data.n_events / path_s),

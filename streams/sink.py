@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, Protocol
 
@@ -120,9 +121,10 @@ class ClickHouseSink:
         for table, batch in rows.items():
             cols = (*by_table[table], "kafka_partition", "kafka_offset")
             for block in month_blocks(batch, self.max_months):
-                self._execute(table, cols, block)
+                self.insert_block(table, cols, block)
 
-    def _execute(self, table: str, cols: tuple[str, ...], block: list[tuple[Any, ...]]) -> None:
+    def insert_block(self, table: str, cols: Sequence[str], block: list[tuple[Any, ...]]) -> None:
+        """One INSERT of rows (in `cols` order) into `table`, on the calling thread."""
         # `ts` is epoch seconds: DateTime takes it as is (no tz conversion on the client)
         self._client.execute(
             f"INSERT INTO {table} ({', '.join(cols)}) VALUES", block, types_check=False, settings={}

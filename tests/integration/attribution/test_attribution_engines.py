@@ -96,13 +96,21 @@ def test_paths_respect_lookbacks_and_reset(engines: dict[str, Backend]) -> None:
     assert not any(c.startswith(HOLDOUT_AD_ID) for c in p.channels)
 
 
-def test_rollups_survive_a_reinserted_batch(engines: dict[str, Backend]) -> None:
+def path_table(backend: Backend) -> tuple[Any, ...]:
+    since, until = period(CFG)
+    p = build_paths(backend, "slot_campaign", since, until, WINDOW).paths
+    return (p.channels, p.offsets.tolist(), p.channel.tolist(), p.kind.tolist(), p.age_s.tolist(),
+            p.conversions.tolist(), p.value.round(6).tolist(), p.nulls.tolist())  # fmt: skip
+
+
+def test_rollups_and_paths_survive_a_reinserted_batch(engines: dict[str, Backend]) -> None:
     since, until = period(CFG)
     data = simulate(CFG)
     served = ~data.imp["holdout"]
     for name, backend in engines.items():
         rollups.refresh_rollups(backend, since, until)
         once = normal(backend.execute(rollups.ROLLUP_TOTALS_SQL, {"since": since, "until": until}))
+        paths_once = path_table(backend)
         write_raw(backend, data)  # the sink re-inserts every batch after a crash
         raw = backend.execute("SELECT count() FROM impressions", {})[0][0]
         assert raw == 2 * data.imp["t"].shape[0]  # the duplicates are really there
@@ -110,6 +118,7 @@ def test_rollups_survive_a_reinserted_batch(engines: dict[str, Backend]) -> None
         rollups.refresh_rollups(backend, since, until)  # and refreshing again changes nothing
         twice = normal(backend.execute(rollups.ROLLUP_TOTALS_SQL, {"since": since, "until": until}))
         assert once == twice, name
+        assert path_table(backend) == paths_once, name  # every touch and conversion still once
         assert sum(r[2] for r in twice) == int(served.sum())
         assert sum(r[3] for r in twice) == data.clk["t"].shape[0]
         assert sum(r[5] for r in twice) == data.conv["t"].shape[0]
