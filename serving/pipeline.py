@@ -143,10 +143,13 @@ class AdPipeline:
             self._centroids_version = cat.version
         return self._centroids
 
-    def with_interests(self, user: UserView | None, interests: Sequence[str] | None) -> UserView | None:
+    def with_interests(
+        self, user: UserView | None, interests: Sequence[str] | None, weight: float | None = None
+    ) -> UserView | None:
         """The user's view with the prior of their declared interests added (`serving.interests`):
-        the whole state of a brand-new user (None), fading to nothing as their evidence grows."""
-        weight = self.settings.serve_interest_weight
+        the whole state of a brand-new user (None), fading to nothing as their evidence grows.
+        `weight`: pseudo-clicks per category (default `settings.serve_interest_weight`)."""
+        weight = self.settings.serve_interest_weight if weight is None else weight
         if not interests or weight <= 0:
             return user
         evidence = 0.0 if user is None else float(sum(user.intents.values()))
