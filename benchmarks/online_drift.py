@@ -60,8 +60,10 @@ those means:
   `events_to_recover` ≤ horizon, while the frozen base does not recover 80% (nor loses nothing);
 - secondary, `gap_*` and `recovered_fraction_vs_oracle_*`: the same on oracle − model AUC of the
   same windows, with `goal_met_vs_oracle`;
-- `per_seed` (every figure for each seed alone), `spread` (sd, min and max over the seeds of the
-  AUC levels) and `seeds_meeting`.
+- `recovered_ci_low` / `recovered_ci_high`: the 95 % interval of `recovered_fraction` by a
+  percentile bootstrap over the seeds (`recovery_ci`; `--boot` resamples);
+- `per_seed` (a list: every figure for each seed alone, with its `seed`), `spread` (sd, min and
+  max over the seeds of the AUC levels) and `seeds_meeting`.
 Every scenario is under `scenarios`; the PNG (next to the JSON) has one panel each.
 
 **Delayed feedback** (`--label-modes`, in the `--label-scenarios`, default the headline): the
@@ -531,9 +533,40 @@ def figures(runs: Sequence[SeedRun], args: argparse.Namespace) -> dict[str, Any]
     return res
 
 
+def recovery_ci(
+    runs: Sequence[SeedRun], window: int, horizon: int, model: str = "online", boot: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+    """95 % percentile bootstrap interval of the seed-mean `recovered_fraction`, seeds resampled.
+
+    The figure is a ratio of seed means, (after − dip) / (pre − dip) on the mean curve, so each
+    resample of the seeds (with replacement) recomputes the mean curve and the ratio from every
+    seed's own window AUCs; the interval therefore holds both the seeds' differences and each
+    window's sampling noise (a seed's AUCs carry it). Resamples that lose nothing (pre ≤ dip)
+    have no fraction; they are counted, not dropped silently.
+    """
+    step = max(1, window // 10)
+    offsets = [0, *range(step, horizon + 1, step)]
+    per = np.array([[Curves([r]).at(model, o, window) for o in offsets] for r in runs])  # seeds × offsets
+    rng = np.random.default_rng([seed, len(runs)])
+    idx = rng.integers(0, len(runs), size=(boot, len(runs)))
+    curves = per[idx].mean(axis=1)  # boot × offsets
+    pre, dip, after = curves[:, 0], curves[:, 1:].min(axis=1), curves[:, offsets.index(horizon)]
+    lost = pre - dip
+    ok = lost > 0
+    frac = (after[ok] - dip[ok]) / lost[ok]
+    lo, hi = np.percentile(frac, [2.5, 97.5]) if frac.size else (np.nan, np.nan)
+    return {
+        "recovered_ci_low": float(lo),
+        "recovered_ci_high": float(hi),
+        "recovered_ci": {"level": 0.95, "method": "percentile bootstrap over seeds", "resamples": boot,
+                         "resamples_without_loss": int((~ok).sum())},
+    }  # fmt: skip
+
+
 def scenario_result(runs: list[SeedRun], args: argparse.Namespace, scenario: str) -> dict[str, Any]:
     """Seed-mean figures, per-seed figures, spread and mean curves of one scenario."""
     res = figures(runs, args)
+    res |= recovery_ci(runs, args.window, args.horizon, boot=args.boot)
     per_seed = {str(r.seed): figures([r], args) for r in runs}
     levels = [k for k in res if k.startswith("auc_") and not k.startswith("auc_gain")]
     spread = {
@@ -560,7 +593,7 @@ def scenario_result(runs: list[SeedRun], args: argparse.Namespace, scenario: str
             k: sum(bool(s[k]) for s in per_seed.values()) for k in ("goal_met", "goal_met_vs_oracle")
         },
         "spread": spread,
-        "per_seed": per_seed,
+        "per_seed": [{"seed": int(k), **v} for k, v in per_seed.items()],
         "scenario": scenario,
         "market": {
             "impressions": args.impressions,
@@ -673,6 +706,7 @@ def main() -> None:
     ap.add_argument(
         "--window-s", type=float, default=None, help="attribution window of the label-mode replays"
     )
+    ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples of the recovery CI")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     if args.horizon % max(1, args.window // 10):

@@ -1,0 +1,63 @@
+"""benchmarks/online_drift.py's recovery interval: a bootstrap over seeds of the seed-mean figure."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _online_drift() -> ModuleType:
+    name = "bench_online_drift"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "online_drift.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+def _run(od: ModuleType, seed: int, recovery: float) -> object:
+    """A stream whose online scores are sharp before the drift, blurred right after it and
+    sharp again (by `recovery`) at the horizon: noise on a perfect score grows, then shrinks."""
+    rng = np.random.default_rng(seed)
+    n, drift = 600, 300
+    y = rng.integers(0, 2, n).astype(float)
+    noise = np.full(n, 0.5)
+    after = np.arange(n - drift)
+    noise[drift:] = 0.5 + 2.0 * np.exp(-after / 60.0 * recovery)  # blurred, then sharper
+    scores = {
+        "online": y + noise * rng.normal(size=n),
+        "frozen": y + 2.0 * rng.normal(size=n),
+        "oracle": y + 0.1 * rng.normal(size=n),
+    }
+    return od.SeedRun(seed, y, scores, drift)
+
+
+def test_interval_brackets_the_seed_mean_and_collapses_for_identical_seeds() -> None:
+    od = _online_drift()
+    args = argparse.Namespace(window=100, horizon=200, recover_window=50)
+    runs = [_run(od, s, 1.0 + 0.3 * s) for s in range(6)]
+    point = od.figures(runs, args)["recovered_fraction"]
+    ci = od.recovery_ci(runs, args.window, args.horizon, boot=500)
+    assert ci["recovered_ci_low"] <= point <= ci["recovered_ci_high"]
+    assert ci["recovered_ci_high"] - ci["recovered_ci_low"] > 0.01  # the seeds differ
+    same = [_run(od, 0, 1.0)] * 4  # no spread between seeds: the interval is the figure itself
+    only = od.recovery_ci(same, args.window, args.horizon, boot=200)
+    assert only["recovered_ci_low"] == pytest.approx(od.figures(same, args)["recovered_fraction"])
+    assert only["recovered_ci_high"] == pytest.approx(only["recovered_ci_low"])
+    # deterministic under its seed
+    assert od.recovery_ci(runs, args.window, args.horizon, boot=500) == ci
