@@ -243,8 +243,14 @@ class Settings(BaseSettings):
     )
     serve_batch_wait_ms: float = Field(0.0, ge=0, description="@serve.batch wait (0: take what is queued)")
     # measured in benchmarks/recall.py (1,000,000 ads): see README "Scale-out"
-    recall_index: Literal["exact", "usearch"] = Field(
-        "exact", description="Recall backend: exact matmul, or usearch HNSW (serving.ann) for large catalogs"
+    recall_index: Literal["exact", "ivf", "usearch"] = Field(
+        "exact",
+        description="Recall backend: exact matmul, or for large catalogs an inverted file "
+        "(serving.ivf; the measured choice) or usearch HNSW (serving.ann)",
+    )
+    recall_ivf_lists: int = Field(0, ge=0, description="ivf: k-means cells (0: 2·√ads at training)")
+    recall_ivf_scan: float = Field(
+        24.0, ge=1, description="ivf: scan the best cells until this × recall_k visible ads were seen"
     )
     recall_ann_min_ads: int = Field(
         20_000, ge=0, description="usearch: below this many ads recall stays exact (a matmul is faster)"

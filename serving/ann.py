@@ -25,13 +25,16 @@ Below `exact_below` ads a matmul is faster than the graph and exact, and is used
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from schemas.errors import ConfigError
 from schemas.settings import Settings
 from serving.index import ExactIndex
+
+if TYPE_CHECKING:
+    from serving.ivf import IvfIndex
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +170,22 @@ class UsearchIndex:
         return rows[top], scores[top]
 
 
-def make_index(settings: Settings, vectors: np.ndarray, n: int) -> ExactIndex | UsearchIndex:
+def make_index(settings: Settings, vectors: np.ndarray, n: int) -> ExactIndex | IvfIndex | UsearchIndex:
     """The recall index `settings.recall_index` names, over the catalog's matrix."""
+    from serving.ivf import IvfIndex
+
     if settings.recall_index == "exact":
         return ExactIndex(vectors, n)
+    index: IvfIndex | UsearchIndex
+    if settings.recall_index == "ivf":
+        index = IvfIndex(
+            vectors.shape[1],
+            lists=settings.recall_ivf_lists,
+            scan=settings.recall_ivf_scan,
+            exact_below=settings.recall_ann_min_ads,
+        )
+        index.update(vectors, n)
+        return index
     index = UsearchIndex(
         vectors.shape[1],
         connectivity=settings.recall_ann_connectivity,

@@ -1,5 +1,6 @@
-"""serving.ann: the usearch HNSW recall backend — ads entering, changing and leaving without a
-rebuild, `allowed` masks, exact scores, recall against exact search, selection by settings."""
+"""serving.ann and serving.ivf: the approximate recall backends (usearch HNSW, inverted file) —
+ads entering, changing and leaving without a rebuild, `allowed` masks, exact scores, recall
+against exact search, selection by settings. The behaviour tests run on both backends."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from schemas.errors import ConfigError
 from schemas.settings import Settings
 from serving.ann import UsearchIndex, exact_search, make_index
 from serving.index import ExactIndex
+from serving.ivf import IvfIndex
 
 DIM = 16
 
@@ -19,8 +21,13 @@ def unit(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def built(vectors: np.ndarray, dtype: str = "i8", **kw: object) -> UsearchIndex:
-    index = UsearchIndex(vectors.shape[1], dtype=dtype, exact_below=0, **kw)  # type: ignore[arg-type]
+def built(vectors: np.ndarray, dtype: str = "i8", **kw: object) -> UsearchIndex | IvfIndex:
+    """A bulk-built index; dtype "ivf" means the inverted file (its cells hold float32)."""
+    index: UsearchIndex | IvfIndex
+    if dtype == "ivf":
+        index = IvfIndex(vectors.shape[1], exact_below=0, **kw)  # type: ignore[arg-type]
+    else:
+        index = UsearchIndex(vectors.shape[1], dtype=dtype, exact_below=0, **kw)  # type: ignore[arg-type]
     index.update(vectors, vectors.shape[0])
     index.upsert_many(np.arange(vectors.shape[0]), np.ones(vectors.shape[0], dtype=bool))
     return index
@@ -35,7 +42,7 @@ def data() -> tuple[np.ndarray, np.ndarray]:
     return ads, queries
 
 
-@pytest.mark.parametrize("dtype", ["i8", "f32"])
+@pytest.mark.parametrize("dtype", ["i8", "f32", "ivf"])
 def test_recall_against_exact_and_exact_scores(data: tuple[np.ndarray, np.ndarray], dtype: str) -> None:
     ads, queries = data
     index = built(ads, dtype)
@@ -50,12 +57,15 @@ def test_recall_against_exact_and_exact_scores(data: tuple[np.ndarray, np.ndarra
     assert np.mean(recalls) >= 0.95, recalls
 
 
-def test_paused_ads_leave_and_new_ads_enter_without_rebuild(data: tuple[np.ndarray, np.ndarray]) -> None:
+@pytest.mark.parametrize("backend", ["i8", "ivf"])
+def test_paused_ads_leave_and_new_ads_enter_without_rebuild(
+    data: tuple[np.ndarray, np.ndarray], backend: str
+) -> None:
     ads, queries = data
     n = ads.shape[0]
     matrix = np.zeros((n + 10, DIM), dtype=np.float32)
     matrix[:n] = ads
-    index = built(matrix[:n])
+    index = built(matrix[:n], backend)
     index.update(matrix, n)
     q = queries[0]
     best = int(index.search(q, 1, None)[0][0])
@@ -76,9 +86,12 @@ def test_paused_ads_leave_and_new_ads_enter_without_rebuild(data: tuple[np.ndarr
     assert len(index) == n + 1
 
 
-def test_allowed_mask_is_respected_even_when_it_hides_the_best(data: tuple[np.ndarray, np.ndarray]) -> None:
+@pytest.mark.parametrize("backend", ["i8", "ivf"])
+def test_allowed_mask_is_respected_even_when_it_hides_the_best(
+    data: tuple[np.ndarray, np.ndarray], backend: str
+) -> None:
     ads, queries = data
-    index = built(ads)
+    index = built(ads, backend)
     q = queries[1]
     allowed = np.ones(ads.shape[0], dtype=bool)
     truth, _ = exact_search(ads, q, 300, None)
@@ -137,9 +150,57 @@ def test_make_index_follows_the_settings() -> None:
     )
     assert isinstance(ann, UsearchIndex)
     assert (ann.dtype, ann.exact_below, ann.graph.connectivity) == ("f32", 5, 8)
+    ivf = make_index(
+        Settings(recall_index="ivf", recall_ivf_lists=4, recall_ivf_scan=3, recall_ann_min_ads=5), vecs, 0
+    )
+    assert isinstance(ivf, IvfIndex)
+    assert (ivf.lists_wanted, ivf.scan, ivf.exact_below) == (4, 3.0, 5)
 
 
-def test_the_pipeline_recalls_through_usearch_when_the_settings_say_so() -> None:
+def test_ivf_repacks_side_rows_into_cells_and_retrains_when_outgrown(
+    data: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """Changes wait in the side list until REPACK of them, then go into their cells without
+    moving the others; the centroids are trained again only once the catalog has outgrown them."""
+    ads, queries = data
+    n = ads.shape[0]
+    matrix = np.zeros((4 * n + 10, DIM), dtype=np.float32)
+    matrix[:n] = ads
+    index = built(matrix[:n], "ivf")
+    index.update(matrix, n)
+    cells, centroids = index.cell[:n].copy(), index.centroids.copy()
+    index.REPACK = 50  # type: ignore[misc]
+    rng = np.random.default_rng(5)
+    moved = rng.choice(n, size=49, replace=False)
+    matrix[moved] = -matrix[moved]
+    for row in moved:
+        index.upsert(int(row), True)
+    assert len(index.side) == 49 and not index.packed_ok[moved].any()
+    for q in queries[:5]:  # side rows are searched with their new vectors meanwhile
+        rows, scores = index.search(q, 50, None)
+        np.testing.assert_allclose(scores, matrix[rows] @ q, rtol=1e-6)
+    index.upsert(int(np.setdiff1d(np.arange(n), moved)[0]), True)  # the 50th change: repack
+    assert not index.side and index.packed_ok[:n].all()
+    untouched = np.setdiff1d(np.arange(n), moved)
+    assert (index.cell[untouched] == cells[untouched]).all()  # nothing else moved
+    assert np.array_equal(index.centroids, centroids)  # nor was anything trained again
+    matrix[n : 4 * n + 10] = np.concatenate([ads] * 4)[: 3 * n + 10]
+    index.update(matrix, 4 * n + 10)
+    index.upsert_many(np.arange(n, 4 * n + 10), np.ones(3 * n + 10, dtype=bool))
+    assert index.trained_n == 4 * n + 10 and index.centroids.shape[0] > centroids.shape[0]
+
+
+def test_ivf_bad_arguments_are_named() -> None:
+    with pytest.raises(ConfigError, match="recall_ivf_scan"):
+        IvfIndex(DIM, scan=0.5)
+    index = IvfIndex(DIM)
+    index.update(np.zeros((4, DIM), dtype=np.float32), 2)
+    with pytest.raises(ConfigError, match="row 3 is beyond"):
+        index.upsert(3, True)
+
+
+@pytest.mark.parametrize("backend", ["usearch", "ivf"])
+def test_the_pipeline_recalls_through_the_ann_index_when_the_settings_say_so(backend: str) -> None:
     """AdPipeline with recall_index=usearch: live ads (past the catalog's first reallocation),
     paused, spent and capped ads filtered, and nearly the exact pipeline's candidates."""
     from datetime import UTC, datetime
@@ -171,7 +232,7 @@ def test_the_pipeline_recalls_through_usearch_when_the_settings_say_so() -> None
         )
 
     pipes = {}
-    for kind in ("exact", "usearch"):
+    for kind in ("exact", backend):
         torch.manual_seed(0)
         s = Settings(
             state_dim=16, recall_k=40, recall_index=kind, recall_ann_min_ads=0, recall_ann_dtype="f32"
@@ -186,15 +247,16 @@ def test_the_pipeline_recalls_through_usearch_when_the_settings_say_so() -> None
         pipe.add_ad(creative(1, active=False))  # paused
         pipe.catalog.set_spend({"c2": 1e9})  # campaign c2 spent out
         pipes[kind] = pipe
-    assert isinstance(pipes["usearch"].index, UsearchIndex) and isinstance(pipes["exact"].index, ExactIndex)
-    assert len(pipes["usearch"].index) == 1499  # the paused ad left the graph
+    kinds = {"usearch": UsearchIndex, "ivf": IvfIndex}
+    assert isinstance(pipes[backend].index, kinds[backend]) and isinstance(pipes["exact"].index, ExactIndex)
+    assert len(pipes[backend].index) == 1499  # the paused ad left the index
     req = AdRequest(user_id="u", slot="feed", k=5)
     user = UserView(np.asarray(content_vectorizer(16)(creative(6)), dtype=np.float32), {"tech": 1.0})
     got = {k: pipe.recall(req, user, capped=["a6", "a11"], hour=12) for k, pipe in pipes.items()}
-    ann = got["usearch"]
-    ids = {pipes["usearch"].catalog.rows[r].ad_id for r in ann.rows}
+    ann = got[backend]
+    ids = {pipes[backend].catalog.rows[r].ad_id for r in ann.rows}
     assert len(ids) == 40 and not ids & {"a1", "a6", "a11"}
-    assert all(pipes["usearch"].catalog.rows[r].campaign_id != "c2" for r in ann.rows)
+    assert all(pipes[backend].catalog.rows[r].campaign_id != "c2" for r in ann.rows)
     np.testing.assert_allclose(
         ann.scores, got["exact"].scores, rtol=1e-5
     )  # same scores: ties aside, same ads
