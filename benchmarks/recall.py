@@ -1,18 +1,22 @@
-"""Recall at catalog scale: the usearch HNSW backend (`serving.ann.UsearchIndex`) against exact
-search, recall@500 and per-request latency on one core, with ads entering and leaving live.
+"""Recall at catalog scale: an approximate backend — the inverted file (`serving.ivf.IvfIndex`,
+`--backend ivf`, the default) or usearch HNSW (`serving.ann.UsearchIndex`, `--backend usearch`)
+— against exact search, recall@500 and per-request latency on one core, with ads entering and
+leaving live.
 
 Data: `--ads` unit vectors in `--dim` dimensions around `--clusters` category centroids (ad =
 centroid + noise of relative size `--spread`, as two-tower ad vectors cluster by category);
 queries are users near one or two categories (centroid mix + noise). `--data gaussian` draws
 isotropic vectors instead (no structure at all: the hardest case for any ANN index).
 
-Each run: build the graph from the catalog (bulk, every core), then pause `--churn` of the ads
-and add as many new ones one at a time (no rebuild), then for every query: a request's `allowed`
-mask (`--hidden` of the ads have spent their budget), exact top-k (numpy matmul) vs the index,
-each timed alone on one thread. Recall@k = |ANN ∩ exact| / k. Variants (`--oversample`) share
-the graph and the queries, so their figures are comparable within a run.
+Each run: build the index from the catalog (bulk: the graph on every core, the cells' k-means
+on one), then pause `--churn` of the ads and add as many new ones one at a time (no rebuild),
+then for every query: a request's `allowed` mask (`--hidden` of the ads have spent their
+budget), exact top-k (numpy matmul) vs the index, each timed alone on one thread. Recall@k =
+|ANN ∩ exact| / k. Variants (`--oversample` for the graph, `--scan` for the cells) share the
+index and the queries, so their figures are comparable within a run.
 
     python benchmarks/recall.py                      # 1,000,000 ads (goal: recall ≥ 0.95, P99 ≤ 2 ms)
+    python benchmarks/recall.py --backend usearch    # the graph (its build took 36 min on 2 cores)
     python benchmarks/recall.py --ads 100000 --queries 200
 """
 
@@ -71,6 +75,57 @@ def pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 3)
 
 
+def graph_info(index: Any, head: dict[str, Any], s: Any, dtype: str, connectivity: int) -> dict[str, Any]:
+    """The graph's parameters and size for the result file."""
+    return {
+        "backend": "usearch HNSW",
+        "usearch": __import__("usearch").__version__,
+        "dtype": dtype,
+        "connectivity": connectivity,
+        "expansion_add": index.graph.expansion_add,
+        "expansion_search": s.recall_ann_expansion_search,
+        "oversample": head["oversample"],
+        "build_threads": os.cpu_count(),
+        "graph_bytes": int(index.graph.memory_usage),
+    }
+
+
+def cells_info(index: Any, head: dict[str, Any]) -> dict[str, Any]:
+    """The inverted file's parameters and size for the result file."""
+    return {
+        "backend": "IVF (serving.ivf)",
+        "cells": int(index.centroids.shape[0]),
+        "scan": head["scan"],
+        "repack_every": index.REPACK,
+        "build_threads": 1,
+        "index_bytes": int(index.packed.nbytes + index.order.nbytes + index.centroids.nbytes),
+    }
+
+
+def build_graph(
+    args: argparse.Namespace, index: Any, n0: int, dtype: str, connectivity: int, expansion_add: int
+) -> float:
+    """Build (or load from `--graph`) the HNSW graph of the first `n0` ads; its build seconds."""
+    # the graph of the same data and parameters may be reused from --graph (builds take long)
+    shape = {k: getattr(args, k) for k in ("ads", "dim", "data", "clusters", "spread", "churn", "seed")}
+    shape |= {"dtype": dtype, "connectivity": connectivity, "expansion_add": expansion_add}
+    meta = args.graph.with_suffix(".json") if args.graph else None
+    if meta is not None and meta.exists() and json.loads(meta.read_text())["shape"] == shape:
+        index.graph.load(str(args.graph))
+        index.indexed[:n0] = True
+        build_s = float(json.loads(meta.read_text())["build_s"])
+        print(f"graph: {len(index.graph):,} ads loaded from {args.graph} (built in {build_s:.1f}s)")
+        return build_s
+    t = time.perf_counter()
+    index.upsert_many(np.arange(n0), np.ones(n0, dtype=bool))
+    build_s = time.perf_counter() - t
+    print(f"build: {n0:,} ads in {build_s:.1f}s ({dtype}, connectivity {connectivity})", flush=True)
+    if args.graph is not None and meta is not None:
+        index.graph.save(str(args.graph))
+        meta.write_text(json.dumps({"shape": shape, "build_s": build_s}))
+    return build_s  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ads", type=int, default=1_000_000)
@@ -88,6 +143,10 @@ def main() -> None:
     ap.add_argument(
         "--oversample", default=None, help="comma-separated variants (default: settings' value, 1.0, 2.0)"
     )
+    ap.add_argument("--backend", choices=("ivf", "usearch"), default="ivf")
+    ap.add_argument(
+        "--scan", default=None, help="ivf: comma-separated variants (default: settings' value, ½×, 2×)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--graph", type=Path, default=None, help="save the built graph here / reuse it")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/recall.json")
@@ -98,49 +157,48 @@ def main() -> None:
 
     from schemas.settings import Settings
     from serving.ann import UsearchIndex, exact_search
+    from serving.ivf import IvfIndex
 
     s = Settings()
     dtype = args.dtype or s.recall_ann_dtype
     connectivity = args.connectivity or s.recall_ann_connectivity
     expansion_add = args.expansion_add or s.recall_ann_expansion_add
     default_os = s.recall_ann_oversample
-    variants = (
-        [float(x) for x in args.oversample.split(",")] if args.oversample else sorted({default_os, 1.0, 2.0})
-    )
+    ivf = args.backend == "ivf"
+    default_v = s.recall_ivf_scan if ivf else default_os
+    given = args.scan if ivf else args.oversample
+    if given:
+        variants = [float(x) for x in given.split(",")]
+    else:
+        variants = sorted({default_v, default_v / 2, default_v * 2} if ivf else {default_os, 1.0, 2.0})
+    knob = "scan" if ivf else "oversample"
     load_start = os.getloadavg()
     rng = np.random.default_rng(args.seed)
     t = time.perf_counter()
     vectors, queries = make_data(args, rng)
     print(f"data: {vectors.shape[0]:,} × {args.dim} in {time.perf_counter() - t:.1f}s", flush=True)
 
-    index = UsearchIndex(
-        args.dim,
-        connectivity=connectivity,
-        expansion_add=expansion_add,
-        expansion_search=s.recall_ann_expansion_search,
-        dtype=dtype,
-        oversample=default_os,
-        exact_below=0,
-    )
     n0 = args.ads
-    index.update(vectors, n0)
-    # the graph of the same data and parameters may be reused from --graph (builds take long)
-    shape = {k: getattr(args, k) for k in ("ads", "dim", "data", "clusters", "spread", "churn", "seed")}
-    shape |= {"dtype": dtype, "connectivity": connectivity, "expansion_add": expansion_add}
-    meta = args.graph.with_suffix(".json") if args.graph else None
-    if meta is not None and meta.exists() and json.loads(meta.read_text())["shape"] == shape:
-        index.graph.load(str(args.graph))
-        index.indexed[:n0] = True
-        build_s = float(json.loads(meta.read_text())["build_s"])
-        print(f"graph: {len(index.graph):,} ads loaded from {args.graph} (built in {build_s:.1f}s)")
-    else:
+    index: Any
+    if ivf:
+        index = IvfIndex(args.dim, lists=s.recall_ivf_lists, scan=default_v, exact_below=0, seed=args.seed)
+        index.update(vectors, n0)
         t = time.perf_counter()
         index.upsert_many(np.arange(n0), np.ones(n0, dtype=bool))
         build_s = time.perf_counter() - t
-        print(f"build: {n0:,} ads in {build_s:.1f}s ({dtype}, connectivity {connectivity})", flush=True)
-        if args.graph is not None and meta is not None:
-            index.graph.save(str(args.graph))
-            meta.write_text(json.dumps({"shape": shape, "build_s": build_s}))
+        print(f"build: {n0:,} ads in {build_s:.1f}s ({index.centroids.shape[0]} cells)", flush=True)
+    else:
+        index = UsearchIndex(
+            args.dim,
+            connectivity=connectivity,
+            expansion_add=expansion_add,
+            expansion_search=s.recall_ann_expansion_search,
+            dtype=dtype,
+            oversample=default_os,
+            exact_below=0,
+        )
+        index.update(vectors, n0)
+        build_s = build_graph(args, index, n0, dtype, connectivity, expansion_add)
 
     # live churn: pause some ads, add as many new ones, one at a time (what ad.catalog does)
     churn = int(args.ads * args.churn)
@@ -183,7 +241,7 @@ def main() -> None:
 
     rows_out = []
     for over in variants:
-        index.oversample = over
+        setattr(index, knob, over)
         ms: list[float] = []
         cpu_ms: list[float] = []
         recalls: list[float] = []
@@ -197,7 +255,7 @@ def main() -> None:
             recalls.append(len(exact & set(rows.tolist())) / args.k)
         rows_out.append(
             {
-                "oversample": over,
+                knob: over,
                 "recall_at_k": round(float(np.mean(recalls)), 4),
                 "recall_min": round(float(np.min(recalls)), 4),
                 "p50_ms": pct(ms, 50),
@@ -207,9 +265,9 @@ def main() -> None:
                 "not_allowed_returned": leaked,
             }
         )
-        print(f"oversample {over}: recall {rows_out[-1]['recall_at_k']}, P99 {rows_out[-1]['p99_ms']} ms")
+        print(f"{knob} {over}: recall {rows_out[-1]['recall_at_k']}, P99 {rows_out[-1]['p99_ms']} ms")
 
-    table = Table("index", "oversample", f"recall@{args.k}", "min", "P50 ms", "P99 ms", "CPU P99 ms")
+    table = Table("index", knob, f"recall@{args.k}", "min", "P50 ms", "P99 ms", "CPU P99 ms")
     table.add_row(
         "exact (numpy, 1 thread)",
         "",
@@ -221,8 +279,8 @@ def main() -> None:
     )
     for r in rows_out:
         table.add_row(
-            f"usearch HNSW {dtype}",
-            str(r["oversample"]),
+            "IVF (cells, float32)" if ivf else f"usearch HNSW {dtype}",
+            str(r[knob]),
             str(r["recall_at_k"]),
             str(r["recall_min"]),
             str(r["p50_ms"]),
@@ -230,7 +288,7 @@ def main() -> None:
             str(r["cpu_p99_ms"]),
         )
     Console().print(table)
-    head = next((r for r in rows_out if r["oversample"] == default_os), rows_out[0])
+    head = next((r for r in rows_out if r[knob] == default_v), rows_out[0])
     result = {
         "benchmark": "recall",
         "ads": n0,
@@ -253,17 +311,9 @@ def main() -> None:
             "cpu_p99_ms": pct(exact_cpu_ms, 99),
             "recall": 1.0,
         },
-        "ann": {
-            "backend": "usearch HNSW",
-            "usearch": __import__("usearch").__version__,
-            "dtype": dtype,
-            "connectivity": connectivity,
-            "expansion_add": expansion_add,
-            "expansion_search": s.recall_ann_expansion_search,
-            "oversample": head["oversample"],
+        "ann": (cells_info(index, head) if ivf else graph_info(index, head, s, dtype, connectivity))
+        | {
             "build_s": round(build_s, 1),
-            "build_threads": os.cpu_count(),
-            "graph_bytes": int(index.graph.memory_usage),
             "pause_ms": {"p50": pct(pause_ms, 50), "p99": pct(pause_ms, 99)},
             "add_ms": {"p50": pct(add_ms, 50), "p99": pct(add_ms, 99)},
         },

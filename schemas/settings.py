@@ -253,7 +253,7 @@ class Settings(BaseSettings):
         24.0, ge=1, description="ivf: scan the best cells until this × recall_k visible ads were seen"
     )
     recall_ann_min_ads: int = Field(
-        20_000, ge=0, description="usearch: below this many ads recall stays exact (a matmul is faster)"
+        20_000, ge=0, description="ivf, usearch: below this many ads recall stays exact (a matmul is faster)"
     )
     recall_ann_dtype: Literal["f32", "f16", "i8"] = Field(
         "i8", description="usearch: vector storage in the graph (candidates are re-scored in float32)"
