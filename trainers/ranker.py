@@ -14,6 +14,10 @@ Layers (names matter: LoRA adapters target them through `settings.lora_targets`)
   `wide.category`, `wide.slot` and `wide.position` bias tables).
 - `wide.<column>` (`wide=True`): a scalar bias per id value added to the logit (the
   "LR on one-hot ids" part, which learns item/position effects from few clicks).
+- `tower.*` (`user_tower="gru"`, off by default): a sequence user tower
+  (`trainers.user_tower`), once per request; its fused user vector (`state_dim` wide) joins x0
+  after the dense features, and `forward` then needs the requests' `UserSequences`. Off, the
+  model is the one above, parameter for parameter.
 
 Checkpoints are a directory with `ranker.safetensors` (weights) and `ranker.json`
 (`{"format": "adstream-ranker", "format_version": 1, "version": ..., "config": {...}}`);
@@ -39,9 +43,11 @@ from torch import nn
 
 from schemas.errors import ConfigError, ModelError
 from trainers.features import ID_COLUMNS, N_EXTRA_DENSE, RankerBatch
+from trainers.user_tower import UserSequences, UserTower
 
 FORMAT: Final = "adstream-ranker"
 FORMAT_VERSION: Final = 2  # 2: `wide` part (version-1 checkpoints load with wide=False)
+USER_TOWERS: Final = ("none", "gru")
 WEIGHTS_FILE: Final = "ranker.safetensors"
 CONFIG_FILE: Final = "ranker.json"
 
@@ -60,12 +66,21 @@ class RankerConfig:
     cross_layers: int = 2
     deep_hidden: int = 64
     wide: bool = True
+    # the sequence user tower (trainers.user_tower): "none" (off) or "gru"
+    user_tower: str = "none"
+    tower_seq_len: int = 32
+    tower_hidden: int = 32
+    tower_gate_hidden: int = 128
 
     def __post_init__(self) -> None:
         if not isinstance(self.wide, bool):
             raise ConfigError(f"RankerConfig.wide must be a bool (got {self.wide!r})")
+        if self.user_tower not in USER_TOWERS:
+            raise ConfigError(
+                f"RankerConfig.user_tower must be one of {USER_TOWERS} (got {self.user_tower!r})"
+            )
         for f in fields(self):
-            if f.name == "wide":
+            if f.name in ("wide", "user_tower"):
                 continue
             value = getattr(self, f.name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -88,8 +103,10 @@ class RankerConfig:
 
     @property
     def input_dim(self) -> int:
-        """Width D of the cross network's input (dense features ‖ embeddings)."""
-        return self.state_dim + N_EXTRA_DENSE + len(ID_COLUMNS) * self.emb_dim
+        """Width D of the cross network's input (dense features ‖ fused user vector with the
+        tower ‖ embeddings)."""
+        tower = self.state_dim if self.user_tower != "none" else 0
+        return self.state_dim + N_EXTRA_DENSE + tower + len(ID_COLUMNS) * self.emb_dim
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankerConfig:
@@ -144,10 +161,42 @@ class Ranker(nn.Module):
         for bias in wide.values():
             nn.init.zeros_(bias.weight)
         self.wide = nn.ModuleDict(wide)
+        # created last, so a ranker without it draws the same initial weights as before
+        self.tower = UserTower(config) if config.user_tower != "none" else None
 
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Click logits, shape [B], for dense features [B, state_dim+3] and ids [B, 7]."""
+    def user_vector(
+        self, dense: torch.Tensor, ids: torch.Tensor, seq: UserSequences
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fused user vector per request [R, state_dim], gate weights [R, 3]) of the tower.
+
+        A request's decayed state and context are read from its first candidate row (every row
+        of one request carries the same ones).
+        """
+        if self.tower is None:
+            raise ModelError("this ranker has no user tower (RankerConfig.user_tower='none')")
+        n = ids.shape[0]
+        first = torch.full((seq.requests,), n, dtype=torch.int64, device=ids.device)
+        first = first.scatter_reduce(0, seq.row, torch.arange(n, device=ids.device), reduce="amin")
+        if bool((first >= n).any()):
+            raise ModelError("UserSequences has a request no candidate row points at (use select())")
+        rows_ids = ids[first]
+        context = torch.cat([self.emb["slot"](rows_ids[:, 4]), self.emb["hour"](rows_ids[:, 6])], dim=1)
+        fused, weights = self.tower(self.emb, dense[first, : self.config.state_dim], context, seq)
+        return fused, weights
+
+    def forward(
+        self, dense: torch.Tensor, ids: torch.Tensor, seq: UserSequences | None = None
+    ) -> torch.Tensor:
+        """Click logits, shape [B], for dense features [B, state_dim+3] and ids [B, 7] (and,
+        with the user tower, the requests' sequences; `seq.row` [B] maps rows to requests)."""
         parts = [self.input_norm(dense)]
+        if self.tower is not None:
+            if seq is None or len(seq) != ids.shape[0]:
+                raise ModelError("a ranker with user_tower='gru' needs `seq` with one row per candidate")
+            fused, _ = self.user_vector(dense, ids, seq)
+            parts.append(fused[seq.row])
+        elif seq is not None:
+            raise ModelError("`seq` given to a ranker without a user tower (user_tower='none')")
         parts += [self.emb[name](ids[:, i]) for i, name in enumerate(ID_COLUMNS)]
         x0 = torch.cat(parts, dim=1)
         x = x0
@@ -161,9 +210,9 @@ class Ranker(nn.Module):
         return logit
 
     @torch.no_grad()
-    def score(self, batch: RankerBatch) -> torch.Tensor:
-        """Click probabilities [B] (no gradient)."""
-        return torch.sigmoid(self(batch.dense, batch.ids))
+    def score(self, batch: RankerBatch, seq: UserSequences | None = None) -> torch.Tensor:
+        """Click probabilities [B] (no gradient; `seq` for a ranker with the user tower)."""
+        return torch.sigmoid(self(batch.dense, batch.ids, seq))
 
 
 def weights_version(model: nn.Module) -> str:
