@@ -44,8 +44,18 @@ out-of-fold predictions (~144 clicks) give both AUCs and the paired-bootstrap 95
 ranker − LR; `per_file` splits those rows by source file; `standalone` (skip with
 `--no-obd-standalone`) repeats the folds on each file alone.
 
+**User tower** (`--user-tower decayed|gru|both`, issue 16): instead of the parts above, the
+decayed-state ranker (today's `train_ranker`) and/or rankers with the sequence user tower
+(`RankerConfig(user_tower="gru")`, one per `--tower-seq-lens` × `--tower-hidden`, trained by
+`trainers.sequence_training`) on the same seeds, split and holdout rows (configs: `default`
+unless `--configs` says otherwise). Per run: holdout AUC, ceiling and oracle gaps, the paired-
+bootstrap CI of gru − decayed, train seconds, the tower's mean gate weights, and the rank-time
+cost of one request of `--rank-candidates` (500) candidates (the tower runs once per request).
+Writes `benchmarks/results/offline_quality_user_tower.json` unless `--out` is given.
+
 Usage: `.venv/bin/python benchmarks/offline_quality.py [--part sim|obd|all] [--seeds 0,1]
-[--configs default,rich] [--impression-weight W] [--no-obd-standalone] [--out PATH]`; writes
+[--configs default,rich] [--impression-weight W] [--no-obd-standalone] [--out PATH]
+[--user-tower both --tower-seq-lens 16,32 --tower-hidden 32]`; writes
 `benchmarks/results/offline_quality.json`. About 9 minutes on 2 busy cores: each simulator run
 ~1.5 minutes (a third of it making the examples), the OBD part ~2.5.
 """
@@ -84,11 +94,14 @@ from trainers.baseline import auc_diff_ci, logistic_probs
 from trainers.features import featurize
 from trainers.metrics import auc
 from trainers.offline import TrainSpec, predict, time_split, train_ranker
-from trainers.ranker import RankerConfig
+from trainers.ranker import Ranker, RankerConfig
+from trainers.sequence_training import mean_gate, predict_with_sequences, train_tower_ranker
+from trainers.user_tower import MODALITIES, UserSequences, build_sequences
 from workloads import Market, MarketConfig
 from workloads.obd import CAMPAIGNS, POLICIES, replay_obd
 
 OUT = Path(__file__).parent / "results" / "offline_quality.json"
+OUT_TOWER = Path(__file__).parent / "results" / "offline_quality_user_tower.json"
 console = Console(width=150)
 
 
@@ -291,6 +304,182 @@ def summarize_sim(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# -- user tower: decayed state vs the sequence tower ---------------------------------------
+def rank_ms(model: Ranker, batch: Any, seq: UserSequences | None, reps: int = 60) -> float:
+    """Median milliseconds of one forward over `batch` (one request's candidates)."""
+    times = []
+    with torch.no_grad():
+        for i in range(reps + 10):
+            t = time.perf_counter()
+            model(batch.dense, batch.ids, seq)
+            if i >= 10:
+                times.append(time.perf_counter() - t)
+    return 1000 * float(np.median(times))
+
+
+def request_of(hold_b: Any, seq: UserSequences, n: int) -> tuple[Any, UserSequences]:
+    """`n` holdout candidates as one request with the longest sequence in the holdout (the
+    tower's worst case): the rows are real, the request's state/context is its first row's."""
+    r = int(torch.argmax(seq.length))
+    rows = torch.arange(min(n, len(hold_b)))
+    one = UserSequences(
+        seq.ad[r : r + 1], seq.category[r : r + 1], seq.click[r : r + 1], seq.dwell[r : r + 1],
+        seq.age[r : r + 1], seq.length[r : r + 1], torch.zeros(len(rows), dtype=torch.int64),
+    )  # fmt: skip
+    return hold_b.select(rows), one
+
+
+def tower_run(name: str, seed: int, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """One simulator run: decayed-state and sequence-tower rankers on the same holdout rows."""
+    mcfg, n = sim_config(name, seed, args)
+    t0 = time.perf_counter()
+    market = Market(mcfg)
+    events = list(market.open_loop(n))
+    examples = examples_of(events, settings, args.impression_weight)
+    t_data = time.perf_counter() - t0
+    train, hold = time_split(examples, args.holdout)
+    rcfg = RankerConfig(state_dim=settings.state_dim)
+    train_b, hold_b = featurize(train, rcfg), featurize(hold, rcfg)
+    assert hold_b.label is not None
+    y = hold_b.label.numpy()
+    spec = TrainSpec(seed=seed)
+    p_oracle = np.array([market.oracle_pctr(e.impression_id) for e in hold])
+    t1 = time.perf_counter()
+    ceiling = bayes_ceiling(market, examples, {e.impression_id for e in hold})
+    p_ceiling = np.array([ceiling[e.impression_id] for e in hold])
+    t_ceiling = time.perf_counter() - t1
+    a_oracle, a_ceiling = auc(p_oracle, y), auc(p_ceiling, y)
+    variants: dict[str, dict[str, Any]] = {}
+    probs: dict[str, np.ndarray] = {}
+    if args.user_tower in ("decayed", "both"):
+        t = time.perf_counter()
+        model = train_ranker(train_b, rcfg, spec)
+        train_s = time.perf_counter() - t
+        probs["decayed"] = predict(model, hold_b).numpy()
+        one_b = hold_b.select(torch.arange(min(args.rank_candidates, len(hold_b))))
+        variants["decayed"] = {"train_s": train_s, "rank_ms": rank_ms(model, one_b, None)}
+    seqs: dict[int, tuple[UserSequences, UserSequences, float]] = {}
+    for k in args.tower_seq_lens if args.user_tower in ("gru", "both") else []:
+        for hidden in args.tower_hidden:
+            cfg = dataclasses.replace(rcfg, user_tower="gru", tower_seq_len=k, tower_hidden=hidden)
+            if k not in seqs:
+                t = time.perf_counter()
+                built = build_sequences(events, train, cfg), build_sequences(events, hold, cfg)
+                seqs[k] = (*built, time.perf_counter() - t)
+            seq_train, seq_hold, build_s = seqs[k]
+            t = time.perf_counter()
+            model = train_tower_ranker(train_b, seq_train, cfg, spec)
+            train_s = time.perf_counter() - t
+            key = f"gru_k{k}_h{hidden}"
+            probs[key] = predict_with_sequences(model, hold_b, seq_hold).numpy()
+            one_b, one_seq = request_of(hold_b, seq_hold, args.rank_candidates)
+            variants[key] = {
+                "seq_len": k,
+                "hidden": hidden,
+                "train_s": train_s,
+                "sequence_build_s": build_s,
+                "rank_ms": rank_ms(model, one_b, one_seq),
+                "gate_mean": dict(zip(MODALITIES, mean_gate(model, hold_b, seq_hold), strict=True)),
+                "holdout_requests": seq_hold.requests,
+                "holdout_mean_seq_len": float(seq_hold.length.float().mean()),
+            }
+            console.print(f"  {key}: AUC {auc(probs[key], y):.4f} ({train_s:.0f} s)")
+    for key, v in variants.items():
+        a = auc(probs[key], y)
+        v.update(auc=a, gap_ceiling_ranker=a_ceiling - a, gap_oracle_ranker=a_oracle - a)
+        if key != "decayed" and "decayed" in probs:
+            v["minus_decayed"] = a - variants["decayed"]["auc"]
+            v["minus_decayed_ci95"] = list(auc_diff_ci(probs[key], probs["decayed"], y, seed=seed))
+    res: dict[str, Any] = {
+        "config": name,
+        "seed": seed,
+        "examples": len(examples),
+        "holdout": len(hold),
+        "holdout_clicks": int(y.sum()),
+        "auc_oracle": a_oracle,
+        "auc_ceiling": a_ceiling,
+        "variants": variants,
+        "spec": asdict(spec),
+        "seconds": {"data": round(t_data, 1), "ceiling": round(t_ceiling, 1)},
+    }
+    line = ", ".join(f"{k} {v['auc']:.4f}" for k, v in variants.items())
+    console.print(f"tower {name} seed {seed}: {line}; ceiling {a_ceiling:.4f} oracle {a_oracle:.4f}")
+    return res
+
+
+def summarize_tower(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per config and variant: seed means; the best variant and whether it beats decayed by 0.005."""
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(r["config"] for r in runs):
+        rs = [r for r in runs if r["config"] == name]
+        per: dict[str, Any] = {}
+        for key in rs[0]["variants"]:
+            vs = [r["variants"][key] for r in rs]
+            mean = {
+                k: float(np.mean([v[k] for v in vs]))
+                for k in ("auc", "gap_ceiling_ranker", "gap_oracle_ranker", "train_s", "rank_ms")
+            }
+            if "minus_decayed" in vs[0]:
+                mean["minus_decayed"] = float(np.mean([v["minus_decayed"] for v in vs]))
+                mean["minus_decayed_min_seed"] = float(min(v["minus_decayed"] for v in vs))
+            per[key] = mean
+        best = max(per, key=lambda k: per[k]["auc"])
+        gain = per[best].get("minus_decayed", 0.0)
+        out[name] = {
+            "seeds": [r["seed"] for r in rs],
+            "auc_ceiling": float(np.mean([r["auc_ceiling"] for r in rs])),
+            "auc_oracle": float(np.mean([r["auc_oracle"] for r in rs])),
+            "variants": per,
+            "ceiling_gap": {k: v["gap_ceiling_ranker"] for k, v in per.items()},
+            "best": best,
+            "best_minus_decayed": gain,
+            "wins_by_0_005": bool(best != "decayed" and gain >= 0.005),
+        }
+    return out
+
+
+def print_tower(result: dict[str, Any]) -> None:
+    t = Table(title="user tower: decayed state vs sequence tower, same holdout rows")
+    for col in (
+        "config",
+        "seed",
+        "variant",
+        "AUC",
+        "ceiling−AUC",
+        "−decayed 95% CI",
+        "train s",
+        "rank ms/500",
+    ):
+        t.add_column(col)
+    for r in result["runs"]:
+        for key, v in r["variants"].items():
+            ci = _ci(v["minus_decayed_ci95"]) if "minus_decayed_ci95" in v else ""
+            t.add_row(
+                r["config"], str(r["seed"]), key, _f(v["auc"]), _f(v["gap_ceiling_ranker"]), ci,
+                f"{v['train_s']:.0f}", f"{v['rank_ms']:.2f}",
+            )  # fmt: skip
+    for name, sm in result["summary"].items():
+        for key, m in sm["variants"].items():
+            t.add_row(
+                f"[bold]{name} mean", "", key, _f(m["auc"]), _f(m["gap_ceiling_ranker"]),
+                _f(m.get("minus_decayed", math.nan)), f"{m['train_s']:.0f}", f"{m['rank_ms']:.2f}",
+            )  # fmt: skip
+    console.print(t)
+    for name, sm in result["summary"].items():
+        console.print(
+            f"{name}: best {sm['best']} ({sm['best_minus_decayed']:+.4f} vs decayed); "
+            f"wins by ≥ 0.005: {sm['wins_by_0_005']}"
+        )
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count and load, for the record (figures are only comparable within a run)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    return {"cpu": model, "cores": info.count("processor\t:"), "loadavg": [float(x) for x in load]}
+
+
 # -- Open Bandit Dataset -------------------------------------------------------------------
 def _file_events(policy: str, campaign: str) -> Iterator[Message]:
     """One OBD file's events with campaign-specific item ids (each campaign counts from 0)."""
@@ -489,12 +678,21 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def _arg(v: Any) -> Any:
+    """A CLI argument as JSON (paths as strings)."""
+    if isinstance(v, list):
+        return [_arg(x) for x in v]
+    return str(v) if isinstance(v, Path) else v
+
+
 def main() -> None:
     """Run the parts asked for; print tables; write the JSON."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--part", choices=("sim", "obd", "all"), default="all")
     ap.add_argument("--seeds", default="0,1", help="simulator seeds, comma-separated")
-    ap.add_argument("--configs", default="default,rich", help="default, rich, rich-drift, u<N>x<M>")
+    ap.add_argument(
+        "--configs", default=None, help="default, rich, rich-drift, u<N>x<M> (default: default,rich)"
+    )
     ap.add_argument("--rich-users", type=int, default=20)
     ap.add_argument("--rich-per-user", type=int, default=10_000)
     ap.add_argument("--holdout", type=float, default=0.2)
@@ -510,8 +708,31 @@ def main() -> None:
         help="ablation: EngagementWeights.impression of the user state (default: the state's own)",
     )
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--out", type=Path, default=None, help=f"default {OUT} ({OUT_TOWER.name} with --user-tower)"
+    )
+    ap.add_argument(
+        "--user-tower",
+        choices=("decayed", "gru", "both"),
+        default=None,
+        help="compare the decayed-state ranker with the sequence user tower instead of the parts",
+    )
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ap.add_argument("--tower-seq-lens", type=ints, default=[32], help="K, comma-separated")
+    ap.add_argument("--tower-hidden", type=ints, default=[32], help="GRU hidden sizes, comma-separated")
+    ap.add_argument("--rank-candidates", type=int, default=500)
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="with --user-tower: summarise the runs of these result files (seeds run as separate processes)",
+    )
     args = ap.parse_args()
+    if args.configs is None:
+        args.configs = "default" if args.user_tower else "default,rich"
+    if args.out is None:
+        args.out = OUT_TOWER if args.user_tower else OUT
     for name in args.configs.split(","):  # fail before minutes of runs, not after
         try:
             sim_config(name, 0, args)
@@ -520,9 +741,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     settings = Settings()
     t0 = time.perf_counter()
-    result: dict[str, Any] = {
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    }
+    result: dict[str, Any] = {"args": {k: _arg(v) for k, v in vars(args).items()}}
+    if args.user_tower and args.merge:
+        parts = [json.loads(path.read_text()) for path in args.merge]
+        runs = [r for part in parts for r in part["tower"]["runs"]]
+        result["merged"] = [
+            {"file": str(path), "args": part["args"]} for path, part in zip(args.merge, parts, strict=True)
+        ]
+        result["machine"] = [{k: part.get(k) for k in ("machine_before", "machine_after")} for part in parts]
+        result["tower"] = {"runs": runs, "summary": summarize_tower(runs)}
+    elif args.user_tower:
+        result["machine_before"] = machine()
+        seeds = [int(s) for s in args.seeds.split(",")]
+        runs = [tower_run(name, seed, args, settings) for name in args.configs.split(",") for seed in seeds]
+        result["tower"] = {"runs": runs, "summary": summarize_tower(runs)}
+        result["machine_after"] = machine()
+    if args.user_tower:
+        result["total_s"] = round(time.perf_counter() - t0, 1)
+        print_tower(result["tower"])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(_plain(result), indent=2) + "\n")
+        console.print(f"wrote {args.out} ({result['total_s']} s)")
+        return
     if args.part in ("sim", "all"):
         seeds = [int(s) for s in args.seeds.split(",")]
         runs = [sim_run(name, seed, args, settings) for name in args.configs.split(",") for seed in seeds]

@@ -3,7 +3,9 @@
 The same recipe as `trainers.offline.train_ranker` (Adam, shuffled mini-batches of rows, the
 head's bias started at the base rate, early stopping on the log loss of the last `val_fraction`
 of the time-ordered training rows) with each mini-batch's `UserSequences` selected beside it,
-so a comparison with the decayed-state ranker differs only in the model.
+so a comparison with the decayed-state ranker differs only in the model — and in one detail of
+the shuffling: the rows of a request (one served list) fall into the same mini-batch, so the GRU
+runs once per request in training as in serving (~3× fewer sequences per batch of rows).
 """
 
 from __future__ import annotations
@@ -63,7 +65,11 @@ def _epoch(
     gen: torch.Generator,
 ) -> float:
     model.train()
-    order = torch.randperm(len(batch), generator=gen)
+    # rows grouped by request (requests in random order): a mini-batch of `size` rows then runs
+    # the GRU over ~size/3 sequences instead of ~size, the per-request cost serving pays too
+    shuffled = torch.randperm(len(batch), generator=gen)
+    rank = torch.randperm(seq.requests, generator=gen)[seq.row[shuffled]]
+    order = shuffled[torch.argsort(rank, stable=True)]
     total = 0.0
     for i in range(0, len(batch), size):
         index = order[i : i + size]
