@@ -1,8 +1,10 @@
 """Prometheus metrics of the online trainer (`adstream_trainers_*`).
 
-Per-adapter rolling quality is exported with an `adapter` label only for the slot scheme (three
-values); advertiser adapters would put ids into labels, so for every scheme the worst and mean
-rolling AUC over adapters are exported without labels.
+Per-adapter rolling quality is exported with an `adapter` label only for the slot scheme, and
+only for adapters named after a contract slot (three values: an `adapter_id` on
+`ad.training-examples` is whatever its producer wrote, so ids never become labels) while the
+trainer holds them; advertiser adapters would put ids into labels, so for every scheme the worst
+and mean rolling AUC over adapters are exported without labels.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from schemas.events import SLOTS
 from trainers.online import AdapterRun
 
 EXAMPLES = Counter("adstream_trainers_examples_total", "Training examples learned")
@@ -70,13 +73,23 @@ def serve(port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host)
 
 
+_labelled: set[str] = set()  # the adapter label values `export` set last
+
+
 def export(runs: Mapping[str, AdapterRun], per_adapter_labels: bool) -> None:
     """Refresh the rolling-quality gauges from the trainer's runs."""
     ADAPTERS.set(len(runs))
+    labelled = {aid for aid in runs if aid in SLOTS} if per_adapter_labels else set()
+    for aid in _labelled - labelled:  # evicted or moved away: its last figures are not current
+        for model in ("online", "base"):
+            AUC.remove(aid, model)
+            LOGLOSS.remove(aid, model)
+    _labelled.clear()
+    _labelled.update(labelled)
     aucs, gains = [], []
     for aid, run in runs.items():
         on, base = run.online.auc(), run.base.auc()
-        if per_adapter_labels:
+        if aid in labelled:
             AUC.labels(aid, "online").set(on)
             AUC.labels(aid, "base").set(base)
             LOGLOSS.labels(aid, "online").set(run.online.logloss())

@@ -37,3 +37,31 @@ def test_export_and_counters() -> None:
         REGISTRY.get_sample_value("adstream_trainers_dropped_updates_total", {"reason": "oversized"})
         == before + 2
     )
+
+
+def _labelled_adapters() -> set[str]:
+    return {
+        s.labels["adapter"]
+        for metric in REGISTRY.collect()
+        if metric.name in ("adstream_trainers_rolling_auc", "adstream_trainers_rolling_logloss")
+        for s in metric.samples
+    }
+
+
+def test_per_adapter_labels_are_slots_only_and_follow_the_adapters_held() -> None:
+    """Reliability M2: any `adapter_id` on `ad.training-examples` gets a trainer run, so labels
+    from ids are unbounded (and an evicted adapter's label stayed for ever): only the contract's
+    slots are labels, and only while the trainer holds them."""
+    torch.manual_seed(0)
+    tr = OnlineTrainer(
+        AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v"), OnlineSpec(min_step_examples=16)
+    )
+    forged = tuple(f"forged-{i}" for i in range(20))
+    replay(make_examples(600, dim=8, adapters=("feed", "search", *forged)), tr, 64)
+    telemetry.export(tr.runs, per_adapter_labels=True)
+    assert _labelled_adapters() == {"feed", "search"}
+    tr.evict("search")
+    telemetry.export(tr.runs, per_adapter_labels=True)
+    assert _labelled_adapters() == {"feed"}
+    telemetry.export(tr.runs, per_adapter_labels=False)
+    assert _labelled_adapters() == set()
