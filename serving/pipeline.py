@@ -106,8 +106,8 @@ class AdPipeline:
         self._popular_version = -1
         self._centroid = np.zeros(catalog.dim, dtype=np.float32)
         self._adapter_tables: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray]] = {}
-        # each row's content vector in the user-state space (declared interests' centroids): the
-        # catalog's own vectors when they are that space, else kept here
+        # each row's content vector in the user-state space, for declared interests' centroids
+        # (the catalog's vectors may be another space: the two-tower model's, or given by a caller)
         self._content = np.zeros((0, settings.state_dim), dtype=np.float32)
         self._centroids: CategoryCentroids | None = None
         self._centroids_version = -1
@@ -120,17 +120,13 @@ class AdPipeline:
         row = self.catalog.upsert(ad, vector)
         self.index.update(self.catalog.vectors, self.catalog.n)
         self.index.upsert(row, ad.active)
-        if not self._content_is_catalog(vector):
-            if row >= self._content.shape[0]:
-                grown = np.zeros(
-                    (max(2 * self._content.shape[0], row + 1, 64), self.settings.state_dim), np.float32
-                )
-                grown[: self._content.shape[0]] = self._content
-                self._content = grown
-            self._content[row] = content_vector(ad.category, ad.title, self.settings.state_dim)
-
-    def _content_is_catalog(self, vector: np.ndarray | None = None) -> bool:
-        return self.towers is None and vector is None and self.catalog.dim == self.settings.state_dim
+        if row >= self._content.shape[0]:
+            grown = np.zeros(
+                (max(2 * self._content.shape[0], row + 1, 64), self.settings.state_dim), np.float32
+            )
+            grown[: self._content.shape[0]] = self._content
+            self._content = grown
+        self._content[row] = content_vector(ad.category, ad.title, self.settings.state_dim)
 
     # -- declared interests (cold start) ------------------------------------------------
     def centroids(self) -> CategoryCentroids:
@@ -138,8 +134,7 @@ class AdPipeline:
         cat = self.catalog
         if self._centroids is None or self._centroids_version != cat.version:
             n = cat.n
-            content = cat.vectors[:n] if self._content_is_catalog() else self._content[:n]
-            self._centroids = category_centroids(cat.codes["category"], cat.category[:n], content)
+            self._centroids = category_centroids(cat.codes["category"], cat.category[:n], self._content[:n])
             self._centroids_version = cat.version
         return self._centroids
 

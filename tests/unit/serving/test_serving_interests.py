@@ -130,3 +130,12 @@ def test_a_warm_user_keeps_their_own_state() -> None:
     declared = AdRequest(user_id="w", slot="feed", k=5, interests=["travel"])
     assert ranking(pipe, declared, warm) == ranking(pipe, plain, warm)
     assert pipe.interest_counts["faded"] == 1
+
+
+def test_centroids_stay_in_the_user_state_space_whatever_the_catalog_vectors() -> None:
+    pipe = pipeline()
+    rng = np.random.default_rng(0)
+    pipe.add_ad(ad(40, "garden"), rng.normal(size=DIM).astype(np.float32))  # e.g. an ad-tower vector
+    pipe.add_ad(ad(41, "garden"))
+    expect = np.mean([content_vector("garden", f"garden item {i}", DIM) for i in (40, 41)], axis=0)
+    assert np.allclose(pipe.centroids().vector("garden"), expect, atol=1e-6)  # type: ignore[arg-type]
