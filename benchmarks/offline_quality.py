@@ -359,31 +359,32 @@ def tower_run(name: str, seed: int, args: argparse.Namespace, settings: Settings
         one_b = hold_b.select(torch.arange(min(args.rank_candidates, len(hold_b))))
         variants["decayed"] = {"train_s": train_s, "rank_ms": rank_ms(model, one_b, None)}
     seqs: dict[int, tuple[UserSequences, UserSequences, float]] = {}
-    for k in args.tower_seq_lens if args.user_tower in ("gru", "both") else []:
-        for hidden in args.tower_hidden:
-            cfg = dataclasses.replace(rcfg, user_tower="gru", tower_seq_len=k, tower_hidden=hidden)
-            if k not in seqs:
-                t = time.perf_counter()
-                built = build_sequences(events, train, cfg), build_sequences(events, hold, cfg)
-                seqs[k] = (*built, time.perf_counter() - t)
-            seq_train, seq_hold, build_s = seqs[k]
+    grid = itertools.product(args.tower_encoders, args.tower_seq_lens, args.tower_hidden)
+    for encoder, k, hidden in grid if args.user_tower in ("gru", "both") else []:
+        cfg = dataclasses.replace(rcfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
+        if k not in seqs:
             t = time.perf_counter()
-            model = train_tower_ranker(train_b, seq_train, cfg, spec)
-            train_s = time.perf_counter() - t
-            key = f"gru_k{k}_h{hidden}"
-            probs[key] = predict_with_sequences(model, hold_b, seq_hold).numpy()
-            one_b, one_seq = request_of(hold_b, seq_hold, args.rank_candidates)
-            variants[key] = {
-                "seq_len": k,
-                "hidden": hidden,
-                "train_s": train_s,
-                "sequence_build_s": build_s,
-                "rank_ms": rank_ms(model, one_b, one_seq),
-                "gate_mean": dict(zip(MODALITIES, mean_gate(model, hold_b, seq_hold), strict=True)),
-                "holdout_requests": seq_hold.requests,
-                "holdout_mean_seq_len": float(seq_hold.length.float().mean()),
-            }
-            console.print(f"  {key}: AUC {auc(probs[key], y):.4f} ({train_s:.0f} s)")
+            built = build_sequences(events, train, cfg), build_sequences(events, hold, cfg)
+            seqs[k] = (*built, time.perf_counter() - t)
+        seq_train, seq_hold, build_s = seqs[k]
+        t = time.perf_counter()
+        model = train_tower_ranker(train_b, seq_train, cfg, spec)
+        train_s = time.perf_counter() - t
+        key = f"{encoder}_k{k}_h{hidden}"
+        probs[key] = predict_with_sequences(model, hold_b, seq_hold).numpy()
+        one_b, one_seq = request_of(hold_b, seq_hold, args.rank_candidates)
+        variants[key] = {
+            "encoder": encoder,
+            "seq_len": k,
+            "hidden": hidden,
+            "train_s": train_s,
+            "sequence_build_s": build_s,
+            "rank_ms": rank_ms(model, one_b, one_seq),
+            "gate_mean": dict(zip(MODALITIES, mean_gate(model, hold_b, seq_hold), strict=True)),
+            "holdout_requests": seq_hold.requests,
+            "holdout_mean_seq_len": float(seq_hold.length.float().mean()),
+        }
+        console.print(f"  {key}: AUC {auc(probs[key], y):.4f} ({train_s:.0f} s)")
     for key, v in variants.items():
         a = auc(probs[key], y)
         v.update(auc=a, gap_ceiling_ranker=a_ceiling - a, gap_oracle_ranker=a_oracle - a)
@@ -718,6 +719,12 @@ def main() -> None:
         help="compare the decayed-state ranker with the sequence user tower instead of the parts",
     )
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ap.add_argument(
+        "--tower-encoders",
+        type=lambda s: s.split(","),
+        default=["gru"],
+        help="sequence encoders, comma-separated: gru, pool (RankerConfig.user_tower)",
+    )
     ap.add_argument("--tower-seq-lens", type=ints, default=[32], help="K, comma-separated")
     ap.add_argument("--tower-hidden", type=ints, default=[32], help="GRU hidden sizes, comma-separated")
     ap.add_argument("--rank-candidates", type=int, default=500)

@@ -14,7 +14,7 @@ Layers (names matter: LoRA adapters target them through `settings.lora_targets`)
   `wide.category`, `wide.slot` and `wide.position` bias tables).
 - `wide.<column>` (`wide=True`): a scalar bias per id value added to the logit (the
   "LR on one-hot ids" part, which learns item/position effects from few clicks).
-- `tower.*` (`user_tower="gru"`, off by default): a sequence user tower
+- `tower.*` (`user_tower="gru"` or `"pool"`, off by default): a sequence user tower
   (`trainers.user_tower`), once per request; its fused user vector (`state_dim` wide) joins x0
   after the dense features, and `forward` then needs the requests' `UserSequences`. Off, the
   model is the one above, parameter for parameter.
@@ -47,7 +47,7 @@ from trainers.user_tower import UserSequences, UserTower
 
 FORMAT: Final = "adstream-ranker"
 FORMAT_VERSION: Final = 2  # 2: `wide` part (version-1 checkpoints load with wide=False)
-USER_TOWERS: Final = ("none", "gru")
+USER_TOWERS: Final = ("none", "gru", "pool")
 WEIGHTS_FILE: Final = "ranker.safetensors"
 CONFIG_FILE: Final = "ranker.json"
 
@@ -66,7 +66,7 @@ class RankerConfig:
     cross_layers: int = 2
     deep_hidden: int = 64
     wide: bool = True
-    # the sequence user tower (trainers.user_tower): "none" (off) or "gru"
+    # the sequence user tower (trainers.user_tower): "none" (off), "gru" or "pool"
     user_tower: str = "none"
     tower_seq_len: int = 32
     tower_hidden: int = 32
@@ -192,7 +192,8 @@ class Ranker(nn.Module):
         parts = [self.input_norm(dense)]
         if self.tower is not None:
             if seq is None or len(seq) != ids.shape[0]:
-                raise ModelError("a ranker with user_tower='gru' needs `seq` with one row per candidate")
+                tower = self.config.user_tower
+                raise ModelError(f"a ranker with user_tower={tower!r} needs `seq` with one row per candidate")
             fused, _ = self.user_vector(dense, ids, seq)
             parts.append(fused[seq.row])
         elif seq is not None:

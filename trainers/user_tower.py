@@ -1,5 +1,6 @@
 """A sequence user tower for the ranker: a GRU over the user's recent events, gated with the
-decayed user state and the request context (`RankerConfig(user_tower="gru")`).
+decayed user state and the request context (`RankerConfig(user_tower="gru")`; `"pool"` swaps
+the GRU for an order-free sum of a per-event MLP, log-compressed: cheap for long histories).
 
 The decayed state (`streams.state`) summarises a user's whole history in one vector whose old
 evidence fades (half-life and a 0.85 discount per session); the tower reads the user's last
@@ -14,7 +15,7 @@ dwell bucket        one-hot of 5: unknown / < 2 s / < 10 s / < 30 s / ≥ 30 s (
 age                 log(1 + seconds from the event to the request)
 ==================  ================================================================
 
-The GRU's last hidden state, the layer-normed decayed state and the context (`emb.slot` ‖
+The sequence summary, the layer-normed decayed state and the context (`emb.slot` ‖
 `emb.hour`) are each projected to `state_dim` and mixed by a gate: a two-layer MLP (hidden
 `tower_gate_hidden`) over the three inputs with softmax weights over the modalities. The fused
 vector joins the ranker's input beside the dense features (the decayed state stays there too).
@@ -216,7 +217,14 @@ class UserTower(nn.Module):
     def __init__(self, config: RankerConfig) -> None:
         super().__init__()
         e, d, h = config.emb_dim, config.state_dim, config.tower_hidden
-        self.gru = nn.GRU(2 * e + 1 + N_DWELL + 1, h, batch_first=True)
+        self.hidden = h
+        step = 2 * e + 1 + N_DWELL + 1
+        self.gru = nn.GRU(step, h, batch_first=True) if config.user_tower == "gru" else None
+        self.pool = (
+            nn.Sequential(nn.Linear(step, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU())
+            if config.user_tower == "pool"
+            else None
+        )
         self.user_norm = nn.LayerNorm(d)
         widths = {"decayed": d, "sequence": h, "context": 2 * e}
         self.proj = nn.ModuleDict({m: nn.Linear(widths[m], d) for m in MODALITIES})
@@ -227,7 +235,8 @@ class UserTower(nn.Module):
         )
 
     def encode(self, emb: nn.ModuleDict, seq: UserSequences) -> torch.Tensor:
-        """The GRU's last hidden state per request [R, tower_hidden]; zeros without history."""
+        """The sequence summary per request [R, tower_hidden]; zeros without history: the GRU's
+        last hidden state, or (`pool`) log(1 + Σ over events of a per-event ReLU MLP)."""
         steps = torch.cat(
             [
                 emb["ad"](seq.ad),
@@ -238,8 +247,12 @@ class UserTower(nn.Module):
             ],
             dim=-1,
         )
+        if self.pool is not None:
+            valid = torch.arange(steps.shape[1], device=steps.device)[None, :] < seq.length[:, None]
+            return torch.log1p((self.pool(steps) * valid.unsqueeze(-1).to(steps.dtype)).sum(1))
+        assert self.gru is not None
         has = seq.length > 0
-        hidden = torch.zeros(seq.requests, self.gru.hidden_size, device=steps.device, dtype=steps.dtype)
+        hidden = torch.zeros(seq.requests, self.hidden, device=steps.device, dtype=steps.dtype)
         if bool(has.any()):
             lengths = seq.length[has].cpu()
             packed = pack_padded_sequence(steps[has], lengths, batch_first=True, enforce_sorted=False)

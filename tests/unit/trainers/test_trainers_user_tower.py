@@ -64,8 +64,9 @@ def test_flag_off_is_the_previous_model_bit_for_bit() -> None:
         model(dense, ids, UserSequences.empty(5, 3))
 
 
-def test_tower_shapes_and_one_tower_pass_per_request() -> None:
-    cfg = RankerConfig(**SMALL, user_tower="gru", tower_seq_len=6, tower_hidden=5)  # type: ignore[arg-type]
+@pytest.mark.parametrize("encoder", ["gru", "pool"])
+def test_tower_shapes_and_one_tower_pass_per_request(encoder: str) -> None:
+    cfg = RankerConfig(**SMALL, user_tower=encoder, tower_seq_len=6, tower_hidden=5)  # type: ignore[arg-type]
     torch.manual_seed(0)
     model = Ranker(cfg).eval()
     gen = torch.Generator().manual_seed(2)
@@ -98,7 +99,7 @@ def test_tower_shapes_and_one_tower_pass_per_request() -> None:
 
 
 def test_config_validates_the_tower_fields() -> None:
-    with pytest.raises(ConfigError, match=r"user_tower.*'lstm'"):
+    with pytest.raises(ConfigError, match=r"user_tower.*\('none', 'gru', 'pool'\).*'lstm'"):
         RankerConfig(user_tower="lstm")
     with pytest.raises(ConfigError, match=r"tower_seq_len.*0"):
         RankerConfig(user_tower="gru", tower_seq_len=0)
@@ -189,11 +190,12 @@ def test_builder_matches_a_brute_force_reference_on_the_simulator() -> None:
             assert all(m.event_id != ex.impression_id for m in before)
 
 
-def test_training_learns_and_checkpoints_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("encoder", ["gru", "pool"])
+def test_training_learns_and_checkpoints_round_trip(tmp_path: Path, encoder: str) -> None:
     market = Market(MarketConfig(seed=4, n_users=30, drift_at=None, new_ads_at=None))
     events = list(market.open_loop(3000))
     examples = sorted(training_examples(events, Settings()), key=lambda e: (e.impression_ts, e.impression_id))
-    cfg = RankerConfig(state_dim=Settings().state_dim, user_tower="gru", tower_seq_len=8, tower_hidden=8)
+    cfg = RankerConfig(state_dim=Settings().state_dim, user_tower=encoder, tower_seq_len=8, tower_hidden=8)
     batch, seq = featurize(examples, cfg), build_sequences(events, examples, cfg)
     model = train_tower_ranker(batch, seq, cfg, TrainSpec(epochs=1, seed=0))
     p = predict_with_sequences(model, batch, seq)
