@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from xml.sax.saxutils import escape
 
 from deploy.endpoints import Endpoint, clickhouse_database, kafka_endpoint, url_endpoint
 from schemas.clients import clickhouse_args, kafka_args, redis_args
@@ -157,17 +158,19 @@ def launch_clickhouse(ep: Endpoint, http_port: int, state_dir: Path) -> Launch:
     templates = resources.files("deploy") / "templates"
     users_path = base / "users.xml"
     users_path.write_text((templates / "clickhouse-users.xml").read_text())
+    values = {
+        "log_dir": logs,
+        "http_port": http_port,
+        "tcp_port": ep.port,
+        "interserver_port": ep.port + 9,
+        "data_dir": base / "data",
+        "users_path": users_path,
+    }
+    # element text: a path with `&` or `<` must stay text, not break (or add to) the markup
     config = (
         (templates / "clickhouse-config.xml")
         .read_text()
-        .format(
-            log_dir=logs,
-            http_port=http_port,
-            tcp_port=ep.port,
-            interserver_port=ep.port + 9,
-            data_dir=base / "data",
-            users_path=users_path,
-        )
+        .format(**{k: escape(str(v)) for k, v in values.items()})
     )
     config_path = base / "config.xml"
     config_path.write_text(config)
