@@ -359,7 +359,9 @@ def tower_run(name: str, seed: int, args: argparse.Namespace, settings: Settings
         one_b = hold_b.select(torch.arange(min(args.rank_candidates, len(hold_b))))
         variants["decayed"] = {"train_s": train_s, "rank_ms": rank_ms(model, one_b, None)}
     seqs: dict[int, tuple[UserSequences, UserSequences, float]] = {}
-    grid = itertools.product(args.tower_encoders, args.tower_seq_lens, args.tower_hidden)
+    grid = args.tower_variants or list(
+        itertools.product(args.tower_encoders, args.tower_seq_lens, args.tower_hidden)
+    )
     for encoder, k, hidden in grid if args.user_tower in ("gru", "both") else []:
         cfg = dataclasses.replace(rcfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
         if k not in seqs:
@@ -727,6 +729,12 @@ def main() -> None:
     )
     ap.add_argument("--tower-seq-lens", type=ints, default=[32], help="K, comma-separated")
     ap.add_argument("--tower-hidden", type=ints, default=[32], help="GRU hidden sizes, comma-separated")
+    ap.add_argument(
+        "--tower-variants",
+        type=lambda s: [(e, int(k), int(h)) for e, k, h in (v.split(":") for v in s.split(","))],
+        default=None,
+        help="instead of the product above: encoder:K:hidden, comma-separated (e.g. gru:32:32,pool:128:32)",
+    )
     ap.add_argument("--rank-candidates", type=int, default=500)
     ap.add_argument(
         "--merge",
