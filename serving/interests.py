@@ -19,9 +19,12 @@ their own (a warm user is ranked on their own state alone). Names the catalog do
 ignored and counted (`unknown`), as OpenRTB bidders ignore taxonomy values they do not know:
 a client keeps sending what its users picked while the catalog's categories change.
 
->>> cents = category_centroids({"a": 0, "b": 1}, np.array([0, 0, 1]),
-...                            np.array([[1, 0], [0, 1], [1, 1]], dtype=np.float32))
->>> p = interest_prior(["b", "zz"], cents, weight=1.0, evidence=0.0)
+>>> table = CentroidTable(2)
+>>> for row, (cat, vec) in enumerate([("a", [1, 0]), ("a", [0, 1]), ("b", [1, 1])]):
+...     table.put(row, cat, np.array(vec))
+>>> table.centroids().vector("a").tolist()
+[0.5, 0.5]
+>>> p = interest_prior(["b", "zz"], table.centroids(), weight=1.0, evidence=0.0)
 >>> p.vector.tolist(), p.intents, p.used, p.unknown
 ([1.0, 1.0], {'b': 1.0}, 1, 1)
 """
@@ -51,18 +54,42 @@ class CategoryCentroids:
         return None if i is None else self.vectors[i]
 
 
-def category_centroids(
-    codes: Mapping[str, int], row_codes: np.ndarray, content: np.ndarray
-) -> CategoryCentroids:
-    """Centroids from each ad's category code (`row_codes`, [n]) and content vector (`content`,
-    [n, dim]); `codes` maps category names to codes. A code no ad uses gets no centroid."""
-    n_codes = max(codes.values(), default=-1) + 1
-    sums = np.zeros((n_codes, content.shape[1]), dtype=np.float64)
-    np.add.at(sums, row_codes, content)
-    counts = np.bincount(row_codes, minlength=n_codes)
-    used = {name: code for name, code in codes.items() if counts[code] > 0}
-    vectors = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
-    return CategoryCentroids(used, vectors)
+class CentroidTable:
+    """Per-category sums of the catalog's content vectors, kept as ads come, change or give up
+    their row, so `centroids()` costs O(categories), never a pass over the catalog."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self._sums: dict[str, np.ndarray] = {}  # float64: many adds and removes stay exact enough
+        self._counts: dict[str, int] = {}
+        self._rows: dict[int, tuple[str, np.ndarray]] = {}
+        self._cache: CategoryCentroids | None = None
+
+    def put(self, row: int, category: str, vector: np.ndarray) -> None:
+        """The ad at catalog `row` now has `category` and content `vector` (replacing what was there)."""
+        old = self._rows.get(row)
+        if old is not None:
+            cat, vec = old
+            self._counts[cat] -= 1
+            if self._counts[cat]:
+                self._sums[cat] -= vec
+            else:
+                del self._counts[cat], self._sums[cat]
+        vec = np.asarray(vector, dtype=np.float64)[: self.dim]
+        self._rows[row] = (category, vec)
+        self._counts[category] = self._counts.get(category, 0) + 1
+        self._sums[category] = self._sums.get(category, np.zeros(self.dim)) + vec
+        self._cache = None
+
+    def centroids(self) -> CategoryCentroids:
+        """The mean content vector of every category with an ad (cached until the next `put`)."""
+        if self._cache is None:
+            names = sorted(self._sums)
+            vectors = np.zeros((len(names), self.dim), dtype=np.float32)
+            for i, name in enumerate(names):
+                vectors[i] = self._sums[name] / self._counts[name]
+            self._cache = CategoryCentroids({n: i for i, n in enumerate(names)}, vectors)
+        return self._cache
 
 
 @dataclass(frozen=True)

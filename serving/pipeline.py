@@ -24,7 +24,7 @@ from serving.adapters import CANDIDATE
 from serving.ann import make_index
 from serving.catalog import Catalog
 from serving.deadline import Rung, StageCosts
-from serving.interests import CategoryCentroids, category_centroids, interest_prior
+from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
 from serving.rerank import RerankParams, pacing_factor, rerank
 from serving.towers import TowerSpace
@@ -108,9 +108,7 @@ class AdPipeline:
         self._adapter_tables: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray]] = {}
         # each row's content vector in the user-state space, for declared interests' centroids
         # (the catalog's vectors may be another space: the two-tower model's, or given by a caller)
-        self._content = np.zeros((0, settings.state_dim), dtype=np.float32)
-        self._centroids: CategoryCentroids | None = None
-        self._centroids_version = -1
+        self._interest_table = CentroidTable(settings.state_dim)
         self.interest_counts: Counter[str] = Counter()  # declared interests: used / faded / unknown
         self._on_interests = on_interests
 
@@ -120,23 +118,13 @@ class AdPipeline:
         row = self.catalog.upsert(ad, vector)
         self.index.update(self.catalog.vectors, self.catalog.n)
         self.index.upsert(row, ad.active)
-        if row >= self._content.shape[0]:
-            grown = np.zeros(
-                (max(2 * self._content.shape[0], row + 1, 64), self.settings.state_dim), np.float32
-            )
-            grown[: self._content.shape[0]] = self._content
-            self._content = grown
-        self._content[row] = content_vector(ad.category, ad.title, self.settings.state_dim)
+        dim = self.settings.state_dim
+        self._interest_table.put(row, ad.category, np.asarray(content_vector(ad.category, ad.title, dim)))
 
     # -- declared interests (cold start) ------------------------------------------------
     def centroids(self) -> CategoryCentroids:
-        """Each catalog category's mean content vector (refreshed when the catalog changed)."""
-        cat = self.catalog
-        if self._centroids is None or self._centroids_version != cat.version:
-            n = cat.n
-            self._centroids = category_centroids(cat.codes["category"], cat.category[:n], self._content[:n])
-            self._centroids_version = cat.version
-        return self._centroids
+        """Each catalog category's mean content vector, in the user-state space (kept as ads arrive)."""
+        return self._interest_table.centroids()
 
     def with_interests(
         self, user: UserView | None, interests: Sequence[str] | None, weight: float | None = None

@@ -13,7 +13,7 @@ from schemas.events import AdCreative
 from schemas.settings import Settings
 from schemas.vectors import content_vector
 from serving.catalog import Catalog
-from serving.interests import CategoryCentroids, category_centroids, interest_prior
+from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.pipeline import AdPipeline, RequestContext, UserView, content_vectorizer
 from serving.ranking import RankModel
 from trainers.ranker import Ranker, RankerConfig
@@ -39,10 +39,11 @@ def ad(i: int, cat: str) -> AdCreative:
 
 
 def centroids() -> CategoryCentroids:
-    ads = [ad(i, CATS[i % 4]) for i in range(12)]
-    content = np.asarray([content_vector(a.category, a.title, DIM) for a in ads], dtype=np.float32)
-    codes = {c: i for i, c in enumerate(CATS)}
-    return category_centroids(codes, np.asarray([codes[a.category] for a in ads]), content)
+    table = CentroidTable(DIM)
+    for i in range(12):
+        a = ad(i, CATS[i % 4])
+        table.put(i, a.category, np.asarray(content_vector(a.category, a.title, DIM)))
+    return table.centroids()
 
 
 def test_centroid_is_the_mean_content_vector_of_the_category() -> None:
@@ -50,6 +51,18 @@ def test_centroid_is_the_mean_content_vector_of_the_category() -> None:
     shoes = [content_vector("shoes", f"shoes item {i}", DIM) for i in (0, 4, 8)]
     assert np.allclose(cents.vector("shoes"), np.mean(shoes, axis=0), atol=1e-6)
     assert cents.vector("garden") is None
+
+
+def test_an_ad_that_changes_category_or_gives_up_its_row_leaves_its_old_centroid() -> None:
+    table = CentroidTable(2)
+    table.put(0, "a", np.array([1.0, 0.0]))
+    table.put(1, "a", np.array([0.0, 1.0]))
+    table.put(2, "b", np.array([1.0, 1.0]))
+    table.put(1, "b", np.array([3.0, 3.0]))  # row 1: now another ad, in another category
+    table.put(2, "c", np.array([0.0, 2.0]))
+    got = table.centroids()
+    assert sorted(got.index) == ["a", "b", "c"]
+    assert got.vector("a").tolist() == [1.0, 0.0] and got.vector("b").tolist() == [3.0, 3.0]  # type: ignore[union-attr]
 
 
 def test_a_new_user_gets_one_pseudo_click_per_known_interest() -> None:
