@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -209,3 +212,46 @@ def test_training_learns_and_checkpoints_round_trip(tmp_path: Path, encoder: str
     assert torch.allclose(predict_with_sequences(loaded, batch, seq), p)
     with pytest.raises(ConfigError, match="user_tower"):
         train_tower_ranker(batch, seq, RankerConfig(state_dim=cfg.state_dim), TrainSpec(epochs=1))
+
+
+def _offline_quality() -> ModuleType:
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location(
+        "bench_offline_quality_tower", root / "benchmarks" / "offline_quality.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+def _run(seed: int, decayed: float, tower: float) -> dict[str, object]:
+    v = {"train_s": 1.0, "rank_ms": 1.0, "gap_oracle_ranker": 0.0}
+    return {
+        "config": "default",
+        "seed": seed,
+        "auc_ceiling": 0.8,
+        "auc_oracle": 0.85,
+        "variants": {
+            "decayed": {**v, "auc": decayed, "gap_ceiling_ranker": 0.8 - decayed},
+            "gru_k32_h32": {
+                **v, "auc": tower, "gap_ceiling_ranker": 0.8 - tower, "minus_decayed": tower - decayed,
+            },
+        },
+    }  # fmt: skip
+
+
+def test_benchmark_decision_needs_a_mean_gain_of_0_005() -> None:
+    oq = _offline_quality()
+    win = oq.summarize_tower([_run(0, 0.78, 0.79), _run(1, 0.78, 0.784)])["default"]
+    assert win["best"] == "gru_k32_h32" and win["wins_by_0_005"]
+    assert win["best_minus_decayed"] == pytest.approx(0.007)
+    assert win["ceiling_gap"]["decayed"] == pytest.approx(0.02)
+    small = oq.summarize_tower([_run(0, 0.78, 0.785), _run(1, 0.78, 0.783)])["default"]
+    assert small["best"] == "gru_k32_h32" and not small["wins_by_0_005"]
+    lose = oq.summarize_tower([_run(0, 0.78, 0.77)])["default"]
+    assert lose["best"] == "decayed" and not lose["wins_by_0_005"]
