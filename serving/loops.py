@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -25,6 +26,43 @@ from serving.ranking import RankModel
 from serving.towers import TowerSpace
 
 log = logging.getLogger(__name__)
+
+
+def read_catalog_file(path: str | os.PathLike[str]) -> list[AdCreative]:
+    """The ads of a JSON-lines catalog file (`serve_catalog_file`): every line whose `kind` is
+    `ad` (or absent: the contract's default); other events are skipped, blank lines too.
+
+    Each line is parsed as JSON, not searched for the text `"kind":"ad"` (an ad spelled with a
+    tab or without `kind` was left out). A line that is not a JSON object, or an ad the contract
+    refuses, raises SchemaError naming `file:line`: a replica must not start on a catalog that
+    is silently short.
+    """
+    import json
+
+    from schemas.codec import decode
+    from schemas.errors import SchemaError
+
+    ads: list[AdCreative] = []
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{os.fspath(path)}:{n}"
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise SchemaError(f"{where}: not JSON ({exc})") from exc
+            if not isinstance(obj, dict):
+                raise SchemaError(f"{where}: not a JSON object")
+            if obj.get("kind", "ad") != "ad":
+                continue
+            try:
+                msg = decode(AdCreative, line)
+            except SchemaError as exc:
+                raise SchemaError(f"{where}: {exc}") from exc
+            assert isinstance(msg, AdCreative)
+            ads.append(msg)
+    return ads
 
 
 class ReplicaLoops:
@@ -79,17 +117,8 @@ class ReplicaLoops:
         self._tasks[name] = task
 
     def _load_catalog_file(self, s: Settings) -> None:
-        from schemas.codec import decode
-
         assert s.serve_catalog_file is not None
-        ads: list[AdCreative] = []
-        with open(s.serve_catalog_file, "rb") as fh:
-            for line in fh:
-                if b'"kind":"ad"' not in line.replace(b" ", b""):
-                    continue
-                msg = decode(AdCreative, line)
-                assert isinstance(msg, AdCreative)
-                ads.append(msg)
+        ads = read_catalog_file(s.serve_catalog_file)
         vectors = self.towers.ad_vectors(ads) if self.towers is not None else [None] * len(ads)
         for ad, vec in zip(ads, vectors, strict=True):
             self.pipe.add_ad(ad, vec)
