@@ -70,7 +70,12 @@ def _not_a_number(value: object) -> object:
 
 
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_not_a_number), AfterValidator(_in_range)]
-Text = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+# Free text (ad titles) of any script, but it reaches ClickHouse, dashboards and logs: control
+# characters (C0, DEL, C1: NUL, newlines, tabs, ANSI escapes) and bidi embeddings, overrides and
+# isolates (U+202A–U+202E, U+2066–U+2069: "Trojan Source") are refused. A pattern, not a Python
+# validator, so the streams fast path keeps it (`streams.ingest.FastDecoder`).
+TEXT_PATTERN: Final = r"^[^\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]*$"
+Text = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=TEXT_PATTERN)]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
