@@ -156,7 +156,9 @@ def _typed(value: Any, type_name: str) -> Any:
         else type_name
     )
     if value is None:
-        return None
+        # JSON has no NaN: chDB writes a non-finite Float (e.g. the CPA of a channel without
+        # conversions) as null; the server's driver returns it as the float it is
+        return float("nan") if inner == type_name and inner.startswith("Float") else None
     if inner.startswith(("UInt", "Int")) and isinstance(value, str):
         return int(value)
     if inner.startswith("Float") and isinstance(value, str):

@@ -81,8 +81,13 @@ def check_market(
     *,
     budget_moves: bool = True,
     write: bool = True,
+    variants: dict[str, tuple[str, dict[str, Any]]] | None = None,
 ) -> tuple[dict[str, ModelTruth], MarketData]:
-    """Simulate, write, build paths, and score each model (and calibrated ones with holdouts)."""
+    """Simulate, write, build paths, and score each model (and calibrated ones with holdouts).
+
+    `variants` adds named runs of a model with other knobs, e.g.
+    `{"markov_null_removal": ("markov", {"markov_removal": "null"})}`.
+    """
     model_cfg = model_cfg or ModelConfig(seed=cfg.seed)
     data = simulate(cfg)
     if write:
@@ -91,9 +96,11 @@ def check_market(
     paths = build_paths(backend, "slot_campaign", since, until, truth_window(cfg)).paths
     truth = aligned_truth(data, paths.channels)
     results = {m: attribute(m, paths, model_cfg) for m in models}
+    for name, (model, knobs) in (variants or {}).items():
+        results[name] = replace(attribute(model, paths, replace(model_cfg, **knobs)), model=name)
     if cfg.holdout_share > 0:
         lifts = measure_lift(backend, since, until)
-        for m in models:
+        for m in list(results):
             cal = calibrate(results[m], lifts, "slot_campaign")
             results[cal.model] = cal
     spend = dict(zip(data.channels, data.spend(), strict=True))

@@ -13,7 +13,8 @@
 4. `shapley_1m_paths_s`: Shapley over 1,000,000 conversion paths with 3–12 distinct channels
    each (15 channels), exact per channel set. Goal ≤ 5 s.
 5. The truth check (attribution.truth) on an unconfounded and a confounded market (with 30 %
-   holdouts on the confounded one), every model and its calibrated variant: TV distance of
+   holdouts on the confounded one), every model and its calibrated variant (and Markov with the
+   textbook null removal, `markov_null_removal`, beside the default redistribution): TV distance of
    credit shares against the exact causal credit, and the true change in caused conversions
    and value when each model's budget plan is re-simulated → `results/attribution_truth.json`.
 
@@ -177,7 +178,10 @@ def truth(settings: Settings, users: int) -> dict[str, Any]:
         migrate(s)
         client = clickhouse_client(s, name)
         try:
-            res, data = check_market(DriverBackend(client), cfg, list(MODELS), ModelConfig(seed=1))
+            res, data = check_market(
+                DriverBackend(client), cfg, list(MODELS), ModelConfig(seed=1),
+                variants={"markov_null_removal": ("markov", {"markov_removal": "null"})},
+            )  # fmt: skip
         finally:
             client.execute(f"DROP DATABASE IF EXISTS {name}")
             client.disconnect()

@@ -327,6 +327,11 @@ class Settings(BaseSettings):
     attribution_markov_order: int = Field(
         0, ge=0, le=3, description="Markov order 1-3 (0: chosen by held-out likelihood)"
     )
+    attribution_markov_removal: Literal["redistribute", "null"] = Field(
+        "redistribute",
+        description="Markov removal effect: 'redistribute' (a removed channel is never entered; its "
+        "state's other transitions renormalised) or 'null' (its journeys end in NULL, the textbook rule)",
+    )
     attribution_shapley_exact_max: int = Field(
         12, ge=1, le=20, description="Shapley is exact for journeys with at most this many channels"
     )

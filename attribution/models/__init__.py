@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from attribution.models import heuristics as h
-from attribution.models.markov import _choose, chain, markov
+from attribution.models.markov import REMOVALS, _choose, chain, markov
 from attribution.models.result import AttributionResult, ChannelCredit, tv_distance
 from attribution.models.shapley import shapley
 from attribution.paths import AttributionInputError, Paths
@@ -36,6 +36,7 @@ class ModelConfig:
     view_weight: float = 0.5
     click_weight: float = 1.0
     markov_order: int = 0  # 0: choose 1–3 on held-out likelihood
+    markov_removal: str = "redistribute"  # or "null" (see attribution.models.markov)
     shapley_exact_max: int = 12
     shapley_permutations: int = 200
     extra: dict[str, Any] = field(default_factory=dict)
@@ -49,6 +50,7 @@ class ModelConfig:
             view_weight=s.attribution_view_weight,
             click_weight=s.attribution_click_weight,
             markov_order=s.attribution_markov_order,
+            markov_removal=s.attribution_markov_removal,
             shapley_exact_max=s.attribution_shapley_exact_max,
             shapley_permutations=s.attribution_shapley_permutations,
         )
@@ -81,8 +83,12 @@ def _markov(paths: Paths, cfg: ModelConfig) -> Credits:
         meta["heldout_loglik"] = {str(k): v for k, v in scores.items()}
     elif structure is None:
         structure = chain(paths, order)
-    conv, value, extra = markov(paths, order, structure)
-    return conv, value, {**meta, **extra, "order": order, "_chain": structure}
+    if cfg.markov_removal not in REMOVALS:
+        raise AttributionInputError(
+            f"markov removal {cfg.markov_removal!r} is not one of {', '.join(REMOVALS)}"
+        )
+    conv, value, extra = markov(paths, order, structure, cfg.markov_removal)  # type: ignore[arg-type]
+    return conv, value, {**meta, **extra, "order": order, "removal": cfg.markov_removal, "_chain": structure}
 
 
 def _shapley(paths: Paths, cfg: ModelConfig) -> Credits:

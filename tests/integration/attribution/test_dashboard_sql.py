@@ -165,6 +165,9 @@ def _close(a: Any, b: Any, path: str = "") -> None:
     """Equal up to float rounding (the engines may sum in different orders)."""
     if isinstance(a, float) or isinstance(b, float):
         assert a is not None and b is not None, f"{path}: {a!r} != {b!r}"
+        if math.isnan(float(a)) or math.isnan(float(b)):  # undefined on both (a CPA without conversions)
+            assert math.isnan(float(a)) and math.isnan(float(b)), f"{path}: {a!r} != {b!r}"
+            return
         assert math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-9), f"{path}: {a!r} != {b!r}"
     elif isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys differ"

@@ -61,13 +61,38 @@ def test_markov_first_order_by_hand() -> None:
     assert conversion_probability(t, removed=0) == pytest.approx(1 / 3)
     assert conversion_probability(t, removed=1) == pytest.approx(0.0)
     # removal effects 1/2 and 1 → shares 1/3, 2/3 of the 2 conversions
-    assert credit("markov", p, markov_order=1) == pytest.approx({"A": 2 / 3, "B": 4 / 3})
+    assert credit("markov", p, markov_order=1, markov_removal="null") == pytest.approx(
+        {"A": 2 / 3, "B": 4 / 3}
+    )
+    # redistributed: without A every journey starts at B and converts (p 1 > 2/3: no effect);
+    # without B, A's journeys have only NULL left (p 0: effect 1)
+    assert conversion_probability(t, removed=0, removal="redistribute") == pytest.approx(1.0)
+    assert conversion_probability(t, removed=1, removal="redistribute") == pytest.approx(0.0)
+    assert credit("markov", p, markov_order=1) == pytest.approx({"A": 0.0, "B": 2.0})
 
 
 def test_markov_loop_solved_exactly() -> None:
     # B→A→B loops: x_B = 2/3 + x_A/3, x_A = 2/3 x_B → x_B = 6/7; removing A: RE 2/3, B: 1
     p = paths_from_lists([["A", "B", "B"], ["A"], ["B", "A", "B"]], [1, 0, 1], nulls=[0, 1, 0])
-    assert credit("markov", p, markov_order=1) == pytest.approx({"A": 0.8, "B": 1.2})
+    assert credit("markov", p, markov_order=1, markov_removal="null") == pytest.approx({"A": 0.8, "B": 1.2})
+    # redistributed: without A, B converts with 2/3 ÷ 2/3 = 1 (p 1 > 2/3); without B, A → NULL
+    assert credit("markov", p, markov_order=1) == pytest.approx({"A": 0.0, "B": 2.0})
+
+
+def test_markov_redistribution_credits_what_converts_above_the_others() -> None:
+    # journeys at A convert 3 in 4, at B 1 in 4, half start at each (p = 1/2). The null rule
+    # credits A 0.75 : B 0.25 (as last-click would); redistributed, removing B raises p to 3/4
+    # (no effect) and removing A lowers it to 1/4 (effect 1/2): all 4 conversions go to A
+    p = paths_from_lists([["A"], ["B"]], [3, 1], nulls=[1, 3])
+    assert credit("markov", p, markov_order=1, markov_removal="null") == pytest.approx({"A": 3.0, "B": 1.0})
+    assert credit("markov", p, markov_order=1) == pytest.approx({"A": 4.0, "B": 0.0})
+    # no channel's redistributed removal lowers p (A and B each: continuing leads to NULL as
+    # often as converting does, p 1/2 with or without either): the null rule's effects credit
+    p = paths_from_lists([["A"], ["A", "B"], ["B"], ["B", "A"]], [1, 0, 1, 0], nulls=[0, 1, 0, 1])
+    r = attribute("markov", p, ModelConfig(markov_order=1))
+    assert r.conversions.tolist() == pytest.approx([1.0, 1.0]) and r.meta["removal_used"] == "null"
+    with pytest.raises(AttributionInputError, match="markov removal 'drop'"):
+        attribute("markov", p, ModelConfig(markov_order=1, markov_removal="drop"))
 
 
 def test_markov_order_chosen_on_heldout_likelihood() -> None:

@@ -23,20 +23,21 @@ def _backend(name: str) -> ChdbBackend:
 
 
 @pytest.mark.timeout(300)
-def test_shapley_beats_last_click_on_the_unconfounded_market() -> None:
+def test_data_driven_models_beat_last_click_on_the_unconfounded_market() -> None:
     cfg = AttributionMarketConfig(seed=1, n_users=20_000)
     res, _ = check_market(_backend("truth_u"), cfg, ["last_click", "markov", "shapley"], budget_moves=False)
     assert res["shapley"].error < 0.75 * res["last_click"].error
+    # Markov with its order chosen on held-out likelihood, removal by redistribution (default)
+    assert res["markov"].error < 0.95 * res["last_click"].error
     # last click credits the late, zero-effect retargeting; Shapley's coalition rates see through it
     assert res["shapley"].retarget_share < 0.5 * res["last_click"].retarget_share
-    assert 0 <= res["markov"].error <= 1
 
 
 @pytest.mark.timeout(300)
 def test_holdout_calibration_zeroes_the_retargeting_campaign() -> None:
     cfg = AttributionMarketConfig(seed=1, n_users=40_000, confounded=True, holdout_share=0.3)
-    res, _ = check_market(_backend("truth_c"), cfg, ["last_click", "shapley"], budget_moves=False)
-    for model in ("last_click", "shapley"):
+    res, _ = check_market(_backend("truth_c"), cfg, ["last_click", "markov", "shapley"], budget_moves=False)
+    for model in ("last_click", "markov", "shapley"):
         assert res[model].retarget_share > 0.3  # confounded: observational models over-credit it
         calibrated = res[f"{model}+holdout"]
         assert calibrated.retarget_share < 0.05
