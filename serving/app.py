@@ -35,7 +35,7 @@ from serving.canary import Arm, Canary, CanaryRule, arm_for
 from serving.catalog import Catalog
 from serving.deadline import Deadline, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
-from serving.http import error, is_json, overloaded, parse_ad_request, unsupported_media
+from serving.http import BodyAdmission, error, is_json, overloaded, unsupported_media
 from serving.io import ImpressionSink, RedisIO, UserCodec
 from serving.loops import ReplicaLoops
 from serving.metrics import ServingMetrics
@@ -131,7 +131,7 @@ class AdServer(ReplicaLoops):
             lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n),
             lambda seconds: self.metrics.spent("impressions", seconds),
         )
-        self.in_flight = 0
+        self.bodies = BodyAdmission(s.serve_admission_limit)
         self.gate = Admission(s.serve_qos_slots, qos_policies(s))
         self.max_swap_pause_s = 0.0
         self.ready = False
@@ -221,14 +221,11 @@ class AdServer(ReplicaLoops):
             return self._status(401, _error(401, denied))
         if not is_json(request.headers.get("content-type")):
             return self._status(415, unsupported_media())
-        if self.in_flight >= self.settings.serve_admission_limit or not self.ready:
+        if self.bodies.full() or not self.ready:
             self.metrics.shed.inc()
             return self._status(503, _error(503, "overloaded, retry later", {"Retry-After": "1"}))
-        self.in_flight += 1  # from the first byte to its class: a slow body holds its admission slot
-        try:
-            req = await parse_ad_request(request, self.settings.max_body_bytes)
-        finally:
-            self.in_flight -= 1
+        # from the first byte to its class: a slow body holds its admission slot
+        req = await self.bodies.parse(request, self.settings.max_body_bytes)
         if not isinstance(req, AdRequest):
             return self._status(req.status_code, req)
         t_gate = time.perf_counter()

@@ -125,7 +125,29 @@ async def parse_ad_request(request: Request, limit: int) -> AdRequest | JSONResp
         return JSONResponse({"detail": detail, "error": describe_validation_error(exc)}, status_code=422)
 
 
+class BodyAdmission:
+    """The admission limit of requests still reading their body (`serve_admission_limit`): a
+    request holds its slot from its first byte until its body is parsed, so slow clients cannot
+    sit in the body phase uncounted; past the limit the ingress answers 503 at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.reading = 0  # requests inside `parse`
+
+    def full(self) -> bool:
+        return self.reading >= self.limit
+
+    async def parse(self, request: Request, max_bytes: int) -> AdRequest | JSONResponse:
+        """`parse_ad_request` holding a slot for as long as the body takes to arrive."""
+        self.reading += 1
+        try:
+            return await parse_ad_request(request, max_bytes)
+        finally:
+            self.reading -= 1
+
+
 __all__ = [
+    "BodyAdmission",
     "BodyTooLarge",
     "ClientDisconnect",
     "duplicate_keys",
