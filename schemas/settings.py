@@ -367,8 +367,9 @@ def clickhouse_database(settings: Settings | str) -> str:
 
     url = settings if isinstance(settings, str) else settings.clickhouse_url
     name = urlparse(url).path.strip("/") or "adstream"
-    if not name.replace("_", "").isalnum():
-        raise ConfigError(f"clickhouse_url: database name {name!r} must be alphanumeric/underscore")
+    # ASCII only: `str.isalnum` alone takes any script's letters and digits ("ads٣", "café")
+    if not (name.isascii() and name.replace("_", "").isalnum()):
+        raise ConfigError(f"clickhouse_url: database name {name!r} must be ASCII letters, digits or _")
     return name
 
 

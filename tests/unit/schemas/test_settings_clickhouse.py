@@ -29,3 +29,17 @@ def test_defaults_and_bad_database_name() -> None:
     assert clickhouse_connect_args(s)["port"] == 9000 and clickhouse_connect_args(s)["user"] == "default"
     with pytest.raises(ConfigError, match="'ads;drop'"):
         clickhouse_database(Settings(clickhouse_url="clickhouse://127.0.0.1/ads;drop"))
+
+
+@pytest.mark.parametrize("name", ["ads\u0663", "caf\u00e9", "\u0430ds", "ads\u00b2", "_"])
+def test_database_name_is_an_ascii_identifier(name: str) -> None:
+    """Reliability L5: `str.isalnum` accepts non-ASCII letters and digits (Arabic-Indic three,
+    Cyrillic a, superscript two); the name is spliced into DDL, so only ASCII letters, digits
+    and underscores."""
+    with pytest.raises(ConfigError, match="database name"):
+        clickhouse_database(Settings(clickhouse_url=f"clickhouse://127.0.0.1/{name}"))
+
+
+def test_database_names_in_use_stay_valid() -> None:
+    for name in ("adstream", "demo_ab12cd", "prod_ads", "t_1", "_ads"):
+        assert clickhouse_database(f"clickhouse://127.0.0.1/{name}") == name
