@@ -15,7 +15,10 @@ So the prior is a state the trained ranker has seen (users after their first cli
 retraining, no extra model, nothing read from Redis. It is added to what the user's own state
 holds, scaled by `1 - evidence / weight` (`evidence`: the sum of the user's decayed intent
 scores), so it gives way as real evidence accrues and is gone once the user has that much of
-their own (a warm user is ranked on their own state alone). Names the catalog does not hold are
+their own (a warm user is ranked on their own state alone). The ranker layer-normalises its
+dense input, so a brand-new user's ranking does not depend on `weight` (the prior is scaled as a
+whole; `benchmarks/cold_start.py` sweeps it): `weight` sets how much evidence of their own
+replaces the prior. Names the catalog does not hold are
 ignored and counted (`unknown`), as OpenRTB bidders ignore taxonomy values they do not know:
 a client keeps sending what its users picked while the catalog's categories change.
 
