@@ -136,3 +136,35 @@ def test_adapters_past_the_limit_evict_the_least_recent_and_come_back_from_redis
     assert redis_client.exists(snapshot_key(s.redis_prefix, "adv:c"))  # c was evicted: stored
     assert json.loads(redis_client.hget(meta_key(s.redis_prefix, "adv:c"), "offsets"))  # with its offsets
     assert svc.trainer.runs["adv:a"].counts["steps"] > 0
+
+
+def test_every_class_of_bad_record_on_the_trainer_topic_is_dead_lettered_at_its_offset(
+    deployment: Settings,
+) -> None:
+    """The hostile producer's classes on the trainer's own input (the worker's suite covers the
+    worker's topics): garbage, not UTF-8, unknown fields, wrong types, missing fields, a JSON
+    array, an empty value and an unknown `kind` among valid examples — each dead-lettered with
+    its offset, every valid example learned, the trainer still running."""
+    s = deployment
+    exs = _examples(120, seed=5)
+    good = [codec.encode(e) for e in exs]
+    base = json.loads(good[0])
+    bad = {
+        "garbage": bytes(range(7, 71)),
+        "not_utf8": b'{"event_id": "\xff\xfe"}',
+        "unknown_field": json.dumps({**base, "event_id": "x-unknown", "admin": True}).encode(),
+        "wrong_type": json.dumps({**base, "event_id": "x-type", "click": "yes please"}).encode(),
+        "missing_field": json.dumps({k: v for k, v in base.items() if k != "adapter_id"}).encode(),
+        "json_array": b"[1, 2, 3]",
+        "empty": b"",
+        "other_kind": json.dumps({**base, "event_id": "x-kind", "kind": "impression"}).encode(),
+    }
+    values = [*good[:60], *bad.values(), *good[60:]]
+    asyncio.run(_produce_raw(s, values))
+    svc = _service(s)
+    asyncio.run(_run_to_end(svc, s))
+    assert svc.learned == len(exs)
+    dead = [d for d in (codec.decode(DeadLetter, r.value) for r in asyncio.run(_records(s, topics.DLQ)))]
+    assert all(isinstance(d, DeadLetter) for d in dead)
+    assert sorted(d.offset for d in dead if isinstance(d, DeadLetter)) == list(range(60, 60 + len(bad)))
+    assert {d.raw for d in dead if isinstance(d, DeadLetter)} == set(bad.values())
