@@ -324,3 +324,64 @@ def test_adapter_snapshots_expire_unless_rewritten(stack: Settings, redis_client
     for key in (snapshot_key(s.redis_prefix, "adv:gone"), meta_key(s.redis_prefix, "adv:gone")):
         assert 1200 < r.ttl(key) <= 1234  # type: ignore[attr-defined]
     assert r.ttl(seq_key(s.redis_prefix)) == -1  # type: ignore[attr-defined]  # seqs are never reused
+
+
+# -- suites: hostile records on a replica's input topics -------------------------------------
+@pytest.mark.kafka
+def test_follow_counts_every_bad_record_and_goes_on(stack: Settings) -> None:
+    """The hostile producer's classes on a topic a replica follows (garbage, not UTF-8, unknown
+    field, wrong type, JSON array, empty value, a tombstone) and a message its handler raises
+    on: each is counted once as invalid, every valid message is handled, nothing is re-read."""
+    from aiokafka import AIOKafkaProducer
+
+    from deploy.stack import create_topics
+
+    s = _isolated(stack)
+    create_topics(s)
+    topic = topics.topic_name(topics.CLICKS, s.topic_prefix)
+
+    def click(i: int) -> bytes:
+        return codec.encode(
+            Click(event_id=f"c{i}", ts=NOW, user_id="u", impression_id=f"i{i}", ad_id="a", campaign_id="c")
+        )
+
+    good = click(0)
+    bad: list[bytes | None] = [
+        bytes(range(7, 71)),
+        b'{"event_id": "\xff\xfe"}',
+        good.replace(b'"kind"', b'"admin":true,"kind"'),
+        good.replace(b'"user_id":"u"', b'"user_id":7'),
+        b"[1, 2, 3]",
+        b"",
+        None,
+    ]
+    values = [click(i) for i in range(3)] + bad + [click(i) for i in range(3, 6)]
+
+    async def run() -> tuple[list[str], list[str]]:
+        producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap)
+        await producer.start()
+        for v in values:
+            await producer.send_and_wait(topic, v, key=b"u")
+        await producer.stop()
+        seen: list[str] = []
+        invalid: list[str] = []
+
+        def handle(msg: object) -> None:
+            event_id = msg.event_id  # type: ignore[attr-defined]
+            seen.append(event_id)
+            if event_id == "c4":
+                raise RuntimeError("a message this replica cannot use")
+
+        task = asyncio.create_task(follow(s, topics.CLICKS, handle, True, invalid.append))  # type: ignore[arg-type]
+        end = time.monotonic() + 20
+        while len(seen) < 6 and time.monotonic() < end:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # a reconnect (re-reading the topic) would show now
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return seen, invalid
+
+    seen, invalid = asyncio.run(run())
+    assert seen == [f"c{i}" for i in range(6)]
+    assert len(invalid) == len(bad) + 1 and sum("handler failed" in why for why in invalid) == 1
