@@ -68,32 +68,28 @@ def channel_key_sql(by: str) -> str:
     return CHANNEL_KEY_SQL[by]
 
 
-# The touches of every (user, advertiser) in [lo, until), sorted by (time, kind, channel).
+# The touches of every (user, advertiser) in [lo, until), sorted by (time, kind, channel): one
+# pass over the impressions (from a day before `lo`, so that a click in range on an earlier
+# impression is found), each a view when it lies in range, plus a click at the time of its first
+# click in range (a click's channel is its impression's). The clicks are a small hash table, keyed
+# by impression; the first click keeps it deterministic on every engine, and a second click on
+# the same impression is the same touchpoint.
 _TOUCHES = """
 SELECT user_id, advertiser_id,
-       arraySort(groupArray((t, k, ch))) AS tt,
+       arraySort(arrayConcat(groupArrayIf((t, toUInt8(0), ch), t >= %(lo)s),
+                             groupArrayIf((tc, toUInt8(1), ch), tc >= %(lo)s))) AS tt,
        arrayMap(x -> x.1, tt) AS t_ts, arrayMap(x -> x.2, tt) AS t_kind, arrayMap(x -> x.3, tt) AS t_ch
 FROM (
-    SELECT user_id, advertiser_id, toUInt32(ts) AS t, toUInt8(0) AS k, {key} AS ch
+    SELECT user_id, advertiser_id, toUInt32(ts) AS t, {key} AS ch, event_id
     FROM impressions FINAL
-    WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
-    UNION ALL
-    SELECT user_id, advertiser_id, t, toUInt8(1) AS k, ch
-    FROM (
-        SELECT user_id, toUInt32(ts) AS t, impression_id AS event_id FROM clicks FINAL
-        WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
-    ) AS c ANY INNER JOIN (
-        -- only the clicked impressions go into the join's hash table; no FINAL on this side or
-        -- in the IN set: ANY takes one row per key and a set ignores copies, so a re-inserted
-        -- row changes nothing here (the left side's FINAL keeps each click once)
-        SELECT event_id, advertiser_id, {key} AS ch FROM impressions
-        WHERE ts >= toDateTime(%(imp_lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
-          AND event_id IN (
-              SELECT impression_id FROM clicks
-              WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s))
-    ) AS i USING event_id
-)
+    WHERE ts >= toDateTime(%(imp_lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+) AS i ANY LEFT JOIN (
+    SELECT impression_id AS event_id, min(toUInt32(ts)) AS tc FROM clicks FINAL
+    WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
+    GROUP BY impression_id
+) AS c USING event_id
 GROUP BY user_id, advertiser_id
+HAVING notEmpty(tt)
 """
 
 # Channels travel through the path SQL as 64-bit keys (cheaper to sort, copy and group than
@@ -169,8 +165,16 @@ FROM (
 )
 WHERE notEmpty(path)
 GROUP BY path, kinds, ages
--- by content (channel keys, kinds, ages: unique per row), the same order on every engine
-ORDER BY path, kinds, ages
+"""
+
+# The same paths, one row per touch (the driver decodes flat numeric columns without a Python
+# object per value): each touch with its path's content hash (`pid`: unique per distinct path,
+# the same on every engine, so paths are ordered by it) and position, and the path's counts.
+FLAT_PATHS_SQL = """
+SELECT cityHash64(path, kinds, ages) AS pid, pos, path[pos] AS ch, kinds[pos] AS kind,
+       ages[pos] AS age_h, conversions, value, nulls
+FROM ({paths})
+ARRAY JOIN arrayEnumerate(path) AS pos
 """
 
 # Conversions in range, and how many of them no touch preceded (reported, not credited).
@@ -216,6 +220,11 @@ def check_range(since: int, until: int) -> None:
 def paths_query(by: str) -> str:
     """The full path-building SQL at granularity `by` (placeholders as in `path_params`)."""
     return PATHS_SQL.format(touches=_TOUCHES.format(key=channel_key_sql(by)), conversions=_CONVERSIONS)
+
+
+def flat_paths_query(by: str) -> str:
+    """`paths_query(by)` one row per touch (columns as `paths_from_columns` takes them)."""
+    return FLAT_PATHS_SQL.format(paths=paths_query(by))
 
 
 def channel_names_query(by: str) -> str:
@@ -314,17 +323,48 @@ def paths_from_rows(rows: Sequence[Sequence[Any]], names_of: dict[Any, str] | No
     channel = np.fromiter(map(code.__getitem__, flat), dtype=np.int32, count=count)
     kind = np.fromiter(chain.from_iterable(r[1] for r in rows), dtype=np.uint8, count=count)
     ages = np.fromiter(chain.from_iterable(r[2] for r in rows), dtype=np.float64, count=count) * 3600.0
-    counts = np.array([r[3:6] for r in rows], dtype=np.float64).reshape(len(rows), 3)
     return Paths(
         tuple(names),
         offsets,
         channel,
         kind,
         ages,
-        np.ascontiguousarray(counts[:, 0]),
-        np.ascontiguousarray(counts[:, 1]),
-        np.ascontiguousarray(counts[:, 2]),
+        np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows)),
+        np.fromiter((r[4] for r in rows), dtype=np.float64, count=len(rows)),
+        np.fromiter((r[5] for r in rows), dtype=np.float64, count=len(rows)),
     )
+
+
+def paths_from_columns(columns: Sequence[np.ndarray], names_of: dict[int, str]) -> Paths:
+    """`Paths` from the columns of `FLAT_PATHS_SQL` (pid, pos, ch, kind, age_h, conversions,
+    value, nulls; one row per touch, any order): paths ordered by their content hash, touches
+    by position, channels named by `names_of` (channel key → name)."""
+    if not columns or not len(columns[0]):  # no rows (the driver then returns no columns at all)
+        columns = [np.zeros(0)] * 8
+    pid, pos, ch, kind, age_h, conv, value, nulls = (np.asarray(c) for c in columns)
+    if pid.shape[0] == 0:
+        empty = np.zeros(0)
+        return Paths(
+            (), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.uint8),
+            empty, empty, empty, empty,
+        )  # fmt: skip
+    order = np.lexsort((pos.astype(np.int64), pid.astype(np.uint64)))
+    pid, ch = pid[order].astype(np.uint64), ch[order].astype(np.uint64)
+    first = np.flatnonzero(np.concatenate([[True], pid[1:] != pid[:-1]]))
+    offsets = np.concatenate([first, [pid.shape[0]]]).astype(np.int64)
+    keys, inverse = np.unique(ch, return_inverse=True)
+    missing = [int(k) for k in keys if int(k) not in names_of]
+    if missing:
+        raise AttributionInputError(f"path channels {missing[:3]} have no name")
+    names = sorted({names_of[int(k)] for k in keys})
+    index = {n: i for i, n in enumerate(names)}
+    code = np.array([index[names_of[int(k)]] for k in keys], dtype=np.int32)
+    at = order[first]  # one touch of each path carries its counts
+    return Paths(
+        tuple(names), offsets, code[inverse.reshape(-1)], kind[order].astype(np.uint8),
+        age_h[order].astype(np.float64) * 3600.0, conv[at].astype(np.float64),
+        value[at].astype(np.float64), nulls[at].astype(np.float64),
+    )  # fmt: skip
 
 
 def paths_from_lists(
@@ -369,8 +409,8 @@ def build_paths(backend: Backend, by: str, since: int, until: int, window: Windo
     """Build the aggregated path table of [since, until) in ClickHouse and load it."""
     check_range(since, until)
     params = path_params(since, until, window)
-    rows = backend.execute(paths_query(by), params)
-    names_of = {h: n for h, n in backend.execute(channel_names_query(by), params)}
+    columns = backend.execute_columns(flat_paths_query(by), params)
+    names_of = {int(h): n for h, n in backend.execute(channel_names_query(by), params)}
     totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
     conv, value = totals[0] if totals else (0, 0.0)
-    return PathBuild(paths_from_rows(rows, names_of), float(conv or 0), float(value or 0.0))
+    return PathBuild(paths_from_columns(columns, names_of), float(conv or 0), float(value or 0.0))

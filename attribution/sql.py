@@ -13,6 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
+
 from schemas.errors import StoreError
 
 
@@ -24,6 +26,10 @@ class Backend(Protocol):
     def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]: ...
 
     def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None: ...
+
+    def execute_columns(self, query: str, params: dict[str, Any] | None = None) -> list[np.ndarray]:
+        """The result as one array per column (numeric columns as NumPy arrays)."""
+        ...
 
 
 class DriverBackend:
@@ -39,6 +45,25 @@ class DriverBackend:
             return [tuple(r) for r in self.client.execute(query, params or {})]
         except Exception as exc:
             raise StoreError(f"ClickHouse query failed: {_first_line(exc)}") from exc
+
+    def execute_columns(self, query: str, params: dict[str, Any] | None = None) -> list[np.ndarray]:
+        """Columns decoded by the driver's NumPy reader (no Python object per value).
+
+        The per-query `use_numpy` setting makes the driver read NumPy columns; its result class
+        (chosen when the client was made) is swapped for this call so that the blocks are joined
+        as arrays rather than copied into tuples.
+        """
+        from clickhouse_driver.numpy.result import NumpyQueryResult
+
+        plain = self.client.query_result_cls
+        self.client.query_result_cls = NumpyQueryResult
+        try:
+            cols = self.client.execute(query, params or {}, columnar=True, settings={"use_numpy": True})
+        except Exception as exc:
+            raise StoreError(f"ClickHouse query failed: {_first_line(exc)}") from exc
+        finally:
+            self.client.query_result_cls = plain
+        return [np.asarray(c) for c in cols]
 
     def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         try:
@@ -103,6 +128,19 @@ class ChdbBackend:
         types = [m["type"] for m in payload["meta"]]
         return [tuple(_typed(v, t) for v, t in zip(row, types, strict=True)) for row in payload["data"]]
 
+    def execute_columns(self, query: str, params: dict[str, Any] | None = None) -> list[np.ndarray]:
+        """The rows of `execute`, transposed (chDB's JSON has no columnar NumPy form here)."""
+        sql = bind(query, params)
+        try:
+            result = self.session.query(sql, "JSONCompact")  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            raise StoreError(f"chDB query failed: {_first_line(exc)}") from exc
+        text = result.data() if hasattr(result, "data") else str(result)
+        payload = json.loads(text) if text.strip() else {"meta": [], "data": []}
+        types = [m["type"] for m in payload["meta"]]
+        rows = [tuple(_typed(v, t) for v, t in zip(row, types, strict=True)) for row in payload["data"]]
+        return [np.asarray([r[i] for r in rows], dtype=_NUMPY.get(t, object)) for i, t in enumerate(types)]
+
     def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if not rows:
             return
@@ -146,6 +184,13 @@ class ChdbBackend:
 
     def close(self) -> None:
         self.session.close()  # type: ignore[no-untyped-call]
+
+
+_NUMPY: dict[str, Any] = {
+    "UInt8": np.uint8, "UInt16": np.uint16, "UInt32": np.uint32, "UInt64": np.uint64,
+    "Int8": np.int8, "Int16": np.int16, "Int32": np.int32, "Int64": np.int64,
+    "Float32": np.float32, "Float64": np.float64,
+}  # fmt: skip
 
 
 def _typed(value: Any, type_name: str) -> Any:
