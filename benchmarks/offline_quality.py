@@ -91,7 +91,7 @@ from streams.offline import training_examples
 from streams.processor import Processor
 from streams.state import EngagementWeights
 from trainers.baseline import auc_diff_ci, logistic_probs
-from trainers.features import featurize
+from trainers.features import RankerBatch, featurize
 from trainers.metrics import auc
 from trainers.offline import TrainSpec, predict, time_split, train_ranker
 from trainers.ranker import Ranker, RankerConfig
@@ -363,12 +363,19 @@ def tower_run(name: str, seed: int, args: argparse.Namespace, settings: Settings
         itertools.product(args.tower_encoders, args.tower_seq_lens, args.tower_hidden)
     )
     for encoder, k, hidden in grid if args.user_tower in ("gru", "both") else []:
-        cfg = dataclasses.replace(rcfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
+        # "noseq": the gru tower fed empty histories, an ablation that keeps the gate, the
+        # decayed and context projections and the wider input, and drops only the sequence
+        tower = "gru" if encoder == "noseq" else encoder
+        cfg = dataclasses.replace(rcfg, user_tower=tower, tower_seq_len=k, tower_hidden=hidden)
         if k not in seqs:
             t = time.perf_counter()
             built = build_sequences(events, train, cfg), build_sequences(events, hold, cfg)
             seqs[k] = (*built, time.perf_counter() - t)
         seq_train, seq_hold, build_s = seqs[k]
+        if encoder == "noseq":
+            seq_train, seq_hold = (
+                dataclasses.replace(q, length=torch.zeros_like(q.length)) for q in (seq_train, seq_hold)
+            )
         t = time.perf_counter()
         model = train_tower_ranker(train_b, seq_train, cfg, spec)
         train_s = time.perf_counter() - t
@@ -408,6 +415,31 @@ def tower_run(name: str, seed: int, args: argparse.Namespace, settings: Settings
     line = ", ".join(f"{k} {v['auc']:.4f}" for k, v in variants.items())
     console.print(f"tower {name} seed {seed}: {line}; ceiling {a_ceiling:.4f} oracle {a_oracle:.4f}")
     return res
+
+
+def rank_cost(variants: Sequence[str], n: int, settings: Settings, reps: int = 300) -> dict[str, float]:
+    """Median ms of one request of `n` candidates per variant key ("decayed", "gru_k16_h32"…),
+    untrained weights (the cost does not depend on them), every history full (K events)."""
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for key in variants:
+        rcfg = RankerConfig(state_dim=settings.state_dim)
+        seq = None
+        if key != "decayed":
+            encoder, k, hidden = (
+                key.split("_")[0],
+                int(key.split("_k")[1].split("_h")[0]),
+                int(key.split("_h")[1]),
+            )
+            rcfg = dataclasses.replace(rcfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
+            seq = UserSequences.empty(1, k)
+            seq = dataclasses.replace(seq, length=torch.full((1,), k), row=torch.zeros(n, dtype=torch.int64))
+        torch.manual_seed(0)
+        model = Ranker(rcfg).eval()
+        ids = torch.stack([torch.randint(0, m, (n,), generator=gen) for m in rcfg.table_sizes.values()], 1)
+        dense = torch.randn(n, rcfg.state_dim + 3, generator=gen)
+        out[key] = rank_ms(model, RankerBatch(dense, ids), seq, reps)
+    return out
 
 
 def summarize_tower(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -725,7 +757,7 @@ def main() -> None:
         "--tower-encoders",
         type=lambda s: s.split(","),
         default=["gru"],
-        help="sequence encoders, comma-separated: gru, pool (RankerConfig.user_tower)",
+        help="sequence encoders, comma-separated: gru, pool (RankerConfig.user_tower), noseq (no history)",
     )
     ap.add_argument("--tower-seq-lens", type=ints, default=[32], help="K, comma-separated")
     ap.add_argument("--tower-hidden", type=ints, default=[32], help="GRU hidden sizes, comma-separated")
@@ -736,6 +768,11 @@ def main() -> None:
         help="instead of the product above: encoder:K:hidden, comma-separated (e.g. gru:32:32,pool:128:32)",
     )
     ap.add_argument("--rank-candidates", type=int, default=500)
+    ap.add_argument(
+        "--rank-cost",
+        action="store_true",
+        help="with --merge: also time one request per variant in this (single) process",
+    )
     ap.add_argument(
         "--merge",
         type=Path,
@@ -765,6 +802,13 @@ def main() -> None:
         ]
         result["machine"] = [{k: part.get(k) for k in ("machine_before", "machine_after")} for part in parts]
         result["tower"] = {"runs": runs, "summary": summarize_tower(runs)}
+        if args.rank_cost:  # one process, this machine otherwise as quiet as the lock makes it
+            keys = list(next(iter(result["tower"]["summary"].values()))["variants"])
+            result["machine_rank_cost"] = machine()
+            result["rank_ms_single_process"] = rank_cost(keys, args.rank_candidates, settings)
+            console.print(
+                f"rank ms per request of {args.rank_candidates}: {result['rank_ms_single_process']}"
+            )
     elif args.user_tower:
         result["machine_before"] = machine()
         seeds = [int(s) for s in args.seeds.split(",")]
