@@ -51,7 +51,10 @@ decayed-state ranker (today's `train_ranker`) and/or rankers with the sequence u
 unless `--configs` says otherwise). Per run: holdout AUC, ceiling and oracle gaps, the paired-
 bootstrap CI of gru − decayed, train seconds, the tower's mean gate weights, and the rank-time
 cost of one request of `--rank-candidates` (500) candidates (the tower runs once per request).
-Writes `benchmarks/results/offline_quality_user_tower.json` unless `--out` is given.
+Writes `benchmarks/results/offline_quality_user_tower.json` unless `--out` is given. One seed
+with six tower variants took ~5 minutes (two seeds side by side on 2 cores); run seeds as
+separate processes and `--merge` their files (`--rank-cost` re-times one request per variant in
+the merging process, alone on the machine).
 
 Usage: `.venv/bin/python benchmarks/offline_quality.py [--part sim|obd|all] [--seeds 0,1]
 [--configs default,rich] [--impression-weight W] [--no-obd-standalone] [--out PATH]

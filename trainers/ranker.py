@@ -66,7 +66,10 @@ class RankerConfig:
     cross_layers: int = 2
     deep_hidden: int = 64
     wide: bool = True
-    # the sequence user tower (trainers.user_tower): "none" (off), "gru" or "pool"
+    # the sequence user tower (trainers.user_tower): "none" (off), "gru" or "pool". Off by default
+    # because it did not pay: at the simulator defaults, reporting seeds 0-2, +0.0003 (gru, K 16)
+    # and +0.0004 (pool, K 128) holdout AUC over the decayed state alone, for 2-3x the rank time
+    # (benchmarks/results/offline_quality_user_tower.json)
     user_tower: str = "none"
     tower_seq_len: int = 32
     tower_hidden: int = 32
