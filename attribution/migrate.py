@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attribution.sql import Backend, DriverBackend
+from schemas.clients import redacted_url
 from schemas.errors import ConfigError, StoreError
 from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
 
@@ -78,7 +79,7 @@ def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:
     try:
         admin.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
     except Exception as exc:
-        raise StoreError(f"ClickHouse at {settings.clickhouse_url}: {exc}") from exc
+        raise StoreError(f"ClickHouse at {redacted_url(settings.clickhouse_url)}: {exc}") from exc
     finally:
         admin.disconnect()
     client = clickhouse_client(settings, db)

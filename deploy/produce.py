@@ -46,7 +46,8 @@ async def produce_lines(settings: Settings, topic: str, lines: Iterable[bytes]) 
 
     report = ProduceReport()
     model_for_topic(topic)  # fail before connecting when the topic is not a contract topic
-    producer = AIOKafkaProducer(**kafka_args(settings), linger_ms=5, max_batch_size=256 * 1024, acks=1)
+    # acks=all: an event is only reported sent once every in-sync replica has it (reliability M14)
+    producer = AIOKafkaProducer(**kafka_args(settings), linger_ms=5, max_batch_size=256 * 1024, acks="all")
     try:
         await producer.start()
     except KafkaError as exc:

@@ -1,7 +1,7 @@
 """Client arguments from the settings: the one place that knows how adstream reaches Kafka, Redis
 and ClickHouse (addresses, SASL, TLS, users and passwords).
 
-Every room builds its clients from these dicts (`AIOKafkaProducer(**kafka_args(s), acks=1)`,
+Every room builds its clients from these dicts (`AIOKafkaProducer(**kafka_args(s), acks="all")`,
 `redis.Redis.from_url(**redis_args(s))`, `clickhouse_driver.Client(**clickhouse_args(s, db))`),
 so a secured cluster is reached by settings alone. The functions are pure (no connection is
 made); only the standard library is imported here, client libraries inside the one function
@@ -153,6 +153,22 @@ def redis_args(settings: Settings) -> dict[str, Any]:
 
 
 # -- ClickHouse -------------------------------------------------------------------------------
+def redacted_url(url: str) -> str:
+    """`url` with its password (if any) replaced by `***`, for messages and logs.
+
+    >>> redacted_url("clickhouse://ads:s3cret@db.internal:9000/adstream")
+    'clickhouse://ads:***@db.internal:9000/adstream'
+    >>> redacted_url("redis://127.0.0.1:6379/0")
+    'redis://127.0.0.1:6379/0'
+    """
+    parts = urlparse(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunparse(parts._replace(netloc=netloc))
+
+
 def clickhouse_args(settings: Settings, database: str | None = None) -> dict[str, Any]:
     """clickhouse-driver `Client(**args)` for `settings.clickhouse_url` (bound to `database`, or
     to `default` when None), with the user, password and TLS the settings name."""
