@@ -345,7 +345,7 @@ def tower_run(name: str, seed: int, args: argparse.Namespace, settings: Settings
     train_b, hold_b = featurize(train, rcfg), featurize(hold, rcfg)
     assert hold_b.label is not None
     y = hold_b.label.numpy()
-    spec = TrainSpec(seed=seed)
+    spec = TrainSpec(seed=seed, epochs=args.epochs, patience=args.patience)
     p_oracle = np.array([market.oracle_pctr(e.impression_id) for e in hold])
     t1 = time.perf_counter()
     ceiling = bayes_ceiling(market, examples, {e.impression_id for e in hold})
@@ -771,6 +771,12 @@ def main() -> None:
         help="instead of the product above: encoder:K:hidden, comma-separated (e.g. gru:32:32,pool:128:32)",
     )
     ap.add_argument("--rank-candidates", type=int, default=500)
+    ap.add_argument(
+        "--epochs", type=int, default=TrainSpec.epochs, help="with --user-tower: TrainSpec.epochs"
+    )
+    ap.add_argument(
+        "--patience", type=int, default=TrainSpec.patience, help="with --user-tower: TrainSpec.patience"
+    )
     ap.add_argument(
         "--rank-cost",
         action="store_true",
