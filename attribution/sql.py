@@ -115,7 +115,10 @@ class ChdbBackend:
         self.session.query(f"CREATE DATABASE IF NOT EXISTS {database}")  # type: ignore[no-untyped-call]
         self.session.query(f"USE {database}")  # type: ignore[no-untyped-call]
 
-    def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    def _typed_rows(
+        self, query: str, params: dict[str, Any] | None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Column types and rows (values as clickhouse-driver would return them) of a query."""
         sql = bind(query, params)
         try:
             result = self.session.query(sql, "JSONCompact")  # type: ignore[no-untyped-call]
@@ -123,22 +126,18 @@ class ChdbBackend:
             raise StoreError(f"chDB query failed: {_first_line(exc)}") from exc
         text = result.data() if hasattr(result, "data") else str(result)
         if not text.strip():
-            return []
+            return [], []
         payload = json.loads(text)
         types = [m["type"] for m in payload["meta"]]
-        return [tuple(_typed(v, t) for v, t in zip(row, types, strict=True)) for row in payload["data"]]
+        rows = [tuple(_typed(v, t) for v, t in zip(row, types, strict=True)) for row in payload["data"]]
+        return types, rows
+
+    def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        return self._typed_rows(query, params)[1]
 
     def execute_columns(self, query: str, params: dict[str, Any] | None = None) -> list[np.ndarray]:
         """The rows of `execute`, transposed (chDB's JSON has no columnar NumPy form here)."""
-        sql = bind(query, params)
-        try:
-            result = self.session.query(sql, "JSONCompact")  # type: ignore[no-untyped-call]
-        except Exception as exc:
-            raise StoreError(f"chDB query failed: {_first_line(exc)}") from exc
-        text = result.data() if hasattr(result, "data") else str(result)
-        payload = json.loads(text) if text.strip() else {"meta": [], "data": []}
-        types = [m["type"] for m in payload["meta"]]
-        rows = [tuple(_typed(v, t) for v, t in zip(row, types, strict=True)) for row in payload["data"]]
+        types, rows = self._typed_rows(query, params)
         return [np.asarray([r[i] for r in rows], dtype=_NUMPY.get(t, object)) for i, t in enumerate(types)]
 
     def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -3,8 +3,6 @@ Wabbit, River) is scored on the same examples, in stream order, before it learns
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +13,7 @@ import pytest
 import torch
 
 from schemas.settings import Settings
+from tests.support.benchmarks import load_benchmark
 from trainers.metrics import auc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,19 +22,7 @@ pytest.importorskip("river")
 
 
 def _peer_online() -> ModuleType:
-    name = "bench_peer_online"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "peer_online.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
+    return load_benchmark("peer_online")
 
 
 @pytest.fixture(scope="module", autouse=True)
