@@ -11,7 +11,6 @@ import pytest
 from tests.support.benchmarks import load_benchmark
 
 
-
 def _online_drift() -> ModuleType:
     return load_benchmark("online_drift")
 

@@ -4,7 +4,6 @@ Wabbit, River) is scored on the same examples, in stream order, before it learns
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -16,7 +15,6 @@ from schemas.settings import Settings
 from tests.support.benchmarks import load_benchmark
 from trainers.metrics import auc
 
-ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("vowpalwabbit")
 pytest.importorskip("river")
 
