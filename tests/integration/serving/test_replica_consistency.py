@@ -37,9 +37,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka]
 
 APP = "test-ads-replicas"
 PREFIX = "/replicas"
-# two per-slot adapters, one per test, so neither test depends on what the other left
+# a per-slot adapter for each test, so no test depends on what another left
 FOLLOWED = "feed"
 RACED = "search"
+RESTARTED = "splash"
 
 
 # -- the trainer's side: a seq of adapter states, each delta changing two rank directions -------
@@ -168,7 +169,7 @@ def replicas(server: httpx.Client, serve_settings: Settings) -> Iterator[tuple[l
         }
     )
     create_topics(s)
-    for adapter_id in (FOLLOWED, RACED):
+    for adapter_id in (FOLLOWED, RACED, RESTARTED):
         store_snapshot(s, lineage(s, adapter_id, 1)[0])
     clients: list[httpx.Client] = []
     try:
@@ -340,3 +341,67 @@ def test_a_rollback_racing_deltas_pins_one_version_on_both_replicas(
     assert va == vb == f"seq-{seq}" and same_weights(pa, pb), views(both, aid)
     for c in both:
         assert c.post(f"/v1/adapters/{aid}/unpin", headers=ADMIN).status_code == 200
+
+
+def _replica_actors() -> list[str]:
+    """The Ray actor names of this app's replicas."""
+    import ray
+
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "serve" and a["name"].startswith(f"SERVE_REPLICA::{APP}#")
+    ]
+
+
+def _down(client: httpx.Client) -> bool:
+    """Whether a replica's port refuses connections (its process is gone; a slow one still accepts)."""
+    try:
+        client.get("/healthz")
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_started_after_a_rollback_comes_up_pinned_with_the_pinned_weights(
+    replicas: tuple[list[httpx.Client], Settings],
+) -> None:
+    """A replica that starts after a rollback elsewhere (Serve replacing a dead one, a scale-up)
+    holds no history of the adapter: it loads the trainer's latest snapshot, which the admin rolled
+    away from, and must install the weights stored with the pin, as the other replica serves them."""
+    import ray
+
+    (a, b), s = replicas
+    aid, both = RESTARTED, replicas[0]
+    states = lineage(s, aid, 4)
+    produce(s, [delta(states, 1), delta(states, 2)])
+    wait_for(lambda: all(info(c, aid).get("version") == "seq-2" for c in both), 30, lambda: views(both, aid))
+    r = rollback(a, aid)
+    assert r.status_code == 200 and r.json()["version"] == "seq-1", r.text
+    wait_for(lambda: info(b, aid).get("pinned") is True, 30, lambda: views(both, aid))
+    pinned_pctr = served(a, aid)[1]
+    # the trainer goes on: its next delta (held back by the pin) and its snapshot of that state
+    produce(s, [delta(states, 3)])
+    store_snapshot(s, states[3])
+
+    names = _replica_actors()
+    assert len(names) == 2, names
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+    wait_for(lambda: any(_down(c) for c in both), 30, lambda: "no replica went down")
+    survivor = next(c for c in both if not _down(c))
+    old = str(survivor.base_url).removesuffix("/").removesuffix(PREFIX)
+    fresh: list[str] = []
+
+    def replaced() -> bool:  # Serve starts a replica in place of the dead one
+        fresh[:] = [u for u in replica_urls(s) if u != old]
+        return bool(fresh)
+
+    wait_for(replaced, 120, lambda: f"no replacement replica; ports: {replica_urls(s)}")
+    with httpx.Client(base_url=f"{fresh[0]}{PREFIX}", timeout=30) as new:
+        # its pins are refreshed every second (the first answers may come before: not asserted)
+        wait_for(lambda: info(new, aid).get("pinned") is True, 30, lambda: str(info(new, aid)))
+        assert info(new, aid)["version"] == "seq-1"
+        version, pctr = served(new, aid)
+        assert version == "seq-1" and same_weights(pctr, pinned_pctr)
+    assert info(survivor, aid)["pinned"] and info(survivor, aid)["version"] == "seq-1"
