@@ -25,19 +25,21 @@ validation: every example is scored before it is learned), on the same seeds for
    swapped with probability 0.25: `MarketConfig.declared_error`), over `--candidates` (20)
    ads drawn at random from the catalog, each clicked with its true probability at position 0
    (`Market.true_pctr`, drawn with a seeded generator). The same impressions are scored by:
-   `new_user` — the base ranker on the cold-start state serving builds from the interests
-   (`AdPipeline.with_interests`, `settings.serve_interest_weight`); `zero_state` — the ranker on
-   the empty state (what a new user gets today without interests); `popular` — serving's
-   popular-ads fallback (`Catalog.popular`: (impressions + 1) × bid, impressions counted over
-   the training stream); `popular_ctr` — a stronger popularity baseline, each ad's smoothed
-   CTR in the training stream; `oracle` — the true probability (the ceiling). Per seed the AUC
-   over its new users' impressions; `new_user_auc`, `popular_auc` are the means over seeds
-   (goal: new_user > popular); also the AUC pooled over seeds and the mean within-request AUC
-   (`gauc`, requests with a click and a non-click). Also: the
-   AUC with interests that are exactly the true top 2 (`true_top`), with other prior weights
-   (`weight_sweep`), and what building the prior costs per request (µs).
-   Candidates are featurized as the ranker was trained (`trainers.features.featurize`, no
-   recall score): the measure is the cold-start state, not recall.
+   `new_user` — the base ranker through serving's own recall and rank input
+   (`AdPipeline.recall`, every ad recalled) on the cold-start state serving builds from the
+   interests (`AdPipeline.with_interests`, `settings.serve_interest_weight`); `zero_state` —
+   the same without interests (a new user today); `*_trained_features` — those states
+   featurized as the ranker was trained (`trainers.features.featurize`: no recall score, while
+   serving adds the recall score and its flag, which training examples never carry);
+   `popular` — serving's popular-ads fallback (`Catalog.popular`: (impressions + 1) × bid,
+   impressions counted over the training stream); `popular_ctr` — a stronger popularity
+   baseline, each ad's smoothed CTR in the training stream; `oracle` — the true probability
+   (the ceiling); `true_top` — interests that are exactly the true top 2. Per seed the AUC over
+   its new users' impressions; `new_user_auc`, `popular_auc` are the means over seeds (goal:
+   new_user > popular); also the AUC pooled over seeds and the mean within-request AUC (`gauc`,
+   requests with a click and a non-click), other prior weights (`weight_sweep`; `true_top` and
+   the sweep featurized as trained), and what building the prior costs per request (µs).
+   Recall's choice of candidates is not measured: every method scores the same ads.
 
 Usage: `.venv/bin/python benchmarks/cold_start.py [--seeds 7 8 9] [--impressions 60000]`;
 writes `benchmarks/results/cold_start.json` (`new_ads_auc_gap`, `adapter_init`, `new_user_auc`,
@@ -71,7 +73,7 @@ from schemas.settings import Settings
 from schemas.stats import auc
 from serving.catalog import Catalog
 from serving.pipeline import AdPipeline, UserView, content_vectorizer
-from serving.ranking import RankModel
+from serving.ranking import RankInput, RankModel
 from streams.offline import training_examples
 from trainers.features import featurize
 from trainers.lora import AdapterBank, LoraSpec
@@ -83,7 +85,10 @@ from workloads import Market, MarketConfig
 
 OUT = Path(__file__).parent / "results" / "cold_start.json"
 GOAL_NEW_ADS_GAP = 0.03
-NEW_USER_METHODS = ("new_user", "zero_state", "popular", "popular_ctr", "oracle", "true_top")
+NEW_USER_METHODS = (
+    "new_user", "zero_state", "popular", "popular_ctr", "oracle", "true_top",
+    "new_user_trained_features", "zero_state_trained_features",
+)  # fmt: skip
 WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
@@ -208,6 +213,19 @@ def _ranker_scores(
     return ranker.score(featurize(rows, ranker.config)).numpy()
 
 
+def _served_scores(pipe: AdPipeline, req: AdRequest, rows: list[int], hour: int) -> np.ndarray:
+    """The base ranker's pCTR of catalog `rows` for a new user's request, through serving's own
+    recall (every servable ad: `recall_k` ≥ the catalog) and rank input (`AdPipeline.recall`)."""
+    rec = pipe.recall(req, None, [], hour)
+    assert rec.rank_input is not None and rec.rows.shape[0] == pipe.catalog.n
+    at = np.empty(pipe.catalog.n, dtype=np.int64)
+    at[rec.rows] = np.arange(rec.rows.shape[0])
+    idx = torch.from_numpy(at[rows])
+    inp = rec.rank_input
+    sub = RankInput(inp.dense[idx], inp.ids[idx], inp.rows[idx])
+    return pipe.rank.score([sub], use_adapters=False)[0]
+
+
 def _gauc(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> float:
     """Mean AUC within requests that have both a click and a non-click."""
     out = []
@@ -260,8 +278,11 @@ def new_users(seed: int, args: argparse.Namespace, settings: Settings) -> dict[s
         top = [market.world.categories[int(c)] for c in np.argsort(-taste)[:2]]
         right += len(set(top) & set(req.interests or []))
         rows = [pipe.catalog.row_of[a.ad_id] for a in picks]
-        scores["new_user"].append(_ranker_scores(base, view, picks, slot, hour, dim))
-        scores["zero_state"].append(_ranker_scores(base, None, picks, slot, hour, dim))
+        scores["new_user"].append(_served_scores(pipe, req, rows, hour))
+        plain = req.model_copy(update={"interests": None})
+        scores["zero_state"].append(_served_scores(pipe, plain, rows, hour))
+        scores["new_user_trained_features"].append(_ranker_scores(base, view, picks, slot, hour, dim))
+        scores["zero_state_trained_features"].append(_ranker_scores(base, None, picks, slot, hour, dim))
         scores["true_top"].append(
             _ranker_scores(base, pipe.with_interests(None, top), picks, slot, hour, dim)
         )
