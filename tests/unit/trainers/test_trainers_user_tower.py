@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -16,6 +13,7 @@ from schemas.errors import ConfigError, ModelError
 from schemas.events import AdCreative, Click, Dwell, Impression, Message
 from schemas.settings import Settings
 from streams.offline import training_examples
+from tests.support.benchmarks import load_benchmark
 from trainers.features import featurize, stable_bucket
 from trainers.offline import TrainSpec
 from trainers.ranker import Ranker, RankerConfig, load_checkpoint, save_checkpoint, weights_version
@@ -214,21 +212,6 @@ def test_training_learns_and_checkpoints_round_trip(tmp_path: Path, encoder: str
         train_tower_ranker(batch, seq, RankerConfig(state_dim=cfg.state_dim), TrainSpec(epochs=1))
 
 
-def _offline_quality() -> ModuleType:
-    root = Path(__file__).resolve().parents[3]
-    spec = importlib.util.spec_from_file_location(
-        "bench_offline_quality_tower", root / "benchmarks" / "offline_quality.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
-
-
 def _run(seed: int, decayed: float, tower: float) -> dict[str, object]:
     v = {"train_s": 1.0, "rank_ms": 1.0, "gap_oracle_ranker": 0.0}
     return {
@@ -246,7 +229,7 @@ def _run(seed: int, decayed: float, tower: float) -> dict[str, object]:
 
 
 def test_benchmark_decision_needs_a_mean_gain_of_0_005() -> None:
-    oq = _offline_quality()
+    oq = load_benchmark("offline_quality")
     win = oq.summarize_tower([_run(0, 0.78, 0.79), _run(1, 0.78, 0.784)])["default"]
     assert win["best"] == "gru_k32_h32" and win["wins_by_0_005"]
     assert win["best_minus_decayed"] == pytest.approx(0.007)
