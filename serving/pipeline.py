@@ -228,7 +228,6 @@ class AdPipeline:
                 build_input(
                     vec,
                     intents,
-                    scores,
                     cat.ids[rows],
                     cat.category[rows],
                     req.slot,

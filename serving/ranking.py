@@ -66,7 +66,6 @@ class RankInput:
 def build_input(
     user_vector: np.ndarray,
     intent_by_category: np.ndarray,
-    recall_scores: np.ndarray,
     cand_ids: np.ndarray,
     cand_category: np.ndarray,
     slot: str,
@@ -74,15 +73,16 @@ def build_input(
     state_dim: int,
 ) -> RankInput:
     """Tensors for n candidates of one user, column for column as `trainers.features.featurize`
-    builds them (position 0: rank scores every candidate as if at the top). Bank rows start at
-    0 (the base model); `AdPipeline.adapter_rows` fills them for the adapter rung."""
+    builds them for the training example of the same impression (position 0: rank scores every
+    candidate as if at the top). The recall-score columns stay "absent" (0, flag 0): training
+    examples never carry a recall score (impressions do not record it), so a served one would be
+    an input the model was never fitted to (tests/unit/serving/test_feature_parity.py). Bank rows
+    start at 0 (the base model); `AdPipeline.adapter_rows` fills them for the adapter rung."""
     n = cand_ids.shape[0]
     dense = np.zeros((n, state_dim + N_EXTRA_DENSE), dtype=np.float32)
     vec = np.asarray(user_vector, dtype=np.float32)[:state_dim]
     dense[:, : vec.shape[0]] = vec
     dense[:, state_dim] = intent_by_category[cand_category] if intent_by_category.size else 0.0
-    dense[:, state_dim + 1] = recall_scores
-    dense[:, state_dim + 2] = 1.0
     ids = np.empty((n, 7), dtype=np.int64)
     ids[:, :4] = cand_ids
     ids[:, 4] = SLOT_INDEX[slot]

@@ -59,11 +59,9 @@ def test_rank_features_match_trainers_featurize() -> None:
     rows = np.arange(5)
     user_vec = np.linspace(-1, 1, 16).astype(np.float32)
     intents = np.array([0.7, 1.3], dtype=np.float32)  # codes: shoes=0, tech=1
-    recall = np.linspace(0, 1, 5).astype(np.float32)
     inp = build_input(
         user_vec,
         intents,
-        recall,
         cat.ids[rows],
         cat.category[rows],
         "search",
@@ -74,10 +72,11 @@ def test_rank_features_match_trainers_featurize() -> None:
     class Ex:
         def __init__(self, r: int) -> None:
             info = cat.rows[r]
+            # as the streams join makes them: no recall score (impressions do not record it)
             self.user_vector, self.intent_score, self.recall_score = (
                 user_vec.tolist(),
                 float(intents[r % 2]),
-                float(recall[r]),
+                None,
             )
             self.ad_id, self.advertiser_id, self.campaign_id = (
                 info.ad_id,
