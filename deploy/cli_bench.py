@@ -62,10 +62,10 @@ def benchmarks() -> list[str]:
 
 
 def headline(result: dict[str, Any], n: int = 6) -> str:
-    """A few top-level scalar figures of a benchmark's JSON (goals, P50/P99, AUCs first)."""
-    scalars = {
-        k: v for k, v in result.items() if isinstance(v, int | float | bool) and not isinstance(v, str)
-    }
+    """A few top-level scalar figures of a benchmark's JSON (goals, P50/P99, AUCs first); a JSON
+    that gathers its judged figures under `figures` (attribution) shows those."""
+    top = result["figures"] if isinstance(result.get("figures"), dict) else result
+    scalars = {k: v for k, v in top.items() if isinstance(v, int | float | bool) and not isinstance(v, str)}
     first = [k for k in scalars if any(w in k for w in ("goal", "p50", "p99", "auc", "recovered", "per_s"))]
     keys = (first + [k for k in scalars if k not in first])[:n]
     return ", ".join(

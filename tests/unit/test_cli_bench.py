@@ -23,6 +23,13 @@ def test_every_benchmark_script_is_listed_and_a_command() -> None:
     assert set(cli_bench.QUICK) <= set(names), "QUICK names a benchmark that does not exist"
 
 
+def test_headline_takes_the_judged_figures_when_a_result_gathers_them() -> None:
+    got = cli_bench.headline(
+        {"machine": {"cores": 2}, "figures": {"sink_rows_per_s": 437649, "shapley_1m_paths_s": 0.179}}
+    )
+    assert got == "sink_rows_per_s=437649, shapley_1m_paths_s=0.179"
+
+
 def test_headline_prefers_goals_and_percentiles() -> None:
     got = cli_bench.headline({"trials": 120, "p99_s": 1.234567, "goal_met": True, "hops": {}, "note": "x"})
     assert got.startswith("p99_s=1.235, goal_met=True") and "trials=120" in got and "note" not in got
