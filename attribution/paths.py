@@ -142,14 +142,15 @@ FROM (
             -- events: the conversions (flag 0), and a journey end (flag 1) at every touch that no
             -- touch or conversion follows within the gap (the last touch: until the range ends)
             SELECT t_ts, t_kind, t_ch, cw, vw,
-                   -- touches (0) and conversions (1) in time order; the time of the next of either
-                   arraySort(arrayConcat(arrayMap(t -> (t, toUInt8(0)), t_ts),
-                                         arrayMap(t -> (t, toUInt8(1)), c_ts))) AS merged,
-                   arrayPushBack(arrayPopFront(arrayMap(x -> x.1, merged)), toUInt32(%(until)s)) AS m_next,
+                   -- per touch, the time of the next touch or conversion (a conversion in the same
+                   -- second comes after it): touches and conversions are each sorted already
+                   arrayPushBack(c_ts, toUInt32(%(until)s)) AS c_until,
+                   arrayMap((t, nt) -> least(nt, arrayFirst(c -> c >= t, c_until)),
+                            t_ts, arrayPushBack(arrayPopFront(t_ts), toUInt32(%(until)s))) AS t_next,
                    arraySort(arrayConcat(
                        arrayMap((t, v) -> (t, toUInt8(0), v), c_ts, c_val),
-                       arrayMap(x -> (x.1, toUInt8(1), 0.), arrayFilter(
-                           (x, nt) -> x.2 = 0 AND toInt64(nt) - x.1 >= %(gap)s, merged, m_next)))) AS ev
+                       arrayMap(t -> (t, toUInt8(1), 0.), arrayFilter(
+                           (t, nt) -> toInt64(nt) - t >= %(gap)s, t_ts, t_next)))) AS ev
             FROM (
                 SELECT t_ts, t_kind, t_ch, c_ts, c_val,
                        transform(advertiser_id, %(advertisers)s, %(click_ws)s, %(click_w)s) AS cw,
