@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import load_benchmark
 
 
 def _offline_quality() -> ModuleType:
-    path = ROOT / "benchmarks" / "offline_quality.py"
-    spec = importlib.util.spec_from_file_location("bench_offline_quality", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
+    return load_benchmark("offline_quality")
 
 
 ARGS = argparse.Namespace(rich_users=20, rich_per_user=10_000)
