@@ -303,21 +303,11 @@ class Paths:
         )  # fmt: skip
 
 
-def paths_from_rows(rows: Sequence[Sequence[Any]], names_of: dict[Any, str] | None = None) -> Paths:
-    """`Paths` from rows (path, kinds, ages_h, conversions, value, nulls) as PATHS_SQL returns them.
-
-    `names_of` maps the channel keys of the rows (hashes) to names; without it keys are names.
-    """
+def _paths_from_rows(rows: Sequence[Sequence[Any]]) -> Paths:
+    """`Paths` from rows (channel names, kinds, ages_h, conversions, value, nulls), in row order."""
     flat = list(chain.from_iterable(r[0] for r in rows))
-    keys = dict.fromkeys(flat)
-    if names_of is not None:
-        missing = keys.keys() - names_of.keys()
-        if missing:
-            raise AttributionInputError(f"path channels {sorted(missing)[:3]} have no name")
-    name = names_of.__getitem__ if names_of is not None else (lambda k: k)
-    names = sorted({name(k) for k in keys})
-    index = {n: i for i, n in enumerate(names)}
-    code = {k: index[name(k)] for k in keys}
+    names = sorted(set(flat))
+    code = {n: i for i, n in enumerate(names)}
     lengths = np.fromiter(map(len, (r[0] for r in rows)), dtype=np.int64, count=len(rows))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     count = len(flat)
@@ -389,7 +379,7 @@ def paths_from_lists(
         )
         for i, p in enumerate(paths)
     ]
-    return paths_from_rows(rows[:n])
+    return _paths_from_rows(rows[:n])
 
 
 @dataclass(frozen=True)
