@@ -82,16 +82,19 @@ def produce(
 ) -> None:
     """Validate JSON lines against the contract and produce the valid ones, keyed per the contract."""
     from deploy.produce import produce_lines
+    from schemas.clients import require_kafka
 
+    s = settings()
+    require_kafka(s)
     if file == "-":
         lines = sys.stdin.buffer
-        report = asyncio.run(produce_lines(settings(), topic, lines))
+        report = asyncio.run(produce_lines(s, topic, lines))
     else:
         path = Path(file)
         if not path.is_file():
             raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
         with path.open("rb") as fh:
-            report = asyncio.run(produce_lines(settings(), topic, fh))
+            report = asyncio.run(produce_lines(s, topic, fh))
     for number, reason in report.invalid:
         err.print(f"line {number}: {reason}", markup=False, highlight=False)
     console.print(f"{topic}: {report.sent} sent, {len(report.invalid)} invalid, {report.blank} blank")

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
+
+
+class Engine(StrEnum):
+    """How the worker reads Kafka: the Faust app (the design's engine) or a bare aiokafka group."""
+
+    faust = "faust"
+    aiokafka = "aiokafka"
 
 
 def register(app: typer.Typer) -> None:
@@ -14,28 +22,29 @@ def register(app: typer.Typer) -> None:
     def worker(
         loglevel: Annotated[str, typer.Option(help="crit, error, warn, info or debug")] = "info",
         engine: Annotated[
-            str, typer.Option(help="faust (the Faust app, default) or aiokafka (a bare consumer group)")
-        ] = "faust",
+            Engine, typer.Option(help="faust (the Faust app, default) or aiokafka (a bare consumer group)")
+        ] = Engine.faust,
     ) -> None:
         """Run the streams worker: validation, user state, label join, ClickHouse sink."""
         import logging
 
         from attribution.migrate import migrate as run_migrations
+        from schemas.clients import require_kafka
         from schemas.settings import Settings
 
+        settings = Settings()
+        require_kafka(settings)  # a broker that is down is one clear line, not Faust's traceback
         # the ClickHouse tables the worker's sink writes into belong to attribution: migrate first
-        run_migrations(Settings())
-        if engine == "faust":
+        run_migrations(settings)
+        if engine is Engine.faust:
             from streams.app import run_worker
 
-            run_worker(Settings(), loglevel=loglevel)
-        elif engine == "aiokafka":
+            run_worker(settings, loglevel=loglevel)
+        else:
             from streams.plain import run_worker as run_plain
 
             logging.getLogger().setLevel(loglevel.upper().replace("CRIT", "CRITICAL"))
-            run_plain(Settings())
-        else:
-            raise typer.BadParameter(f"unknown engine {engine!r}", param_hint="--engine")
+            run_plain(settings)
 
     @app.command()
     def migrate() -> None:

@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 from collections.abc import Iterable
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +21,13 @@ from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 console = Console()
+
+
+class ReplayOrder(StrEnum):
+    """The order `adstream trainer --replay` learns a file's examples in."""
+
+    impression = "impression"  # impression time: as a live trainer would have met them
+    emission = "emission"  # the file's (join's) order
 
 
 def read_events(path: Path) -> tuple[list[Message], int]:
@@ -158,8 +166,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_examples: Annotated[int | None, typer.Option(help="Live: stop after this many examples")] = None,
         order: Annotated[
-            str, typer.Option(help="Replay order: impression (impression time) or emission (file/join order)")
-        ] = "impression",
+            ReplayOrder,
+            typer.Option(help="Replay order: impression (impression time) or emission (file/join order)"),
+        ] = ReplayOrder.impression,
         threads: Annotated[
             int, typer.Option(help="Torch CPU threads (1 avoids OpenMP stalls on a busy CPU)")
         ] = 1,
@@ -174,13 +183,15 @@ def register(app: typer.Typer) -> None:
         from trainers.ranker import load_checkpoint
 
         settings = Settings()
+        if replay is None:
+            from schemas.clients import require_kafka
+
+            require_kafka(settings)  # before the model loads: a broker that is down is one clear line
         set_threads(threads)
         model, version = load_checkpoint(checkpoint or settings.model_dir / "ranker")
         bank = AdapterBank(model, LoraSpec.from_settings(settings), version)
         online = OnlineTrainer(bank, OnlineSpec.from_settings(settings), keep_log=replay is not None)
         if replay is not None:
-            if order not in ("impression", "emission"):
-                raise typer.BadParameter(f"--order must be impression or emission (got {order!r})")
             _replay(replay, json_out, online, settings, order)
             return
         from deploy.stack import create_topics
@@ -190,12 +201,12 @@ def register(app: typer.Typer) -> None:
         asyncio.run(_live(settings, online, max_examples, port))
 
 
-def _replay(path: Path, json_out: Path | None, online: Any, settings: Settings, order: str) -> None:
+def _replay(path: Path, json_out: Path | None, online: Any, settings: Settings, order: ReplayOrder) -> None:
     from trainers.replay import impression_order, progressive_report, replay
 
     msgs, bad = read_events(path)
     examples, _ = examples_from_events(msgs, settings)
-    if order == "impression":
+    if order is ReplayOrder.impression:
         examples = impression_order(examples)
     n = replay(examples, online, settings.micro_batch)
     report = progressive_report(online) | {

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from schemas.clients import kafka_args
 from schemas.codec import decode, encode, key_of, model_for_topic
-from schemas.errors import SchemaError, StackError
+from schemas.errors import BrokerError, SchemaError
 from schemas.settings import Settings
 from schemas.topics import topic_name
 
@@ -51,7 +51,8 @@ async def produce_lines(settings: Settings, topic: str, lines: Iterable[bytes]) 
     try:
         await producer.start()
     except KafkaError as exc:
-        raise StackError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
+        await producer.stop()  # a producer that failed to start still holds its client
+        raise BrokerError(f"Kafka at {settings.kafka_bootstrap} did not answer ({exc})") from exc
     physical = topic_name(topic, settings.topic_prefix)
     try:
         pending = []

@@ -4,8 +4,9 @@ and ClickHouse (addresses, SASL, TLS, users and passwords).
 Every room builds its clients from these dicts (`AIOKafkaProducer(**kafka_args(s), acks="all")`,
 `redis.Redis.from_url(**redis_args(s))`, `clickhouse_driver.Client(**clickhouse_args(s, db))`),
 so a secured cluster is reached by settings alone. The functions are pure (no connection is
-made); only the standard library is imported here, client libraries inside the one function
-that needs their types (`faust_args`).
+made) except `check_kafka`, the start-up probe that turns "no broker answers" into one
+`BrokerError`; only the standard library is imported here, client libraries inside the functions
+that need them.
 
 >>> s = Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_username="u",
 ...              kafka_sasl_password="p", kafka_sasl_mechanism="SCRAM-SHA-512")
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
-from schemas.errors import ConfigError
+from schemas.errors import BrokerError, ConfigError
 from schemas.settings import Settings
 
 SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
@@ -87,6 +88,37 @@ def kafka_tls_context(settings: Settings) -> ssl.SSLContext:
         s.kafka_ssl_key_password.get_secret_value(),
         s.kafka_ssl_check_hostname,
     )
+
+
+async def check_kafka(settings: Settings) -> None:
+    """Ask the brokers at `kafka_bootstrap` for cluster metadata, with these settings' security;
+    `BrokerError` naming the address (and what to do) when none answers within
+    `kafka_connect_timeout_s`. Commands call it before they build anything that needs Kafka, so
+    a broker that is down is one clear line, not a client library's traceback."""
+    import asyncio
+
+    from aiokafka import AIOKafkaClient
+    from aiokafka.errors import KafkaError
+
+    timeout_s = settings.kafka_connect_timeout_s
+    client = AIOKafkaClient(**kafka_args(settings), request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        reason = str(exc) or type(exc).__name__
+        raise BrokerError(
+            f"Kafka at {settings.kafka_bootstrap} did not answer within {timeout_s:g} s ({reason}); "
+            "start the local stack with `adstream up`, or point ADSTREAM_KAFKA_BOOTSTRAP at your brokers"
+        ) from exc
+    finally:
+        await client.close()
+
+
+def require_kafka(settings: Settings) -> None:
+    """`check_kafka` for a synchronous command (runs its own event loop)."""
+    import asyncio
+
+    asyncio.run(check_kafka(settings))
 
 
 def faust_args(settings: Settings) -> dict[str, Any]:

@@ -19,6 +19,10 @@ class StackError(AdstreamError):
     """A local service could not be found, started, reached or stopped."""
 
 
+class BrokerError(AdstreamError):
+    """The Kafka brokers could not be reached, or refused what a client asked of them."""
+
+
 class StoreError(AdstreamError):
     """A state store (Redis, ClickHouse) refused or lost a read or write."""
 

@@ -26,6 +26,9 @@ class Settings(BaseSettings):
 
     # -- services ------------------------------------------------------------------------
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,…]")
+    kafka_connect_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="How long a command waits for the Kafka brokers to answer at start"
+    )
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for served state")
     clickhouse_url: str = Field(
         "clickhouse://default@127.0.0.1:9000/adstream", description="ClickHouse native-protocol URL"
