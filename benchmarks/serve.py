@@ -460,17 +460,31 @@ def lb_case(
             time.sleep(1)
         run_wrk(url, 50, 5, args.conns, args.users)  # warm-up
         capacity = run_wrk(url, 5000, args.duration, args.lb_capacity_conns, args.users)
-        at_100 = summarize(
-            [run_wrk(url, 100, args.duration, args.conns, args.users) for _ in range(args.repeats)]
-        )
-        return {
+        # behind a balancer, the same deployment is also measured on replica 0's own port,
+        # interleaved with the balanced runs: the control that tells the balancer's hop from
+        # what two replicas sharing this machine's cores cost (no Ray restart between the two)
+        direct = endpoints.replicas[0] if which == "proxy" and endpoints.replicas else None
+        runs: list[dict[str, Any]] = []
+        direct_runs: list[dict[str, Any]] = []
+        for _ in range(args.repeats):
+            runs.append(run_wrk(url, 100, args.duration, args.conns, args.users))
+            if direct is not None:
+                direct_runs.append(run_wrk(direct, 100, args.duration, args.conns, args.users))
+        out: dict[str, object] = {
             "case": case,
             "replicas": replicas,
             "url": url,
             "env": env,
             "capacity": capacity,
-            "at_100": at_100,
+            "at_100": summarize(runs),
         }
+        if direct is not None:
+            out["same_deployment_direct"] = {
+                "url": direct,
+                "capacity": run_wrk(direct, 5000, args.duration, args.lb_capacity_conns, args.users),
+                "at_100": summarize(direct_runs),
+            }
+        return out
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]  # ray ships it untyped
         ray.shutdown()
@@ -520,6 +534,16 @@ def load_balanced(args: argparse.Namespace, model_dir: Path, catalog: Path) -> d
         if "capacity" in c and "capacity" in direct:
             c["capacity_ratio_to_direct"] = round(c["capacity"]["rps"] / direct["capacity"]["rps"], 3)  # type: ignore[index]
             c["p99_ratio_to_direct_at_100"] = round(c["at_100"]["p99_ms"] / direct["at_100"]["p99_ms"], 3)  # type: ignore[index]
+            same = c.get("same_deployment_direct")
+            if isinstance(same, dict):  # the balancer's own cost: vs replica 0's port, same deployment
+                c["p99_ratio_to_same_deployment_direct_at_100"] = round(
+                    c["at_100"]["p99_ms"] / same["at_100"]["p99_ms"],  # type: ignore[index]
+                    3,
+                )
+                c["capacity_ratio_to_same_deployment_direct"] = round(
+                    c["capacity"]["rps"] / same["capacity"]["rps"],  # type: ignore[index]
+                    3,
+                )
             if best is None or c["capacity_ratio_to_direct"] > cases[best]["capacity_ratio_to_direct"]:  # type: ignore[operator]
                 best = name
     head = cases.get(best or "", {})
@@ -528,6 +552,7 @@ def load_balanced(args: argparse.Namespace, model_dir: Path, catalog: Path) -> d
         "ingress": best,
         "capacity_ratio_to_direct": head.get("capacity_ratio_to_direct"),
         "p99_ratio_to_direct_at_100": head.get("p99_ratio_to_direct_at_100"),
+        "p99_ratio_to_same_deployment_direct_at_100": head.get("p99_ratio_to_same_deployment_direct_at_100"),
         "goal": {"capacity_ratio_to_direct": 0.9, "p99_ratio_to_direct_at_100": 1.2},
         "load_average_start_end": [args.lb_load_start, round(os.getloadavg()[0], 2)],
         "cases": cases,
