@@ -281,6 +281,10 @@ class AdapterDelta(Message):
     norm: NonNegFloat
     created_at: Timestamp
     snapshot: bool = False
+    # the seq lineage (`trainers.delta.new_epoch`: start time in ms << 11 | 11 random bits), made
+    # when Redis holds no seq record of the adapter; seqs order messages within one epoch, and a
+    # later epoch supersedes an earlier one. None: the legacy lineage (before epochs), the earliest
+    epoch: Annotated[int, Field(ge=1, le=MAX_SEQ)] | None = None
     # HMAC-SHA256 (hex) by the trainer over what the delta changes (`trainers.delta.delta_mac`);
     # replicas with a signing key apply only deltas whose signature checks out
     signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None

@@ -42,6 +42,10 @@ class AdapterMeta:
     previous: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
     previous_version: str | None = None
     previous_seq: int = -1
+    # the seq lineage (`AdapterDelta.epoch`) of the current and the previous version: a seq names
+    # a version only within its epoch (a pin compares both)
+    epoch: int | None = None
+    previous_epoch: int | None = None
     updated_at: float = field(default_factory=time.time)
     rejected: int = 0
 
@@ -259,6 +263,7 @@ class AdapterBank:
         seq: int,
         base_version: str,
         arms: tuple[int, ...] = (CANDIDATE,),
+        epoch: int | None = None,
     ) -> AdapterMeta:
         """Check and install full weights of one adapter (layers not given are zero).
 
@@ -283,8 +288,10 @@ class AdapterBank:
         if meta.seq >= 0:
             meta.previous = self.weights(adapter_id, CANDIDATE)
             meta.previous_version, meta.previous_seq = meta.version, meta.seq
+            meta.previous_epoch = meta.epoch
         self._write([arm * self.stride + meta.slot for arm in arms], full)
         meta.version, meta.seq, meta.base_version = version, seq, base_version
+        meta.epoch = epoch
         if STABLE in arms:
             meta.stable_version = version
         meta.updated_at = time.time()
@@ -303,6 +310,7 @@ class AdapterBank:
         self._write([meta.slot, self.stride + meta.slot], prev)
         meta.version = meta.stable_version = prev_version
         meta.seq = prev_seq
+        meta.epoch = meta.previous_epoch
         meta.updated_at = time.time()
         return meta
 

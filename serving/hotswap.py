@@ -17,6 +17,13 @@ cannot walk it anywhere; a full bank evicts the least recently updated unpinned 
 (`evicted`). A rollback first `hold`s the adapter (no delta lands while the pin is stored) and
 shares the rolled-back weights with the pin (`pinned_snapshot`), so a replica that does not hold
 that seq installs exactly those weights.
+
+Epochs (`trainers.delta` "Epochs"): a trainer that lost its seqs in Redis starts a new epoch.
+Messages of an earlier epoch than the state's are ignored (`stale_epoch`); a signed snapshot of a
+later epoch resets the adapter to it (under the same drift bound and canary arms as any update);
+an incremental delta of a later epoch is refused (`new_epoch`) and the adapter re-synced from its
+Redis snapshot. A pin names a seq, which repeats across epochs: a replica follows a pin by its own
+versions only when the weights stored with the pin are of the same epoch, else it installs them.
 """
 
 from __future__ import annotations
@@ -36,9 +43,12 @@ from schemas.events import AdapterDelta
 from serving.adapters import CANDIDATE, STABLE, AdapterBank
 from trainers.delta import (
     AdapterState,
+    EpochChangeError,
     SeqGapError,
     StaleDeltaError,
+    StaleEpochError,
     apply_delta,
+    describe_epoch,
     empty_state,
     full_parts,
     make_delta,
@@ -105,11 +115,12 @@ class DeltaApplier:
     def apply(
         self, delta: AdapterDelta, arms: tuple[int, ...] = (CANDIDATE,), *, initial: bool = False
     ) -> str:
-        """Apply one delta; returns the outcome (`applied`, `stale`, `gap`, `rejected`,
-        `unsigned`, `drift`, `pinned`).
+        """Apply one delta; returns the outcome (`applied`, `stale`, `stale_epoch`, `gap`,
+        `new_epoch`, `rejected`, `unsigned`, `drift`, `pinned`).
 
-        A rejected delta leaves the served weights untouched; a gap marks the adapter for re-sync;
-        a pinned adapter (admin rollback) ignores deltas until it is unpinned. `initial`: the
+        A rejected delta leaves the served weights untouched; a gap or a delta of a new epoch
+        marks the adapter for re-sync; a pinned adapter (admin rollback) ignores deltas until it
+        is unpinned; a message of an old epoch is ignored. `initial`: the
         start-up load of snapshots, which becomes the promoted version (no drift bound).
         `prepare` + `commit` are the same in two steps, the first of them safe off the loop.
         """
@@ -131,10 +142,14 @@ class DeltaApplier:
         state = self.states.get(aid) or self._empty(aid)
         try:
             return Prepared(state, apply_delta(state, delta, self.max_norm))
+        except StaleEpochError as exc:
+            return Prepared(state, None, "stale_epoch", str(exc))
         except StaleDeltaError:
             return Prepared(state, None, "stale")
         except SeqGapError as exc:
             return Prepared(state, None, "gap", str(exc))
+        except EpochChangeError as exc:
+            return Prepared(state, None, "new_epoch", str(exc))
         except AdapterError as exc:
             return Prepared(state, None, "rejected", str(exc))
 
@@ -153,16 +168,8 @@ class DeltaApplier:
             return self.commit(delta, self.prepare(delta), arms, initial=initial)
         if aid in self.pinned or aid in self.held:
             return self._count("pinned")
-        if prep.outcome == "unsigned":
-            log.warning("adapter %r: refused delta: %s", aid, prep.error)
-        elif prep.outcome == "gap":
-            log.warning("adapter %r: %s", aid, prep.error)
-            self.needs_resync.add(aid)
-        elif prep.outcome == "rejected":
-            log.warning("adapter %r: rejected delta seq %d: %s", aid, delta.seq, prep.error)
-            self._rejected(aid)
         if prep.outcome is not None:
-            return self._count(prep.outcome)
+            return self._refused(delta, prep.outcome, prep.error)
         new = prep.new
         assert new is not None
         if not initial and STABLE not in arms:
@@ -191,16 +198,45 @@ class DeltaApplier:
                 seq=new.seq,
                 base_version=new.base_version,
                 arms=(STABLE, CANDIDATE) if initial else arms,
+                epoch=new.epoch,
             )
         except AdapterError as exc:
             log.warning("adapter %r: bank refused seq %d: %s", delta.adapter_id, delta.seq, exc)
             return self._count("rejected")
+        if prep.state is not None and prep.state.seq >= 0 and prep.state.epoch != new.epoch:
+            self._epoch_reset(prep.state, new)
         self.states[delta.adapter_id] = new
         if initial or STABLE in arms:
             self.promoted[delta.adapter_id] = new
         self.needs_resync.discard(delta.adapter_id)
         self.last_delta_at[delta.adapter_id] = time.time()
         return self._count("applied")
+
+    def _refused(self, delta: AdapterDelta, outcome: str, error: str) -> str:
+        """Log and count a delta `prepare` refused; a gap or a new epoch marks a re-sync."""
+        aid = delta.adapter_id
+        if outcome == "unsigned":
+            log.warning("adapter %r: refused delta: %s", aid, error)
+        elif outcome in ("gap", "new_epoch"):
+            log.warning("adapter %r: %s", aid, error)
+            self.needs_resync.add(aid)
+        elif outcome == "stale_epoch":
+            log.info("adapter %r: ignored: %s", aid, error)  # a replay: counted, not shouted
+        elif outcome == "rejected":
+            log.warning("adapter %r: rejected delta seq %d: %s", aid, delta.seq, error)
+            self._rejected(aid)
+        return self._count(outcome)
+
+    def _epoch_reset(self, old: AdapterState, new: AdapterState) -> None:
+        log.warning(
+            "adapter %r: reset to a new epoch %s at seq %d (was seq %d of %s)",
+            new.adapter_id,
+            describe_epoch(new.epoch),
+            new.seq,
+            old.seq,
+            describe_epoch(old.epoch),
+        )
+        self._count("epoch_reset")
 
     def _rejected(self, adapter_id: str) -> None:
         meta = self.bank.meta.get(adapter_id)
@@ -286,6 +322,7 @@ class DeltaApplier:
                 **{f"{m}.lora_A": a for m, (a, _) in weights.items()},
                 **{f"{m}.lora_B": b for m, (_, b) in weights.items()},
             },
+            meta.epoch,  # the previous version's: a later snapshot of the trainer's epoch applies
         )
         return self.info(adapter_id)
 
@@ -306,7 +343,9 @@ class DeltaApplier:
             **{f"{m}.lora_A": a.detach().cpu().clone() for m, (a, _) in meta.previous.items()},
             **{f"{m}.lora_B": b.detach().cpu().clone() for m, (_, b) in meta.previous.items()},
         }
-        state = AdapterState(adapter_id, meta.base_version, self.bank.rank, meta.previous_seq, tensors)
+        state = AdapterState(
+            adapter_id, meta.base_version, self.bank.rank, meta.previous_seq, tensors, meta.previous_epoch
+        )
         return make_delta(state, full_parts(tensors, state.rank), state.seq, snapshot=True, key=self.key)
 
     def unpin(self, adapter_id: str) -> bool:
@@ -317,18 +356,9 @@ class DeltaApplier:
         return True
 
     def missing_pins(self, shared: dict[str, int]) -> list[str]:
-        """Adapters pinned elsewhere at a seq this replica can neither keep nor roll back to."""
-        out = []
-        for adapter_id, seq in shared.items():
-            meta = self.bank.meta.get(adapter_id)
-            if self.pinned.get(adapter_id) == seq:
-                continue
-            if meta is not None and (
-                meta.seq == seq or (meta.previous is not None and meta.previous_seq == seq)
-            ):
-                continue
-            out.append(adapter_id)
-        return out
+        """Adapters pinned elsewhere that this replica does not follow yet: their pinned weights are
+        needed, if only to tell the pin's epoch (a seq this replica holds may be of another)."""
+        return [a for a, seq in shared.items() if self.pinned.get(a) != seq and a not in self.held]
 
     def sync_pins(
         self, shared: dict[str, int], snapshots: Mapping[str, AdapterDelta | None] | None = None
@@ -349,9 +379,15 @@ class DeltaApplier:
                 continue
             meta = self.bank.meta.get(adapter_id)
             snap = (snapshots or {}).get(adapter_id)
-            if meta is not None and meta.seq == seq:
+            # a seq names the pinned version only in the pinned weights' epoch (unknown without them)
+            if meta is not None and meta.seq == seq and (snap is None or snap.epoch == meta.epoch):
                 self.pinned[adapter_id] = seq
-            elif meta is not None and meta.previous is not None and meta.previous_seq == seq:
+            elif (
+                meta is not None
+                and meta.previous is not None
+                and meta.previous_seq == seq
+                and (snap is None or snap.epoch == meta.previous_epoch)
+            ):
                 self.rollback(adapter_id)
             elif snap is not None and snap.seq == seq and self._install_pinned(snap) == "applied":
                 self.pinned[adapter_id] = seq
@@ -385,6 +421,7 @@ class DeltaApplier:
                 seq=new.seq,
                 base_version=new.base_version,
                 arms=(STABLE, CANDIDATE),
+                epoch=new.epoch,
             )
         except AdapterError as exc:
             log.warning("adapter %r: bank refused pinned weights: %s", snap.adapter_id, exc)

@@ -175,7 +175,7 @@ class ReplicaLoops:
         self.max_swap_pause_s = max(self.max_swap_pause_s, pause)
         self.metrics.swap_pause_max.set(self.max_swap_pause_s)
         self.metrics.deltas.labels(outcome).inc()
-        if outcome == "gap":
+        if outcome in ("gap", "new_epoch"):  # a new epoch's deltas follow its snapshot in Redis
             outcome = await self._resync(msg.adapter_id, "resync")
             if outcome == "applied":  # the snapshot may end right before this delta: try it again
                 self.metrics.deltas.labels(f"after_resync_{self.applier.apply(msg, arms)}").inc()

@@ -12,7 +12,8 @@ Adapters and ΔW (what serving hot-swaps)
   batches), `LoraSpec` (adapter ids: `schemas.ids.adapter_id_for`, the ids streams writes into
   TrainingExamples).
 - `trainers.delta`: the `AdapterDelta` payload (safetensors; `<m>.dirs`/`.lora_A`/`.lora_B`),
-  `encode_delta`, `decode_delta`, guarded `apply_delta` (`SeqGapError`, `StaleDeltaError`).
+  `encode_delta`, `decode_delta`, guarded `apply_delta` (`SeqGapError`, `StaleDeltaError`;
+  epochs: `new_epoch`, `StaleEpochError`, `EpochChangeError`).
 - `trainers.snapshots`: the Redis key layout of adapter snapshots and seq reservations.
 
 Training

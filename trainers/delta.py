@@ -26,6 +26,22 @@ the state at `seq - 1` (`SeqGapError` otherwise: re-sync from the Redis snapshot
 below the current seq is a duplicate (`StaleDeltaError`: ignore it). A snapshot applies to any
 state with a lower or equal seq.
 
+Epochs (`AdapterDelta.epoch`): seqs live in Redis (`trainers.snapshots`); a Redis that lost them
+would make a restarted trainer count from 0 again, and every replica would take the new messages
+for replays. So each seq lineage has an epoch, made when Redis holds no seq record of the adapter
+and stored with its seqs, and covered by the signature. Within one epoch the seq rules above hold.
+Across epochs (`apply_delta`): a message of an earlier epoch is `StaleEpochError` (ignored), a
+*snapshot* of a later epoch resets the adapter to it whatever the seqs, and an incremental delta
+of a later epoch is `EpochChangeError` (the replica re-syncs from the snapshot). An empty state
+(`seq = -1`) takes the epoch of what it gets first. The legacy epoch None is the earliest.
+
+An epoch is its start time in ms shifted left by 11 bits, plus 11 random bits (`new_epoch`), so
+"later" is a number comparison that a replica can make without memory: a replica that never held
+an old epoch (started after it ended) still refuses a replayed snapshot of it, which a replica
+remembering "the epochs it left" could not. Two epochs of one adapter are made by its one trainer
+at least a Redis loss apart, so a clock skew between trainer hosts matters only when larger than
+that gap; `new_epoch(after=)` keeps a new epoch above every one the trainer still knows.
+
 `apply_delta(state, delta, max_norm) -> new AdapterState` never mutates `state`; it checks, like
 PEFT's `safe_merge`, adapter id, base version, rank, module names, shapes, dtypes, finiteness,
 the declared norm and the norm bound, and raises `schemas.errors.AdapterError` (the message
@@ -109,9 +125,11 @@ def resolve_signing_key(settings: Settings, *, create: bool = True) -> bytes | N
 
 
 def delta_mac(delta: AdapterDelta, key: bytes) -> str:
-    """HMAC-SHA256 (hex) over what a delta does: adapter, base version, seq, rank, kind, norm
-    and the payload's SHA-256 (ids and timestamps change nothing a replica applies)."""
-    fields = [
+    """HMAC-SHA256 (hex) over what a delta does: adapter, base version, seq, rank, kind, norm,
+    the payload's SHA-256 and the epoch (ids and timestamps change nothing a replica applies).
+    The epoch is appended only when set, so legacy signatures stay valid; a list one element
+    longer cannot collide with a legacy one, so an epoch can be neither added nor stripped."""
+    fields: list[object] = [
         FORMAT,
         delta.adapter_id,
         delta.base_version,
@@ -121,6 +139,8 @@ def delta_mac(delta: AdapterDelta, key: bytes) -> str:
         float(delta.norm).hex(),
         hashlib.sha256(delta.payload).hexdigest(),
     ]
+    if delta.epoch is not None:
+        fields.append(delta.epoch)
     return hmac.new(key, json.dumps(fields).encode(), hashlib.sha256).hexdigest()
 
 
@@ -212,6 +232,42 @@ class StaleDeltaError(AdapterError):
     """A delta's seq was already applied (duplicate or replayed message): ignore it."""
 
 
+class StaleEpochError(StaleDeltaError):
+    """A message of an epoch earlier than the state's (an old lineage, replayed): ignore it."""
+
+
+class EpochChangeError(AdapterError):
+    """An incremental delta of a later epoch than the state's: the lineage was restarted; only a
+    snapshot of that epoch can take the adapter into it (re-sync from the Redis snapshot)."""
+
+
+EPOCH_RANDOM_BITS = 11
+
+
+def new_epoch(now: datetime | None = None, after: int | None = None) -> int:
+    """A fresh epoch: start time (ms since 1970) << 11 | 11 random bits; above `after` when given
+    (a clock that went back must not make an epoch that replicas take for an old one). JSON-safe
+    (< 2**53) until 2109."""
+    ms = int((now or datetime.now(UTC)).timestamp() * 1000)
+    epoch = (ms << EPOCH_RANDOM_BITS) | secrets.randbits(EPOCH_RANDOM_BITS)
+    if after is not None and epoch <= after:
+        epoch = after + 1
+    return max(epoch, 1)
+
+
+def epoch_order(epoch: int | None) -> int:
+    """Sort key of epochs: the legacy epoch (None) comes first."""
+    return 0 if epoch is None else epoch
+
+
+def describe_epoch(epoch: int | None) -> str:
+    """An epoch as people read it: its start time (UTC) and number, or `legacy`."""
+    if epoch is None:
+        return "legacy"
+    start = datetime.fromtimestamp((epoch >> EPOCH_RANDOM_BITS) / 1000, UTC)
+    return f"{epoch} (started {start.isoformat(timespec='milliseconds')})"
+
+
 @dataclass(frozen=True)
 class DeltaPart:
     """The new values of some rank directions of one module."""
@@ -223,13 +279,15 @@ class DeltaPart:
 
 @dataclass(frozen=True)
 class AdapterState:
-    """One adapter's weights as a replica or the trainer holds them, with the last applied seq."""
+    """One adapter's weights as a replica or the trainer holds them, with the last applied seq
+    and the epoch (seq lineage) it belongs to (None: legacy)."""
 
     adapter_id: str
     base_version: str
     rank: int
     seq: int = -1
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    epoch: int | None = None
 
     @property
     def modules(self) -> list[str]:
@@ -375,8 +433,8 @@ def make_delta(
     now: datetime | None = None,
     key: bytes | None = None,
 ) -> AdapterDelta:
-    """The AdapterDelta message carrying `parts` (norm computed against `state`), signed with
-    `key` when given."""
+    """The AdapterDelta message carrying `parts` (norm computed against `state`), in the state's
+    epoch, signed with `key` when given."""
     now = now or datetime.now(UTC)
     norm = values_norm(parts) if snapshot else change_norm(state.tensors, parts)
     delta = AdapterDelta(
@@ -390,8 +448,34 @@ def make_delta(
         norm=norm,
         created_at=now,
         snapshot=snapshot,
+        epoch=state.epoch,
     )
     return sign_delta(delta, key) if key is not None else delta
+
+
+def _check_order(state: AdapterState, delta: AdapterDelta) -> None:
+    """The epoch and seq rules of the module docstring: StaleEpochError, EpochChangeError,
+    StaleDeltaError or SeqGapError when `delta` does not come next after `state`."""
+    if state.seq >= 0 and delta.epoch != state.epoch:
+        if epoch_order(delta.epoch) < epoch_order(state.epoch):
+            raise StaleEpochError(
+                f"field 'epoch': seq {delta.seq} of epoch {describe_epoch(delta.epoch)} is older than "
+                f"the applied epoch {describe_epoch(state.epoch)}"
+            )
+        if not delta.snapshot:
+            raise EpochChangeError(
+                f"field 'epoch': delta seq {delta.seq} of a new epoch {describe_epoch(delta.epoch)} "
+                f"(state is at seq {state.seq} of {describe_epoch(state.epoch)}); re-sync from its snapshot"
+            )
+    elif delta.snapshot:
+        if delta.seq < state.seq:
+            raise StaleDeltaError(f"field 'seq': snapshot {delta.seq} is older than applied seq {state.seq}")
+    elif delta.seq <= state.seq:
+        raise StaleDeltaError(f"field 'seq': {delta.seq} already applied (state is at {state.seq})")
+    elif delta.seq != state.seq + 1:
+        raise SeqGapError(
+            f"field 'seq': expected {state.seq + 1}, got {delta.seq} (gap; re-sync from snapshot)"
+        )
 
 
 def apply_delta(
@@ -400,7 +484,7 @@ def apply_delta(
     """The state after `delta`, or AdapterError (state untouched). See the module docstring.
 
     `max_norm` bounds incremental deltas (`settings.delta_max_norm`); snapshots are checked for
-    structure, finiteness and their declared norm only.
+    structure, finiteness and their declared norm only. Epochs: see the module docstring.
     """
     if delta.adapter_id != state.adapter_id:
         raise AdapterError(
@@ -412,15 +496,7 @@ def apply_delta(
         )
     if delta.rank != state.rank:
         raise AdapterError(f"field 'rank': delta has rank {delta.rank}, adapter has {state.rank}")
-    if delta.snapshot:
-        if delta.seq < state.seq:
-            raise StaleDeltaError(f"field 'seq': snapshot {delta.seq} is older than applied seq {state.seq}")
-    elif delta.seq <= state.seq:
-        raise StaleDeltaError(f"field 'seq': {delta.seq} already applied (state is at {state.seq})")
-    elif delta.seq != state.seq + 1:
-        raise SeqGapError(
-            f"field 'seq': expected {state.seq + 1}, got {delta.seq} (gap; re-sync from snapshot)"
-        )
+    _check_order(state, delta)
     parts = decode_delta(delta.payload, state.modules)
     _check_parts(state, parts)
     if delta.snapshot:
@@ -435,5 +511,10 @@ def apply_delta(
     if not math.isclose(norm, delta.norm, rel_tol=norm_rtol, abs_tol=1e-5):
         raise AdapterError(f"field 'norm': declared {delta.norm:.6g} but the payload gives {norm:.6g}")
     return AdapterState(
-        state.adapter_id, state.base_version, state.rank, delta.seq, merge_parts(state.tensors, parts)
+        state.adapter_id,
+        state.base_version,
+        state.rank,
+        delta.seq,
+        merge_parts(state.tensors, parts),
+        delta.epoch,
     )

@@ -51,8 +51,9 @@ import logging
 import math
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from types import EllipsisType
 from typing import Literal
 
 import numpy as np
@@ -259,16 +260,16 @@ class OnlineTrainer:
         self.evicted: list[AdapterDelta] = []
 
     # -- adapters ------------------------------------------------------------------------
-    def run_for(self, adapter_id: str) -> AdapterRun:
-        """The adapter's run state, created (adapter equal to the base) on first sight."""
+    def run_for(self, adapter_id: str, epoch: int | None = None) -> AdapterRun:
+        """The adapter's run state, created (adapter equal to the base) on first sight, in `epoch`
+        (the seq lineage its messages carry; the service makes one per Redis seq record)."""
         run = self.runs.get(adapter_id)
         if run is None:
             self.bank.ensure(adapter_id)
+            start = empty_state(adapter_id, self.bank.base_version, self.bank.shapes, self.bank.spec.rank)
             run = AdapterRun(
                 adapter_id=adapter_id,
-                published=empty_state(
-                    adapter_id, self.bank.base_version, self.bank.shapes, self.bank.spec.rank
-                ),
+                published=replace(start, epoch=epoch),
                 optimizer=self._optimizer(adapter_id),
                 online=RollingMetrics(self.spec.window),
                 base=RollingMetrics(self.spec.window),
@@ -497,12 +498,8 @@ class OnlineTrainer:
             return self.snapshot(run.adapter_id)
         delta = make_delta(run.published, parts, run.seq + 1, now=self.clock(), key=self.spec.signing_key)
         run.unpublished = np.where(chosen, 0.0, acc)
-        run.published = AdapterState(
-            run.adapter_id,
-            run.published.base_version,
-            run.published.rank,
-            delta.seq,
-            merge_parts(run.published.tensors, parts),
+        run.published = replace(
+            run.published, seq=delta.seq, tensors=merge_parts(run.published.tensors, parts)
         )
         run.counts["deltas"] += 1
         self.counts["deltas"] += 1
@@ -558,21 +555,25 @@ class OnlineTrainer:
             now=self.clock(),
             key=self.spec.signing_key,
         )
-        run.published = AdapterState(
-            adapter_id, run.published.base_version, run.published.rank, snap.seq, state
-        )
+        run.published = replace(run.published, seq=snap.seq, tensors=state)
         run.unpublished = None  # replicas hold everything now
         run.counts["snapshots"] += 1
         self.counts["snapshots"] += 1
         return _with_offsets(snap, run)
 
     def restore(
-        self, adapter_id: str, snap: AdapterDelta | None, last_seq: int, offsets: dict[int, int] | None = None
+        self,
+        adapter_id: str,
+        snap: AdapterDelta | None,
+        last_seq: int,
+        offsets: dict[int, int] | None = None,
+        epoch: int | EllipsisType | None = ...,
     ) -> AdapterRun:
         """Resume an adapter after a restart from its snapshot (or from the base when there is
         none); the next seq follows `last_seq` (the highest seq ever reserved), so none is reused.
         When `last_seq` is past the snapshot, replicas may hold later deltas: publish a fresh
-        `snapshot()` next to re-align them."""
+        `snapshot()` next to re-align them. `epoch`: the lineage to go on in (default: the
+        snapshot's); another than the snapshot's also needs that fresh `snapshot()`."""
         run = self.run_for(adapter_id)
         start = empty_state(adapter_id, self.bank.base_version, self.bank.shapes, self.bank.spec.rank)
         if snap is not None:
@@ -585,7 +586,9 @@ class OnlineTrainer:
             self.bank.reset(adapter_id)
             tensors = start.tensors
         seq = max(last_seq, snap.seq if snap is not None else -1)
-        run.published = AdapterState(adapter_id, start.base_version, start.rank, seq, tensors)
+        if isinstance(epoch, EllipsisType):
+            epoch = snap.epoch if snap is not None else None
+        run.published = AdapterState(adapter_id, start.base_version, start.rank, seq, tensors, epoch)
         run.unpublished = None
         run.optimizer = self._optimizer(adapter_id)
         run.offsets = dict(offsets or {})

@@ -20,7 +20,9 @@ examples meant to be learned at once, with the loss that corrects for it (`train
 Restart: an adapter seen for the first time is restored from its Redis snapshot with its
 highest reserved seq (a fresh snapshot re-aligns replicas when deltas were published after
 it); assigned partitions resume after the snapshotted offsets, so nothing is learned twice or
-skipped, and no seq is reused.
+skipped, and no seq is reused. An adapter without a seq record in Redis (new, or a Redis that
+lost it) starts a new epoch (`trainers.delta` "Epochs"); when a snapshot survived without its
+record, that state is published at once as the new epoch's first snapshot (replicas reset to it).
 
 Bad input: a record that fails the contract, or an example the ranker cannot featurize, goes to
 `ad.dlq` (its raw bytes capped so the dead letter fits the producer) and the loop goes on; an
@@ -48,6 +50,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +63,7 @@ from schemas.errors import SchemaError, StoreError
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample, dead_letter_fields
 from schemas.settings import Settings
 from trainers import telemetry
+from trainers.delta import describe_epoch, new_epoch
 from trainers.features import RankerBatch, featurize
 from trainers.online import OnlineTrainer
 from trainers.reorder import DelayBuffer
@@ -399,18 +403,32 @@ class TrainerService:
     async def _restore(self, adapter_id: str) -> AdapterDelta | None:
         known = await self._last_good(adapter_id, "restore")
         snap = known.snapshot
+        epoch = known.epoch
+        if not known.seq_record:  # the seqs published so far are unknown: a new lineage
+            epoch = new_epoch(after=snap.epoch if snap is not None else None)
+            if snap is not None or known.last_seq >= 0:
+                telemetry.EPOCHS.inc()
+                log.warning(
+                    "adapter %s: Redis has no seq record (last seq known %d); new epoch %s",
+                    adapter_id,
+                    known.last_seq,
+                    describe_epoch(epoch),
+                )
         if snap is None and known.last_seq < 0:
-            self.trainer.run_for(adapter_id)
+            self.trainer.run_for(adapter_id, epoch=epoch)
             return None
-        self.trainer.restore(adapter_id, snap, known.last_seq, known.offsets if snap is not None else {})
+        offsets = known.offsets if snap is not None else {}
+        self.trainer.restore(adapter_id, snap, known.last_seq, offsets, epoch=epoch)
         log.info(
-            "adapter %s restored (snapshot seq %s, last seq %d)",
+            "adapter %s restored (snapshot seq %s, last seq %d, epoch %s)",
             adapter_id,
             snap.seq if snap else None,
             known.last_seq,
+            describe_epoch(epoch),
         )
-        if snap is None or known.last_seq > snap.seq:
-            return self.trainer.snapshot(adapter_id)  # replicas may hold later deltas: re-align
+        if snap is None or known.last_seq > snap.seq or epoch != snap.epoch:
+            # replicas may hold later deltas, or another epoch: re-align them
+            return self.trainer.snapshot(adapter_id)
         return None
 
     async def _last_good(self, adapter_id: str, stage: str) -> Restored:
@@ -429,7 +447,7 @@ class TrainerService:
             return known
         telemetry.REFUSED.labels(stage, reason).inc()
         log.warning("adapter %s: Redis snapshot not used (%s); starting from zero", adapter_id, problem)
-        return Restored(None, known.last_seq, {}, problem)
+        return replace(known, snapshot=None, offsets={}, invalid=problem)
 
     async def _dead_letter(self, record: Any, error: str) -> None:
         assert self.producer is not None
@@ -474,7 +492,9 @@ class TrainerService:
             return []
         assert self.store is not None and self.producer is not None
         deltas = await self._guard(deltas)
-        await self.store.reserve({d.adapter_id: d.seq for d in deltas})
+        await self.store.reserve(
+            {d.adapter_id: d.seq for d in deltas}, {d.adapter_id: d.epoch for d in deltas}
+        )
         futures = []
         for d in deltas:
             payload = codec.encode(d)
@@ -518,7 +538,9 @@ class TrainerService:
         """
         known = await self._last_good(adapter_id, "rollback")
         last = max(known.last_seq, refused_seq)  # refused seqs are skipped, never reused
-        self.trainer.restore(adapter_id, known.snapshot, last, known.offsets)
+        run = self.trainer.runs.get(adapter_id)  # the lineage replicas follow now goes on
+        epoch = run.published.epoch if run is not None else known.epoch
+        self.trainer.restore(adapter_id, known.snapshot, last, known.offsets, epoch=epoch)
         to = "last_snapshot" if known.snapshot is not None else "zero"
         telemetry.ROLLBACKS.labels(to).inc()
         log.warning(

@@ -9,15 +9,22 @@ key                                    type        value
                                                    with `snapshot=true` (serving reads this)
 `adapter-meta:{adapter_id}`            hash        `version` (`seq-N`), `seq`, `base_version`,
                                                    `offsets` (JSON `{partition: offset}` of the
-                                                   last input records in it), `updated_at`
-`adapter-seq`                          hash        adapter_id → highest seq reserved; any seq up
-                                                   to it may be on `ad.adapter-deltas`
+                                                   last input records in it), `updated_at`,
+                                                   `epoch` (`legacy` or the number)
+`adapter-seq`                          hash        adapter_id → `N@E`: highest seq N reserved in
+                                                   epoch E (`N` alone: the legacy epoch); any seq
+                                                   up to it may be on `ad.adapter-deltas`
 `trainer-offsets:{topic}`              hash        partition → last input offset whose effect is
                                                    in the snapshots (a restart resumes after it)
 =====================================  ==========  =============================================
 
 A seq is reserved in `adapter-seq` **before** its delta is produced, so a restarted trainer never
 reuses one; snapshots, their metadata and the partition offsets are written in one MULTI/EXEC.
+
+The epoch lives in the same hash value as the seq, so the two are lost together: a Redis without
+an adapter's seq record (a wipe, a new Redis) makes its trainer start a new epoch
+(`trainers.delta.new_epoch`), which replicas take as a reset at its first snapshot, instead of
+seqs from 0 that replicas would refuse as replays (`Restored.seq_record`).
 
 Redis errors that can pass (connection refused or reset, timeouts, a server still loading) are
 retried with capped exponential backoff (`RedisRetry`) before `StoreError` is raised; every
@@ -174,12 +181,16 @@ Observer = Callable[[str, str], None]  # (operation, "retried" | "gave_up")
 class Restored:
     """What Redis knows about one adapter: its snapshot (if any and decodable), the highest seq
     reserved or snapshotted (-1 if none), the snapshot's offsets, and why a stored snapshot was
-    discarded (`invalid`, None when it was fine or absent)."""
+    discarded (`invalid`, None when it was fine or absent); `epoch` of the seq record, and
+    whether there is a readable one (`seq_record`; without it the seqs already published are
+    unknown, so the adapter must go on in a new epoch)."""
 
     snapshot: AdapterDelta | None
     last_seq: int
     offsets: dict[int, int]
     invalid: str | None = None
+    epoch: int | None = None
+    seq_record: bool = False
 
 
 class SnapshotStore:
@@ -253,11 +264,13 @@ class SnapshotStore:
         except TimeoutError:
             pass
 
-    async def reserve(self, seqs: Mapping[str, int]) -> None:
-        """Record that these seqs are about to be published (call before producing)."""
+    async def reserve(self, seqs: Mapping[str, int], epochs: Mapping[str, int | None] | None = None) -> None:
+        """Record that these seqs (in these epochs; legacy where not given) are about to be
+        published (call before producing). Rewriting the epoch every time is idempotent, and puts
+        it back when Redis lost it while this trainer ran (the lineage goes on unbroken)."""
         if not seqs:
             return
-        mapping = {k: str(v) for k, v in seqs.items()}
+        mapping = {k: seq_record(v, (epochs or {}).get(k)) for k, v in seqs.items()}
         await self._call("reserve", lambda: self.client.hset(seq_key(self.prefix), mapping=mapping))
 
     async def write(
@@ -285,6 +298,7 @@ class SnapshotStore:
                             "base_version": snap.base_version,
                             "offsets": json.dumps({str(k): v for k, v in sorted(offsets.items())}),
                             "updated_at": now.isoformat(),
+                            "epoch": "legacy" if snap.epoch is None else str(snap.epoch),
                         },
                     )
                     pipe.expire(meta_key(self.prefix, snap.adapter_id), self.ttl_s)
@@ -321,10 +335,11 @@ class SnapshotStore:
                     snap = msg
                 else:
                     invalid = f"stored message seq {getattr(msg, 'seq', '?')} is not a snapshot"
+        record = parse_seq_record(reserved, adapter_id)
         seqs = [
             -1,
             snap.seq if snap is not None else None,
-            _int_or_none(reserved, "adapter-seq", adapter_id),
+            record[0] if record is not None else None,
             _int_or_none(meta_seq, "adapter-meta seq", adapter_id),
         ]
         last = max(v for v in seqs if v is not None)
@@ -336,7 +351,9 @@ class SnapshotStore:
                 log.warning(
                     "adapter %s: snapshot offsets %r unreadable (%s); ignored", adapter_id, offsets_raw, exc
                 )
-        return Restored(snap, last, offsets, invalid)
+        if record is None:
+            return Restored(snap, last, offsets, invalid)
+        return Restored(snap, last, offsets, invalid, epoch=record[1], seq_record=True)
 
     async def partition_offsets(self) -> dict[int, int]:
         """Snapshotted input offset per partition (empty before the first snapshot)."""
@@ -355,6 +372,27 @@ class SnapshotStore:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"  # redis-py's reprs drop the message
+
+
+def seq_record(seq: int, epoch: int | None) -> str:
+    """An `adapter-seq` value: `N@E`, or `N` in the legacy epoch."""
+    return str(seq) if epoch is None else f"{seq}@{epoch}"
+
+
+def parse_seq_record(value: Any, adapter_id: str) -> tuple[int, int | None] | None:
+    """(seq, epoch) of an `adapter-seq` value; None when absent or unreadable (logged), which the
+    trainer treats like a lost record: a new epoch."""
+    if value is None:
+        return None
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    seq_text, at, epoch_text = text.partition("@")
+    seq = _int_or_none(seq_text, "adapter-seq", adapter_id)
+    if seq is None or seq < 0:
+        return None
+    if not at:
+        return seq, None
+    epoch = _int_or_none(epoch_text, "adapter-seq epoch", adapter_id)
+    return (seq, epoch) if epoch is not None and epoch > 0 else None
 
 
 def _int_or_none(value: Any, field: str, adapter_id: str) -> int | None:

@@ -56,6 +56,10 @@ ROLLBACKS = Counter(
     "Adapters put back after a refused state, to their last Redis snapshot or to zero (the base)",
     ["to"],
 )
+EPOCHS = Counter(
+    "adstream_trainers_new_epochs_total",
+    "Adapters that went on in a new epoch because Redis had lost their seq record",
+)
 ADAPTERS = Gauge("adstream_trainers_adapters", "Adapters owned by this trainer")
 HELD = Gauge("adstream_trainers_held_examples", "Examples waiting for their attribution window to close")
 AUC = Gauge("adstream_trainers_rolling_auc", "Rolling progressive AUC per slot adapter", ["adapter", "model"])
