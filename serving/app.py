@@ -146,7 +146,7 @@ class AdServer(ReplicaLoops):
         self._rank_batch.set_max_batch_size(s.serve_batch_max)  # type: ignore[attr-defined]
         self._rank_batch.set_batch_wait_timeout_s(s.serve_batch_wait_ms / 1000)  # type: ignore[attr-defined]
         await self.sink.start()
-        await self._load_snapshots()
+        await self._load_adapters()  # snapshots and pins, before any delta lands or request is served
         self._tasks: dict[str, asyncio.Task[None]] = {}
         if s.serve_consume_deltas:
             self._supervise("catalog", lambda: self._follow(topics.CATALOG, self._on_ad, True))

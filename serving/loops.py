@@ -123,6 +123,15 @@ class ReplicaLoops:
         for ad, vec in zip(ads, vectors, strict=True):
             self.pipe.add_ad(ad, vec)
 
+    async def _load_adapters(self) -> None:
+        """Start-up: the trainers' snapshots, then the admin pins, before the delta follower starts
+        and the replica reports ready. A replica that started after a rollback elsewhere must not
+        serve the rolled-back version until its first housekeeping pass (a second later); if the
+        pins cannot be read now, that pass retries them (counted, `pins_at_start`)."""
+        await self._load_snapshots()
+        if not await self._sync_pins():
+            self.metrics.task_errors.labels("pins_at_start").inc()
+
     async def _load_snapshots(self) -> None:
         try:
             ids = await self.redis.snapshot_ids()
@@ -202,18 +211,20 @@ class ReplicaLoops:
         self.metrics.deltas.labels(f"{why}_{outcome}").inc()
         return outcome
 
-    async def _sync_pins(self) -> None:
+    async def _sync_pins(self) -> bool:
         """Follow the admin pins other replicas set or lifted (Redis); re-sync what was unpinned.
-        A pin at a seq this replica does not hold installs the weights stored with the pin."""
+        A pin at a seq this replica does not hold installs the weights stored with the pin.
+        False when the pins could not be read (logged; the next pass tries again)."""
         try:
             shared = await self.redis.pins()
             missing = self.applier.missing_pins(shared)
             weights = await self.redis.pin_snapshots(missing) if missing else {}
         except Exception as exc:
             log.warning("adapter pin refresh failed: %s", exc)
-            return
+            return False
         for adapter_id in self.applier.sync_pins(shared, weights):
             await self._resync(adapter_id, "unpin")
+        return True
 
     async def _housekeeping(self) -> None:
         """Every second: the day's spend from Redis (pacing) and gauges; every `canary_eval_s`:
