@@ -6,7 +6,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
 
-from schemas.events import Contract, Ident, NonNegFloat, Probability, Slot, UserId, Version
+from schemas.events import ClickToken, Contract, Ident, NonNegFloat, Probability, Slot, UserId, Version
 
 MAX_INTERESTS = 8  # declared interests per request: a sign-up form's few picks, not a profile
 
@@ -73,6 +73,9 @@ class ServedAd(Contract):
     score: Annotated[float, Field(allow_inf_nan=False)]
     pctr: Probability
     price: NonNegFloat
+    # echo it in the Click / Dwell of this ad (`Click.click_token`): the streams worker drops
+    # clicks without the token of an impression served to that user (`schemas.signing`)
+    click_token: ClickToken | None = None
 
 
 class StageMs(Contract):

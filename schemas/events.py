@@ -77,6 +77,8 @@ Timestamp = Annotated[AwareDatetime, BeforeValidator(_not_a_number), AfterValida
 TEXT_PATTERN: Final = r"^[^\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]*$"
 Text = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=TEXT_PATTERN)]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Signature = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # HMAC-SHA256, hex
+ClickToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{22}$")]  # 16 bytes, base64url
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -154,6 +156,9 @@ class Impression(UserEvent):
     pctr: Probability | None = None
     model_version: Version | None = None
     adapter_version: Version | None = None
+    # the serving replica's HMAC over the other fields (`schemas.signing`); the streams worker
+    # dead-letters impressions without a valid one (`streams_verify_impressions`)
+    sig: Signature | None = None
 
 
 class Click(UserEvent):
@@ -163,6 +168,8 @@ class Click(UserEvent):
     impression_id: EventId
     ad_id: Ident
     campaign_id: Ident
+    # the `ServedAd.click_token` of the impression, echoed (`schemas.signing.click_token`)
+    click_token: ClickToken | None = None
 
 
 class Dwell(UserEvent):
@@ -172,6 +179,7 @@ class Dwell(UserEvent):
     impression_id: EventId
     ad_id: Ident
     dwell_ms: Annotated[int, Field(ge=0, le=MAX_DWELL_MS)]
+    click_token: ClickToken | None = None  # as `Click.click_token`
 
 
 class Conversion(UserEvent):

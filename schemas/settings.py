@@ -50,6 +50,12 @@ class Settings(BaseSettings):
         description="HMAC key (at least 32 bytes) trainers sign adapter deltas with and replicas check; "
         "empty: the key file <state_dir>/delta-signing.key, created by the first process that needs it",
     )
+    event_signing_key: SecretStr = Field(
+        SecretStr(""),
+        description="HMAC key (at least 32 bytes) replicas sign impressions and click tokens with and the "
+        "streams worker checks; empty: the key file <state_dir>/event-signing.key, created by the first "
+        "process that needs it",
+    )
 
     # -- connecting to secured clusters (schemas.clients turns these into client arguments) --
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
@@ -100,6 +106,16 @@ class Settings(BaseSettings):
         gt=0,
         description="Events dated further after their Kafka record time (capped by the wall clock) "
         "are dead-lettered; at most the attribution window",
+    )
+    streams_verify_impressions: bool = Field(
+        True,
+        description="Dead-letter impressions without a valid replica signature (Impression.sig); off only "
+        "where other trusted producers write ad.impressions without the key",
+    )
+    streams_verify_clicks: bool = Field(
+        True,
+        description="Dead-letter clicks and dwells without the click token of an impression served to "
+        "that user and ad (ServedAd.click_token)",
     )
     watermark_window: int = Field(
         32,

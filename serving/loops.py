@@ -15,6 +15,7 @@ from typing import Any
 from schemas import topics
 from schemas.events import AdapterDelta, AdCreative, Click, Message
 from schemas.settings import Settings
+from schemas.signing import check_event
 from serving.adapters import CANDIDATE, STABLE
 from serving.canary import Canary
 from serving.catalog import Catalog
@@ -191,6 +192,10 @@ class ReplicaLoops:
 
     def _on_click(self, msg: Message) -> None:
         assert isinstance(msg, Click)
+        # a fabricated click (no token, another user's or ad's) must not steer the canary (M10.b)
+        if self.settings.streams_verify_clicks and check_event(msg, self.pipe.event_key) is not None:
+            self.metrics.clicks_refused.inc()
+            return
         if self.canary.clicked(msg.impression_id):
             self.metrics.clicks_joined.inc()
 

@@ -102,6 +102,11 @@ class ServingMetrics:
         self.clicks_joined = Counter(
             "adstream_serving_clicks_joined_total", "Clicks joined to served pCTR", registry=r
         )
+        self.clicks_refused = Counter(
+            "adstream_serving_clicks_refused_total",
+            "Clicks without the click token of an impression served to that user and ad (not joined)",
+            registry=r,
+        )
         self.task_restarts = Counter(
             "adstream_serving_task_restarts_total",
             "Background tasks restarted after dying",

@@ -19,6 +19,7 @@ from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
 from schemas.events import AdCreative, Impression
 from schemas.ids import adapter_id_for, impression_event_id
 from schemas.settings import Settings
+from schemas.signing import click_token, event_key, sign_impression
 from schemas.vectors import content_vector
 from serving.adapters import CANDIDATE
 from serving.ann import make_index
@@ -90,6 +91,8 @@ class AdPipeline:
         on_interests: Callable[[str, int], None] | None = None,
     ) -> None:
         self.settings = settings
+        # every impression is signed and every served ad carries its click token (M10)
+        self.event_key = event_key(settings)
         self.towers = towers
         self.rank = rank
         self.catalog = catalog
@@ -305,29 +308,37 @@ class AdPipeline:
         versions = self.adapter_versions(req.slot, chosen, ctx.arm) if with_adapters else [None] * len(chosen)
         ads, imps = [], []
         infos = cat.rows
-        user_id, slot = req.user_id, req.slot
+        user_id, slot, key = req.user_id, req.slot, self.event_key
         for pos, (row, p, score, price) in enumerate(
             zip(chosen.tolist(), chosen_pctr.tolist(), res.scores.tolist(), res.prices.tolist(), strict=True)
         ):
             info = infos[row]
+            iid = impression_event_id(request_id, pos)
+            token = click_token(key, iid, user_id, info.ad_id)
             ads.append(
-                ServedAd(ad_id=info.ad_id, campaign_id=info.campaign_id, score=score, pctr=p, price=price)
-            )
+                ServedAd(
+                    ad_id=info.ad_id, campaign_id=info.campaign_id, score=score, pctr=p, price=price,
+                    click_token=token,
+                )
+            )  # fmt: skip
             imps.append(
-                Impression(
-                    event_id=impression_event_id(request_id, pos),
-                    ts=now,
-                    user_id=user_id,
-                    request_id=request_id,
-                    ad_id=info.ad_id,
-                    campaign_id=info.campaign_id,
-                    advertiser_id=info.advertiser_id,
-                    slot=slot,
-                    position=pos,
-                    price=price,
-                    pctr=p,
-                    model_version=model_version,
-                    adapter_version=versions[pos],
+                sign_impression(
+                    Impression(
+                        event_id=iid,
+                        ts=now,
+                        user_id=user_id,
+                        request_id=request_id,
+                        ad_id=info.ad_id,
+                        campaign_id=info.campaign_id,
+                        advertiser_id=info.advertiser_id,
+                        slot=slot,
+                        position=pos,
+                        price=price,
+                        pctr=p,
+                        model_version=model_version,
+                        adapter_version=versions[pos],
+                    ),
+                    key,
                 )
             )
         top_adapter = imps[0].adapter_version if imps and rung == "adapter" else None

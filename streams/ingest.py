@@ -28,6 +28,7 @@ from schemas.events import (
     _not_a_number,
     dead_letter_fields,
 )
+from schemas.signing import check_event
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,28 @@ def ahead_of_record(  # noqa: PLR0913 - the record, and keyword-only knobs
         against = f"the record's Kafka timestamp {datetime.fromtimestamp(ts_ms / 1000, tz=UTC).isoformat()}"
     error = f"field 'ts': {event.ts.isoformat()} is more than {max_skew_s:.0f}s after {against}"
     return dead_letter(physical_topic, partition, offset, value, ts_ms, error, "future_timestamp")
+
+
+def unvouched(  # noqa: PLR0913 - the record, and keyword-only knobs
+    event: Message,
+    physical_topic: str,
+    partition: int,
+    offset: int,
+    value: bytes,
+    ts_ms: int,
+    key: bytes,
+    *,
+    impressions: bool = True,
+    clicks: bool = True,
+) -> Invalid | None:
+    """A dead letter when no replica vouches for the event: an impression whose signature is
+    missing or wrong, a click or dwell without the click token of an impression served to that
+    user and ad (`schemas.signing.check_event`; `impressions` / `clicks` turn either off)."""
+    failed = check_event(event, key, impressions=impressions, clicks=clicks)
+    if failed is None:
+        return None
+    reason, error = failed
+    return dead_letter(physical_topic, partition, offset, value, ts_ms, error, reason)
 
 
 def dead_letter(

@@ -45,9 +45,10 @@ from schemas.codec import encode, key_of, model_for_topic
 from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
+from schemas.signing import event_key
 from streams import metrics as m
 from streams.delivery import TABLE_TOPIC, SendMany, produce_all, refused_letter, retrying, write_rows
-from streams.ingest import FastDecoder, Invalid, ahead_of_record, validate
+from streams.ingest import FastDecoder, Invalid, ahead_of_record, unvouched, validate
 from streams.merge import Item, PartitionMerge
 from streams.processor import Catalog, Processor
 from streams.sink import EventSink, empty_rows, row_of
@@ -128,6 +129,9 @@ class Pipeline:
         self.fast_of = {name: FastDecoder(model_for_topic(base)) for name, base in self.base_of.items()}
         self.dlq_topic = topics.topic_name(topics.DLQ, self.prefix)
         self.examples_topic = topics.topic_name(topics.TRAINING_EXAMPLES, self.prefix)
+        # impressions only replicas signed, clicks and dwells echoing a served ad's token (M10)
+        verify = settings.streams_verify_impressions or settings.streams_verify_clicks
+        self.event_key: bytes | None = event_key(settings) if verify else None
         self.parts: dict[int, _Part] = {}
         self.batch = _Batch()
         self.counts: Counter[str] = Counter()
@@ -213,7 +217,7 @@ class Pipeline:
 
     def _judge(self, base: str, rec: RawRecord) -> tuple[Message, float] | Invalid:
         """The record's event and its time (epoch seconds), or its dead letter (contract
-        violation, far-future time)."""
+        violation, far-future time, an impression no replica signed, a click without its token)."""
         # the common case, fast; anything else is decided by `validate`, which dead-letters it
         result: Message | Invalid | None = self.fast_of[rec.topic].decode(rec.value)
         if result is None:
@@ -224,7 +228,17 @@ class Pipeline:
                 result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
                 self.settings.max_event_skew_s, event_ts=ts,
             )  # fmt: skip
-            return late or (result, ts)
+            if late is not None:
+                return late
+            if self.event_key is not None:  # before the join, the state and the sink
+                forged = unvouched(
+                    result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
+                    self.event_key, impressions=self.settings.streams_verify_impressions,
+                    clicks=self.settings.streams_verify_clicks,
+                )  # fmt: skip
+                if forged is not None:
+                    return forged
+            return result, ts
         return result
 
     async def _load_users(self, part: _Part, uids: set[str]) -> None:

@@ -62,7 +62,6 @@ import hashlib
 import hmac
 import json
 import math
-import os
 import secrets
 import struct
 from collections.abc import Mapping, Sequence
@@ -74,8 +73,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from schemas.errors import AdapterError, ConfigError
+from schemas.errors import AdapterError
 from schemas.events import MAX_DELTA_BYTES, AdapterDelta
+from schemas.signing import resolve_key
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
@@ -86,42 +86,16 @@ _DTYPES = {"dirs": ("I64", 8), "lora_A": ("F32", 4), "lora_B": ("F32", 4)}
 MAX_MODULES = 64  # target modules of one adapter (a ranker has a handful)
 MAX_HEADER_BYTES = 64 * 1024
 KEY_FILE = "delta-signing.key"
-MIN_KEY_BYTES = 32
 
 
 def resolve_signing_key(settings: Settings, *, create: bool = True) -> bytes | None:
     """The HMAC key of deltas: `settings.delta_signing_key` when set (≥ 32 bytes), else the key
     file `<state_dir>/delta-signing.key`, created (random, mode 0600) when missing and `create`:
     every process of one stack (trainer, replicas, tests) shares the state dir and so the key.
-    None only when there is no key and `create` is False."""
-    configured = settings.delta_signing_key.get_secret_value().encode()
-    if configured:
-        if len(configured) < MIN_KEY_BYTES:
-            raise ConfigError(
-                f"delta_signing_key must be at least {MIN_KEY_BYTES} bytes (got {len(configured)})"
-            )
-        return configured
-    path = settings.state_dir / KEY_FILE
-    if not path.exists():
-        if not create:
-            return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(32) + "\n")
-        try:
-            os.link(tmp, path)  # atomic: two processes starting at once end up with one key
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    key = path.read_text().strip().encode()
-    if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(
-            f"delta_signing_key: key file {path} holds {len(key)} bytes, at least {MIN_KEY_BYTES} needed"
-        )
-    return key
+    None only when there is no key and `create` is False (the rule: `schemas.signing.resolve_key`)."""
+    return resolve_key(
+        settings.delta_signing_key, settings.state_dir / KEY_FILE, "delta_signing_key", create=create
+    )
 
 
 def delta_mac(delta: AdapterDelta, key: bytes) -> str:

@@ -164,6 +164,7 @@ def clicks(user_id: str, body: dict) -> list[Message]:
             impression_id=imp,
             ad_id=ad["ad_id"],
             campaign_id=ad["campaign_id"],
+            click_token=ad["click_token"],  # echoed, as a client does (M10.b)
         )
         for pos, ad in enumerate(body["ads"])
         if CATEGORY[ad["ad_id"]] == CLICKED
@@ -197,6 +198,8 @@ def metrics(client: httpx.Client) -> dict[str, float]:
                 out[sample.labels["action"]] = sample.value
             elif sample.name == "adstream_serving_clicks_joined_total":
                 out["clicks_joined"] = sample.value
+            elif sample.name == "adstream_serving_clicks_refused_total":
+                out["clicks_refused"] = sample.value
     return out
 
 
@@ -298,3 +301,35 @@ def test_canary_promotes_a_better_candidate_and_rolls_back_a_worse_one(
     three.feedback_until(lambda m: m["rollback"] == 1 and m.get("share") == 0.0)
     assert metrics(client)["promote"] == 2
     assert clicked_auc(ads(client, user(*low))) > 0.9  # every user on the stable arm again
+
+
+@pytest.mark.timeout(300)
+def test_fabricated_clicks_never_reach_the_canary(canary: tuple[httpx.Client, Settings]) -> None:
+    """M10.b: clicks without the served ad's token, or with another user's, are refused and
+    counted; the served user's echo is joined."""
+    client, s = canary
+    uid = user(0.0, 1.0)
+    body = ads(client, uid)
+    genuine = clicks(uid, body)
+    assert genuine
+    forged = [
+        *(c.model_copy(update={"event_id": f"forged-{c.event_id}", "click_token": None}) for c in genuine),
+        *(
+            c.model_copy(update={"event_id": f"other-{c.event_id}", "user_id": "someone-else"})
+            for c in genuine
+        ),
+    ]
+    before = metrics(client)
+    end = time.monotonic() + 60
+    # the replica's click consumer starts at the topic's end: send until it has seen them
+    while metrics(client).get("clicks_refused", 0) - before.get("clicks_refused", 0) < len(forged):
+        assert time.monotonic() < end, f"fabricated clicks not refused: {metrics(client)}"
+        produce(s, forged)
+        poll(lambda: False, 1.0)
+    assert metrics(client).get("clicks_joined", 0) == before.get("clicks_joined", 0)
+    produce(s, genuine)
+    wait_for(
+        lambda: metrics(client).get("clicks_joined", 0) > before.get("clicks_joined", 0),
+        30,
+        lambda: f"the echoed clicks were not joined: {metrics(client)}",
+    )
