@@ -194,6 +194,7 @@ async def one_trial(
         impression_id=iid,
         ad_id=ad.ad_id,
         campaign_id=ad.campaign_id,
+        click_token=ad.click_token,  # echoed, as a client does (the worker drops clicks without it)
     )
     topic = topics.topic_name(topics.CLICKS, s.topic_prefix)
     t0 = time.time()

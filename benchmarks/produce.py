@@ -33,6 +33,7 @@ from rich.table import Table
 
 from deploy.stack import create_topics
 from schemas.settings import Settings
+from schemas.signing import event_key
 from workloads import Market, MarketConfig
 from workloads.entities import Event
 from workloads.sinks import produce, routed
@@ -47,7 +48,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "produce.json"
 
 def simulate(n_impressions: int, seed: int) -> list[Event]:
     """A simulated stream of about 1.08 × n_impressions events."""
-    return list(Market(MarketConfig(seed=seed, n_users=10_000, n_ads=2000)).open_loop(n_impressions))
+    market = Market(MarketConfig(seed=seed, n_users=10_000, n_ads=2000), signing_key=event_key(Settings()))
+    return list(market.open_loop(n_impressions))
 
 
 async def run_sink(settings: Settings, messages: list[Event]) -> float:

@@ -54,6 +54,7 @@ from schemas import topics  # noqa: E402
 from schemas.codec import encode, key_of, topic_of  # noqa: E402
 from schemas.events import AdCreative  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
+from schemas.signing import event_key  # noqa: E402
 from workloads.config import MarketConfig  # noqa: E402
 from workloads.market import Market  # noqa: E402
 
@@ -66,7 +67,10 @@ STRETCH_RATIO_TO_RAW = 0.25
 
 def generate(n: int, seed: int) -> tuple[list[tuple[str, bytes, bytes]], list[tuple[str, bytes, bytes]]]:
     """(catalog records, user-event records) of about n user events, as (topic, key, value)."""
-    market = Market(MarketConfig(seed=seed, n_users=20_000, n_ads=2_000, rate=200.0))
+    # signed with the stack's event key, as the worker verifies them (part of its cost)
+    market = Market(
+        MarketConfig(seed=seed, n_users=20_000, n_ads=2_000, rate=200.0), signing_key=event_key(Settings())
+    )
     catalog: list[tuple[str, bytes, bytes]] = []
     events: list[tuple[str, bytes, bytes]] = []
     for e in market.open_loop(n):

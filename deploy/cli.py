@@ -79,6 +79,13 @@ def status() -> None:
 def produce(
     topic: Annotated[str, typer.Argument(help="Contract topic, e.g. ad.impressions")],
     file: Annotated[str, typer.Argument(help="JSON-lines file, or - for standard input")] = "-",
+    sign: Annotated[
+        bool,
+        typer.Option(
+            help="Sign impressions and give clicks / dwells their click tokens with the stack's event "
+            "key (the worker drops them otherwise); --no-sign sends them as they are"
+        ),
+    ] = True,
 ) -> None:
     """Validate JSON lines against the contract and produce the valid ones, keyed per the contract."""
     from deploy.produce import produce_lines
@@ -88,13 +95,13 @@ def produce(
     require_kafka(s)
     if file == "-":
         lines = sys.stdin.buffer
-        report = asyncio.run(produce_lines(s, topic, lines))
+        report = asyncio.run(produce_lines(s, topic, lines, sign=sign))
     else:
         path = Path(file)
         if not path.is_file():
             raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
         with path.open("rb") as fh:
-            report = asyncio.run(produce_lines(s, topic, fh))
+            report = asyncio.run(produce_lines(s, topic, fh, sign=sign))
     for number, reason in report.invalid:
         err.print(f"line {number}: {reason}", markup=False, highlight=False)
     console.print(f"{topic}: {report.sent} sent, {len(report.invalid)} invalid, {report.blank} blank")

@@ -48,11 +48,16 @@ def _counted(messages: Iterable[Message], counts: Counter[str]) -> Iterator[Mess
 def _emit(
     messages: Iterable[Message], total: int, out: Path | None, kafka: bool, pace: float, label: str
 ) -> None:
-    """Send a stream to the file or Kafka with a progress bar (advanced in events)."""
+    """Send a stream to the file or Kafka with a progress bar (advanced in events), signed."""
     if (out is None) == (not kafka):
         raise typer.BadParameter("give exactly one of --out FILE or --kafka", param_hint="--out/--kafka")
+    from schemas.signing import event_key, seal
     from workloads import sinks
 
+    # the operator's own streams: impressions signed, clicks and dwells with their click tokens,
+    # with the stack's event key (the streams worker drops them otherwise)
+    key = event_key(Settings())
+    messages = (seal(m, key) for m in messages)
     with _progress() as bar:
         task = bar.add_task(label, total=total, rate="")
 

@@ -229,16 +229,19 @@ def write_history(spec: DemoSpec, history: Path, catalog: Path) -> dict[str, Any
 
 
 async def produce_file(settings: Settings, path: Path) -> int:
-    """Produce every event of a file to its contract topic (the worker builds user state)."""
+    """Produce every event of a file to its contract topic (the worker builds user state); the
+    history's impressions signed and its clicks with their tokens, with the stack's event key."""
     from schemas.codec import decode_any
+    from schemas.signing import event_key, seal
     from workloads.sinks import KafkaSink
 
+    key = event_key(settings)
     n = 0
     async with KafkaSink(settings) as sink:
         batch = []
         with path.open("rb") as fh:
             for line in fh:
-                batch.append(decode_any(line))
+                batch.append(seal(decode_any(line), key))
                 if len(batch) >= 2000:
                     await sink.send_many(batch)
                     n += len(batch)

@@ -123,7 +123,8 @@ def _serve_outcome(
         return []
     report.served += len(imps)
     report.impressions.extend(imps)
-    return [m for imp in imps for m in market.respond(imp)]
+    # a client's clicks echo the token serving gave each ad (the worker drops them without it)
+    return [m for imp, ad in zip(imps, resp.ads, strict=True) for m in market.respond(imp, ad.click_token)]
 
 
 async def run_closed_loop(

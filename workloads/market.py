@@ -3,8 +3,9 @@
 Public API (names are stable; other rooms build test streams and benchmarks on them):
 
 - `MarketConfig(seed=…, n_users=…, n_ads=…, drift_at=…, drift_share=…, new_ads_at=…, rate=…)`
-- `Market(config)`; `market.catalog()` → the initial `AdCreative`s (`catalog(include_new=True)`
-  adds the ads that arrive mid-stream)
+- `Market(config, signing_key=None)` (with the stack's event key: impressions signed, clicks
+  with their tokens, see `schemas.signing`); `market.catalog()` → the initial `AdCreative`s
+  (`catalog(include_new=True)` adds the ads that arrive mid-stream)
 - `market.open_loop(n_impressions)` → an iterator of contract messages in time order: the
   catalog first, then `Impression`/`Click`/`Dwell`/`Conversion`, and new-ad `AdCreative`s when
   they arrive (cold start); a logging policy (`config.policy`) picks the ads.
@@ -44,6 +45,7 @@ import numpy as np
 
 from schemas.errors import AdstreamError
 from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression
+from schemas.signing import click_token, sign_impression
 from schemas.vectors import content_vector
 from workloads import truth
 from workloads.config import MarketConfig, resolve_at
@@ -58,8 +60,11 @@ __all__ = ["Event", "Market", "Request", "UnknownEntityError"]
 class Market:
     """A simulated ad market; see the module docstring for the model and the API."""
 
-    def __init__(self, config: MarketConfig | None = None) -> None:
+    def __init__(self, config: MarketConfig | None = None, *, signing_key: bytes | None = None) -> None:
         self.config = cfg = config or MarketConfig()
+        # the stack's event key (`schemas.signing.event_key`): a logged history is the operator's
+        # own, so its impressions are signed and its clicks carry their tokens, as served ones do
+        self.signing_key = signing_key
         self.world = build_world(cfg)
         traffic, response = np.random.SeedSequence([cfg.seed, 1]).spawn(2)
         self._traffic = np.random.default_rng(traffic)
@@ -268,8 +273,11 @@ class Market:
         uid = self.user_id(user)
         return Request(uid, user, slot, cfg.slot_k[slot], ts or self._ts(t_us), self.declared_interests(uid))
 
-    def _outcomes(self, imp: Impression, user: int, ad: int, p: float) -> tuple[bool, list[Event]]:
-        """Click, dwell and caused conversion of one impression, drawn from the true model."""
+    def _outcomes(
+        self, imp: Impression, user: int, ad: int, p: float, token: str | None = None
+    ) -> tuple[bool, list[Event]]:
+        """Click, dwell and caused conversion of one impression, drawn from the true model; the
+        click and dwell carry `token` (the served ad's click token)."""
         cfg, rng = self.config, self._resp
         out: list[Event] = []
         clicked = bool(rng.random() < p)
@@ -284,6 +292,7 @@ class Market:
                     impression_id=imp.event_id,
                     ad_id=imp.ad_id,
                     campaign_id=imp.campaign_id,
+                    click_token=token,
                 )
             )
             match = truth.match_score(float(self._interest[user, int(self.world.ads.category[ad])]))
@@ -302,6 +311,7 @@ class Market:
                     impression_id=imp.event_id,
                     ad_id=imp.ad_id,
                     dwell_ms=dwell,
+                    click_token=token,
                 )
             )
         self.touches[imp.slot] += 1
@@ -339,14 +349,15 @@ class Market:
         self.organic_conversions += 1
         return [self._conversion(request.user, ad, self._us(request.ts))]
 
-    def respond(self, impression: Impression) -> list[Event]:
+    def respond(self, impression: Impression, click_token: str | None = None) -> list[Event]:
         """The user's reaction to a served impression: click, dwell and caused conversion events
-        (timestamps after the impression's). Records the impression's oracle pCTR."""
+        (timestamps after the impression's); the click and dwell echo `click_token`, the served
+        ad's (`ServedAd.click_token`). Records the impression's oracle pCTR."""
         user = index_of(impression.user_id, "u", self.config.n_users, "user")
         ad = index_of(impression.ad_id, "ad", len(self.world.ads.ad_ids), "ad")
         p = self._pctr(user, ad, impression.slot, impression.position)
         self._foreign_oracle[impression.event_id] = p
-        _, out = self._outcomes(impression, user, ad, p)
+        _, out = self._outcomes(impression, user, ad, p, click_token)
         for m in out:
             self.counts[m.kind] += 1
         return out
@@ -365,6 +376,7 @@ class Market:
         heap: list[tuple[int, int, Event]] = []
         seq = 0
         model_version = f"logging-{self.config.policy}"
+        key = self.signing_key
         while self.n_impressions < n_impressions:
             req = self.next_request()
             t = self._us(req.ts)
@@ -386,9 +398,13 @@ class Market:
                     advertiser_id=self.advertiser_id(ad), slot=req.slot, position=pos,
                     price=round(float(self.world.ads.bid[ad]) * 0.8, 4), model_version=model_version,
                 )  # fmt: skip
+                token = None
+                if key is not None:
+                    imp = sign_impression(imp, key)
+                    token = click_token(key, imp.event_id, imp.user_id, imp.ad_id)
                 self.counts["impression"] += 1
                 yield imp
-                clicked, outs = self._outcomes(imp, req.user, ad, p)
+                clicked, outs = self._outcomes(imp, req.user, ad, p, token)
                 self._policy.update(ad, clicked)
                 for m in outs:
                     heapq.heappush(heap, (self._us(m.ts), seq, m))

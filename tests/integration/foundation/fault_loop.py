@@ -478,7 +478,7 @@ class Load:
         deadline = time.monotonic() + 30
         while any(i not in self.seen for i in ids) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for iid in ids:
+        for iid, served in zip(ids, resp.ads, strict=True):
             imp = self.seen.get(iid)
             if imp is None:
                 self.log.unseen.add(iid)
@@ -494,6 +494,7 @@ class Load:
                 impression_id=iid,
                 ad_id=imp.ad_id,
                 campaign_id=imp.campaign_id,
+                click_token=served.click_token,  # echoed, as a client does (M10.b)
             )
             await self._send("ad.clicks", click)
             dwell_ms = self.rng.choice((800, 1500, 4000, 12_000, 45_000))
@@ -504,6 +505,7 @@ class Load:
                 impression_id=iid,
                 ad_id=imp.ad_id,
                 dwell_ms=dwell_ms,
+                click_token=served.click_token,
             )
             await self._send("ad.dwell", dwell)
             if self.rng.random() < 0.2:

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from schemas import topics
+from schemas.codec import decode
+from schemas.events import Click, Impression
 from schemas.settings import Settings
+from schemas.signing import check_event, event_key
 
 pytestmark = [pytest.mark.kafka]
 
@@ -24,6 +27,7 @@ def env_for(settings: Settings) -> dict[str, str]:
     env.update(
         ADSTREAM_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
         ADSTREAM_TOPIC_PREFIX=settings.topic_prefix,
+        ADSTREAM_STATE_DIR=str(settings.state_dir),  # the stack's event key
     )
     return env
 
@@ -91,6 +95,45 @@ def test_produce_sends_valid_lines_and_reports_invalid(stack: Settings, tmp_path
     assert sorted(v["event_id"] for _, v in got) == sorted(f"c{i}" for i in range(20))
     for key, value in got:
         assert key == str(value["user_id"]).encode()
+        # the operator's tool gives each click its token, as serving gave the ad (M10.b)
+        assert check_event(decode(Click, json.dumps(value)), event_key(stack)) is None
+
+
+def test_produce_signs_impressions_unless_told_not_to(stack: Settings) -> None:
+    import uuid
+
+    base = {"ts": "2026-11-29T12:00:00Z", "ad_id": "ad1", "campaign_id": "c1", "advertiser_id": "v1"}
+    lines = [
+        json.dumps(
+            {
+                **base,
+                "event_id": f"r{i}/0",
+                "user_id": f"u{i}",
+                "request_id": f"r{i}",
+                "slot": "feed",
+                "position": 0,
+                "price": 0.25,
+            }
+        )
+        for i in range(4)
+    ]
+    for sign, prefix in ((True, "signed"), (False, "unsigned")):
+        s = stack.model_copy(update={"topic_prefix": f"{stack.topic_prefix}{prefix}{uuid.uuid4().hex[:4]}."})
+        proc = subprocess.run(
+            [*ADSTREAM, "produce", "ad.impressions", "-", *([] if sign else ["--no-sign"])],
+            input="\n".join(lines),
+            env=env_for(s),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        got = [decode(Impression, json.dumps(v)) for _, v in asyncio.run(read_back(s, topics.IMPRESSIONS, 4))]
+        assert len(got) == 4
+        if sign:
+            assert all(check_event(imp, event_key(stack)) is None for imp in got)
+        else:
+            assert all(imp.sig is None for imp in got)
 
 
 def test_produce_from_stdin_all_valid_exits_zero(stack: Settings) -> None:

@@ -26,6 +26,7 @@ from schemas import topics
 from schemas.codec import decode, encode, key_of, topic_of
 from schemas.events import Conversion, DeadLetter, Impression, Message
 from schemas.settings import Settings
+from schemas.signing import event_key, seal
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.clickhouse, pytest.mark.timeout(300)]
 
@@ -63,14 +64,17 @@ def hostile(topic: str, good: dict[str, Any], rng: random.Random) -> list[tuple[
     return out
 
 
-def far_past(e: Message, n: int) -> list[Message]:
-    """`n` copies of a valid event, each in its own month from January 2000 on."""
+def far_past(e: Message, n: int, key: bytes) -> list[Message]:
+    """`n` copies of a valid event, each in its own month from January 2000 on (signed anew)."""
     return [
-        e.model_copy(
-            update={
-                "event_id": f"past-{e.event_id}-{i}",
-                "ts": datetime(2000 + i // 12, 1 + i % 12, 2, tzinfo=UTC),
-            }
+        seal(
+            e.model_copy(
+                update={
+                    "event_id": f"past-{e.event_id}-{i}",
+                    "ts": datetime(2000 + i // 12, 1 + i % 12, 2, tzinfo=UTC),
+                }
+            ),
+            key,
         )
         for i in range(n)
     ]
@@ -112,7 +116,7 @@ def test_every_hostile_record_is_dead_lettered_and_every_valid_one_stored(
 ) -> None:
     s = deployment
     rng = random.Random(14)
-    catalog, valid = simulate(1500, seed=14)
+    catalog, valid = simulate(1500, seed=14, key=event_key(s))
     imps = [e for e in valid if isinstance(e, Impression)]
     valid += [  # the simulator's open loop has few conversions: some of ours
         Conversion(
@@ -125,8 +129,8 @@ def test_every_hostile_record_is_dead_lettered_and_every_valid_one_stored(
     assert set(by_topic) == set(TABLE) - {topics.CATALOG}
     valid = [
         *valid,
-        *far_past(by_topic[topics.IMPRESSIONS], 150),
-        *far_past(by_topic[topics.CONVERSIONS], 20),
+        *far_past(by_topic[topics.IMPRESSIONS], 150, event_key(s)),
+        *far_past(by_topic[topics.CONVERSIONS], 20, event_key(s)),
     ]
     records: list[tuple[str, bytes | None, bytes]] = [(topic_of(e), key_of(e), encode(e)) for e in valid]
     expect_valid = [True] * len(records)

@@ -28,6 +28,7 @@ from schemas.codec import decode, encode
 from schemas.errors import StoreError
 from schemas.events import DeadLetter, Impression
 from schemas.settings import Settings
+from schemas.signing import event_key, seal
 from streams.offline import replay
 from streams.pipeline import Pipeline, RawRecord
 from streams.processor import Catalog
@@ -159,11 +160,14 @@ def _dead_letters(s: Settings) -> list[DeadLetter]:
 
 def test_a_batch_spanning_150_months_is_written_in_blocks(deployment: Settings) -> None:
     s = deployment
-    catalog, events = simulate(400, seed=5)
+    catalog, events = simulate(400, seed=5, key=event_key(s))
     template = next(e for e in events if isinstance(e, Impression))
     old = [
-        template.model_copy(
-            update={"event_id": f"old-{i}", "ts": datetime(2000 + i // 12, 1 + i % 12, 3, tzinfo=UTC)}
+        seal(
+            template.model_copy(
+                update={"event_id": f"old-{i}", "ts": datetime(2000 + i // 12, 1 + i % 12, 3, tzinfo=UTC)}
+            ),
+            event_key(s),
         )
         for i in range(150)
     ]
@@ -181,10 +185,13 @@ def test_a_batch_spanning_150_months_is_written_in_blocks(deployment: Settings) 
 
 def test_rows_the_store_refuses_are_dead_lettered_and_the_rest_written(deployment: Settings) -> None:
     s = deployment
-    catalog, events = simulate(600, seed=6)
+    catalog, events = simulate(600, seed=6, key=event_key(s))
     imps = [i for i, e in enumerate(events) if isinstance(e, Impression)]
     poison = set(imps[10:15])
-    events = [e.model_copy(update={"price": 5000.0}) if i in poison else e for i, e in enumerate(events)]
+    events = [
+        seal(e.model_copy(update={"price": 5000.0}), event_key(s)) if i in poison else e
+        for i, e in enumerate(events)
+    ]
     client = ChdbClient(("ALTER TABLE impressions ADD CONSTRAINT sane_price CHECK price < 1000",))
     records = records_of(s, events)
     try:
@@ -204,7 +211,7 @@ def test_rows_the_store_refuses_are_dead_lettered_and_the_rest_written(deploymen
 
 def test_an_800_kb_invalid_record_is_dead_lettered_and_the_stream_goes_on(deployment: Settings) -> None:
     s = deployment
-    catalog, events = simulate(300, seed=7)
+    catalog, events = simulate(300, seed=7, key=event_key(s))
     records = records_of(s, events)
     big = b'{"event_id": "' + b"x" * 800_000 + b'"}'
     name = topics.topic_name(topics.IMPRESSIONS, s.topic_prefix)
@@ -221,7 +228,7 @@ def test_a_redis_error_mid_feed_loses_nothing(deployment: Settings) -> None:
     """Redis fails two user reads; every user's state must still equal the offline replay (the
     records of the failed feeds neither dropped nor applied to users never read)."""
     s = deployment.model_copy(update={"sink_batch_size": 200})
-    catalog, events = simulate(2000, seed=8)
+    catalog, events = simulate(2000, seed=8, key=event_key(s))
     # a first pass writes every user, so a user released against an empty state would show
     asyncio.run(run(s, catalog, _chunks(records_of(s, events[:1000]), 250)))
 
@@ -240,7 +247,7 @@ def test_an_input_that_never_answers_holds_the_others_back_only_merge_max_idle_s
     """Dwell partitions give no fetch answer (never caught up): after merge_max_idle_s the merge
     goes on without them, and every record is committed (M12)."""
     s = deployment.model_copy(update={"merge_max_idle_s": 1.0})
-    catalog, events = simulate(400, seed=9)
+    catalog, events = simulate(400, seed=9, key=event_key(s))
     records = [r for r in records_of(s, events) if not r.topic.endswith(topics.DWELL)]
 
     async def go() -> Pipeline:

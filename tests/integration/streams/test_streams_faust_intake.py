@@ -31,6 +31,7 @@ from test_streams_worker import (
 
 from schemas.codec import encode, key_of, topic_of
 from schemas.settings import Settings
+from schemas.signing import event_key
 from streams.offline import replay
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.clickhouse, pytest.mark.timeout(300)]
@@ -65,7 +66,7 @@ def kafka_committed(s: Settings) -> dict[str, int]:
 
 def test_faust_commits_never_pass_redis_and_reach_the_end(deployment: Settings, worker: Worker) -> None:
     s = deployment
-    catalog, valid = simulate(20_000, seed=41)
+    catalog, valid = simulate(20_000, seed=41, key=event_key(s))
     produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
     ends = end_offsets(s)
     worker.engine = "faust"
@@ -104,7 +105,7 @@ def test_a_rebalance_and_a_kill_9_mid_stream_keep_every_record_exactly_once(
     the merge's held records forgotten and read again by their new owner); then the first is
     killed mid-stream and the second takes all of them over from Redis's offsets."""
     s = deployment
-    catalog, valid = simulate(40_000, seed=43)
+    catalog, valid = simulate(40_000, seed=43, key=event_key(s))
     produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
     ends = end_offsets(s)
     total = sum(v + 1 for v in ends.values())

@@ -18,6 +18,7 @@ from test_streams_worker import check_state, simulate
 from schemas import topics
 from schemas.codec import encode, key_of, topic_of
 from schemas.settings import Settings
+from schemas.signing import event_key
 from streams.offline import replay
 from streams.pipeline import Pipeline, RawRecord
 from streams.processor import Catalog
@@ -78,7 +79,7 @@ async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord], cac
 
 def test_tiny_user_cache_trimmed_while_writes_overlap(deployment: Settings) -> None:
     s = deployment.model_copy(update={"sink_batch_size": 300})
-    catalog, events = simulate(3000, seed=11)
+    catalog, events = simulate(3000, seed=11, key=event_key(s))
     pipe = asyncio.run(run_pipeline(s, catalog, records_of(s, events), cache_users=2 * PARTITIONS))
     assert pipe.counts["committed"] == len(events)
     users = {e.user_id for e in events}

@@ -17,6 +17,7 @@ from schemas import topics
 from schemas.codec import decode, encode, key_of, topic_of
 from schemas.events import AdCreative, DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
+from schemas.signing import event_key
 from streams.offline import replay
 from streams.record import read_user_state
 from streams.state import same_state
@@ -29,8 +30,9 @@ TABLE = {"Impression": "impressions", "Click": "clicks", "Dwell": "dwell", "Conv
 USER_TOPICS = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
 
 
-def simulate(n_user_events: int, seed: int) -> tuple[list[AdCreative], list[Message]]:
-    market = Market(MarketConfig(seed=seed, n_users=400, n_ads=80, rate=20.0))
+def simulate(n_user_events: int, seed: int, key: bytes | None) -> tuple[list[AdCreative], list[Message]]:
+    """The simulator's history, signed with `key` (the stack's event key: the worker verifies it)."""
+    market = Market(MarketConfig(seed=seed, n_users=400, n_ads=80, rate=20.0), signing_key=key)
     catalog: list[AdCreative] = []
     events: list[Message] = []
     for e in market.open_loop(n_user_events):
@@ -159,7 +161,7 @@ def test_ten_thousand_events_with_one_percent_malformed(
     port = free_port()
     worker.s = s.model_copy(update={"metrics_port": port})
     rng = random.Random(7)
-    catalog, valid = simulate(9_900, seed=11)
+    catalog, valid = simulate(9_900, seed=11, key=event_key(s))
     bad = malformed(valid, 100, rng)
     records: list[tuple[str, bytes, bytes]] = [(topic_of(e), key_of(e), encode(e)) for e in valid]
     for rec in bad:  # interleave the malformed ones at random places
@@ -214,7 +216,7 @@ def test_ten_thousand_events_with_one_percent_malformed(
 def test_crash_recovery_kill_9_mid_stream(deployment: Settings, worker: Worker, engine: str) -> None:
     s = deployment
     worker.engine = engine
-    catalog, valid = simulate(30_000, seed=23)
+    catalog, valid = simulate(30_000, seed=23, key=event_key(s))
     records = [(topic_of(e), key_of(e), encode(e)) for e in valid]
     produce_run(s, catalog, records)
     ends = end_offsets(s)
@@ -256,7 +258,7 @@ def test_two_workers_share_the_partitions(
 ) -> None:
     """Two workers in one group: co-partitioned assignment, the same states as one worker."""
     s = deployment
-    catalog, valid = simulate(20_000, seed=31)
+    catalog, valid = simulate(20_000, seed=31, key=event_key(s))
     produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
     ends = end_offsets(s)
     ports = free_port(), free_port()
@@ -292,7 +294,7 @@ def test_two_workers_share_the_partitions(
 def test_malformed_catalog_record_is_dead_lettered(deployment: Settings, worker: Worker) -> None:
     s = deployment
     worker.engine = "aiokafka"
-    catalog, valid = simulate(200, seed=5)
+    catalog, valid = simulate(200, seed=5, key=event_key(s))
     broken = encode(catalog[0]).replace(b'"bid":', b'"bid":-', 1)  # a negative bid
     produce(s, [(topics.CATALOG, b"bad-ad", broken)])
     produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
