@@ -15,8 +15,11 @@ from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
 from schemas.codec import decode_any, encode
 from schemas.events import Click, Dwell, Message
 from schemas.ids import impression_event_id
+from schemas.signing import check_event, click_token
 from workloads import Market, MarketConfig
 from workloads.closed_loop import run_closed_loop
+
+KEY = b"f" * 32  # the fake replica's event key
 
 
 class FakeServing(BaseHTTPRequestHandler):
@@ -39,10 +42,13 @@ class FakeServing(BaseHTTPRequestHandler):
             self.send_response(500)
             self.end_headers()
             return
-        ads = [
-            ServedAd(ad_id=a, campaign_id=c, score=1.0 - i / 10, pctr=0.05, price=0.5)
+        ads = [  # each ad with its click token, as a replica gives it
+            ServedAd(
+                ad_id=a, campaign_id=c, score=1.0 - i / 10, pctr=0.05, price=0.5,
+                click_token=click_token(KEY, impression_event_id(f"req{n}", i), req.user_id, a),
+            )
             for i, (a, c) in enumerate(self.catalog[n % 3 : n % 3 + req.k])
-        ]
+        ]  # fmt: skip
         stage = StageMs(recall=1.0, rank=2.0, rerank=0.5)
         resp = AdResponse(
             request_id=f"req{n}", ads=ads, degraded=False, stage_ms=stage, model_version="fake-1"
@@ -92,6 +98,8 @@ async def test_closed_loop_responds_to_what_was_served(fake_server: str) -> None
     assert clicks, "with bias -1.5 some of ~100 impressions must be clicked"
     assert all(c.impression_id in served_ids for c in clicks)
     assert len([m for m in emitted if isinstance(m, Dwell)]) == len(clicks)
+    # every click and dwell echoes the served ad's token: the worker would take each of them
+    assert all(check_event(m, KEY) is None for m in emitted if isinstance(m, Click | Dwell))
     for m in emitted:
         assert decode_any(encode(m)) == m
     for imp in report.impressions:

@@ -229,3 +229,21 @@ def test_population_pctr_is_the_oracle_without_the_users_taste() -> None:
     # taste matters: users differ, and the population score sits inside their range
     spread = [m2.true_pctr(u, "ad7", "search", 0) for u in users]
     assert min(spread) < m2.population_pctr("ad7", "search", 0) < max(spread)
+
+
+def test_a_market_with_the_stack_key_signs_its_history_and_is_otherwise_the_same() -> None:
+    from schemas.signing import check_event
+
+    key = b"m" * 32
+    cfg = MarketConfig(seed=4, n_users=60, n_ads=15, drift_at=None, new_ads_at=None)
+    plain = list(Market(cfg).open_loop(400))
+    signed = list(Market(cfg, signing_key=key).open_loop(400))
+    assert len(plain) == len(signed)
+    vouched = [e for e in signed if isinstance(e, Impression | Click | Dwell)]
+    assert vouched and all(check_event(e, key) is None for e in vouched)  # the worker takes each
+    # the signature and tokens are all that differ: the same stream, the same truth
+    strip = {"sig": None, "click_token": None}
+    assert [
+        e.model_copy(update={k: v for k, v in strip.items() if k in type(e).model_fields}) for e in signed
+    ] == plain
+    assert all(getattr(e, "sig", None) is None and getattr(e, "click_token", None) is None for e in plain)
