@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     streams_verify_clicks: bool = Field(
         True,
         description="Dead-letter clicks and dwells without the click token of an impression served to "
-        "that user and ad (ServedAd.click_token)",
+        "that user and ad (ServedAd.click_token); replicas leave such clicks out of the canary's join",
     )
     watermark_window: int = Field(
         32,

@@ -1,0 +1,108 @@
+"""Micro-benchmark: what signed events (M10) cost the streams worker and the serving replica.
+
+Per record, on simulator events (10,000 by default, best of 5 runs of `timeit`):
+
+- `decode`: the worker's fast decoder (`streams.ingest.FastDecoder`) alone, for scale;
+- `verify`: `schemas.signing.check_event` on the decoded event (impression: HMAC-SHA256 over
+  `impression_bytes`; click / dwell: the 16-byte click token), what `Pipeline._judge` adds;
+- `sign`: what a replica adds per served ad (`sign_impression` + `click_token`).
+
+Usage: `.venv/bin/python benchmarks/signing.py [--records 10000]`. Prints a table and writes
+`benchmarks/results/signing.json`. Timing figures: run it alone (under the CPU lock here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import timeit
+from pathlib import Path
+from typing import Any
+
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)  # `benchmarks/streams.py` would shadow the `streams` package
+
+from rich.console import Console
+from rich.table import Table
+
+from schemas.codec import encode
+from schemas.events import Click, Dwell, Impression, Message
+from schemas.signing import check_event, click_token, seal, sign_impression
+from streams.ingest import FastDecoder
+from workloads import Market, MarketConfig
+
+RESULTS = Path(__file__).resolve().parent / "results" / "signing.json"
+KEY = b"b" * 32
+
+
+def events(n: int, seed: int) -> dict[type[Message], list[Message]]:
+    """About `n` signed impressions, and the clicks and dwells of a larger stream, by model."""
+    market = Market(MarketConfig(seed=seed, n_users=5000, n_ads=500, bias=0.5), signing_key=KEY)
+    out: dict[type[Message], list[Message]] = {Impression: [], Click: [], Dwell: []}
+    for e in market.open_loop(n):
+        if type(e) in out:
+            out[type(e)].append(e)
+    return out
+
+
+def per_record_us(fn: Any, items: list[Any], repeat: int = 5) -> float:
+    """Best of `repeat` runs of `fn` over every item, µs per item."""
+    best = min(timeit.repeat(lambda: [fn(x) for x in items], number=1, repeat=repeat))
+    return best / max(1, len(items)) * 1e6
+
+
+def measure(n: int, seed: int) -> list[dict[str, Any]]:
+    rows = []
+    for model, items in events(n, seed).items():
+        raws = [encode(e) for e in items]
+        fast = FastDecoder(model)
+        decoded = [fast.decode(r) for r in raws]
+        assert all(d is not None and check_event(d, KEY) is None for d in decoded)
+        row: dict[str, Any] = {
+            "event": model.__name__,
+            "records": len(items),
+            "decode_us": per_record_us(fast.decode, raws),
+            "verify_us": per_record_us(lambda e: check_event(e, KEY), decoded),
+        }
+        row["verify_share_of_decode"] = row["verify_us"] / row["decode_us"]
+        if model is Impression:
+            plain = [seal(e, KEY).model_copy(update={"sig": None}) for e in items]
+            row["sign_us"] = per_record_us(
+                lambda e: (sign_impression(e, KEY), click_token(KEY, e.event_id, e.user_id, e.ad_id)), plain
+            )
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=10_000, help="impressions to simulate")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rows = measure(args.records, args.seed)
+    table = Table("event", "records", "decode µs", "verify µs", "verify / decode", "sign µs (replica)")
+    for r in rows:
+        sign = f"{r['sign_us']:.2f}" if "sign_us" in r else "—"
+        table.add_row(
+            r["event"], f"{r['records']:,}", f"{r['decode_us']:.2f}", f"{r['verify_us']:.2f}",
+            f"{r['verify_share_of_decode']:.0%}", sign,
+        )  # fmt: skip
+    Console().print(table)
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in ln
+        ),
+        platform.processor(),
+    )
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(
+        json.dumps({"cpu": cpu, "python": platform.python_version(), "rows": rows}, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
