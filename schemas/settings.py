@@ -101,6 +101,16 @@ class Settings(BaseSettings):
     alpha_session: float = Field(0.85, gt=0, le=1, description="Decay applied on a session gap")
     alpha_contradict: float = Field(0.62, gt=0, le=1, description="Decay on a contradicting signal")
     contradict_dwell_ms: int = Field(2000, ge=0, description="A click then dwell below this contradicts")
+    state_evidence_half_life: float = Field(
+        0.0,
+        ge=0,
+        description="User state: old evidence halves per this much new positive evidence (clicks; 0: off)",
+    )
+    state_evidence_surprise: bool = Field(
+        False,
+        description="User state: scale that forgetting by the evidence's surprise (1 − its category's share "
+        "of the state's intent mass)",
+    )
     max_event_skew_s: float = Field(
         1800.0,
         gt=0,

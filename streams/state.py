@@ -73,7 +73,21 @@ class StateParams:
     alpha_contradict: float = 0.62
     contradict_dwell_ms: int = 2000
     max_intents: int = 16
+    # Forgetting per unit of new positive evidence, not per second: an event of weight w first
+    # scales the old vector and intents by ½^(w/H), so H units (clicks) of new evidence halve the
+    # old whatever the clock did. A clock half-life cannot follow a change of taste at the pace
+    # the user shows it: a heavy user's hour holds hundreds of clicks, a light user's none. 0: off.
+    evidence_half_life: float = 0.0
+    # change-point style: scale that forgetting by the evidence's surprise, 1 − the share of the
+    # state's (positive) intent mass its category already holds, so clicks that agree with the
+    # state keep the memory long and clicks elsewhere (a change of taste) shorten it
+    evidence_surprise: bool = False
     weights: EngagementWeights = field(default_factory=EngagementWeights)
+
+    def __post_init__(self) -> None:
+        h = self.evidence_half_life
+        if not (math.isfinite(h) and h >= 0):
+            raise ValueError(f"StateParams.evidence_half_life must be finite and >= 0 (0: off), got {h!r}")
 
     @classmethod
     def from_settings(cls, s: Settings) -> StateParams:
@@ -84,6 +98,8 @@ class StateParams:
             alpha_session=s.alpha_session,
             alpha_contradict=s.alpha_contradict,
             contradict_dwell_ms=s.contradict_dwell_ms,
+            evidence_half_life=s.state_evidence_half_life,
+            evidence_surprise=s.state_evidence_surprise,
         )
 
 
@@ -181,6 +197,22 @@ def vector_at(state: UserState, now_ts: float, params: StateParams) -> np.ndarra
     return state.vector if f == 1.0 else (state.vector * np.float32(f)).astype(np.float32)
 
 
+def evidence_forget(intents: Mapping[str, float], category: str, weight: float, params: StateParams) -> float:
+    """The factor the old state is scaled by before positive evidence `weight` in `category`
+    is added (`StateParams.evidence_half_life`, `evidence_surprise`); 1.0 when that is off.
+
+    >>> evidence_forget({}, "shoes", 2.0, StateParams(evidence_half_life=2.0))
+    0.5
+    """
+    if not (params.evidence_half_life > 0 and weight > 0):
+        return 1.0
+    units = weight
+    if params.evidence_surprise:
+        mass = sum(v for v in intents.values() if v > 0)
+        units *= 1.0 - max(0.0, intents.get(category, 0.0)) / mass if mass > 0 else 1.0
+    return math.pow(0.5, units / params.evidence_half_life)
+
+
 def _evidence(event: Message, state: UserState, params: StateParams) -> tuple[float, float, float]:
     """(vector weight, intent increment, intent factor) of one event for its ad's category."""
     w = params.weights
@@ -197,6 +229,31 @@ def _evidence(event: Message, state: UserState, params: StateParams) -> tuple[fl
     if isinstance(event, Conversion):
         return w.conversion, w.conversion, 1.0
     return 0.0, 0.0, 1.0
+
+
+def _fold(
+    intents: dict[str, float],
+    vector: np.ndarray,
+    ad: AdInfo,
+    evidence: tuple[float, float, float],
+    params: StateParams,
+) -> tuple[dict[str, float], np.ndarray]:
+    """Intents (a fresh dict the caller owns, mutated here) and vector after one event's
+    `_evidence` on `ad`, the old state forgotten first when `evidence_forget` says so."""
+    vec_w, inc, mult = evidence
+    cat = ad.category
+    forget = evidence_forget(intents, cat, vec_w, params)
+    if forget != 1.0:
+        intents = {c: v * forget for c, v in intents.items()}
+        vector = vector * np.float32(forget)
+    if inc or mult != 1.0:
+        intents[cat] = intents.get(cat, 0.0) * mult + inc
+    if vec_w:
+        vector = vector + np.float32(vec_w) * ad.vector
+    if len(intents) > params.max_intents:
+        keep = sorted(intents.items(), key=lambda kv: (-kv[1], kv[0]))[: params.max_intents]
+        intents = dict(keep)
+    return intents, vector
 
 
 def apply_event(
@@ -242,14 +299,7 @@ def apply_event(
             intents = dict(intents)
         last_ts = ts
     if ad is not None:
-        cat = ad.category
-        if inc or mult != 1.0:
-            intents[cat] = intents.get(cat, 0.0) * mult + inc
-        if vec_w:
-            vector = vector + np.float32(vec_w) * ad.vector
-        if len(intents) > params.max_intents:
-            keep = sorted(intents.items(), key=lambda kv: (-kv[1], kv[0]))[: params.max_intents]
-            intents = dict(keep)
+        intents, vector = _fold(intents, vector, ad, (vec_w, inc, mult), params)
     recent_clicks = state.recent_clicks
     if isinstance(event, Click):
         recent_clicks = (*recent_clicks, id_hash(event.impression_id))[-RECENT_CLICKS:]

@@ -142,3 +142,50 @@ def test_record_round_trip() -> None:
     assert not same_state(back, _clicked_state())
     assert list(back.intents) == [c for c, _ in s.top_intents(10)]
     assert math.isfinite(back.intents["travel"])
+
+
+def test_evidence_half_life_forgets_old_evidence_per_new_evidence() -> None:
+    """With `evidence_half_life` H, each event's positive evidence w first scales the old vector
+    and every intent by ½^(w/H): H units of new evidence halve the old, whatever the clock did."""
+    params = StateParams(evidence_half_life=2.0)
+    s = apply_event(UserState.empty("u1", params.dim), impression("i1", 0), AD, params)
+    s = apply_event(s, click("c1", 1, "i1"), AD, params)
+    before_vec, before_shoes = s.vector.copy(), s.intents["shoes"]
+    after = apply_event(s, click("c2", 1, "i1"), AD2, params)  # same instant: no time decay
+    f = 0.5 ** (1.0 / 2.0)
+    assert after.intents["shoes"] == pytest.approx(before_shoes * f)
+    assert after.intents["travel"] == pytest.approx(1.0)
+    assert np.allclose(after.vector, before_vec * f + AD2.vector, atol=1e-6)
+    # two half-lives of new evidence (four clicks of weight 1) leave a quarter of the old
+    for i in range(3):
+        after = apply_event(after, click(f"c{i + 3}", 1, "i1"), AD2, params)
+    assert after.intents["shoes"] == pytest.approx(before_shoes * 0.25)
+
+
+def test_evidence_half_life_off_keeps_sums() -> None:
+    """The default (0: off) keeps the plain decayed sum: a second click adds to the first."""
+    s = _clicked_state()
+    after = apply_event(s, click("c2", 1, "i1"), AD2, P)
+    assert P.evidence_half_life == 0.0
+    assert after.intents["shoes"] == pytest.approx(s.intents["shoes"])
+
+
+def test_evidence_half_life_rejects_negative() -> None:
+    with pytest.raises(ValueError, match="evidence_half_life"):
+        StateParams(evidence_half_life=-1.0)
+
+
+def test_evidence_surprise_forgets_less_for_agreeing_clicks() -> None:
+    """With `evidence_surprise`, a click in the category that holds the state's intent mass
+    barely forgets; one in a category the state lacks forgets a full ½^(w/H)."""
+    params = StateParams(evidence_half_life=2.0, evidence_surprise=True)
+    s = UserState.empty("u1", params.dim)
+    for i in range(3):
+        s = apply_event(s, click(f"c{i}", 1, "i1"), AD, params)
+    shoes = s.intents["shoes"]
+    assert shoes == pytest.approx(3.0)  # each click's category held all the mass: nothing forgotten
+    new = apply_event(s, click("c9", 1, "i1"), AD2, params)
+    assert new.intents["shoes"] == pytest.approx(shoes * 0.5 ** (1.0 / 2.0))
+    mixed = apply_event(new, click("c10", 1, "i1"), AD2, params)
+    share = 1.0 / (1.0 + new.intents["shoes"])  # travel's share of the mass before the click
+    assert mixed.intents["shoes"] == pytest.approx(new.intents["shoes"] * 0.5 ** ((1 - share) / 2.0))
