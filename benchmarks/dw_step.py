@@ -15,8 +15,9 @@ Three figures per run, each over the same stream of micro-batches:
   selection and safetensors encoding (the core as this benchmark timed it before 2026-12-01).
 - the service batch (`service_*`): what `TrainerService.process` + `_learn` spend on one
   micro-batch once Kafka has handed over its raw records: decode and validate each JSON record
-  against the contract, featurize (the service's validation of the batch), learn, and the
-  Prometheus export. Kafka, Redis and the producer are not in it.
+  against the contract (`trainers.intake.ExampleDecoder`), featurize (the service's validation
+  of the batch; the step reuses these rows), learn, and the Prometheus export. Kafka, Redis and
+  the producer are not in it.
 
 The headline figures use `settings.lora_targets`; `--also-targets` (default `wide.category`,
 the per-category bias table `benchmarks/online_drift.py` adds) is measured too, under
@@ -54,6 +55,7 @@ from streams.offline import training_examples
 from trainers import telemetry
 from trainers.delta import encode_delta, select_parts
 from trainers.features import RankerBatch, featurize
+from trainers.intake import ExampleDecoder, take_ready
 from trainers.lora import AdapterBank, LoraSpec
 from trainers.online import AdapterOptimizer, OnlineSpec, OnlineTrainer, module_thresholds
 from trainers.ranker import Ranker, RankerConfig
@@ -105,16 +107,20 @@ def core_step(
     return t1 - t0, time.perf_counter() - t0
 
 
-def service_batch(trainer: OnlineTrainer, raw: list[bytes], offsets: list[tuple[int, int]]) -> list[Any]:
+def service_batch(
+    trainer: OnlineTrainer, decoder: ExampleDecoder, raw: list[bytes], offsets: list[tuple[int, int]]
+) -> list[Any]:
     """The CPU work of `TrainerService.process` + `_learn` on one micro-batch of raw records (all
-    valid, none held back: the benchmark's stream has final labels and no duplicates)."""
-    decoded = [codec.decode(TrainingExample, v) for v in raw]
+    valid, no duplicates), as in the default label mode (fake negatives: nothing is held back,
+    so the batch's features go to the step; with `label_mode=hold` the step featurizes again)."""
+    decoded = decoder.decode(raw)
     examples = [e for e in decoded if isinstance(e, TrainingExample)]
-    featurize(examples, trainer.bank.config)  # `_featurizable`: every example must featurize
-    # `process` drops these features when `trainer_hold_labels` (the default) is on: the step
-    # featurizes the examples again
+    assert len(examples) == len(raw), "the benchmark's records are all valid"
+    features = featurize(examples, trainer.bank.config)  # `_featurizable`
+    ready, features = take_ready(None, list(zip(examples, offsets, strict=True)), features)
     before = dict(trainer.counts)
-    deltas = trainer.learn(examples, offsets) + trainer.take_pending()
+    deltas = trainer.learn([e for e, _ in ready], [o for _, o in ready], features=features)
+    deltas += trainer.take_pending()
     telemetry.count_trainer(before, trainer.counts)
     telemetry.export(trainer.runs, per_adapter_labels=True)
     return deltas
@@ -160,13 +166,13 @@ def measure(
         if i >= args.warmup:
             core.append(step_s)
             core_sparse.append(total_s)
-    served = _trainer(args, settings, targets)
+    served, decoder = _trainer(args, settings, targets), ExampleDecoder()
     raw = [[codec.encode(e) for e in b] for b in batches]
     service: list[float] = []
     for i in range(args.warmup + args.steps):
         offsets = [(0, i * args.batch + j) for j in range(args.batch)]
         t0 = time.perf_counter()
-        service_batch(served, raw[i % len(raw)], offsets)
+        service_batch(served, decoder, raw[i % len(raw)], offsets)
         sync()
         if i >= args.warmup:
             service.append(time.perf_counter() - t0)

@@ -24,7 +24,8 @@ skipped, and no seq is reused. An adapter without a seq record in Redis (new, or
 lost it) starts a new epoch (`trainers.delta` "Epochs"); when a snapshot survived without its
 record, that state is published at once as the new epoch's first snapshot (replicas reset to it).
 
-Bad input: a record that fails the contract, or an example the ranker cannot featurize, goes to
+Bad input: a record that fails the contract (`trainers.intake.ExampleDecoder`: the contract's
+rules, checked for a batch at once), or an example the ranker cannot featurize, goes to
 `ad.dlq` (its raw bytes capped so the dead letter fits the producer) and the loop goes on; an
 example whose `event_id` was taken already (among the last `settings.trainer_dedupe_ids`: a
 streams batch produced again after a retry) is skipped, counted, not learned twice.
@@ -65,6 +66,7 @@ from schemas.settings import Settings
 from trainers import telemetry
 from trainers.delta import describe_epoch, new_epoch
 from trainers.features import RankerBatch, featurize
+from trainers.intake import ExampleDecoder, take_ready
 from trainers.online import OnlineTrainer
 from trainers.reorder import DelayBuffer
 from trainers.snapshots import (
@@ -141,6 +143,7 @@ class TrainerService:
         self.bound = ServeBound(
             bank.base_version, bank.spec.rank, bank.spec.scaling, settings.serve_adapter_max_norm, bank.shapes
         )
+        self.decoder = ExampleDecoder()  # the contract's validation, fast (`trainers.intake`)
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.store: SnapshotStore | None = None
@@ -296,14 +299,11 @@ class TrainerService:
         """Validate, restore unknown adapters, learn, and publish the resulting deltas."""
         decoded: list[tuple[TrainingExample, tuple[int, int]]] = []
         taken: list[Any] = []
-        for r in records:
+        for r, msg in zip(records, self.decoder.decode([r.value for r in records]), strict=True):
             self.position[r.partition] = max(r.offset, self.position.get(r.partition, -1))
-            try:
-                msg = codec.decode(TrainingExample, r.value)
-            except SchemaError as exc:
-                await self._dead_letter(r, str(exc))
+            if isinstance(msg, SchemaError):
+                await self._dead_letter(r, str(msg))
                 continue
-            assert isinstance(msg, TrainingExample)
             if msg.event_id in self.seen:
                 telemetry.DUPLICATES.inc()
                 continue
@@ -311,15 +311,8 @@ class TrainerService:
             decoded.append((msg, (r.partition, r.offset)))
             taken.append(r)
         decoded, features = await self._featurizable(decoded, taken)
+        decoded, features = take_ready(self.held, decoded, features)
         if self.held is not None:
-            features = None  # the hold reorders the examples: the step featurizes them
-            at_once = []
-            for ex, (part, off) in decoded:
-                if ex.label_kind == "final":
-                    self.held.push(ex, part, off)
-                else:
-                    at_once.append((ex, (part, off)))
-            decoded = at_once + self.held.pop_ready()
             telemetry.HELD.set(len(self.held))
         await self._learn(decoded, features)
 
