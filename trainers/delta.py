@@ -69,9 +69,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import numpy as np
+import safetensors.numpy
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load, save
+from safetensors.torch import load
 
 from schemas.errors import AdapterError
 from schemas.events import MAX_DELTA_BYTES, AdapterDelta
@@ -301,15 +303,18 @@ def full_parts(tensors: Mapping[str, torch.Tensor], rank: int) -> dict[str, Delt
 
 
 def encode_delta(parts: Mapping[str, DeltaPart]) -> bytes:
-    """Safetensors bytes of the parts (tensor names as in the module docstring)."""
+    """Safetensors bytes of the parts (tensor names as in the module docstring).
+
+    Through numpy views: the same bytes as `safetensors.torch.save`, at a third of its cost
+    (its storage-sharing checks are for model weights, not a dozen fresh tensors)."""
     if not parts:
         raise AdapterError("a delta must change at least one rank direction (got no parts)")
-    flat: dict[str, torch.Tensor] = {}
+    flat: dict[str, np.ndarray] = {}
     for m, part in parts.items():
-        flat[f"{m}.dirs"] = part.dirs.to(torch.int64).contiguous()
-        flat[f"{m}.lora_A"] = part.lora_A.to(torch.float32).contiguous()
-        flat[f"{m}.lora_B"] = part.lora_B.to(torch.float32).contiguous()
-    return save(flat, metadata={"format": FORMAT})
+        flat[f"{m}.dirs"] = np.ascontiguousarray(part.dirs.detach().cpu().numpy(), dtype=np.int64)
+        flat[f"{m}.lora_A"] = np.ascontiguousarray(part.lora_A.detach().cpu().numpy(), dtype=np.float32)
+        flat[f"{m}.lora_B"] = np.ascontiguousarray(part.lora_B.detach().cpu().numpy(), dtype=np.float32)
+    return safetensors.numpy.save(flat, metadata={"format": FORMAT})
 
 
 def decode_delta(payload: bytes, modules: Sequence[str] | None = None) -> dict[str, DeltaPart]:
@@ -374,11 +379,14 @@ def _check_parts(state: AdapterState, parts: Mapping[str, DeltaPart]) -> None:
 
 def change_norm(tensors: Mapping[str, torch.Tensor], parts: Mapping[str, DeltaPart]) -> float:
     """L2 norm of the change `parts` make to `tensors` (the `norm` of an incremental delta)."""
-    total = 0.0
+    if not parts:
+        return 0.0
+    diffs: list[torch.Tensor] = []
     for m, p in parts.items():
-        total += float((p.lora_A - tensors[f"{m}.lora_A"][p.dirs]).pow(2).sum())
-        total += float((p.lora_B - tensors[f"{m}.lora_B"][:, p.dirs]).pow(2).sum())
-    return math.sqrt(total)
+        diffs.append(p.lora_A - tensors[f"{m}.lora_A"][p.dirs])
+        diffs.append(p.lora_B - tensors[f"{m}.lora_B"][:, p.dirs])
+    # one fused pass and one host read instead of two per module
+    return float(torch.stack(torch._foreach_norm(diffs)).double().norm())
 
 
 def values_norm(parts: Mapping[str, DeltaPart]) -> float:

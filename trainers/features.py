@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -145,16 +146,16 @@ class _Buckets:
         self.buckets, self.salt, self.limit = buckets, salt, limit
         self.memo: dict[str, int] = {}
 
-    def __call__(self, values: list[str]) -> list[int]:
+    def __call__(self, values: Sequence[str]) -> list[int]:
         memo = self.memo
-        out = [memo.get(v, -1) for v in values]
-        if -1 in out:
+        out: list[int | None] = list(map(memo.get, values))
+        if None in out:
             if len(memo) > self.limit:
                 memo.clear()
             for i, v in enumerate(values):
-                if out[i] < 0:
+                if out[i] is None:
                     out[i] = memo[v] = stable_bucket(v, self.buckets, self.salt)
-        return out
+        return out  # type: ignore[return-value]  # no None left
 
 
 @lru_cache(maxsize=64)
@@ -162,8 +163,25 @@ def _buckets(buckets: int, salt: str) -> _Buckets:
     return _Buckets(buckets, salt)
 
 
+# one C-level pass per example reads every scalar column (a list comprehension per column costs
+# ~5× as much at 256 rows: each is a Python loop of attribute reads)
+_COLUMNS = attrgetter(
+    "ad_id",
+    "advertiser_id",
+    "campaign_id",
+    "category",
+    "slot",
+    "position",
+    "hour",
+    "intent_score",
+    "recall_score",
+)
+_CLICK = attrgetter("click")
+_VECTOR = attrgetter("user_vector")
+
+
 def _vectors(examples: Sequence[RankerInput], dim: int) -> np.ndarray:
-    vecs = [ex.user_vector for ex in examples]
+    vecs = list(map(_VECTOR, examples))
     if all(len(v) == dim for v in vecs):
         flat = np.fromiter(chain.from_iterable(vecs), dtype=np.float32, count=len(vecs) * dim)
         return flat.reshape(len(vecs), dim)
@@ -174,38 +192,47 @@ def _vectors(examples: Sequence[RankerInput], dim: int) -> np.ndarray:
     return out
 
 
-def _ids(examples: Sequence[RankerInput], cfg: RankerConfig) -> np.ndarray:
-    slots = [_SLOT_INDEX.get(ex.slot, -1) for ex in examples]
-    if -1 in slots:
-        bad = examples[slots.index(-1)].slot
+def _int_column(values: Sequence[object], field: str, low: int, high: int | None) -> np.ndarray:
+    """`values` as int64, or SchemaError naming `field` and the first value outside low … high
+    (checked on the values as given, before `int()`, as a row-by-row check would)."""
+    if all(type(v) is int for v in values):
+        col = np.array(values, dtype=np.int64)
+        bad = col < low if high is None else (col < low) | (col > high)
+        if not bad.any():
+            return col
+    rule = f"must be >= {low}" if high is None else f"must be {low} … {high}"
+    for v in values:
+        if not low <= v or (high is not None and not v <= high):  # type: ignore[operator]
+            raise SchemaError(f"field {field!r}: {rule} (got {v!r})")
+    return np.array([int(v) for v in values], dtype=np.int64)  # type: ignore[call-overload]
+
+
+def _ids(columns: Sequence[Sequence[object]], cfg: RankerConfig) -> np.ndarray:
+    ad, advertiser, campaign, category, slot, position, hour = columns
+    slots = list(map(_SLOT_INDEX.get, slot))  # type: ignore[arg-type]
+    if None in slots:
+        bad = slot[slots.index(None)]
         raise SchemaError(f"field 'slot': unknown slot {bad!r} (known: {', '.join(SLOTS)})")
-    hours = [ex.hour for ex in examples]
-    positions = [ex.position for ex in examples]
-    for h in hours:
-        if not 0 <= h <= 23:
-            raise SchemaError(f"field 'hour': must be 0 … 23 (got {h!r})")
-    for p in positions:
-        if p < 0:
-            raise SchemaError(f"field 'position': must be >= 0 (got {p!r})")
-    top = cfg.max_position - 1
-    cols = [
-        _buckets(cfg.ad_buckets, "ad")([ex.ad_id for ex in examples]),
-        _buckets(cfg.advertiser_buckets, "advertiser")([ex.advertiser_id for ex in examples]),
-        _buckets(cfg.campaign_buckets, "campaign")([ex.campaign_id for ex in examples]),
-        _buckets(cfg.category_buckets, "category")([ex.category for ex in examples]),
-        slots,
-        [min(int(p), top) for p in positions],
-        [int(h) for h in hours],
-    ]
-    return np.array(cols, dtype=np.int64).T
+    hours = _int_column(hour, "hour", 0, 23)
+    positions = _int_column(position, "position", 0, None)
+    ids = np.empty((len(slots), len(ID_COLUMNS)), dtype=np.int64)
+    ids[:, 0] = _buckets(cfg.ad_buckets, "ad")(ad)  # type: ignore[arg-type]
+    ids[:, 1] = _buckets(cfg.advertiser_buckets, "advertiser")(advertiser)  # type: ignore[arg-type]
+    ids[:, 2] = _buckets(cfg.campaign_buckets, "campaign")(campaign)  # type: ignore[arg-type]
+    ids[:, 3] = _buckets(cfg.category_buckets, "category")(category)  # type: ignore[arg-type]
+    ids[:, 4] = slots  # type: ignore[assignment]  # no None left
+    ids[:, 5] = np.minimum(positions, cfg.max_position - 1)
+    ids[:, 6] = hours
+    return ids
 
 
 def featurize(examples: Sequence[RankerInput], cfg: RankerConfig) -> RankerBatch:
     """Tensors for a list of candidates; pure (inputs are only read), deterministic.
 
     Raises SchemaError naming the field for an unknown slot or an out-of-range hour/position.
-    Column-wise (one list per column, one array per block) rather than row by row: a micro-batch
-    of 256 featurizes in ~0.4 ms instead of ~2 ms (`benchmarks/dw_step.py`).
+    Column-wise: one attribute pass per example (`operator.attrgetter`), one array per column; a
+    micro-batch of 256 featurizes in ~0.5 ms on a 2-vCPU Xeon (row by row it took ~2 ms; one list
+    comprehension per column ~0.6 ms).
     """
     n, dim = len(examples), cfg.state_dim
     if not n:
@@ -213,14 +240,23 @@ def featurize(examples: Sequence[RankerInput], cfg: RankerConfig) -> RankerBatch
             dense=torch.zeros((0, dim + N_EXTRA_DENSE), dtype=torch.float32),
             ids=torch.empty((0, len(ID_COLUMNS)), dtype=torch.int64),
         )
+    columns = list(zip(*map(_COLUMNS, examples), strict=True))
+    intent, recall = columns[7], columns[8]
     dense = np.empty((n, dim + N_EXTRA_DENSE), dtype=np.float32)
     dense[:, :dim] = _vectors(examples, dim)
-    recall = [ex.recall_score for ex in examples]
-    dense[:, dim] = [ex.intent_score for ex in examples]
-    dense[:, dim + 1] = [0.0 if r is None else r for r in recall]
-    dense[:, dim + 2] = [r is not None for r in recall]
+    dense[:, dim] = intent
+    if None in recall:
+        dense[:, dim + 1] = [0.0 if r is None else r for r in recall]
+        dense[:, dim + 2] = [r is not None for r in recall]
+    else:
+        dense[:, dim + 1] = recall
+        dense[:, dim + 2] = 1.0
     if not np.isfinite(dense).all():
         raise SchemaError("field 'intent_score'/'recall_score': every value must be finite")
-    clicks = [getattr(ex, "click", None) for ex in examples]
-    label = None if None in clicks else torch.tensor([1.0 if c else 0.0 for c in clicks])
-    return RankerBatch(dense=torch.from_numpy(dense), ids=torch.from_numpy(_ids(examples, cfg)), label=label)
+    ids = _ids(columns[:7], cfg)
+    try:
+        clicks = list(map(_CLICK, examples))
+    except AttributeError:  # serving's candidates: no label
+        clicks = [None]
+    label = None if None in clicks else torch.from_numpy(np.fromiter(map(bool, clicks), np.float32, count=n))
+    return RankerBatch(dense=torch.from_numpy(dense), ids=torch.from_numpy(ids), label=label)

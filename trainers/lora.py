@@ -278,6 +278,17 @@ class AdapterBank:
             out[f"{module}.lora_B"] = b.detach().clone()
         return out
 
+    def state_views(self, adapter_id: str) -> dict[str, torch.Tensor]:
+        """`get_state` without the copies: the live weights, detached (they change with the next
+        optimiser step or `set_state`; read them, keep a copy)."""
+        name = self._require(adapter_id)
+        out: dict[str, torch.Tensor] = {}
+        for module in self.modules:
+            a, b = self._pair(module, name)
+            out[f"{module}.lora_A"] = a.detach()
+            out[f"{module}.lora_B"] = b.detach()
+        return out
+
     def set_state(self, adapter_id: str, tensors: dict[str, torch.Tensor]) -> None:
         """Overwrite an adapter's weights (adding it first if needed); shapes must match."""
         self.ensure(adapter_id)

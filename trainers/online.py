@@ -53,6 +53,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from operator import attrgetter
 from types import EllipsisType
 from typing import Literal
 
@@ -206,6 +207,8 @@ class ProgressiveLog:
 
 
 Clock = Callable[[], datetime]
+_ADAPTER_ID = attrgetter("adapter_id")
+_LABEL_KIND = attrgetter("label_kind")
 
 
 def module_thresholds(window: Sequence[np.ndarray], percentile: float) -> np.ndarray:
@@ -348,13 +351,25 @@ class OnlineTrainer:
         """
         if features is not None and len(features) != len(examples):
             raise ValueError(f"features has {len(features)} rows for {len(examples)} examples")
-        groups: dict[str, list[int]] = defaultdict(list)  # adapter → positions, in order
-        for i, ex in enumerate(examples):
-            groups[ex.adapter_id].append(i)
+        ids = list(map(_ADAPTER_ID, examples))
+        groups: dict[str, list[int] | None]  # adapter → positions, in order (None: all of them)
+        if ids and ids.count(ids[0]) == len(ids):  # one adapter (a partition of one slot's examples)
+            groups = {ids[0]: None}
+        else:
+            many: defaultdict[str, list[int]] = defaultdict(list)
+            for i, aid in enumerate(ids):
+                many[aid].append(i)
+            groups = dict(many)
         self.make_room(groups)
         for adapter_id, index in groups.items():
             run = self.run_for(adapter_id)
             self.runs[adapter_id] = self.runs.pop(adapter_id)  # the most recently used goes last
+            if index is None:
+                run.buffer += examples
+                run.buffer_rows.append(features)
+                if offsets is not None:
+                    run.buffer_offsets += offsets
+                continue
             run.buffer += [examples[i] for i in index]
             run.buffer_rows.append(
                 None if features is None else features.select(torch.as_tensor(index, dtype=torch.int64))
@@ -398,8 +413,10 @@ class OnlineTrainer:
     def _step(
         self, run: AdapterRun, examples: list[TrainingExample], rows: RankerBatch | None = None
     ) -> AdapterDelta | None:
-        keep = [e.label_kind != "dwell" for e in examples]
-        if not all(keep):  # dwell label updates: not click labels
+        kinds = list(map(_LABEL_KIND, examples))
+        if "dwell" in kinds:  # dwell label updates: not click labels
+            keep = [k != "dwell" for k in kinds]
+            kinds = [k for k in kinds if k != "dwell"]
             clicks = [e for e, k in zip(examples, keep, strict=True) if k]
             run.counts["dwell_updates"] += len(examples) - len(clicks)
             self.counts["dwell_updates"] += len(examples) - len(clicks)
@@ -409,13 +426,16 @@ class OnlineTrainer:
             rows = None if rows is None else rows.select(torch.tensor(keep))
         batch = rows if rows is not None and rows.label is not None else featurize(examples, self.bank.config)
         assert batch.label is not None
-        before = self._state(run)
+        before = self._state(run)  # a copy: a dropped step puts it back
         run.optimizer.zero_grad(set_to_none=True)
         logits, base_logits = self.bank.train_logits_and_base(batch, run.adapter_id)
         base_p = torch.sigmoid(base_logits)
         online_p = torch.sigmoid(logits.detach())
         self._record(run, online_p, base_p, batch.label, examples)
-        fake = torch.tensor([e.label_kind != "final" for e in examples], device=logits.device)
+        if kinds.count("final") == len(kinds):
+            fake = torch.zeros(len(kinds), dtype=torch.bool, device=logits.device)
+        else:
+            fake = torch.tensor([k != "final" for k in kinds], device=logits.device)
         loss = click_loss(logits, batch.label, fake, self.spec.fn_loss)
         if not torch.isfinite(loss):
             return self._drop(run, before, "non_finite_loss")
@@ -430,7 +450,9 @@ class OnlineTrainer:
         if not torch.isfinite(magnitude).all():
             return self._drop(run, before, "non_finite_gradient")
         run.optimizer.step()
-        after = self._state(run)
+        # the live weights, not a copy: read until the next step only (the parts, the norms); what
+        # is kept (published state, snapshots) is copied where it is made
+        after = self.bank.state_views(run.adapter_id)
         keys = list(after)
         # one fused pass: a weight's norm is finite only when all its entries are
         norms = torch.stack(

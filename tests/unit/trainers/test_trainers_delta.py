@@ -214,3 +214,23 @@ def test_garbage_payload_and_empty_delta() -> None:
         encode_delta({})
     one = DeltaPart(torch.tensor([0]), torch.zeros(1, 10), torch.zeros(20, 1))
     assert list(decode_delta(encode_delta({"lin1": one}))) == ["lin1"]
+
+
+def test_encode_delta_writes_the_bytes_safetensors_torch_writes() -> None:
+    """The numpy path of `encode_delta` is the library's torch format byte for byte."""
+    from safetensors.torch import save
+
+    from trainers.delta import FORMAT, DeltaPart, encode_delta
+
+    gen = torch.Generator().manual_seed(3)
+    shapes = [("head", [0, 5], 155, 1), ("wide.category", [2], 256, 1), ("cross.0", [1, 3, 7], 38, 38)]
+    parts = {
+        m: DeltaPart(
+            torch.tensor(d), torch.randn(len(d), n, generator=gen), torch.randn(o, len(d), generator=gen)
+        )
+        for m, d, n, o in shapes
+    }
+    flat = {}
+    for m, p in parts.items():
+        flat |= {f"{m}.dirs": p.dirs, f"{m}.lora_A": p.lora_A, f"{m}.lora_B": p.lora_B}
+    assert encode_delta(parts) == save(flat, metadata={"format": FORMAT})

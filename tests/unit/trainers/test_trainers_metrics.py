@@ -6,12 +6,13 @@ import math
 import random
 from collections import deque
 
+import numpy as np
 import pytest
 from helpers_trainers import make_examples
 
 from schemas.stats import auc
 from trainers.features import featurize
-from trainers.metrics import RollingMetrics, logloss
+from trainers.metrics import RollingMetrics, logloss, rank_auc
 from trainers.ranker import RankerConfig
 
 
@@ -58,3 +59,89 @@ def test_featurize_batches_equal_one_by_one() -> None:
         assert whole.dense[i].tolist() == one.dense[0].tolist()
         assert whole.ids[i].tolist() == one.ids[0].tolist()
     assert whole.dense[3, 2:8].abs().sum() == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_auc_equals_the_argsort_auc_bit_for_bit(seed: int) -> None:
+    """The guard's AUC (sort + searchsorted) is the contract's rank AUC exactly, ties included."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 3000))
+    # coarse scores: many ties, also across the classes
+    scores = np.round(rng.random(n), int(rng.integers(1, 4))).astype(np.float64)
+    positive = rng.random(n) < rng.choice([0.02, 0.3, 0.9])
+    want, got = auc(scores, positive), rank_auc(scores, positive)
+    assert (math.isnan(want) and math.isnan(got)) or got == want
+
+
+def test_rank_auc_refuses_nan_and_needs_both_classes() -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        rank_auc(np.array([0.1, math.nan]), np.array([True, False]))
+    assert math.isnan(rank_auc(np.array([0.1, 0.2]), np.array([True, True])))
+
+
+def test_cached_auc_follows_every_change_of_the_window() -> None:
+    ring = RollingMetrics(4)
+    ring.extend([0.9, 0.1], [1, 0])
+    assert ring.auc() == 1.0
+    ring.extend([0.95, 0.05], [0, 1])  # now the window ranks a negative first
+    assert ring.auc() == auc([0.9, 0.1, 0.95, 0.05], [1, 0, 0, 1])
+    ring.clear()
+    assert ring.count == 0 and math.isnan(ring.auc())
+    ring.update(0.3, 1)
+    ring.update(0.2, 0)
+    assert ring.auc() == 1.0
+
+
+def _reference_row(ex: object, cfg: RankerConfig) -> tuple[list[float], list[int]]:
+    """One candidate by the module docstring's tables, written out row by row."""
+    from schemas.events import SLOTS
+    from trainers.features import stable_bucket
+
+    vec = [float(v) for v in list(ex.user_vector)[: cfg.state_dim]]  # type: ignore[attr-defined]
+    vec += [0.0] * (cfg.state_dim - len(vec))
+    r = ex.recall_score  # type: ignore[attr-defined]
+    dense = [*vec, ex.intent_score, 0.0 if r is None else r, float(r is not None)]  # type: ignore[attr-defined]
+    ids = [
+        stable_bucket(ex.ad_id, cfg.ad_buckets, "ad"),  # type: ignore[attr-defined]
+        stable_bucket(ex.advertiser_id, cfg.advertiser_buckets, "advertiser"),  # type: ignore[attr-defined]
+        stable_bucket(ex.campaign_id, cfg.campaign_buckets, "campaign"),  # type: ignore[attr-defined]
+        stable_bucket(ex.category, cfg.category_buckets, "category"),  # type: ignore[attr-defined]
+        SLOTS.index(ex.slot),  # type: ignore[attr-defined]
+        min(int(ex.position), cfg.max_position - 1),  # type: ignore[attr-defined]
+        int(ex.hour),  # type: ignore[attr-defined]
+    ]
+    return [float(np.float32(v)) for v in dense], ids
+
+
+def test_featurize_equals_the_row_by_row_definition() -> None:
+    cfg = RankerConfig(state_dim=8)
+    exs = make_examples(64, dim=8)
+    exs[1] = exs[1].model_copy(update={"position": 10_000, "hour": 23, "recall_score": 0.25})
+    exs[2] = exs[2].model_copy(update={"user_vector": []})
+    got = featurize(exs, cfg)
+    assert got.label is not None
+    for i, ex in enumerate(exs):
+        dense, ids = _reference_row(ex, cfg)
+        assert got.dense[i].tolist() == dense
+        assert got.ids[i].tolist() == ids
+        assert got.label[i].item() == float(ex.click)
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"slot": "sidebar"}, "field 'slot': unknown slot 'sidebar'"),
+        ({"hour": 24}, "field 'hour': must be 0 … 23 (got 24)"),
+        ({"hour": 23.5}, "field 'hour': must be 0 … 23 (got 23.5)"),
+        ({"position": -1}, "field 'position': must be >= 0 (got -1)"),
+        ({"position": -0.5}, "field 'position': must be >= 0 (got -0.5)"),
+        ({"intent_score": float("inf")}, "every value must be finite"),
+    ],
+)
+def test_featurize_names_the_field_of_a_bad_value(update: dict[str, object], message: str) -> None:
+    from schemas.errors import SchemaError
+
+    exs = make_examples(5, dim=4)
+    exs[3] = exs[3].model_construct(**{**exs[3].__dict__, **update})  # past the contract on purpose
+    with pytest.raises(SchemaError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        featurize(exs, RankerConfig(state_dim=4))
