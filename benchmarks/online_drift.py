@@ -39,7 +39,11 @@ progressive validation, sparse ΔW, guards). Models scored on every example befo
   scores, progressively, with the state it holds when the micro-batch arrives;
 - `online_default`: the online trainer on `settings.lora_targets` only (the same as `online`
   unless `--targets` differs; `--no-default-targets` skips it);
-- `category_bias`: a reference — the frozen logit plus one online SGD bias per category.
+- `category_bias`: a reference — the frozen logit plus one online SGD bias per category;
+- `user_category_bias`: a reference per-user correction — the frozen logit plus one online SGD
+  bias per (user, category) (`--user-bias-lr`): what learning from every impression's outcome
+  (a non-click on an ad the model rates high moves the bias down) adds to the user state, which
+  moves only on clicks, dwell and conversions. Not served: serving has no per-user bias.
 
 Measurement (`--window` 10,000 examples: ~400–500 clicks, a bootstrap standard error of ~0.012
 on one window's AUC, ~0.02 for 5,000; the mean of five seeds ~0.005: one seed alone read from 68 %
@@ -64,7 +68,10 @@ those means:
   percentile bootstrap over the seeds (`recovery_ci`; `--boot` resamples);
 - `per_seed` (a list: every figure for each seed alone, with its `seed`), `spread` (sd, min and
   max over the seeds of the AUC levels) and `seeds_meeting`.
-Every scenario is under `scenarios`; the PNG (next to the JSON) has one panel each.
+Every scenario is under `scenarios`; the PNG (next to the JSON) has one panel each. The JSON also
+records the user-state settings the streams were built with (`user_state`: the clock half-life and
+`state_evidence_half_life` / `state_evidence_surprise`, set through `ADSTREAM_…` like any setting),
+the machine (`machine`: CPU, cores, load at start and end, wall seconds) and the command.
 
 **Delayed feedback** (`--label-modes`, in the `--label-scenarios`, default the headline): the
 `online` model above learns each example in impression order the moment it is served, labels
@@ -103,6 +110,7 @@ import bisect
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -119,6 +127,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from deploy.machine import machine  # CPU model, cores, load: one definition for every benchmark
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta, TrainingExample
 from schemas.settings import Settings
@@ -136,8 +145,11 @@ from workloads import Market, MarketConfig
 
 OUT = Path(__file__).parent / "results" / "online_drift.json"
 LABEL_MODES = ("hold", "fn_weighted", "fn_calibrated")
-MODELS = ("frozen", "online", "online_served", "online_default", *LABEL_MODES, "oracle", "category_bias")
-LEARNERS = ("frozen", "online", "online_served", "online_default", *LABEL_MODES, "category_bias")
+MODELS = (
+    "frozen", "online", "online_served", "online_default", *LABEL_MODES, "oracle", "category_bias",
+    "user_category_bias",
+)  # fmt: skip
+LEARNERS = tuple(m for m in MODELS if m != "oracle")
 TITLES = {
     "handover": "handover drift (the in-season categories change for everyone)",
     "trend": "trend drift (everyone's interest shifts in shared categories)",
@@ -224,13 +236,16 @@ def _market_stream(
     return examples, drift_ts, oracle, {"shift": {k: str(v) for k, v in shifted.items()}}, events
 
 
-def _category_bias_scores(frozen: np.ndarray, y: np.ndarray, categories: list[str], lr: float) -> np.ndarray:
+def _category_bias_scores(
+    frozen: np.ndarray, y: np.ndarray, categories: Sequence[Any], lr: float
+) -> np.ndarray:
     """A reference shared learner: the frozen base's logit plus one online bias per category
     (SGD on log loss, scored before each update) — what a model that can only learn a
-    population-level category effect recovers, to compare online LoRA with."""
+    population-level category effect recovers, to compare online LoRA with. Keyed by anything
+    hashable: (user, category) pairs make it the per-user reference."""
     p = np.clip(frozen, 1e-7, 1 - 1e-7)
     logit = np.log(p / (1 - p))
-    bias: dict[str, float] = {}
+    bias: dict[Any, float] = {}
     out = np.empty(len(y))
     for i, c in enumerate(categories):
         b = bias.get(c, 0.0)
@@ -416,6 +431,9 @@ def run_seed(args: argparse.Namespace, settings: Settings, scenario: str, seed: 
         "online_served": main["served"],
         "oracle": np.asarray([oracle_of(e.impression_id) for e in stream]),
         "category_bias": _category_bias_scores(main["frozen"], y, [e.category for e in stream], args.bias_lr),
+        "user_category_bias": _category_bias_scores(
+            main["frozen"], y, [(e.user_id, e.category) for e in stream], args.user_bias_lr
+        ),
     }
     extra: dict[str, Any] = {"online": counts}
     if args.default_targets:
@@ -680,6 +698,12 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bias-lr", type=float, default=0.05, help="SGD lr of the category-bias reference")
+    ap.add_argument(
+        "--user-bias-lr",
+        type=float,
+        default=1.0,
+        help="SGD lr of the per-(user, category) bias reference (tuned on seeds 101, 102 of redraw)",
+    )
     for name, what in (
         ("trend", "interest rises/falls in shared categories"),
         ("redraw", "users redraw their own tastes"),
@@ -714,6 +738,7 @@ def main() -> None:
     if bad := [m for m in args.label_modes if m not in LABEL_MODES]:
         ap.error(f"--label-modes: unknown {bad} (known: {', '.join(LABEL_MODES)})")
     torch.set_num_threads(min(args.threads, 2))
+    load_start, t_start = os.getloadavg(), time.perf_counter()
     wanted = ["handover"] + [n for n in ("trend", "redraw", "population") if getattr(args, n)]
     results: dict[str, dict[str, Any]] = {}
     for name in wanted:
@@ -733,6 +758,17 @@ def main() -> None:
         "trend does: the frozen base recovers there too); see the benchmark's docstring",
         "online_spec": {"targets": list(args.targets), "lr": args.lr, "embedding_lr": args.embedding_lr},
         "default_targets": list(settings.lora_targets),
+        "user_state": {
+            "intent_half_life_s": settings.intent_half_life_s,
+            "evidence_half_life": settings.state_evidence_half_life,
+            "evidence_surprise": settings.state_evidence_surprise,
+        },
+        "machine": machine()
+        | {
+            "load_avg_start": [round(x, 2) for x in load_start],
+            "wall_s": round(time.perf_counter() - t_start, 1),
+        },
+        "command": " ".join(sys.argv),
         "scenarios": results,
     }
     args.out.write_text(
@@ -807,6 +843,7 @@ def _plot(panels: dict[str, dict[str, list[Any]]], path: Path, args: argparse.Na
         "online_default": ("C9-", "online LoRA, default targets (served today)"),
         "frozen": ("C3-", "frozen base"),
         "category_bias": ("C2:", "frozen + online category bias (reference)"),
+        "user_category_bias": ("C6:", "frozen + online per-(user, category) bias (reference, not served)"),
         "hold": ("C1--", "hold labels until the window closes (simulated time)"),
         "fn_weighted": ("C4-", "fake negatives, FN-weighted loss (simulated time)"),
         "fn_calibrated": ("C5:", "fake negatives, FN-calibrated loss (simulated time)"),

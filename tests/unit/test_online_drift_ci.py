@@ -46,3 +46,19 @@ def test_interval_brackets_the_seed_mean_and_collapses_for_identical_seeds() -> 
     assert only["recovered_ci_high"] == pytest.approx(only["recovered_ci_low"])
     # deterministic under its seed
     assert od.recovery_ci(runs, args.window, args.horizon, boot=500) == ci
+
+
+def test_user_category_bias_reference_learns_what_a_category_bias_cannot() -> None:
+    """Keyed by (user, category), the bias reference separates two users of one category whose
+    click rates differ (the frozen base rates both alike); keyed by category alone it cannot."""
+    od = _online_drift()
+    rng = np.random.default_rng(0)
+    users = rng.integers(0, 2, 4000)
+    y = (rng.random(4000) < np.where(users == 1, 0.3, 0.02)).astype(float)
+    frozen = np.full(4000, 0.1)
+    cats = ["shoes"] * 4000
+    per_user = od._category_bias_scores(frozen, y, list(zip(users.tolist(), cats, strict=True)), 0.2)
+    shared = od._category_bias_scores(frozen, y, cats, 0.2)
+    late = slice(1000, None)
+    assert od.auc(per_user[late], y[late]) > 0.7
+    assert od.auc(shared[late], y[late]) < 0.6
