@@ -79,7 +79,7 @@ def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:
     try:
         admin.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
     except Exception as exc:
-        raise StoreError(f"ClickHouse at {redacted_url(settings.clickhouse_url)}: {exc}") from exc
+        raise StoreError(f"ClickHouse at {redacted_url(settings.clickhouse.url)}: {exc}") from exc
     finally:
         admin.disconnect()
     client = clickhouse_client(settings, db)

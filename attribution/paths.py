@@ -198,11 +198,11 @@ class Window:
     @classmethod
     def from_settings(cls, s: Settings) -> Window:
         return cls(
-            click_s=s.attribution_click_lookback_s,
-            view_s=s.attribution_view_lookback_s,
-            gap_s=s.attribution_journey_gap_s,
+            click_s=s.attribution.click_lookback_s,
+            view_s=s.attribution.view_lookback_s,
+            gap_s=s.attribution.journey_gap_s,
             by_advertiser=tuple(
-                (adv, int(c), int(v)) for adv, (c, v) in sorted(s.attribution_lookback_by_advertiser.items())
+                (adv, int(c), int(v)) for adv, (c, v) in sorted(s.attribution.lookback_by_advertiser.items())
             ),
         )
 

@@ -89,9 +89,15 @@ def synthetic_paths(n: int, channels: int, lo: int, hi: int, seed: int, nulls: b
 
 
 def bench_sink_and_paths(settings: Settings, users: int) -> dict[str, Any]:
-    url = urlparse(settings.clickhouse_url)
+    url = urlparse(settings.clickhouse.url)
     name = f"adstream_bench_attr_{uuid.uuid4().hex[:6]}"
-    s = settings.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"/{name}"))})
+    s = settings.model_copy(
+        update={
+            "clickhouse": settings.clickhouse.model_copy(
+                update={"url": urlunparse(url._replace(path=f"/{name}"))}
+            )
+        }
+    )
     migrate(s)
     client = clickhouse_client(s, name)
     backend = DriverBackend(client)
@@ -101,7 +107,7 @@ def bench_sink_and_paths(settings: Settings, users: int) -> dict[str, Any]:
         tables = raw_columns(data)
         rows = sum(len(cols[0]) for _, cols in tables.values())
         sink = ClickHouseSink(s)
-        batch = s.sink_batch_size
+        batch = s.sink.batch_size
         tuples = {table: (names, list(zip(*cols, strict=True))) for table, (names, cols) in tables.items()}
         t0 = time.perf_counter()
         for table, (names, block) in tuples.items():
@@ -167,14 +173,20 @@ def bench_shapley(n: int) -> dict[str, Any]:
 
 
 def truth(settings: Settings, users: int) -> dict[str, Any]:
-    url = urlparse(settings.clickhouse_url)
+    url = urlparse(settings.clickhouse.url)
     out: dict[str, Any] = {}
     for market, cfg in {
         "unconfounded": AttributionMarketConfig(seed=1, n_users=users),
         "confounded": AttributionMarketConfig(seed=1, n_users=2 * users, confounded=True, holdout_share=0.3),
     }.items():
         name = f"adstream_bench_truth_{uuid.uuid4().hex[:6]}"
-        s = settings.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"/{name}"))})
+        s = settings.model_copy(
+            update={
+                "clickhouse": settings.clickhouse.model_copy(
+                    update={"url": urlunparse(url._replace(path=f"/{name}"))}
+                )
+            }
+        )
         migrate(s)
         client = clickhouse_client(s, name)
         try:

@@ -1,7 +1,7 @@
 """Benchmark: cold start — ads that arrive mid-stream, and new adapters' informed start.
 
 Both parts replay simulator streams (`workloads.Market`) through the online trainer (the live
-code path: `trainers.replay.replay`, micro-batches of `settings.micro_batch`, progressive
+code path: `trainers.replay.replay`, micro-batches of `settings.online.micro_batch`, progressive
 validation: every example is scored before it is learned), on the same seeds for every variant.
 
 1. **New ads** (`new_ads`): `n_new_ads` creatives arrive half-way (`new_ads_at=0.5`, no drift).
@@ -27,7 +27,7 @@ validation: every example is scored before it is learned), on the same seeds for
    (`Market.true_pctr`, drawn with a seeded generator). The same impressions are scored by:
    `new_user` — the base ranker through serving's own recall and rank input
    (`AdPipeline.recall`, every ad recalled) on the cold-start state serving builds from the
-   interests (`AdPipeline.with_interests`, `settings.serve_interest_weight`); `zero_state` —
+   interests (`AdPipeline.with_interests`, `settings.serving.interest_weight`); `zero_state` —
    the same without interests (a new user today); `*_trained_features` — those states
    featurized as the ranker was trained (`trainers.features.featurize`: no recall score, while
    serving adds the recall score and its flag, which training examples never carry);
@@ -106,7 +106,7 @@ def _replay(stream: list[Any], base: Ranker, settings: Settings, pca: Any = None
     if pca is not None:
         bank.init_from_inputs(pca)
     trainer = OnlineTrainer(bank, OnlineSpec.from_settings(settings), keep_log=True)
-    replay(stream, trainer, settings.micro_batch)
+    replay(stream, trainer, settings.online.micro_batch)
     lg = trainer.log
     assert lg is not None
     order = {iid: i for i, iid in enumerate(e.impression_id for e in stream)}
@@ -357,7 +357,7 @@ def main() -> None:
         "new_users": {
             "methods": {m: v for m, v in nu.items() if not m.startswith("w")},
             "weight_sweep": {m[1:]: v for m, v in nu.items() if m.startswith("w")},
-            "serve_interest_weight": settings.serve_interest_weight,
+            "serve_interest_weight": settings.serving.interest_weight,
             "users": args.users,
             "new_users_per_seed": args.new_users,
             "candidates": args.candidates,
@@ -393,7 +393,7 @@ def main() -> None:
             "per_seed": inits,
         },
         **new_user_result,
-        "settings": {"lora_targets": list(settings.lora_targets), "micro_batch": settings.micro_batch},
+        "settings": {"lora_targets": list(settings.lora.targets), "micro_batch": settings.online.micro_batch},
         "machine": m0,
         "wall_s": round(time.perf_counter() - t0, 1),
     }

@@ -19,7 +19,7 @@ Three figures per run, each over the same stream of micro-batches:
   of the batch; the step reuses these rows), learn, and the Prometheus export. Kafka, Redis and
   the producer are not in it.
 
-The headline figures use `settings.lora_targets`; `--also-targets` (default `wide.category`,
+The headline figures use `settings.lora.targets`; `--also-targets` (default `wide.category`,
 the per-category bias table `benchmarks/online_drift.py` adds) is measured too, under
 `with_also_targets`, at the best thread count.
 
@@ -129,7 +129,7 @@ def service_batch(
 def _trainer(args: argparse.Namespace, settings: Settings, targets: tuple[str, ...]) -> OnlineTrainer:
     torch.manual_seed(0)
     base = Ranker(RankerConfig(state_dim=settings.state_dim))
-    lora = LoraSpec(settings.lora_rank, settings.lora_alpha, targets)
+    lora = LoraSpec(settings.lora.rank, settings.lora.alpha, targets)
     bank = AdapterBank(base.to(args.device), lora, "bench")
     return OnlineTrainer(bank, OnlineSpec(min_step_examples=1))
 
@@ -209,7 +209,7 @@ def main() -> None:
         "--also-targets",
         type=lambda v: tuple(x for x in v.split(",") if x),
         default=("wide.category",),
-        help="targets added to settings.lora_targets for a second measurement ('' skips)",
+        help="targets added to settings.lora.targets for a second measurement ('' skips)",
     )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -219,7 +219,7 @@ def main() -> None:
     # and time adapter resets that the live path does not do
     exs = _examples(args.batch * (args.warmup + args.steps))
     load_before = os.getloadavg()[0]
-    targets = tuple(settings.lora_targets)
+    targets = tuple(settings.lora.targets)
     runs = [
         measure(min(t, 2) if args.device == "cpu" else t, args, exs, settings, targets) for t in args.threads
     ]
@@ -243,8 +243,8 @@ def main() -> None:
         "micro_batch": args.batch,
         "steps": args.steps,
         "device": args.device,
-        "lora_rank": settings.lora_rank,
-        "lora_targets": list(settings.lora_targets),
+        "lora_rank": settings.lora.rank,
+        "lora_targets": list(settings.lora.targets),
         "learn_to_core_p50": best["p50_ms"] / best["core_p50_ms"],
         "learn_to_core_p99": best["p99_ms"] / best["core_p99_ms"],
         "learn_to_core_sparse_p50": best["p50_ms"] / best["core_sparse_p50_ms"],

@@ -200,7 +200,7 @@ async def one_trial(
     t0 = time.time()
     await producer.send_and_wait(topic, codec.encode(click), key=user.encode())
     t.hops["produce"] = time.time() - t0
-    eid = example_id(iid) if s.label_mode == "hold" else example_id(iid, "click")
+    eid = example_id(iid) if s.online.label_mode == "hold" else example_id(iid, "click")
     got = await _until(lambda: seen.examples.get(eid), args.trial_timeout_s)
     if got is None:
         t.error = "no_example"
@@ -274,7 +274,7 @@ async def measure(demo: Any, url: str, args: argparse.Namespace) -> list[Trial]:
         ) if args.rate > 0 else None  # fmt: skip
         try:
             await asyncio.sleep(args.warmup_s)
-            users = tracked_users(args.trials, s.canary_share)
+            users = tracked_users(args.trials, s.canary.share)
             for i, user in enumerate(users):
                 t = await one_trial(http, producer, seen, s, user, args)
                 if t.error:
@@ -376,7 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "background_rate_rps": args.rate,
         "click_after_s": args.click_after_s,
         "poll_ms": args.poll_ms,
-        "arm": f"candidate (canary share {s.canary_share:.2f}); stable arm: the last promoted version",
+        "arm": f"candidate (canary share {s.canary.share:.2f}); stable arm: the last promoted version",
         "settings": {
             k: getattr(s, k)
             for k in (

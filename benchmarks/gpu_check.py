@@ -42,7 +42,7 @@ def main() -> None:
     from trainers.ranker import Ranker, RankerConfig
 
     torch.set_num_threads(2)
-    settings = Settings(serve_adapter_capacity=args.adapters)
+    settings = Settings(serving={"adapter_capacity": args.adapters})
     torch.manual_seed(0)
     cfg = RankerConfig(state_dim=settings.state_dim)
     base = Ranker(cfg).eval()
@@ -86,7 +86,7 @@ def main() -> None:
 
     # correctness on CPU: the first request against the trainers' PEFT bank
     peft = PeftBank(
-        base, LoraSpec(settings.lora_rank, settings.lora_alpha, tuple(settings.lora_targets)), "check"
+        base, LoraSpec(settings.lora.rank, settings.lora.alpha, tuple(settings.lora.targets)), "check"
     )
     first, first_ids = reqs[0]
     for aid in set(first_ids):

@@ -56,8 +56,8 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
     from trainers.ranker import load_checkpoint
 
     model, version = load_checkpoint(model_dir / "ranker")
-    shapes = target_shapes(model, settings.lora_targets)  # type: ignore[attr-defined]
-    states = {s: empty_state(s, version, shapes, settings.lora_rank) for s in slots}  # type: ignore[attr-defined]
+    shapes = target_shapes(model, settings.lora.targets)  # type: ignore[attr-defined]
+    states = {s: empty_state(s, version, shapes, settings.lora.rank) for s in slots}  # type: ignore[attr-defined]
     gen = torch.Generator().manual_seed(0)
     key = resolve_signing_key(settings)  # type: ignore[arg-type]  # replicas apply only signed deltas
     msgs = []  # made before the load, so that publishing costs the machine next to nothing
@@ -75,7 +75,7 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
         delta = make_delta(st, parts, st.seq + 1)
         msgs.append((slot, codec.encode(sign_delta(delta, key) if key else delta)))
         states[slot] = AdapterState(slot, version, st.rank, st.seq + 1, new)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)  # type: ignore[attr-defined]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)  # type: ignore[attr-defined]
     await producer.start()
     topic = topics.topic_name(topics.ADAPTER_DELTAS, settings.topic_prefix)  # type: ignore[attr-defined]
     await asyncio.sleep(1.0)
@@ -118,12 +118,10 @@ def main() -> None:
     save_checkpoint(Ranker(RankerConfig()), tmp / "models" / "ranker")
     settings = Settings(
         model_dir=tmp / "models",
-        serve_catalog_file=catalog,
-        http_port=args.port,
-        canary_share=1.0,
+        serving={"catalog_file": catalog, "http_port": args.port, "admin_token": secrets.token_urlsafe(24)},
+        canary={"share": 1.0},
         topic_prefix=f"hotswap{run}.",
         redis_prefix=f"adstream-bench:{run}:",
-        admin_token=secrets.token_urlsafe(24),  # admin routes refuse a default token
     )
     create_topics(settings)
     warm_users(settings, 5000, catalog)
@@ -145,12 +143,12 @@ def main() -> None:
         th.join()
         time.sleep(1.0)
         metrics = client.get("/metrics").text
-        admin = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"}
+        admin = {"Authorization": f"Bearer {settings.serving.admin_token.get_secret_value()}"}
         adapters = client.get("/v1/adapters", headers=admin).json()
     finally:
         serve.shutdown()
         ray.shutdown()
-        r = redis.Redis.from_url(settings.redis_url)
+        r = redis.Redis.from_url(settings.redis.url)
         keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
         if keys:
             r.delete(*keys)

@@ -27,17 +27,17 @@ frozen base "recovers" raw AUC too; the oracle-relative figures separate that.
 The streams label join turns each stream into TrainingExamples
 (`streams.offline.training_examples`), ordered by impression time. The base ranker is trained
 offline on the first `--pretrain` examples; the rest is replayed through the online trainer
-(`trainers.replay.replay`, the live code path: micro-batches of `settings.micro_batch`,
+(`trainers.replay.replay`, the live code path: micro-batches of `settings.online.micro_batch`,
 progressive validation, sparse ΔW, guards). Models scored on every example before it is learned:
 
 - `frozen`: the base; `oracle`: the simulator's true click probability;
-- `online`: the online LoRA trainer with `--targets` (default `settings.lora_targets` plus
+- `online`: the online LoRA trainer with `--targets` (default `settings.lora.targets` plus
   `wide.category` if they lack it: the head and the per-category, per-slot and per-position
   bias tables, LoRA on `nn.Embedding`s), `--lr` (Adam, Linear targets) and `--embedding-lr`
   (SGD, id tables);
 - `online_served`: what a replica applying the published deltas (`trainers.delta.apply_delta`)
   scores, progressively, with the state it holds when the micro-batch arrives;
-- `online_default`: the online trainer on `settings.lora_targets` only (the same as `online`
+- `online_default`: the online trainer on `settings.lora.targets` only (the same as `online`
   unless `--targets` differs; `--no-default-targets` skips it);
 - `category_bias`: a reference — the frozen logit plus one online SGD bias per category;
 - `user_category_bias`: a reference per-user correction — the frozen logit plus one online SGD
@@ -77,9 +77,9 @@ the machine (`machine`: CPU, cores, load at start and end, wall seconds) and the
 `online` model above learns each example in impression order the moment it is served, labels
 complete — a bound no live system reaches (a click is known seconds after the impression, a
 non-click only when the attribution window closes). Each label mode is replayed on the same
-seeds and base in simulated time, as the live loop runs with `settings.attribution_window_s`
+seeds and base in simulated time, as the live loop runs with `settings.streams.attribution_window_s`
 (default 1,800 s): the worker's label join emits the mode's stream (`streams.join`), the trainer
-learns micro-batches of `settings.micro_batch` in arrival order, and every impression is scored,
+learns micro-batches of `settings.online.micro_batch` in arrival order, and every impression is scored,
 before anything arriving after it is learned, by the trainer state at its impression time:
 - `hold`: final labels through the trainer's `DelayBuffer` (released once the join's watermark
   passes impression time + window), the pre-existing default;
@@ -269,7 +269,7 @@ def _arrivals(
     ]
     if mode != "hold":
         return [(e.ts.timestamp(), e) for e in emitted]
-    buf = DelayBuffer(settings.attribution_window_s, settings.watermark_window)
+    buf = DelayBuffer(settings.streams.attribution_window_s, settings.streams.watermark_window)
     out: list[tuple[float, TrainingExample]] = []
     for i, e in enumerate(emitted):
         buf.push(e, 0, i)
@@ -292,7 +292,7 @@ def _replay_timed(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Scores of `stream` (impression order) by the trainer state at each impression's time,
     the trainer learning `arrivals` in micro-batches as they arrive (see the module docstring)."""
-    lora = LoraSpec(settings.lora_rank, settings.lora_alpha, tuple(targets))
+    lora = LoraSpec(settings.lora.rank, settings.lora.alpha, tuple(targets))
     trainer = OnlineTrainer(AdapterBank(base, lora, weights_version(base)), spec)
     served = [e.impression_ts.timestamp() for e in stream]
     scores = np.empty(len(stream))
@@ -313,7 +313,7 @@ def _replay_timed(
     learned_by: list[float] = []  # per learned example: when it was learned (simulated time)
     for at, ex in arrivals:
         chunk.append(ex)
-        if len(chunk) >= settings.micro_batch:
+        if len(chunk) >= settings.online.micro_batch:
             score_until(at)
             trainer.learn(chunk)
             learned_by += [at] * len(chunk)
@@ -377,7 +377,7 @@ def _replay_online(
 ) -> tuple[OnlineTrainer, dict[str, np.ndarray], dict[str, Any]]:
     """Replay `stream` through an online trainer on `targets`; its progressive scores (and a
     replica's) in stream order, and what the run counted."""
-    lora = LoraSpec(settings.lora_rank, settings.lora_alpha, tuple(targets))
+    lora = LoraSpec(settings.lora.rank, settings.lora.alpha, tuple(targets))
     version = weights_version(base)
     trainer = OnlineTrainer(AdapterBank(base, lora, version), spec, keep_log=True)
     replica = _Replica(base, lora, version, spec.max_norm) if served else None
@@ -385,7 +385,7 @@ def _replay_online(
     replay(
         stream,
         trainer,
-        settings.micro_batch,
+        settings.online.micro_batch,
         on_deltas=replica.apply if replica else None,
         before_learn=replica.score if replica else None,
     )
@@ -437,12 +437,14 @@ def run_seed(args: argparse.Namespace, settings: Settings, scenario: str, seed: 
     }
     extra: dict[str, Any] = {"online": counts}
     if args.default_targets:
-        _, dflt, counts_d = _replay_online(stream, base, settings, settings.lora_targets, spec, served=False)
+        _, dflt, counts_d = _replay_online(stream, base, settings, settings.lora.targets, spec, served=False)
         scores["online_default"] = dflt["online"]
         extra["online_default"] = counts_d
     if scenario in args.label_scenarios and args.label_modes:
-        window_s = args.window_s or settings.attribution_window_s
-        timed = settings.model_copy(update={"attribution_window_s": window_s})
+        window_s = args.window_s or settings.streams.attribution_window_s
+        timed = settings.model_copy(
+            update={"streams": settings.streams.model_copy(update={"attribution_window_s": window_s})}
+        )
         ids = {e.impression_id for e in stream}
         modes: dict[str, Any] = {}
         for mode in args.label_modes:
@@ -453,7 +455,7 @@ def run_seed(args: argparse.Namespace, settings: Settings, scenario: str, seed: 
             )
             scores[mode] = got
             modes[mode] = mode_info
-        extra["label_modes"] = {"attribution_window_s": timed.attribution_window_s, **modes}
+        extra["label_modes"] = {"attribution_window_s": timed.streams.attribution_window_s, **modes}
     drift = next(i for i, e in enumerate(stream) if e.impression_ts >= drift_ts)
     info |= {
         "pretrain_examples": len(pre),
@@ -683,10 +685,10 @@ def main() -> None:
     ap.add_argument(
         "--targets",
         type=lambda v: tuple(x for x in v.split(",") if x),
-        default=tuple(dict.fromkeys((*settings.lora_targets, "wide.category"))),
+        default=tuple(dict.fromkeys((*settings.lora.targets, "wide.category"))),
         help="LoRA targets of the online model (comma-separated; default: settings' + wide.category)",
     )
-    ap.add_argument("--lr", type=float, default=settings.online_lr, help="Adam lr, Linear targets")
+    ap.add_argument("--lr", type=float, default=settings.online.lr, help="Adam lr, Linear targets")
     ap.add_argument(
         "--embedding-lr", type=float, default=OnlineSpec.embedding_lr, help="SGD lr, embedding targets"
     )
@@ -694,7 +696,7 @@ def main() -> None:
         "--default-targets",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also replay with settings.lora_targets only (when --targets differs from them)",
+        help="also replay with settings.lora.targets only (when --targets differs from them)",
     )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bias-lr", type=float, default=0.05, help="SGD lr of the category-bias reference")
@@ -757,11 +759,11 @@ def main() -> None:
         "(a shift common to many users), without changing how hard clicks are to predict (the "
         "trend does: the frozen base recovers there too); see the benchmark's docstring",
         "online_spec": {"targets": list(args.targets), "lr": args.lr, "embedding_lr": args.embedding_lr},
-        "default_targets": list(settings.lora_targets),
+        "default_targets": list(settings.lora.targets),
         "user_state": {
-            "intent_half_life_s": settings.intent_half_life_s,
-            "evidence_half_life": settings.state_evidence_half_life,
-            "evidence_surprise": settings.state_evidence_surprise,
+            "intent_half_life_s": settings.state.half_life_s,
+            "evidence_half_life": settings.state.evidence_half_life,
+            "evidence_surprise": settings.state.evidence_surprise,
         },
         "machine": machine()
         | {

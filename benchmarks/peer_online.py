@@ -18,7 +18,7 @@ learns it (progressive validation) in stream order:
 
 - `adstream`: the online LoRA trainer with the settings' targets and spec (`adstream trainer
   --replay`'s configuration), replayed by online_drift's `_replay_online` (micro-batches of
-  `settings.micro_batch`: each micro-batch is scored, then learned); `frozen` is its base;
+  `settings.online.micro_batch`: each micro-batch is scored, then learned); `frozen` is its base;
 - `vw`: Vowpal Wabbit, logistic loss and link, driven natively over a text file (`-d … -r …`:
   VW writes each example's raw prediction, the margin, before its update), `--vw-args`;
 - `river`: River's `LogisticRegression` (`--river-optimizer`, `--river-lr`), one example at a
@@ -268,7 +268,7 @@ def run_adstream(
     pretrain_s = time.perf_counter() - t0
     spec = OnlineSpec.from_settings(settings)
     c0 = time.process_time()
-    _, out, counts = OD._replay_online(stream, base, settings, settings.lora_targets, spec, served=False)
+    _, out, counts = OD._replay_online(stream, base, settings, settings.lora.targets, spec, served=False)
     cpu_s = time.process_time() - c0
     return {
         "scores": out["online"],
@@ -623,9 +623,9 @@ def _result(
             "warm_passes": spec.warm_passes,
         },
         "adstream": {
-            "lora_targets": list(settings.lora_targets),
-            "online_lr": settings.online_lr,
-            "micro_batch": settings.micro_batch,
+            "lora_targets": list(settings.lora.targets),
+            "online_lr": settings.online.lr,
+            "micro_batch": settings.online.micro_batch,
             "base_epochs": 6,
         },
         "window": args.window,

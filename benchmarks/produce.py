@@ -62,7 +62,7 @@ async def run_sink(settings: Settings, messages: list[Event]) -> float:
 async def _partitions(settings: Settings, topics: set[str]) -> dict[str, list[int]]:
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     try:
         return {t: sorted(await producer.partitions_for(t)) for t in topics}
@@ -91,7 +91,7 @@ async def run_send(
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, linger_ms=linger_ms, max_batch_size=batch, acks=1
+        bootstrap_servers=settings.kafka.bootstrap, linger_ms=linger_ms, max_batch_size=batch, acks=1
     )
     await producer.start()
     try:
@@ -114,7 +114,7 @@ async def run_batch(
     """Seconds to produce every event through per-partition `create_batch()`/`send_batch()`."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, max_batch_size=batch, acks=1)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap, max_batch_size=batch, acks=1)
     await producer.start()
     try:
         t0 = time.perf_counter()
@@ -144,7 +144,7 @@ async def read_back(settings: Settings, topics: set[str], expected: int, idle_s:
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        *topics, bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest",
+        *topics, bootstrap_servers=settings.kafka.bootstrap, auto_offset_reset="earliest",
         enable_auto_commit=False, group_id=None, fetch_max_bytes=64 * 1024 * 1024,
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )  # fmt: skip
@@ -238,7 +238,7 @@ def main() -> None:
         "mean_event_bytes": n_bytes / len(events),
         "simulate_events_per_s": len(events) / encode_s,
         "read_back": best["read_back"],
-        "broker": base.kafka_bootstrap,
+        "broker": base.kafka.bootstrap,
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -87,7 +87,7 @@ def main() -> None:
         "--targets",
         type=lambda v: tuple(t for t in v.split(",") if t),
         default=None,
-        help="LoRA targets, comma-separated (default: settings.lora_targets)",
+        help="LoRA targets, comma-separated (default: settings.lora.targets)",
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rank.json")
     args = ap.parse_args()
@@ -105,9 +105,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    settings = Settings(serve_adapter_capacity=args.adapters + 3)
+    settings = Settings(serving={"adapter_capacity": args.adapters + 3})
     if args.targets:
-        settings = settings.model_copy(update={"lora_targets": args.targets})
+        settings = settings.model_copy(
+            update={"lora": settings.lora.model_copy(update={"targets": args.targets})}
+        )
     torch.manual_seed(0)
     cfg = RankerConfig(state_dim=settings.state_dim)
     base_model = Ranker(cfg).eval()
@@ -275,7 +277,7 @@ def main() -> None:
     q = rng.normal(size=settings.state_dim).astype(np.float32)
     index = ExactIndex(vecs, 10_000)
     allowed = np.ones(10_000, dtype=bool)
-    recall_ms = round(timed(lambda: index.search(q, settings.recall_k, allowed), args.seconds / 2) * 1000, 3)
+    recall_ms = round(timed(lambda: index.search(q, settings.recall.k, allowed), args.seconds / 2) * 1000, 3)
 
     # each adapter case against the base case of the same batch
     baseline = {name: "base" for name in cases if name != "base" and "base" not in name}
@@ -314,8 +316,8 @@ def main() -> None:
         "adapters": args.adapters,
         "adapter_distribution": "uniform over the adapters (headline); Zipf case: p(k) ∝ k^-s",
         "zipf_exponent": args.zipf,
-        "lora_rank": settings.lora_rank,
-        "lora_targets": list(settings.lora_targets),
+        "lora_rank": settings.lora.rank,
+        "lora_targets": list(settings.lora.targets),
         "lora_layers": list(bank.shapes),
         "plan": {
             "chunk": model.chunk,

@@ -83,7 +83,7 @@ def graph_info(index: Any, head: dict[str, Any], s: Any, dtype: str, connectivit
         "dtype": dtype,
         "connectivity": connectivity,
         "expansion_add": index.graph.expansion_add,
-        "expansion_search": s.recall_ann_expansion_search,
+        "expansion_search": s.recall.ann_expansion_search,
         "oversample": head["oversample"],
         "build_threads": os.cpu_count(),
         "graph_bytes": int(index.graph.memory_usage),
@@ -130,7 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ads", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=32, help="settings.state_dim / the two-tower out_dim")
-    ap.add_argument("--k", type=int, default=500, help="settings.recall_k")
+    ap.add_argument("--k", type=int, default=500, help="settings.recall.k")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--data", choices=("clustered", "gaussian"), default="clustered")
     ap.add_argument("--clusters", type=int, default=1000)
@@ -160,12 +160,12 @@ def main() -> None:
     from serving.ivf import IvfIndex
 
     s = Settings()
-    dtype = args.dtype or s.recall_ann_dtype
-    connectivity = args.connectivity or s.recall_ann_connectivity
-    expansion_add = args.expansion_add or s.recall_ann_expansion_add
-    default_os = s.recall_ann_oversample
+    dtype = args.dtype or s.recall.ann_dtype
+    connectivity = args.connectivity or s.recall.ann_connectivity
+    expansion_add = args.expansion_add or s.recall.ann_expansion_add
+    default_os = s.recall.ann_oversample
     ivf = args.backend == "ivf"
-    default_v = s.recall_ivf_scan if ivf else default_os
+    default_v = s.recall.ivf_scan if ivf else default_os
     given = args.scan if ivf else args.oversample
     if given:
         variants = [float(x) for x in given.split(",")]
@@ -181,7 +181,7 @@ def main() -> None:
     n0 = args.ads
     index: Any
     if ivf:
-        index = IvfIndex(args.dim, lists=s.recall_ivf_lists, scan=default_v, exact_below=0, seed=args.seed)
+        index = IvfIndex(args.dim, lists=s.recall.ivf_lists, scan=default_v, exact_below=0, seed=args.seed)
         index.update(vectors, n0)
         t = time.perf_counter()
         index.upsert_many(np.arange(n0), np.ones(n0, dtype=bool))
@@ -192,7 +192,7 @@ def main() -> None:
             args.dim,
             connectivity=connectivity,
             expansion_add=expansion_add,
-            expansion_search=s.recall_ann_expansion_search,
+            expansion_search=s.recall.ann_expansion_search,
             dtype=dtype,
             oversample=default_os,
             exact_below=0,

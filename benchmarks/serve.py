@@ -90,7 +90,7 @@ def warm_users(settings: object, users: int, catalog: Path) -> None:
     from streams.state import UserState
 
     cats = sorted({json.loads(line)["category"] for line in catalog.open() if '"kind":"ad"' in line})
-    r = redis.Redis.from_url(settings.redis_url)  # type: ignore[attr-defined]
+    r = redis.Redis.from_url(settings.redis.url)  # type: ignore[attr-defined]
     pipe = r.pipeline(transaction=False)
     now = time.time()
     for i in range(1, users + 1, 2):
@@ -432,10 +432,7 @@ def lb_case(
     os.environ.update(env)
     settings = Settings(
         model_dir=model_dir,
-        serve_catalog_file=catalog,
-        http_port=port,
-        serve_replicas=replicas,
-        serve_consume_deltas=False,
+        serving={"catalog_file": catalog, "http_port": port, "replicas": replicas, "consume_deltas": False},
         topic_prefix=f"benchlb{port}.",
         redis_prefix=f"adstream-bench-lb:{port}:",
     )
@@ -490,7 +487,7 @@ def lb_case(
         ray.shutdown()
         import redis
 
-        r = redis.Redis.from_url(settings.redis_url)
+        r = redis.Redis.from_url(settings.redis.url)
         keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
         if keys:
             r.delete(*keys)
@@ -646,13 +643,15 @@ def main() -> None:
             run = uuid.uuid4().hex[:8]
             settings = Settings(
                 model_dir=tmp / "models",
-                serve_catalog_file=catalog,
-                http_port=args.port,
+                serving={
+                    "catalog_file": catalog,
+                    "http_port": args.port,
+                    "consume_deltas": False,
+                    "adapter_capacity": 4096,
+                },
                 topic_prefix=f"bench{run}.",
                 redis_prefix=f"adstream-bench:{run}:",
-                serve_consume_deltas=False,
                 adapter_scheme=scheme,
-                serve_adapter_capacity=4096,
             )
             first = not by_scheme
             warm_users(settings, args.users, catalog)
@@ -706,7 +705,7 @@ def main() -> None:
             finally:
                 serve.shutdown()  # type: ignore[no-untyped-call]  # ray ships it untyped
                 ray.shutdown()
-                r = redis.Redis.from_url(settings.redis_url)
+                r = redis.Redis.from_url(settings.redis.url)
                 keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
                 if keys:
                     r.delete(*keys)

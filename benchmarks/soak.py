@@ -146,7 +146,7 @@ async def soak(args: argparse.Namespace, demo: Any, url: str, samples: list[dict
             topics.DWELL,
             topics.CONVERSIONS,
         ],
-        f"{s.topic_prefix}{s.trainer_group}": [topics.TRAINING_EXAMPLES],
+        f"{s.topic_prefix}{s.online.group}": [topics.TRAINING_EXAMPLES],
     }
     t0 = time.monotonic()
     async with KafkaSink(s) as sink:
@@ -196,7 +196,7 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     # every child process of the run takes it from the environment, like any other setting
-    os.environ["ADSTREAM_ATTRIBUTION_WINDOW_S"] = repr(args.attribution_window_s)
+    os.environ["ADSTREAM_STREAMS__ATTRIBUTION_WINDOW_S"] = repr(args.attribution_window_s)
     args.warmup = max(args.warmup, min(0.8, (args.attribution_window_s + 60) / (args.minutes * 60)))
 
     from deploy import stack

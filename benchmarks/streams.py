@@ -85,7 +85,7 @@ async def produce(s: Settings, records: list[tuple[str, bytes, bytes]]) -> float
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(
-        bootstrap_servers=s.kafka_bootstrap, linger_ms=20, max_batch_size=512 * 1024, acks=1
+        bootstrap_servers=s.kafka.bootstrap, linger_ms=20, max_batch_size=512 * 1024, acks=1
     )
     await producer.start()
     t0 = time.perf_counter()
@@ -103,13 +103,13 @@ async def raw_consume(s: Settings, expect: int) -> dict[str, float]:
     """Read every user-event record once with a bare aiokafka consumer; time first→last record."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False)
+    c = AIOKafkaConsumer(bootstrap_servers=s.kafka.bootstrap, enable_auto_commit=False)
     await c.start()
     try:
         tps = [
             TopicPartition(topics.topic_name(t, s.topic_prefix), p)
             for t in USER_TOPICS
-            for p in range(s.topic_partitions or 8)
+            for p in range(s.kafka.topic_partitions or 8)
         ]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
@@ -149,7 +149,7 @@ def bare_faust_child(expect: int, out: Path) -> None:
         *(topics.topic_name(t, s.topic_prefix) for t in USER_TOPICS),
         value_serializer="raw",
         key_serializer="raw",
-        partitions=s.topic_partitions or 8,
+        partitions=s.kafka.topic_partitions or 8,
     )
     seen = {"n": 0, "t0": 0.0}
 
@@ -193,13 +193,13 @@ def worker_env(s: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "ADSTREAM_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-            "ADSTREAM_REDIS_URL": s.redis_url,
-            "ADSTREAM_CLICKHOUSE_URL": s.clickhouse_url,
+            "ADSTREAM_KAFKA__BOOTSTRAP": s.kafka.bootstrap,
+            "ADSTREAM_REDIS__URL": s.redis.url,
+            "ADSTREAM_CLICKHOUSE__URL": s.clickhouse.url,
             "ADSTREAM_TOPIC_PREFIX": s.topic_prefix,
             "ADSTREAM_REDIS_PREFIX": s.redis_prefix,
             "ADSTREAM_STATE_DIR": str(s.state_dir),
-            "ADSTREAM_METRICS_PORT": "0",
+            "ADSTREAM_METRICS__PORT": "0",
         }
     )
     return env
@@ -215,7 +215,7 @@ def run_worker(
 ) -> dict[str, Any]:
     import redis
 
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "deploy.cli", "worker", "--loglevel", "warn", "--engine", engine],
@@ -339,7 +339,7 @@ def summarise_profile(path: Path, top: int = 12) -> dict[str, Any]:
 def cleanup(s: Settings, topics_too: bool = True) -> None:
     import redis
 
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     keys = list(r.scan_iter(match=f"{s.redis_prefix}*", count=5000))
     for i in range(0, len(keys), 5000):
         r.delete(*keys[i : i + 5000])
@@ -362,7 +362,7 @@ def engine_settings(s: Settings, engine: str) -> Settings:
     return s.model_copy(
         update={
             "redis_prefix": f"{s.redis_prefix}{engine}:",
-            "clickhouse_url": f"{s.clickhouse_url}_{engine}",
+            "clickhouse": s.clickhouse.model_copy(update={"url": f"{s.clickhouse.url}_{engine}"}),
         }
     )
 
@@ -389,7 +389,9 @@ def main() -> None:
         update={
             "topic_prefix": f"bench{tag}.",
             "redis_prefix": f"adstream-bench:{tag}:",
-            "clickhouse_url": base.clickhouse_url.rsplit("/", 1)[0] + f"/adstream_bench_{tag}",
+            "clickhouse": base.clickhouse.model_copy(
+                update={"url": base.clickhouse.url.rsplit("/", 1)[0] + f"/adstream_bench_{tag}"}
+            ),
             "state_dir": ROOT / ".adstream" / "bench",
         }
     )
@@ -481,10 +483,10 @@ def main() -> None:
         "raw_consume_events_per_s": round(raw_rate, 1),
         "goals": goals,
         "settings": {
-            "sink_batch_size": s.sink_batch_size,
-            "sink_flush_s": s.sink_flush_s,
+            "sink_batch_size": s.sink.batch_size,
+            "sink_flush_s": s.sink.flush_s,
             "state_dim": s.state_dim,
-            "label_mode": s.label_mode,
+            "label_mode": s.online.label_mode,
         },
         "machine": machine() | {"load_avg_1m_start": load_start, "python": platform.python_version()},
         "command": f".venv/bin/python benchmarks/streams.py --events {args.events} --engines {args.engines}"

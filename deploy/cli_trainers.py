@@ -197,7 +197,7 @@ def register(app: typer.Typer) -> None:
         from deploy.stack import create_topics
 
         create_topics(settings)
-        port = settings.metrics_port + 1 if metrics_port is None else metrics_port
+        port = settings.metrics.port + 1 if metrics_port is None else metrics_port
         asyncio.run(_live(settings, online, max_examples, port))
 
 
@@ -208,7 +208,7 @@ def _replay(path: Path, json_out: Path | None, online: Any, settings: Settings, 
     examples, _ = examples_from_events(msgs, settings)
     if order is ReplayOrder.impression:
         examples = impression_order(examples)
-    n = replay(examples, online, settings.micro_batch)
+    n = replay(examples, online, settings.online.micro_batch)
     report = progressive_report(online) | {
         "order": order,
         "file": str(path),

@@ -76,30 +76,30 @@ class Demo:
         self.dir = (settings.state_dir / "demo" / run_id).resolve()
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         # each run its own topics, Redis keys and ClickHouse database, so its figures are its own
-        clickhouse_url = urlunparse(urlparse(settings.clickhouse_url)._replace(path=f"/demo_{run_id}"))
+        clickhouse_url = urlunparse(urlparse(settings.clickhouse.url)._replace(path=f"/demo_{run_id}"))
         self.env = dict(os.environ)
         self.worker_metrics_port, self.trainer_metrics_port = free_port(), free_port()
         self.env.update(
-            ADSTREAM_CLICKHOUSE_URL=clickhouse_url,
+            ADSTREAM_CLICKHOUSE__URL=clickhouse_url,
             ADSTREAM_TOPIC_PREFIX=f"demo{run_id}.",
             ADSTREAM_REDIS_PREFIX=f"adstream-demo:{run_id}:",
             ADSTREAM_MODEL_DIR=str(self.dir / "models"),
-            ADSTREAM_HTTP_PORT=str(spec.port),
+            ADSTREAM_SERVING__HTTP_PORT=str(spec.port),
             ADSTREAM_STATE_DIR=str(settings.state_dir.resolve()),
-            ADSTREAM_METRICS_PORT=str(self.worker_metrics_port),
+            ADSTREAM_METRICS__PORT=str(self.worker_metrics_port),
             # admin routes refuse a default token: this run's own, never printed
-            ADSTREAM_ADMIN_TOKEN=secrets.token_urlsafe(24),
+            ADSTREAM_SERVING__ADMIN_TOKEN=secrets.token_urlsafe(24),
         )
-        self.admin = {"Authorization": f"Bearer {self.env['ADSTREAM_ADMIN_TOKEN']}"}
+        self.admin = {"Authorization": f"Bearer {self.env['ADSTREAM_SERVING__ADMIN_TOKEN']}"}
         self.settings = Settings(
             topic_prefix=self.env["ADSTREAM_TOPIC_PREFIX"],
             redis_prefix=self.env["ADSTREAM_REDIS_PREFIX"],
             model_dir=self.dir / "models",
-            http_port=spec.port,
+            serving={"http_port": spec.port},
             state_dir=settings.state_dir,
-            kafka_bootstrap=settings.kafka_bootstrap,
-            redis_url=settings.redis_url,
-            clickhouse_url=clickhouse_url,
+            kafka={"bootstrap": settings.kafka.bootstrap},
+            redis={"url": settings.redis.url},
+            clickhouse={"url": clickhouse_url},
         )
         self.children: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -328,7 +328,7 @@ def run_demo(
         demo.start("trainer", "trainer", "--metrics-port", str(demo.trainer_metrics_port))
         demo.start("serve", "serve", "--catalog", str(catalog), "--port", str(spec.port))
         dashboard = demo.start_optional("dashboard", "dashboard", "--port", str(spec.dashboard_port))
-        url = f"http://{s.http_host}:{spec.port}"
+        url = f"http://{s.serving.http_host}:{spec.port}"
         demo.wait_http(f"{url}/healthz")
         say(f"   serving at {url} (OpenAPI at {url}/docs)")
         adapters_start = httpx.get(f"{url}/v1/adapters", headers=demo.admin, timeout=5).json()
@@ -423,7 +423,7 @@ def clickhouse_counts(settings: Settings) -> dict[str, int]:
 
     from deploy.endpoints import clickhouse_database
 
-    db = clickhouse_database(settings.clickhouse_url)
+    db = clickhouse_database(settings.clickhouse.url)
     client = Client(**clickhouse_args(settings, db))
     counts = {}
     try:

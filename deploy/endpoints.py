@@ -32,7 +32,7 @@ def kafka_endpoint(bootstrap: str) -> Endpoint:
     first = bootstrap.split(",")[0].strip()
     host, sep, port = first.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ConfigError(f"kafka_bootstrap: expected host:port, got {bootstrap!r}")
+        raise ConfigError(f"kafka.bootstrap: expected host:port, got {bootstrap!r}")
     return Endpoint(host, int(port))
 
 

@@ -61,7 +61,7 @@ async def produce_lines(
         await producer.start()
     except KafkaError as exc:
         await producer.stop()  # a producer that failed to start still holds its client
-        raise BrokerError(f"Kafka at {settings.kafka_bootstrap} did not answer ({exc})") from exc
+        raise BrokerError(f"Kafka at {settings.kafka.bootstrap} did not answer ({exc})") from exc
     physical = topic_name(topic, settings.topic_prefix)
     signing_key = event_key(settings) if sign else None
     try:

@@ -12,10 +12,10 @@ from typing import Any
 
 
 def build(args: dict[str, Any]) -> Any:
-    """Ray Serve application builder: `args` are settings overrides (`{"serve_replicas": 2}`)."""
+    """Ray Serve application builder: `args` are settings overrides (`{"serving.replicas": 2}`)."""
     from deploy.cli_serving import StreamsUserCodec
-    from schemas.settings import Settings
+    from schemas.settings import Settings, nested
     from serving.app import build_app
 
-    settings = Settings(**args)
+    settings = Settings(**nested(args))
     return build_app(settings, StreamsUserCodec(settings))

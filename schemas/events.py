@@ -264,7 +264,7 @@ class TrainingExample(Message):
     adapter_version: Version | None = None
     click: bool
     dwell_ms: Annotated[int, Field(ge=0, le=MAX_DWELL_MS)] = 0
-    # delayed feedback (settings.label_mode): "final" = the labels after the attribution window
+    # delayed feedback (settings.online.label_mode): "final" = the labels after the attribution window
     # closed (or at the click); the fake-negative modes emit "fake_negative" at the impression
     # (click False), "click" when its click arrives (a positive duplicate) and "dwell" when a
     # dwell arrives (a label update the click model does not learn from)

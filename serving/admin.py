@@ -46,7 +46,7 @@ def token_digest(token: SecretStr) -> str | None:
     value = token.get_secret_value()
     reason = weak_token_reason(value)
     if reason is not None:
-        log.warning("admin routes are disabled: %s (set ADSTREAM_ADMIN_TOKEN)", reason)
+        log.warning("admin routes are disabled: %s (set ADSTREAM_SERVING__ADMIN_TOKEN)", reason)
         return None
     return hashlib.sha256(value.encode()).hexdigest()
 

@@ -61,7 +61,7 @@ class UsearchIndex:
         from usearch.index import Index
 
         if oversample < 1:
-            raise ConfigError(f"recall_ann_oversample must be >= 1, got {oversample}")
+            raise ConfigError(f"recall.ann_oversample must be >= 1, got {oversample}")
         self.dim = dim
         self.dtype = dtype
         self.oversample = oversample
@@ -171,29 +171,29 @@ class UsearchIndex:
 
 
 def make_index(settings: Settings, vectors: np.ndarray, n: int) -> ExactIndex | IvfIndex | UsearchIndex:
-    """The recall index `settings.recall_index` names, over the catalog's matrix."""
+    """The recall index `settings.recall.index` names, over the catalog's matrix."""
     from serving.ivf import IvfIndex
 
-    if settings.recall_index == "exact":
+    if settings.recall.index == "exact":
         return ExactIndex(vectors, n)
     index: IvfIndex | UsearchIndex
-    if settings.recall_index == "ivf":
+    if settings.recall.index == "ivf":
         index = IvfIndex(
             vectors.shape[1],
-            lists=settings.recall_ivf_lists,
-            scan=settings.recall_ivf_scan,
-            exact_below=settings.recall_ann_min_ads,
+            lists=settings.recall.ivf_lists,
+            scan=settings.recall.ivf_scan,
+            exact_below=settings.recall.ann_min_ads,
         )
         index.update(vectors, n)
         return index
     index = UsearchIndex(
         vectors.shape[1],
-        connectivity=settings.recall_ann_connectivity,
-        expansion_add=settings.recall_ann_expansion_add,
-        expansion_search=settings.recall_ann_expansion_search,
-        dtype=settings.recall_ann_dtype,
-        oversample=settings.recall_ann_oversample,
-        exact_below=settings.recall_ann_min_ads,
+        connectivity=settings.recall.ann_connectivity,
+        expansion_add=settings.recall.ann_expansion_add,
+        expansion_search=settings.recall.ann_expansion_search,
+        dtype=settings.recall.ann_dtype,
+        oversample=settings.recall.ann_oversample,
+        exact_below=settings.recall.ann_min_ads,
     )
     index.update(vectors, n)
     return index

@@ -28,7 +28,7 @@ from ray.serve.config import BackpressureConfig
 from schemas import topics
 from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass
 from schemas.errors import AdapterError
-from schemas.settings import Settings
+from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
 from serving.admin import api_key_digests, check_admin, check_api_key, token_digest
 from serving.canary import Arm, Canary, CanaryRule, arm_for
@@ -91,14 +91,14 @@ class AdServer(ReplicaLoops):
         device = resolve_device(s.device)
         model, version = load_ranker(s, device)
         self.rank = RankModel(model, version, s, device)
-        self.towers = TowerSpace.load(s.model_dir, s.title_cache_size)
+        self.towers = TowerSpace.load(s.model_dir, s.serving.title_cache_size)
         if self.towers is not None:
             self.catalog = Catalog(
-                self.towers.dim, model.config, self.towers.ad_vector, max_ads=s.serve_catalog_max_ads
+                self.towers.dim, model.config, self.towers.ad_vector, max_ads=s.serving.catalog_max_ads
             )
         else:
             self.catalog = Catalog(
-                s.state_dim, model.config, content_vectorizer(s.state_dim), max_ads=s.serve_catalog_max_ads
+                s.state_dim, model.config, content_vectorizer(s.state_dim), max_ads=s.serving.catalog_max_ads
             )
         self.pipe = AdPipeline(
             s,
@@ -110,20 +110,20 @@ class AdServer(ReplicaLoops):
         self.applier = DeltaApplier(
             self.rank.bank,
             version,
-            s.delta_max_norm,
+            s.online.delta_max_norm,
             key=resolve_signing_key(s),
-            max_drift=s.serve_adapter_max_drift,
+            max_drift=s.serving.adapter_max_drift,
         )
         self.canary = Canary(
-            s.canary_share,
+            s.canary.share,
             CanaryRule(
-                s.canary_auc_gain,
-                s.canary_latency_slack,
-                s.canary_max_error_rate,
-                s.canary_error_window_s,
-                s.canary_min_samples,
+                s.canary.auc_gain,
+                s.canary.latency_slack,
+                s.canary.max_error_rate,
+                s.canary.error_window_s,
+                s.canary.min_samples,
             ),
-            cooldown_s=s.canary_cooldown_s,
+            cooldown_s=s.canary.cooldown_s,
         )
         self.redis = RedisIO(s, user_codec)
         self.sink = ImpressionSink(
@@ -131,24 +131,24 @@ class AdServer(ReplicaLoops):
             lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n),
             lambda seconds: self.metrics.spent("impressions", seconds),
         )
-        self.bodies = BodyAdmission(s.serve_admission_limit)
-        self.gate = Admission(s.serve_qos_slots, qos_policies(s))
+        self.bodies = BodyAdmission(s.serving.admission_limit)
+        self.gate = Admission(s.qos.slots, qos_policies(s))
         self.max_swap_pause_s = 0.0
         self.ready = False
-        if s.serve_catalog_file is not None:
+        if s.serving.catalog_file is not None:
             self._load_catalog_file(s)
         self.rank.warmup()
         self._rank_pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="adstream-rank") if s.serve_rank_thread else None
+            ThreadPoolExecutor(1, thread_name_prefix="adstream-rank") if s.serving.rank_thread else None
         )
         if self._rank_pool is not None:  # the thread's own torch state (inference mode, allocator)
             self._rank_pool.submit(self.rank.warmup, 512, 1).result()
-        self._rank_batch.set_max_batch_size(s.serve_batch_max)  # type: ignore[attr-defined]
-        self._rank_batch.set_batch_wait_timeout_s(s.serve_batch_wait_ms / 1000)  # type: ignore[attr-defined]
+        self._rank_batch.set_max_batch_size(s.serving.batch_max)  # type: ignore[attr-defined]
+        self._rank_batch.set_batch_wait_timeout_s(s.serving.batch_wait_ms / 1000)  # type: ignore[attr-defined]
         await self.sink.start()
         await self._load_adapters()  # snapshots and pins, before any delta lands or request is served
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        if s.serve_consume_deltas:
+        if s.serving.consume_deltas:
             self._supervise("catalog", lambda: self._follow(topics.CATALOG, self._on_ad, True))
             self._supervise("deltas", lambda: self._follow(topics.ADAPTER_DELTAS, self._on_delta, True))
             self._supervise("clicks", lambda: self._follow(topics.CLICKS, self._on_click, False))
@@ -225,14 +225,12 @@ class AdServer(ReplicaLoops):
             self.metrics.shed.inc()
             return self._status(503, _error(503, "overloaded, retry later", {"Retry-After": "1"}))
         # from the first byte to its class: a slow body holds its admission slot
-        req = await self.bodies.parse(request, self.settings.max_body_bytes)
+        req = await self.bodies.parse(request, self.settings.serving.max_body_bytes)
         if not isinstance(req, AdRequest):
             return self._status(req.status_code, req)
         t_gate = time.perf_counter()
         self.metrics.spent("parse", t_gate - t0)
-        cls = class_of(
-            req.qos, req.slot, self.settings.serve_qos_slot_class, self.settings.serve_qos_default_class
-        )
+        cls = class_of(req.qos, req.slot, self.settings.qos.slot_class, self.settings.qos.default_class)
         outcome = await self.gate.enter(cls)
         if outcome != "run":
             return self._shed(cls, outcome)
@@ -458,9 +456,9 @@ class AdServer(ReplicaLoops):
 def deployment_options(settings: Settings) -> dict[str, Any]:
     """The Serve deployment options of the ingress (the ad server and the framework floor)."""
     return {
-        "num_replicas": settings.serve_replicas,
-        "max_ongoing_requests": settings.serve_max_ongoing,
-        "max_queued_requests": settings.serve_max_queued,
+        "num_replicas": settings.serving.replicas,
+        "max_ongoing_requests": settings.serving.max_ongoing,
+        "max_queued_requests": settings.serving.max_queued,
         # Serve's own queue limit answers like our admission check: 503 + Retry-After
         "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1),
         "ray_actor_options": {"num_cpus": 0},
@@ -474,8 +472,8 @@ def build_app(settings: Settings, user_codec: UserCodec | None = None) -> Any:
     return deployment.bind(  # type: ignore[attr-defined]
         settings_payload(settings),
         user_codec,
-        token_digest(settings.admin_token),
-        api_key_digests(settings.serve_api_keys),
+        token_digest(settings.serving.admin_token),
+        api_key_digests(settings.serving.api_keys),
     )
 
 
@@ -483,9 +481,13 @@ def settings_payload(settings: Settings) -> str:
     """Settings as JSON for the replicas, without secrets (Ray stores and shows actor arguments):
     replicas get the admin token's digest separately and read the delta signing key themselves."""
     data = json.loads(settings.model_dump_json())
-    for name, field in Settings.model_fields.items():
+    for name, field in leaf_fields().items():
         if field.annotation is SecretStr:
-            data.pop(name, None)
+            *groups, leaf = name.split(".")
+            owner = data
+            for g in groups:
+                owner = owner.get(g, {})
+            owner.pop(leaf, None)
     return json.dumps(data)
 
 

@@ -103,7 +103,7 @@ class Catalog:
         if inactive.shape[0] == 0:
             self.refused += 1
             raise CatalogFull(
-                f"catalog holds {self.max_ads} active ads (serve_catalog_max_ads); new ad refused"
+                f"catalog holds {self.max_ads} active ads (serving.catalog_max_ads); new ad refused"
             )
         row = int(inactive[0])
         del self.row_of[self.rows[row].ad_id]

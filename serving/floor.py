@@ -38,7 +38,7 @@ class FloorServer:
     """Parses and validates each `AdRequest`, then answers the fixed `AdResponse`."""
 
     def __init__(self, settings_json: str) -> None:
-        self.limit = Settings(**json.loads(settings_json)).max_body_bytes
+        self.limit = Settings(**json.loads(settings_json)).serving.max_body_bytes
         self.body = fixed_response().model_dump_json().encode()
 
     @floor_api.post("/v1/ads")

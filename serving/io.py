@@ -120,7 +120,7 @@ class RedisIO:
         self.prefix = settings.redis_prefix
         self.client = aredis.Redis.from_url(**redis_args(settings), socket_timeout=1.0)
         self.codec = codec_
-        self.cap = settings.frequency_cap
+        self.cap = settings.serving.frequency_cap
         self._fcap: dict[tuple[str, str], dict[str, int]] = {}
         self._fcap_inflight: dict[tuple[str, str], dict[str, int]] = {}
         self._spend: dict[str, dict[str, float]] = {}
@@ -299,7 +299,7 @@ class ImpressionSink:
         self.topic = topics.topic_name(topics.IMPRESSIONS, settings.topic_prefix)
         self.producer: Any = None
         self.on_outcome = on_outcome
-        self.limit = settings.serve_impressions_pending
+        self.limit = settings.serving.impressions_pending
         self._queue: deque[Impression] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

@@ -93,7 +93,7 @@ class IvfIndex:
         seed: int = 0,
     ) -> None:
         if scan < 1:
-            raise ConfigError(f"recall_ivf_scan must be >= 1, got {scan}")
+            raise ConfigError(f"recall.ivf_scan must be >= 1, got {scan}")
         self.dim = dim
         self.lists_wanted = lists
         self.scan = scan

@@ -118,8 +118,8 @@ class ReplicaLoops:
         self._tasks[name] = task
 
     def _load_catalog_file(self, s: Settings) -> None:
-        assert s.serve_catalog_file is not None
-        ads = read_catalog_file(s.serve_catalog_file)
+        assert s.serving.catalog_file is not None
+        ads = read_catalog_file(s.serving.catalog_file)
         vectors = self.towers.ad_vectors(ads) if self.towers is not None else [None] * len(ads)
         for ad, vec in zip(ads, vectors, strict=True):
             self.pipe.add_ad(ad, vec)
@@ -157,7 +157,7 @@ class ReplicaLoops:
         # where this replica left off survives reconnects and task restarts: never a full replay
         positions = self.__dict__.setdefault("_positions", {}).setdefault(base, {})
         # deltas older than the replay window are in the snapshots loaded at start
-        replay = self.settings.serve_delta_replay_s if base == topics.ADAPTER_DELTAS else None
+        replay = self.settings.serving.delta_replay_s if base == topics.ADAPTER_DELTAS else None
         await follow(
             self.settings, base, handle, from_beginning, invalid, replay_s=replay, positions=positions
         )
@@ -193,7 +193,7 @@ class ReplicaLoops:
     def _on_click(self, msg: Message) -> None:
         assert isinstance(msg, Click)
         # a fabricated click (no token, another user's or ad's) must not steer the canary (M10.b)
-        if self.settings.streams_verify_clicks and check_event(msg, self.pipe.event_key) is not None:
+        if self.settings.streams.verify_clicks and check_event(msg, self.pipe.event_key) is not None:
             self.metrics.clicks_refused.inc()
             return
         if self.canary.clicked(msg.impression_id):
@@ -235,7 +235,7 @@ class ReplicaLoops:
         """Every second: the day's spend from Redis (pacing) and gauges; every `canary_eval_s`:
         the canary decision (it sorts the arms' windows, so not more often)."""
         day = utcnow().date()
-        next_eval = time.time() + self.settings.canary_eval_s
+        next_eval = time.time() + self.settings.canary.eval_s
         while True:
             await asyncio.sleep(1.0)
             try:
@@ -257,7 +257,7 @@ class ReplicaLoops:
         except Exception as exc:
             log.warning("spend refresh failed: %s", exc)
         if now >= next_eval:
-            next_eval = now + self.settings.canary_eval_s
+            next_eval = now + self.settings.canary.eval_s
             action = self.canary.evaluate(now)
             if action != "hold":
                 self.metrics.canary_actions.labels(action).inc()

@@ -27,7 +27,7 @@ from serving.catalog import Catalog
 from serving.deadline import Rung, StageCosts
 from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
-from serving.rerank import RerankParams, pacing_factor, rerank
+from serving.rerank import pacing_factor, rerank
 from serving.towers import TowerSpace
 
 
@@ -98,13 +98,7 @@ class AdPipeline:
         self.catalog = catalog
         self.index = make_index(settings, catalog.vectors, catalog.n)
         self.costs = StageCosts()
-        self.params = RerankParams(
-            max_per_advertiser=settings.rerank_max_per_advertiser,
-            category_decay=settings.rerank_category_decay,
-            long_tail_boost=settings.rerank_long_tail_boost,
-            reserve_price=settings.rerank_reserve_price,
-            pacing_slack=settings.pacing_slack,
-        )
+        self.params = settings.rerank
         self._popular: np.ndarray = np.zeros(0, dtype=np.int64)
         self._popular_version = -1
         self._centroid = np.zeros(catalog.dim, dtype=np.float32)
@@ -134,8 +128,8 @@ class AdPipeline:
     ) -> UserView | None:
         """The user's view with the prior of their declared interests added (`serving.interests`):
         the whole state of a brand-new user (None), fading to nothing as their evidence grows.
-        `weight`: pseudo-clicks per category (default `settings.serve_interest_weight`)."""
-        weight = self.settings.serve_interest_weight if weight is None else weight
+        `weight`: pseudo-clicks per category (default `settings.serving.interest_weight`)."""
+        weight = self.settings.serving.interest_weight if weight is None else weight
         if not interests or weight <= 0:
             return user
         evidence = 0.0 if user is None else float(sum(user.intents.values()))
@@ -214,7 +208,7 @@ class AdPipeline:
                 allowed[row] = False
         user = self.with_interests(user, req.interests)
         query = self.query(user, req.context, req.slot, hour)
-        rows, scores = self.index.search(query, self.settings.recall_k, allowed)
+        rows, scores = self.index.search(query, self.settings.recall.k, allowed)
         intents = np.zeros(len(cat.codes["category"]), dtype=np.float32)
         if user is not None:
             for name, score in user.intents.items():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias, get_args
 
 from schemas.api import QosClass
-from schemas.settings import Settings
+from schemas.settings import QosSettings, Settings
 
 CLASSES: Final[tuple[QosClass, ...]] = get_args(QosClass)  # top first
 Outcome: TypeAlias = Literal["run", "queue_full", "timeout", "evicted"]
@@ -46,10 +46,10 @@ def policies(settings: Settings) -> dict[QosClass, ClassPolicy]:
     >>> policies(Settings())["besteffort"]
     ClassPolicy(deadline_ms=50.0, queue_limit=8, queue_timeout_ms=10.0, retry_after_s=2)
     """
-    fields = Settings.model_fields
+    fields = QosSettings.model_fields
 
     def value(name: str, cls: QosClass) -> Any:
-        given: dict[str, Any] = getattr(settings, name)
+        given: dict[str, Any] = getattr(settings.qos, name)
         if cls in given:
             return given[cls]
         factory = fields[name].default_factory
@@ -57,10 +57,10 @@ def policies(settings: Settings) -> dict[QosClass, ClassPolicy]:
 
     return {
         c: ClassPolicy(
-            deadline_ms=float(settings.serve_qos_deadline_ms.get(c, settings.deadline_ms)),
-            queue_limit=int(value("serve_qos_queue_limit", c)),
-            queue_timeout_ms=float(value("serve_qos_queue_timeout_ms", c)),
-            retry_after_s=int(value("serve_qos_retry_after_s", c)),
+            deadline_ms=float(settings.qos.deadline_ms.get(c, settings.serving.deadline_ms)),
+            queue_limit=int(value("queue_limit", c)),
+            queue_timeout_ms=float(value("queue_timeout_ms", c)),
+            retry_after_s=int(value("retry_after_s", c)),
         )
         for c in CLASSES
     }

@@ -94,7 +94,7 @@ def build_input(
 class RankModel:
     """The base ranker with banked LoRA layers; `score` takes several requests' inputs at once.
 
-    `chunk` (CPU only; `settings.serve_rank_chunk`) splits a batch into forward passes of at
+    `chunk` (CPU only; `settings.serving.rank_chunk`) splits a batch into forward passes of at
     most that many candidates (2,048: base and adapter batches both ran 5–10 % faster than with
     1,024 or 4,096 on a one-thread replica; `benchmarks/rank.py --chunk`); `group_limit`,
     `merge_min` and `merge_max` (`settings.serve_merge_*`) decide which adapters of a batch are
@@ -111,23 +111,23 @@ class RankModel:
         self.model = model
         self.version = version
         self.device = device
-        shapes = target_layers(model, list(settings.lora_targets))
+        shapes = target_layers(model, list(settings.lora.targets))
         self.bank = AdapterBank(
             shapes,
-            rank=settings.lora_rank,
-            alpha=settings.lora_alpha,
-            capacity=settings.serve_adapter_capacity,
-            max_norm=settings.serve_adapter_max_norm,
+            rank=settings.lora.rank,
+            alpha=settings.lora.alpha,
+            capacity=settings.serving.adapter_capacity,
+            max_norm=settings.serving.adapter_max_norm,
             device=device,
         )
         ctx = BankContext(
-            group_limit=settings.serve_merge_group_limit,
-            merge_min=settings.serve_merge_min,
-            merge_max=settings.serve_merge_max,
+            group_limit=settings.serving.merge_group_limit,
+            merge_min=settings.serving.merge_min,
+            merge_max=settings.serving.merge_max,
         )
         self.ctx: BankContext = install(model, self.bank, ctx)
         self.config: RankerConfig = model.config
-        self.chunk = settings.serve_rank_chunk
+        self.chunk = settings.serving.rank_chunk
 
     @torch.inference_mode()
     def score(self, inputs: list[RankInput], use_adapters: bool) -> list[np.ndarray]:

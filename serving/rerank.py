@@ -13,19 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from schemas.settings import RerankSettings
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-@dataclass(frozen=True)
-class RerankParams:
-    """Knobs of the rerank stage (from `Settings.rerank_*` / `pacing_slack`)."""
-
-    max_per_advertiser: int = 2
-    category_decay: float = 0.8
-    long_tail_boost: float = 0.1
-    reserve_price: float = 0.01
-    pacing_slack: float = 0.1
+# the rerank knobs are the settings' sub-model itself (`settings.rerank`); the old name stays
+RerankParams = RerankSettings
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def create_app(settings: Settings) -> faust.App:
 
     rt = Runtime(s, lambda: app.consumer, ack)
     app.runtime = rt  # type: ignore[attr-defined]
-    parts = s.topic_partitions or topics.TOPICS_BY_NAME[topics.IMPRESSIONS].partitions
+    parts = s.kafka.topic_partitions or topics.TOPICS_BY_NAME[topics.IMPRESSIONS].partitions
     source = app.topic(
         *(
             topics.topic_name(t, s.topic_prefix)

@@ -3,7 +3,7 @@
 Pure and deterministic (no I/O, no clock): time is the stream's event time, advanced by the
 caller. One `LabelJoin` per co-partition (the same user always lands in the same one).
 
-Two label modes (`settings.label_mode`). **hold** emits one example per impression with its
+Two label modes (`settings.online.label_mode`). **hold** emits one example per impression with its
 final labels (`label_kind="final"`), as described below. The **fake-negative** modes
 (`fn_weighted`, `fn_calibrated`; Ktena et al., "Addressing Delayed Feedback for Continuous
 Training with Neural Networks in CTR prediction", RecSys 2019) never wait: an impression is

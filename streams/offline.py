@@ -2,7 +2,7 @@
 
 `training_examples(events, settings)` is what `adstream trainer --replay FILE` and the drift
 benchmark use: final labels (`label_mode="hold"`) unless asked otherwise, the labelled data an
-offline model trains on; `replay` computes exactly what the worker does (its `settings.label_mode`)
+offline model trains on; `replay` computes exactly what the worker does (its `settings.online.label_mode`)
 and also returns the final user states (tests compare them with Redis).
 Events should be time-ordered (as the worker's per-partition merge delivers them); catalog
 entries (`AdCreative`) in the list update the catalog when they are reached.

@@ -130,7 +130,7 @@ class Pipeline:
         self.dlq_topic = topics.topic_name(topics.DLQ, self.prefix)
         self.examples_topic = topics.topic_name(topics.TRAINING_EXAMPLES, self.prefix)
         # impressions only replicas signed, clicks and dwells echoing a served ad's token (M10)
-        verify = settings.streams_verify_impressions or settings.streams_verify_clicks
+        verify = settings.streams.verify_impressions or settings.streams.verify_clicks
         self.event_key: bytes | None = event_key(settings) if verify else None
         self.parts: dict[int, _Part] = {}
         self.batch = _Batch()
@@ -155,7 +155,8 @@ class Pipeline:
             proc.join.load(snap.pending)
             proc.join.stream_ts = snap.stream_ts
             merge = PartitionMerge(
-                max_idle_s=self.settings.merge_max_idle_s, max_buffered=self.settings.merge_max_buffered
+                max_idle_s=self.settings.streams.merge_max_idle_s,
+                max_buffered=self.settings.streams.merge_max_buffered,
             )
             part = self.parts[p] = _Part(proc, merge, dict(snap.offsets), dict(snap.offsets))
         return part
@@ -226,15 +227,15 @@ class Pipeline:
             ts = result.ts.timestamp()
             late = ahead_of_record(
                 result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
-                self.settings.max_event_skew_s, event_ts=ts,
+                self.settings.streams.max_event_skew_s, event_ts=ts,
             )  # fmt: skip
             if late is not None:
                 return late
             if self.event_key is not None:  # before the join, the state and the sink
                 forged = unvouched(
                     result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
-                    self.event_key, impressions=self.settings.streams_verify_impressions,
-                    clicks=self.settings.streams_verify_clicks,
+                    self.event_key, impressions=self.settings.streams.verify_impressions,
+                    clicks=self.settings.streams.verify_clicks,
                 )  # fmt: skip
                 if forged is not None:
                     return forged
@@ -257,7 +258,7 @@ class Pipeline:
 
     def _full(self) -> bool:
         """The open batch must be committed now (it is big enough and the sink is free, or huge)."""
-        n, size = self.batch.count, self.settings.sink_batch_size
+        n, size = self.batch.count, self.settings.sink.batch_size
         return n >= size and (n >= BACKLOG * size or not self._writing())
 
     def _due(self) -> bool:
@@ -265,9 +266,9 @@ class Pipeline:
         if not b.count:
             return False
         if self._writing():  # commit after the write in flight, with what has come until then
-            return b.count >= BACKLOG * self.settings.sink_batch_size
-        return b.count >= self.settings.sink_batch_size or (
-            time.monotonic() - b.started >= self.settings.sink_flush_s
+            return b.count >= BACKLOG * self.settings.sink.batch_size
+        return b.count >= self.settings.sink.batch_size or (
+            time.monotonic() - b.started >= self.settings.sink.flush_s
         )
 
     async def tick(self) -> None:
@@ -322,7 +323,10 @@ class Pipeline:
                     m.MERGE_FORCED.inc(part.merge.forced - forced)
                     log.warning(
                         "partition %d: an input gave no answer for %.0fs (or %d records waited): "
-                        "merging without it", p, self.settings.merge_max_idle_s, part.merge.buffered(),
+                        "merging without it",
+                        p,
+                        self.settings.streams.merge_max_idle_s,
+                        part.merge.buffered(),
                     )  # fmt: skip
 
     def _process(self, p: int, part: _Part, item: Item) -> None:

@@ -68,15 +68,15 @@ class Processor:
     def from_settings(
         cls, settings: Settings, catalog: Catalog | None = None, label_mode: LabelMode | None = None
     ) -> Processor:
-        """The worker's core for `settings` (`label_mode`: settings.label_mode unless given)."""
+        """The worker's core for `settings` (`label_mode`: settings.online.label_mode unless given)."""
         params = StateParams.from_settings(settings)
         return cls(
             params=params,
-            window_s=settings.attribution_window_s,
+            window_s=settings.streams.attribution_window_s,
             scheme=settings.adapter_scheme,
             catalog=catalog or Catalog(params.dim),
-            watermark_window=settings.watermark_window,
-            label_mode=label_mode or settings.label_mode,
+            watermark_window=settings.streams.watermark_window,
+            label_mode=label_mode or settings.online.label_mode,
         )
 
     def state_of(self, user_id: str) -> UserState:

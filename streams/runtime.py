@@ -77,12 +77,12 @@ class Runtime:
             )
             await self.producer.start()
             redis_client = aioredis.Redis.from_url(**redis_args(s))
-            store = RedisStateStore(redis_client, s.redis_prefix, s.user_state_ttl_s)
+            store = RedisStateStore(redis_client, s.redis_prefix, s.state.ttl_s)
             pipeline = Pipeline(
                 s, store, ClickHouseSink(s), self._send, self.ack, self.catalog, send_many=self._send_many
             )
             pipeline.caught_up = self._caught_up
-            m.serve(s.metrics_port, s.metrics_host)
+            m.serve(s.metrics.port, s.metrics.host)
             # Many short-lived objects per record (models, items) over a large live heap (states,
             # pending labels, merge buffers): default GC thresholds spend a large share of the
             # time in collections; collect young objects less often, and freeze start-up objects.
@@ -231,7 +231,7 @@ class Runtime:
         """Read `ad.catalog` from the beginning; set `catalog_ready` at its end; keep following."""
         s = self.settings
         name = topics.topic_name(topics.CATALOG, s.topic_prefix)
-        n_parts = s.topic_partitions or topics.TOPICS_BY_NAME[topics.CATALOG].partitions
+        n_parts = s.kafka.topic_partitions or topics.TOPICS_BY_NAME[topics.CATALOG].partitions
         consumer = AIOKafkaConsumer(**kafka_args(s), enable_auto_commit=False)
         await consumer.start()
         sink: ClickHouseSink | None = None

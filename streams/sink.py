@@ -7,7 +7,7 @@ Protocol so a different store can stand in; `ClickHouseSink` is the real one.
 Tables are partitioned by month (`toYYYYMM(ts)`) and current ClickHouse refuses an INSERT block
 that touches more than `max_partitions_per_insert_block` (100) partitions, for good: a batch
 spanning more months (old events replayed, a hostile producer) is inserted in blocks of at most
-`settings.sink_max_partitions` months each.
+`settings.sink.max_partitions` months each.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class ClickHouseSink:
         # `adstream worker` before it starts); streams only inserts into them
         self._client = Client(**clickhouse_connect_args(settings, clickhouse_database(settings)))
         self._lock = asyncio.Lock()
-        self.max_months = settings.sink_max_partitions
+        self.max_months = settings.sink.max_partitions
 
     def _insert(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
         by_table = {table: cols for _, (table, cols) in COLUMNS.items()}

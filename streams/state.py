@@ -93,13 +93,13 @@ class StateParams:
     def from_settings(cls, s: Settings) -> StateParams:
         return cls(
             dim=s.state_dim,
-            half_life_s=s.intent_half_life_s,
-            session_gap_s=s.session_gap_s,
-            alpha_session=s.alpha_session,
-            alpha_contradict=s.alpha_contradict,
-            contradict_dwell_ms=s.contradict_dwell_ms,
-            evidence_half_life=s.state_evidence_half_life,
-            evidence_surprise=s.state_evidence_surprise,
+            half_life_s=s.state.half_life_s,
+            session_gap_s=s.state.session_gap_s,
+            alpha_session=s.state.alpha_session,
+            alpha_contradict=s.state.alpha_contradict,
+            contradict_dwell_ms=s.state.contradict_dwell_ms,
+            evidence_half_life=s.state.evidence_half_life,
+            evidence_surprise=s.state.evidence_surprise,
         )
 
 

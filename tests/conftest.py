@@ -24,11 +24,13 @@ def settings() -> Settings:
     return Settings(
         topic_prefix=f"t{RUN_ID}.",
         redis_prefix=f"adstream-test:{RUN_ID}:",
-        clickhouse_url=urlunparse(
-            urlparse(os.environ.get("ADSTREAM_CLICKHOUSE_URL", Settings().clickhouse_url))._replace(
-                path=f"/adstream_test_{RUN_ID}"
+        clickhouse={
+            "url": urlunparse(
+                urlparse(os.environ.get("ADSTREAM_CLICKHOUSE__URL", Settings().clickhouse.url))._replace(
+                    path=f"/adstream_test_{RUN_ID}"
+                )
             )
-        ),
+        },
         state_dir=state_dir,
         model_dir=state_dir / "models",
     )
@@ -54,10 +56,10 @@ def _drop_test_database(settings: Settings) -> None:
 
     from deploy.endpoints import clickhouse_database, url_endpoint
 
-    ep = url_endpoint(settings.clickhouse_url, "clickhouse_url", 9000)
+    ep = url_endpoint(settings.clickhouse.url, "clickhouse_url", 9000)
     try:
         client = Client(host=ep.host, port=ep.port, connect_timeout=2)
-        client.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(settings.clickhouse_url)}")
+        client.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(settings.clickhouse.url)}")
         client.disconnect()
     except Exception:  # the server may be gone already (we stopped it)
         pass
@@ -68,7 +70,7 @@ def redis_client(stack: Settings) -> Iterator[object]:
     """A Redis client; every key this test session wrote under its prefix is deleted afterwards."""
     import redis
 
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis.Redis.from_url(stack.redis.url)
     yield client
     keys = list(client.scan_iter(match=f"{stack.redis_prefix}*", count=1000))
     if keys:

@@ -45,7 +45,7 @@ def _client(source: Settings | str) -> tuple[Any, str]:
     what the URL holds)."""
     from clickhouse_driver import Client
 
-    settings = source if isinstance(source, Settings) else Settings(clickhouse_url=source)
+    settings = source if isinstance(source, Settings) else Settings(clickhouse={"url": source})
     database = clickhouse_database(settings)
     return Client(**clickhouse_args(settings, database)), database
 

@@ -465,7 +465,7 @@ def apply_delta(
 ) -> AdapterState:
     """The state after `delta`, or AdapterError (state untouched). See the module docstring.
 
-    `max_norm` bounds incremental deltas (`settings.delta_max_norm`); snapshots are checked for
+    `max_norm` bounds incremental deltas (`settings.online.delta_max_norm`); snapshots are checked for
     structure, finiteness and their declared norm only. Epochs: see the module docstring.
     """
     if delta.adapter_id != state.adapter_id:

@@ -192,7 +192,7 @@ def take_ready(
 ) -> tuple[list[tuple[TrainingExample, Position]], RankerBatch | None]:
     """What to learn now, in order, and its features when `features` (of `decoded`) still fit.
 
-    Without a hold everything goes at once. With one (`settings.trainer_hold_labels`), examples
+    Without a hold everything goes at once. With one (`settings.online.hold_labels`), examples
     with final labels wait in `held` until their window closes, the others go at once, then come
     those the hold releases; the features are kept only when that is `decoded` itself (nothing
     held back, nothing released: the fake-negative modes), else the step featurizes.

@@ -1,7 +1,7 @@
 """PEFT LoRA adapters on the ranker: one frozen base, many named adapters, mixed in one batch.
 
 An `AdapterBank` owns a private copy of a `Ranker` wrapped by PEFT (`get_peft_model` with a
-`LoraConfig` whose `target_modules` are the `nn.Linear` layers under `settings.lora_targets`,
+`LoraConfig` whose `target_modules` are the `nn.Linear` layers under `settings.lora.targets`,
 e.g. `cross.0`, `cross.1`, `deep.0`, `deep.2`). Base weights never get gradients.
 
 Targets may also name id tables (`nn.Embedding`: `emb.category`, `wide.category`, …), adapted
@@ -75,8 +75,8 @@ class LoraSpec:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoraSpec:
-        """`settings.lora_rank`, `lora_alpha`, `lora_targets`."""
-        return cls(settings.lora_rank, settings.lora_alpha, tuple(settings.lora_targets))
+        """`settings.lora.rank`, `lora_alpha`, `lora_targets`."""
+        return cls(settings.lora.rank, settings.lora.alpha, tuple(settings.lora.targets))
 
 
 def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
@@ -89,7 +89,7 @@ def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
         and any(name == t or name.startswith(t + ".") for t in targets)
     ]
     if not names:
-        raise ConfigError(f"lora_targets {tuple(targets)!r} match no Linear or Embedding layer of the model")
+        raise ConfigError(f"lora.targets {tuple(targets)!r} match no Linear or Embedding layer of the model")
     return names
 
 

@@ -30,7 +30,7 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
    `reset_margin` for `reset_patience` micro-batches in a row, the adapter is reset to the
    base (its initial LoRA weights) and a snapshot of the reset state is published.
 
-Delayed feedback (`settings.label_mode`, see `streams.join`): examples with final labels are
+Delayed feedback (`settings.online.label_mode`, see `streams.join`): examples with final labels are
 learned with log loss. In the fake-negative modes every impression arrives at once as a negative
 (`label_kind="fake_negative"`) and its click later as a positive duplicate (`"click"`), so the
 stream's click rate is b = p / (1 + p) for a true p (Ktena et al., RecSys 2019). `fn_loss`:
@@ -86,7 +86,7 @@ log = logging.getLogger(__name__)
 class OnlineSpec:
     """Knobs of the online trainer (from `Settings`); validated on construction."""
 
-    lr: float = 0.003  # = Settings.online_lr (tests/unit/test_settings_mirrors.py keeps them equal)
+    lr: float = 0.003  # = Settings.online.lr (tests/unit/test_settings_mirrors.py keeps them equal)
     embedding_lr: float = 0.2
     delta_percentile: float = 95.0
     delta_window_steps: int = 50
@@ -120,16 +120,16 @@ class OnlineSpec:
     def from_settings(cls, s: Settings) -> OnlineSpec:
         """The trainer knobs of `settings`."""
         return cls(
-            lr=s.online_lr,
-            embedding_lr=s.online_embedding_lr,
-            delta_percentile=s.delta_percentile,
-            delta_window_steps=s.delta_window_steps,
-            max_norm=s.delta_max_norm,
-            window=s.progressive_window,
-            reset_margin=s.reset_margin,
-            reset_patience=s.reset_patience,
-            fn_loss="calibrated" if s.label_mode == "fn_calibrated" else "weighted",
-            max_adapters=s.trainer_max_adapters,
+            lr=s.online.lr,
+            embedding_lr=s.online.embedding_lr,
+            delta_percentile=s.online.delta_percentile,
+            delta_window_steps=s.online.delta_window_steps,
+            max_norm=s.online.delta_max_norm,
+            window=s.online.progressive_window,
+            reset_margin=s.online.reset_margin,
+            reset_patience=s.online.reset_patience,
+            fn_loss="calibrated" if s.online.label_mode == "fn_calibrated" else "weighted",
+            max_adapters=s.online.max_adapters,
             signing_key=resolve_signing_key(s),
         )
 

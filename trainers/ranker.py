@@ -4,7 +4,7 @@ Inputs are a `trainers.features.RankerBatch` (see that module for the column spe
 with `featurize(examples, config)`. `Ranker.forward(dense, ids)` returns click logits [B];
 `Ranker.score(batch)` returns probabilities.
 
-Layers (names matter: LoRA adapters target them through `settings.lora_targets`):
+Layers (names matter: LoRA adapters target them through `settings.lora.targets`):
 - `emb.<column>`: one embedding table per id column (ad, advertiser, campaign, category, slot,
   position, hour), `emb_dim` wide each.
 - `cross.<i>` (`Linear(D, D)`, i < `cross_layers`): DCN-v2 cross layers,

@@ -11,7 +11,7 @@ The watermark is a `schemas.watermark.Watermark` over the examples' `ts` (the jo
 it emitted them), not their maximum: one example dated far ahead would release everything held
 at once, learned before the labels of its window are known.
 
-Only with `settings.label_mode = "hold"`: the fake-negative modes learn every example at once.
+Only with `settings.online.label_mode = "hold"`: the fake-negative modes learn every example at once.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def replay(
     `before_learn` sees each micro-batch before the trainer does, e.g. to score it with what
     replicas hold at that moment (the published state, progressive like the trainer's own)."""
     if micro_batch < 1:
-        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+        raise ValueError(f"online.micro_batch must be >= 1, got {micro_batch}")
     n = 0
     chunk: list[TrainingExample] = []
     for ex in examples:

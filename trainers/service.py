@@ -1,20 +1,20 @@
 """`adstream trainer`: the online trainer on Kafka — a thin async shell around `OnlineTrainer`.
 
-Loop: collect a micro-batch from `ad.training-examples` (consumer group `settings.trainer_group`,
-keyed by adapter id, so each adapter has one owner) of at most `settings.micro_batch` records or
-`settings.micro_batch_s` seconds; validate (bad records go to `ad.dlq`, counted); learn; reserve
+Loop: collect a micro-batch from `ad.training-examples` (consumer group `settings.online.group`,
+keyed by adapter id, so each adapter has one owner) of at most `settings.online.micro_batch` records or
+`settings.online.micro_batch_s` seconds; validate (bad records go to `ad.dlq`, counted); learn; reserve
 the deltas' seqs in Redis, then produce them to `ad.adapter-deltas` (key = adapter id).
-Every `settings.snapshot_every_s`, each adapter that learned something is snapshotted: the
+Every `settings.online.snapshot_every_s`, each adapter that learned something is snapshotted: the
 snapshot is published (next seq) and written to Redis with the input offsets it covers, and only
 then are those offsets committed to Kafka (see `trainers.snapshots` for the key layout).
 
-Delayed feedback: with `settings.trainer_hold_labels` (default) examples wait in a
+Delayed feedback: with `settings.online.hold_labels` (default) examples wait in a
 `trainers.reorder.DelayBuffer` until the join's clock has passed their impression time plus
-`settings.attribution_window_s`, and are learned in impression order (the join emits positives at
+`settings.streams.attribution_window_s`, and are learned in impression order (the join emits positives at
 the click but negatives only when the window closes; learning in arrival order biases the
 adapters and inflates progressive AUC). Offsets are committed only below the oldest held example,
 so a crash loses nothing; examples released after it may be learned twice (at-least-once).
-Only final labels are held: the fake-negative modes (`settings.label_mode`, `streams.join`) emit
+Only final labels are held: the fake-negative modes (`settings.online.label_mode`, `streams.join`) emit
 examples meant to be learned at once, with the loss that corrects for it (`trainers.online`).
 
 Restart: an adapter seen for the first time is restored from its Redis snapshot with its
@@ -27,12 +27,12 @@ record, that state is published at once as the new epoch's first snapshot (repli
 Bad input: a record that fails the contract (`trainers.intake.ExampleDecoder`: the contract's
 rules, checked for a batch at once), or an example the ranker cannot featurize, goes to
 `ad.dlq` (its raw bytes capped so the dead letter fits the producer) and the loop goes on; an
-example whose `event_id` was taken already (among the last `settings.trainer_dedupe_ids`: a
+example whose `event_id` was taken already (among the last `settings.online.dedupe_ids`: a
 streams batch produced again after a retry) is skipped, counted, not learned twice.
 
 Guards: every message is checked before its seq is reserved: a snapshot must pass what a replica
 checks (`trainers.snapshots.check_snapshot`: structure, finite values, ΔW norm within
-`settings.serve_adapter_max_norm`) and so must the state replicas reach after the batch. A refused
+`settings.serving.adapter_max_norm`) and so must the state replicas reach after the batch. A refused
 adapter is not published; it is put back to its last Redis snapshot (or to zero when there is no
 valid one) and that state is published as a fresh snapshot with a new seq. A stored snapshot
 that fails the same checks is not resumed from: the adapter starts at zero, after every seq
@@ -125,7 +125,7 @@ class TrainerService:
         self.in_topic = topics.topic_name(topics.TRAINING_EXAMPLES, settings.topic_prefix)
         self.out_topic = topics.topic_name(topics.ADAPTER_DELTAS, settings.topic_prefix)
         self.dlq_topic = topics.topic_name(topics.DLQ, settings.topic_prefix)
-        self.group = f"{settings.topic_prefix}{settings.trainer_group}"
+        self.group = f"{settings.topic_prefix}{settings.online.group}"
         self.position: dict[int, int] = {}  # partition → last offset processed
         self.adapter_partition: dict[str, int] = {}
         self.dirty: set[str] = set()
@@ -141,15 +141,19 @@ class TrainerService:
         self.failure: StoreError | None = None  # Redis gave up: no final snapshot, `run` re-raises
         bank = trainer.bank
         self.bound = ServeBound(
-            bank.base_version, bank.spec.rank, bank.spec.scaling, settings.serve_adapter_max_norm, bank.shapes
+            bank.base_version,
+            bank.spec.rank,
+            bank.spec.scaling,
+            settings.serving.adapter_max_norm,
+            bank.shapes,
         )
         self.decoder = ExampleDecoder()  # the contract's validation, fast (`trainers.intake`)
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.store: SnapshotStore | None = None
         self.held = (
-            DelayBuffer(settings.attribution_window_s, settings.watermark_window)
-            if settings.trainer_hold_labels
+            DelayBuffer(settings.streams.attribution_window_s, settings.streams.watermark_window)
+            if settings.online.hold_labels
             else None
         )
 
@@ -260,7 +264,7 @@ class TrainerService:
                 if records:
                     await self.process(records)
                 await self._learn_waiting()
-                if self.dirty and time.monotonic() - self._last_snapshot >= self.s.snapshot_every_s:
+                if self.dirty and time.monotonic() - self._last_snapshot >= self.s.online.snapshot_every_s:
                     await self.snapshot_all()
                 if max_examples is not None and self.learned >= max_examples:
                     break
@@ -277,22 +281,22 @@ class TrainerService:
         rest of it and then for the wait on top (freshness)."""
         assert self.consumer is not None
         deadline = collect_deadline(
-            time.monotonic(), self.s.micro_batch_s, self.s.trainer_max_wait_s, self._waiting_since
+            time.monotonic(), self.s.online.micro_batch_s, self.s.online.max_wait_s, self._waiting_since
         )
         out: list[Any] = []
-        while len(out) < self.s.micro_batch and not stop.is_set():
+        while len(out) < self.s.online.micro_batch and not stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             batch = await self.consumer.getmany(
-                timeout_ms=max(1, int(left * 1000)), max_records=self.s.micro_batch - len(out)
+                timeout_ms=max(1, int(left * 1000)), max_records=self.s.online.micro_batch - len(out)
             )
             for records in batch.values():
                 out.extend(records)
             if out and self._waiting_since is None:
                 # these records wait from now: learned by now + trainer_max_wait_s at the latest
                 self._waiting_since = time.monotonic()
-                deadline = min(deadline, self._waiting_since + self.s.trainer_max_wait_s)
+                deadline = min(deadline, self._waiting_since + self.s.online.max_wait_s)
         return out
 
     async def process(self, records: Sequence[Any]) -> None:
@@ -318,7 +322,7 @@ class TrainerService:
 
     def _remember(self, event_id: str) -> None:
         self.seen[event_id] = None
-        if len(self.seen) > self.s.trainer_dedupe_ids:
+        if len(self.seen) > self.s.online.dedupe_ids:
             del self.seen[next(iter(self.seen))]
 
     async def _featurizable(
@@ -375,7 +379,7 @@ class TrainerService:
 
     async def _learn_waiting(self) -> None:
         """Freshness: an adapter whose group is smaller than `min_step_examples` waits for more
-        examples, but not longer than `settings.trainer_max_wait_s` — then it is learned as it is
+        examples, but not longer than `settings.online.max_wait_s` — then it is learned as it is
         (a quiet adapter's click still reaches replicas within seconds)."""
         if not self.trainer.waiting():
             self._waiting_since = None
@@ -383,7 +387,7 @@ class TrainerService:
         now = time.monotonic()
         if self._waiting_since is None:  # set by _collect when the records arrived
             self._waiting_since = now
-        if now - self._waiting_since < self.s.trainer_max_wait_s:
+        if now - self._waiting_since < self.s.online.max_wait_s:
             return
         self._waiting_since = None
         before = dict(self.trainer.counts)

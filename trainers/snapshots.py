@@ -102,8 +102,8 @@ class SnapshotRefused(AdapterError):
 class ServeBound:
     """The checks a serving replica applies to a whole adapter (see `check_snapshot`).
 
-    `max_norm` is `settings.serve_adapter_max_norm`: replicas check every adapter they install with
-    `serving.adapters.AdapterBank.check` against it. (`settings.delta_max_norm` bounds only the
+    `max_norm` is `settings.serving.adapter_max_norm`: replicas check every adapter they install with
+    `serving.adapters.AdapterBank.check` against it. (`settings.online.delta_max_norm` bounds only the
     change an incremental delta makes; serving does not apply it to snapshots.)
     """
 
@@ -136,7 +136,7 @@ def check_state(tensors: Mapping[str, torch.Tensor], bound: ServeBound) -> float
     norm = delta_w_norm(tensors, bound.scale)
     if not norm <= bound.max_norm:
         raise SnapshotRefused(
-            "norm", f"adapter ΔW norm {norm:.4g} exceeds serve_adapter_max_norm {bound.max_norm:.4g}"
+            "norm", f"adapter ΔW norm {norm:.4g} exceeds serving.adapter_max_norm {bound.max_norm:.4g}"
         )
     return norm
 
@@ -212,7 +212,7 @@ class SnapshotStore:
         self.client = client
         self.prefix = prefix
         self.topic = topic
-        # an adapter that stops training does not keep its snapshot forever (`settings.snapshot_ttl_s`;
+        # an adapter that stops training does not keep its snapshot forever (`settings.online.snapshot_ttl_s`;
         # refreshed on every write); its reserved seqs stay, so a seq is never reused
         self.ttl_s = ttl_s
         self.retry = retry or RedisRetry()

@@ -88,7 +88,7 @@ class KafkaSink:
             await producer.start()
         except KafkaError as exc:
             await producer.stop()
-            raise StackError(f"cannot reach Kafka at {self.settings.kafka_bootstrap}: {exc}") from exc
+            raise StackError(f"cannot reach Kafka at {self.settings.kafka.bootstrap}: {exc}") from exc
         self._producer = producer
         return self
 
@@ -144,7 +144,7 @@ class KafkaSink:
                     pending.append(await producer.send_batch(batch, topic, partition=partition))
             await asyncio.gather(*pending)
         except KafkaError as exc:
-            raise StackError(f"producing to Kafka at {self.settings.kafka_bootstrap} failed: {exc}") from exc
+            raise StackError(f"producing to Kafka at {self.settings.kafka.bootstrap} failed: {exc}") from exc
         self.sent += n
         return n
 

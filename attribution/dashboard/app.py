@@ -61,7 +61,7 @@ def clickhouse_backend(settings: Settings) -> Callable[[], Backend]:
 
 
 def create_app(settings: Settings, connect: Callable[[], Backend] | None = None) -> FastAPI:
-    """The dashboard app reading `settings.clickhouse_url` (or the backends `connect` makes)."""
+    """The dashboard app reading `settings.clickhouse.url` (or the backends `connect` makes)."""
     connect = connect or clickhouse_backend(settings)
     js = plotly_js()
     app = FastAPI(title="adstream dashboard", docs_url=None, redoc_url=None, openapi_url=None)

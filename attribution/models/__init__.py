@@ -44,15 +44,15 @@ class ModelConfig:
     @classmethod
     def from_settings(cls, s: Settings, **overrides: Any) -> ModelConfig:
         base = cls(
-            seed=s.attribution_seed,
-            bootstrap=s.attribution_bootstrap,
-            half_life_s=s.attribution_time_decay_half_life_s,
-            view_weight=s.attribution_view_weight,
-            click_weight=s.attribution_click_weight,
-            markov_order=s.attribution_markov_order,
-            markov_removal=s.attribution_markov_removal,
-            shapley_exact_max=s.attribution_shapley_exact_max,
-            shapley_permutations=s.attribution_shapley_permutations,
+            seed=s.attribution.seed,
+            bootstrap=s.attribution.bootstrap,
+            half_life_s=s.attribution.time_decay_half_life_s,
+            view_weight=s.attribution.view_weight,
+            click_weight=s.attribution.click_weight,
+            markov_order=s.attribution.markov_order,
+            markov_removal=s.attribution.markov_removal,
+            shapley_exact_max=s.attribution.shapley_exact_max,
+            shapley_permutations=s.attribution.shapley_permutations,
         )
         return replace(base, **overrides)
 

@@ -49,8 +49,8 @@ def _clean(run_dir: str, stack: Settings) -> None:
     run_id = run_dir.rstrip("/").rsplit("/", 1)[-1]
     s = Settings(
         topic_prefix=f"demo{run_id}.",
-        kafka_bootstrap=stack.kafka_bootstrap,
-        clickhouse_url=stack.clickhouse_url.rsplit("/", 1)[0] + f"/demo_{run_id}",
+        kafka={"bootstrap": stack.kafka.bootstrap},
+        clickhouse={"url": stack.clickhouse.url.rsplit("/", 1)[0] + f"/demo_{run_id}"},
     )
     asyncio.run(delete_topics_async(s))
     admin = Client(**clickhouse_connect_args(s))
@@ -58,7 +58,7 @@ def _clean(run_dir: str, stack: Settings) -> None:
     admin.disconnect()
     import redis
 
-    rc = redis.Redis.from_url(stack.redis_url)
+    rc = redis.Redis.from_url(stack.redis.url)
     keys = list(rc.scan_iter(match=f"adstream-demo:{run_id}:*", count=1000))
     if keys:
         rc.delete(*keys)
@@ -89,7 +89,7 @@ def test_every_click_reaches_a_served_version_that_learned_it(stack: Settings, t
         if res is not None:
             _clean(res["run_dir"], stack)
     assert res["attempted"] == 4 and res["trials"] == 4, res["failed"]
-    assert res["settings"]["label_mode"] == Settings().label_mode
+    assert res["settings"]["label_mode"] == Settings().online.label_mode
     for t in res["per_trial"]:
         assert t["error"] is None and t["seq"] is not None and t["seq"] >= 0
         assert set(bench.HOPS) <= set(t)

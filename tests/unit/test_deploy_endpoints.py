@@ -12,7 +12,7 @@ from schemas.errors import ConfigError, StackError
 def test_kafka_bootstrap_takes_the_first_broker() -> None:
     ep = kafka_endpoint("127.0.0.1:9092,other:9093")
     assert (ep.host, ep.port, ep.local) == ("127.0.0.1", 9092, True)
-    with pytest.raises(ConfigError, match="kafka_bootstrap"):
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap"):
         kafka_endpoint("no-port")
 
 

@@ -1,6 +1,6 @@
 """The rooms' parameter dataclasses must not disagree with the settings they mirror.
 
-`OnlineSpec.lr` once defaulted to 0.01 while `Settings.online_lr` is 0.003, so a benchmark that
+`OnlineSpec.lr` once defaulted to 0.01 while `Settings.online.lr` is 0.003, so a benchmark that
 built `OnlineSpec()` measured a learning rate the trainer never uses. Every mirror's default must
 equal the default of the setting it is built from.
 """
@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from schemas.settings import Settings
+from schemas.settings import Settings, leaf_fields
 from serving.canary import CanaryRule
 from serving.rerank import RerankParams
 from streams.state import StateParams
@@ -20,18 +20,18 @@ from trainers.online import OnlineSpec
 
 # mirror field -> setting, for the mirrors built field by field in serving
 CANARY = {
-    "auc_gain": "canary_auc_gain",
-    "latency_slack": "canary_latency_slack",
-    "max_error_rate": "canary_max_error_rate",
-    "error_window_s": "canary_error_window_s",
-    "min_samples": "canary_min_samples",
+    "auc_gain": "canary.auc_gain",
+    "latency_slack": "canary.latency_slack",
+    "max_error_rate": "canary.max_error_rate",
+    "error_window_s": "canary.error_window_s",
+    "min_samples": "canary.min_samples",
 }
 RERANK = {
-    "max_per_advertiser": "rerank_max_per_advertiser",
-    "category_decay": "rerank_category_decay",
-    "long_tail_boost": "rerank_long_tail_boost",
-    "reserve_price": "rerank_reserve_price",
-    "pacing_slack": "pacing_slack",
+    "max_per_advertiser": "rerank.max_per_advertiser",
+    "category_decay": "rerank.category_decay",
+    "long_tail_boost": "rerank.long_tail_boost",
+    "reserve_price": "rerank.reserve_price",
+    "pacing_slack": "rerank.pacing_slack",
 }
 
 
@@ -53,7 +53,7 @@ def test_from_settings_of_the_defaults_is_the_default(mirror: type) -> None:
 
 @pytest.mark.parametrize(("mirror", "mapping"), [(CanaryRule, CANARY), (RerankParams, RERANK)])
 def test_field_by_field_mirrors_match_settings(mirror: type, mapping: dict[str, str]) -> None:
-    default, fields = mirror(), Settings.model_fields
+    default, fields = mirror(), leaf_fields()
     differ = {
         name: (getattr(default, name), fields[setting].default)
         for name, setting in mapping.items()

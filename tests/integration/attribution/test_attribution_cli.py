@@ -24,16 +24,22 @@ CFG = AttributionMarketConfig(seed=9, n_users=1200)
 
 @pytest.fixture(scope="module")
 def db(stack: Settings) -> Iterator[tuple[dict[str, str], str]]:
-    url = urlparse(stack.clickhouse_url)
+    url = urlparse(stack.clickhouse.url)
     name = f"{url.path.lstrip('/')}_cli{uuid.uuid4().hex[:6]}"
-    s = stack.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"/{name}"))})
+    s = stack.model_copy(
+        update={
+            "clickhouse": stack.clickhouse.model_copy(
+                update={"url": urlunparse(url._replace(path=f"/{name}"))}
+            )
+        }
+    )
     migrate(s)
     client = clickhouse_client(s, name)
     write_raw(DriverBackend(client), simulate(CFG))
     env = {
         **os.environ,
-        "ADSTREAM_CLICKHOUSE_URL": s.clickhouse_url,
-        "ADSTREAM_ATTRIBUTION_BOOTSTRAP": "10",
+        "ADSTREAM_CLICKHOUSE__URL": s.clickhouse.url,
+        "ADSTREAM_ATTRIBUTION__BOOTSTRAP": "10",
         "COLUMNS": "200",
     }
     yield env, name
@@ -61,7 +67,7 @@ def test_run_prints_json_and_stores_it(db: tuple[dict[str, str], str]) -> None:
         assert sum(c["conversions"] for c in chans) == pytest.approx(total, rel=1e-6)
         assert all(c["ci_low"] is not None for c in chans)
         assert run["budget"][model]["total_budget"] > 0
-    stored = clickhouse_client(Settings(clickhouse_url=env["ADSTREAM_CLICKHOUSE_URL"]), name).execute(
+    stored = clickhouse_client(Settings(clickhouse={"url": env["ADSTREAM_CLICKHOUSE__URL"]}), name).execute(
         "SELECT count() FROM attribution_results WHERE run_id = %(r)s", {"r": run["run_id"]}
     )[0][0]
     assert stored == 2 * len(run["results"]["shapley"]["channels"])
@@ -103,7 +109,7 @@ def test_bad_input_exits_2_naming_the_value(
     from deploy.cli import main
 
     env, _ = db
-    monkeypatch.setenv("ADSTREAM_CLICKHOUSE_URL", env["ADSTREAM_CLICKHOUSE_URL"])
+    monkeypatch.setenv("ADSTREAM_CLICKHOUSE__URL", env["ADSTREAM_CLICKHOUSE__URL"])
     monkeypatch.setattr(sys, "argv", ["adstream", "attribution", *args, "--no-store"])
     with pytest.raises(SystemExit) as exit_info:
         main()

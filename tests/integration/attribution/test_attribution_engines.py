@@ -31,8 +31,14 @@ WINDOW = Window(click_s=3 * 86400, view_s=86400, gap_s=2 * 86400)
 
 
 def own_db(stack: Settings, tag: str) -> Settings:
-    url = urlparse(stack.clickhouse_url)
-    return stack.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"{url.path}_{tag}"))})
+    url = urlparse(stack.clickhouse.url)
+    return stack.model_copy(
+        update={
+            "clickhouse": stack.clickhouse.model_copy(
+                update={"url": urlunparse(url._replace(path=f"{url.path}_{tag}"))}
+            )
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,7 @@ def engines(stack: Settings) -> Iterator[dict[str, Backend]]:
     s = own_db(stack, f"attr{uuid.uuid4().hex[:6]}")
     assert migrate(s) == [p.stem for p in migration_files()]
     assert migrate(s) == []  # idempotent
-    client = clickhouse_client(s, urlparse(s.clickhouse_url).path.lstrip("/"))
+    client = clickhouse_client(s, urlparse(s.clickhouse.url).path.lstrip("/"))
     server = DriverBackend(client)
     chdb = ChdbBackend(f"attr_{uuid.uuid4().hex[:6]}")
     assert apply_migrations(chdb) == [p.stem for p in migration_files()]
@@ -50,7 +56,7 @@ def engines(stack: Settings) -> Iterator[dict[str, Backend]]:
     for backend in (server, chdb):
         write_raw(backend, data)
     yield {"clickhouse": server, "chdb": chdb}
-    client.execute(f"DROP DATABASE IF EXISTS {urlparse(s.clickhouse_url).path.lstrip('/')}")
+    client.execute(f"DROP DATABASE IF EXISTS {urlparse(s.clickhouse.url).path.lstrip('/')}")
     client.disconnect()
 
 

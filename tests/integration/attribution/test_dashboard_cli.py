@@ -31,7 +31,7 @@ def test_the_command_serves_the_page_and_panels(stack: Settings) -> None:
     gen = server_backend(settings)
     insert_rows(next(gen), seeded_rows(600))
     port = _free_port()
-    env = {**os.environ, "ADSTREAM_CLICKHOUSE_URL": settings.clickhouse_url}
+    env = {**os.environ, "ADSTREAM_CLICKHOUSE__URL": settings.clickhouse.url}
     proc = subprocess.Popen(
         [str(ADSTREAM), "dashboard", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
@@ -53,7 +53,7 @@ def test_the_command_serves_the_page_and_panels(stack: Settings) -> None:
         assert health.json() == {"ok": True, "clickhouse": health.json()["clickhouse"]}
         assert "<title>adstream" in httpx.get(f"{base}/").text
         body = httpx.get(f"{base}/api/panels", timeout=30).json()
-        assert body["no_data"] is False and body["database"] == settings.clickhouse_url.rsplit("/", 1)[1]
+        assert body["no_data"] is False and body["database"] == settings.clickhouse.url.rsplit("/", 1)[1]
         assert httpx.post(f"{base}/api/panels").status_code == 405  # read-only
     finally:
         proc.terminate()

@@ -104,8 +104,14 @@ def rows() -> dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]]:
 
 
 def _database(stack: Settings, tag: str) -> Settings:
-    base, db = stack.clickhouse_url.rsplit("/", 1)
-    return stack.model_copy(update={"clickhouse_url": f"{base}/{db}_{tag}_{uuid.uuid4().hex[:6]}"})
+    base, db = stack.clickhouse.url.rsplit("/", 1)
+    return stack.model_copy(
+        update={
+            "clickhouse": stack.clickhouse.model_copy(
+                update={"url": f"{base}/{db}_{tag}_{uuid.uuid4().hex[:6]}"}
+            )
+        }
+    )
 
 
 def server_backend(settings: Settings) -> Iterator[DriverBackend]:

@@ -32,10 +32,16 @@ def backend(request: pytest.FixtureRequest, stack: Settings) -> Iterator[Backend
         yield embedded
         embedded.close()
         return
-    url = urlparse(stack.clickhouse_url)
-    s = stack.model_copy(update={"clickhouse_url": urlunparse(url._replace(path=f"{url.path}_{tag}"))})
+    url = urlparse(stack.clickhouse.url)
+    s = stack.model_copy(
+        update={
+            "clickhouse": stack.clickhouse.model_copy(
+                update={"url": urlunparse(url._replace(path=f"{url.path}_{tag}"))}
+            )
+        }
+    )
     migrate(s)
-    name = urlparse(s.clickhouse_url).path.lstrip("/")
+    name = urlparse(s.clickhouse.url).path.lstrip("/")
     client = clickhouse_client(s, name)
     yield DriverBackend(client)
     client.execute(f"DROP DATABASE IF EXISTS {name}")

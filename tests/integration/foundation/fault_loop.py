@@ -157,10 +157,12 @@ class SpareStack:
         while self.ch_port + 9 in (self.broker_port, self.proxy_port, self.redis_port, self.ch_http):
             self.ch_port = free_port()
         self.settings = Settings(
-            kafka_bootstrap=f"127.0.0.1:{self.proxy_port}",
-            redis_url=f"redis://127.0.0.1:{self.redis_port}/0",
-            clickhouse_url=f"clickhouse://default@127.0.0.1:{self.ch_port}/adstream",
-            clickhouse_http_port=self.ch_http,
+            kafka={"bootstrap": f"127.0.0.1:{self.proxy_port}"},
+            redis={"url": f"redis://127.0.0.1:{self.redis_port}/0"},
+            clickhouse={
+                "url": f"clickhouse://default@127.0.0.1:{self.ch_port}/adstream",
+                "http_port": self.ch_http,
+            },
             state_dir=base / "state",
             model_dir=base / "state" / "models",
         )
@@ -217,17 +219,17 @@ class SpareStack:
     def kafka_up(self) -> bool:
         from deploy.services import probe_kafka
 
-        return probe_kafka(self.settings.kafka_bootstrap, timeout_s=3).up
+        return probe_kafka(self.settings.kafka.bootstrap, timeout_s=3).up
 
     def redis_up(self) -> bool:
         from deploy.services import probe_redis
 
-        return probe_redis(self.settings.redis_url).up
+        return probe_redis(self.settings.redis.url).up
 
     def clickhouse_up(self) -> bool:
         from deploy.services import probe_clickhouse
 
-        return probe_clickhouse(self.settings.clickhouse_url).up
+        return probe_clickhouse(self.settings.clickhouse.url).up
 
     def start(self) -> None:
         self.broker.start()
@@ -246,8 +248,12 @@ class SpareStack:
                 self.ch_port, self.ch_http = free_port(), free_port()
                 self.settings = self.settings.model_copy(
                     update={
-                        "clickhouse_url": f"clickhouse://default@127.0.0.1:{self.ch_port}/adstream",
-                        "clickhouse_http_port": self.ch_http,
+                        "clickhouse": self.settings.clickhouse.model_copy(
+                            update={
+                                "url": f"clickhouse://default@127.0.0.1:{self.ch_port}/adstream",
+                                "http_port": self.ch_http,
+                            }
+                        )
                     }
                 )
 

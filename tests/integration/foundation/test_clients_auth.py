@@ -90,14 +90,16 @@ def test_redis_password_from_the_settings(secured_redis: str) -> None:
     from deploy.demo import redis_user_count
 
     with pytest.raises(redis.AuthenticationError):  # the server really wants the password
-        redis.Redis.from_url(**redis_args(Settings(redis_url=secured_redis))).ping()
+        redis.Redis.from_url(**redis_args(Settings(redis={"url": secured_redis}))).ping()
     with pytest.raises(redis.AuthenticationError):
-        redis.Redis.from_url(**redis_args(Settings(redis_url=secured_redis, redis_password="wrong"))).ping()
-    s = Settings(redis_url=secured_redis, redis_password=PASSWORD, redis_prefix="adstream-clients-test:")
+        redis.Redis.from_url(**redis_args(Settings(redis={"url": secured_redis, "password": "wrong"}))).ping()
+    s = Settings(redis={"url": secured_redis, "password": PASSWORD}, redis_prefix="adstream-clients-test:")
     sync = redis.Redis.from_url(**redis_args(s))
     sync.set(f"{s.redis_prefix}a", b"1")
     assert redis_user_count(s) == 1  # a room's own code path (deploy.demo), through redis_args
-    assert probe(s, "redis").up and not probe(Settings(redis_url=secured_redis), "redis").up  # `adstream up`
+    assert (
+        probe(s, "redis").up and not probe(Settings(redis={"url": secured_redis}), "redis").up
+    )  # `adstream up`
 
     async def roundtrip() -> bytes | None:
         client = aredis.Redis.from_url(**redis_args(s), socket_timeout=1.0)  # as serving.io builds it
@@ -109,9 +111,11 @@ def test_redis_password_from_the_settings(secured_redis: str) -> None:
     assert asyncio.run(roundtrip()) == b"1"
     # the URL's own password works too, and the settings' password wins over a wrong one in the URL
     in_url = secured_redis.replace("redis://", f"redis://:{PASSWORD}@")
-    assert redis.Redis.from_url(**redis_args(Settings(redis_url=in_url))).get(f"{s.redis_prefix}a") == b"1"
+    assert (
+        redis.Redis.from_url(**redis_args(Settings(redis={"url": in_url}))).get(f"{s.redis_prefix}a") == b"1"
+    )
     wrong_url = secured_redis.replace("redis://", "redis://:nope@")
-    overridden = Settings(redis_url=wrong_url, redis_password=PASSWORD)
+    overridden = Settings(redis={"url": wrong_url, "password": PASSWORD})
     assert redis.Redis.from_url(**redis_args(overridden)).get(f"{s.redis_prefix}a") == b"1"
     sync.close()
 
@@ -177,12 +181,12 @@ def test_clickhouse_user_and_password_from_the_settings(secured_clickhouse: int)
 
     url = f"clickhouse://127.0.0.1:{secured_clickhouse}/ads_secured"
     with pytest.raises(ServerException, match="default"):  # no `default` user on this server
-        Client(**clickhouse_args(Settings(clickhouse_url=url))).execute("SELECT 1")
+        Client(**clickhouse_args(Settings(clickhouse={"url": url}))).execute("SELECT 1")
     with pytest.raises(ServerException, match=r"[Pp]assword"):
-        wrong = Settings(clickhouse_url=url, clickhouse_user="ads_writer", clickhouse_password="wrong")
+        wrong = Settings(clickhouse={"url": url, "user": "ads_writer", "password": "wrong"})
         Client(**clickhouse_args(wrong)).execute("SELECT 1")
-    s = Settings(clickhouse_url=url, clickhouse_user="ads_writer", clickhouse_password=PASSWORD)
-    assert probe(s, "clickhouse").up and not probe(Settings(clickhouse_url=url), "clickhouse").up
+    s = Settings(clickhouse={"url": url, "user": "ads_writer", "password": PASSWORD})
+    assert probe(s, "clickhouse").up and not probe(Settings(clickhouse={"url": url}), "clickhouse").up
     client = Client(**clickhouse_args(s))
     assert client.execute("SELECT DISTINCT user FROM system.processes") == [("ads_writer",)]
     client.execute("CREATE DATABASE IF NOT EXISTS ads_secured")
@@ -192,4 +196,4 @@ def test_clickhouse_user_and_password_from_the_settings(secured_clickhouse: int)
     assert {"impressions", "clicks", "schema_migrations"} <= tables
     # the user and password may also come in the URL itself
     in_url = f"clickhouse://ads_writer:{PASSWORD}@127.0.0.1:{secured_clickhouse}/ads_secured"
-    assert Client(**clickhouse_args(Settings(clickhouse_url=in_url))).execute("SELECT 1") == [(1,)]
+    assert Client(**clickhouse_args(Settings(clickhouse={"url": in_url}))).execute("SELECT 1") == [(1,)]

@@ -147,7 +147,7 @@ class Scenario:
 
         self.demo, self.spare, self.url, self.args, self.say = demo, spare, url, args, say
         self.s = demo.settings
-        self.redis = redis.Redis.from_url(spare.settings.redis_url, socket_timeout=5)
+        self.redis = redis.Redis.from_url(spare.settings.redis.url, socket_timeout=5)
         self.exits: list[str] = []
 
     def revive(self) -> None:
@@ -513,9 +513,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         demo = Demo(spec, spare.settings, say)
         sp = spare.settings
         demo.env.update(
-            ADSTREAM_KAFKA_BOOTSTRAP=sp.kafka_bootstrap,
-            ADSTREAM_REDIS_URL=sp.redis_url,
-            ADSTREAM_CLICKHOUSE_HTTP_PORT=str(sp.clickhouse_http_port),
+            ADSTREAM_KAFKA__BOOTSTRAP=sp.kafka.bootstrap,
+            ADSTREAM_REDIS__URL=sp.redis.url,
+            ADSTREAM_CLICKHOUSE__HTTP_PORT=str(sp.clickhouse.http_port),
             PYTHONUNBUFFERED="1",
             # a busy shared machine starts Ray's raylet slowly; its default 30 s wait fails the app
             RAY_raylet_start_wait_time_s="300",

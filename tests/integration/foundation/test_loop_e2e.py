@@ -66,8 +66,8 @@ def test_the_loop_closes(stack: Settings) -> None:
             run_id = run_dir.rstrip("/").rsplit("/", 1)[-1]
             s = Settings(
                 topic_prefix=f"demo{run_id}.",
-                kafka_bootstrap=stack.kafka_bootstrap,
-                clickhouse_url=stack.clickhouse_url.rsplit("/", 1)[0] + f"/demo_{run_id}",
+                kafka={"bootstrap": stack.kafka.bootstrap},
+                clickhouse={"url": stack.clickhouse.url.rsplit("/", 1)[0] + f"/demo_{run_id}"},
             )
             asyncio.run(delete_topics_async(s))
             admin = Client(**clickhouse_connect_args(s))
@@ -75,7 +75,7 @@ def test_the_loop_closes(stack: Settings) -> None:
             admin.disconnect()
             import redis
 
-            rc = redis.Redis.from_url(stack.redis_url)
+            rc = redis.Redis.from_url(stack.redis.url)
             keys = list(rc.scan_iter(match=f"adstream-demo:{run_id}:*", count=1000))
             if keys:
                 rc.delete(*keys)

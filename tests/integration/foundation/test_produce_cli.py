@@ -25,7 +25,7 @@ ADSTREAM = [sys.executable, "-m", "deploy.cli"]
 def env_for(settings: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        ADSTREAM_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        ADSTREAM_KAFKA__BOOTSTRAP=settings.kafka.bootstrap,
         ADSTREAM_TOPIC_PREFIX=settings.topic_prefix,
         ADSTREAM_STATE_DIR=str(settings.state_dir),  # the stack's event key
     )
@@ -48,7 +48,7 @@ async def read_back(settings: Settings, topic: str, expected: int) -> list[tuple
 
     consumer = AIOKafkaConsumer(
         topics.topic_name(topic, settings.topic_prefix),
-        bootstrap_servers=settings.kafka_bootstrap,
+        bootstrap_servers=settings.kafka.bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )

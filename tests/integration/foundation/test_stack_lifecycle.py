@@ -31,10 +31,10 @@ def spare_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = dict(os.environ)
     env.update(
         ADSTREAM_STATE_DIR=str(tmp_path / "state"),
-        ADSTREAM_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
-        ADSTREAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
-        ADSTREAM_CLICKHOUSE_URL=f"clickhouse://default@127.0.0.1:{ch}/adstream",
-        ADSTREAM_CLICKHOUSE_HTTP_PORT=str(free_port()),
+        ADSTREAM_KAFKA__BOOTSTRAP=f"127.0.0.1:{free_port()}",
+        ADSTREAM_REDIS__URL=f"redis://127.0.0.1:{free_port()}/0",
+        ADSTREAM_CLICKHOUSE__URL=f"clickhouse://default@127.0.0.1:{ch}/adstream",
+        ADSTREAM_CLICKHOUSE__HTTP_PORT=str(free_port()),
     )
     yield env
     subprocess.run([*ADSTREAM, "down"], env=env, capture_output=True, timeout=60)
@@ -85,7 +85,7 @@ def test_up_status_down_leaves_nothing_behind(spare_env: dict[str, str]) -> None
 
 def test_down_does_not_touch_what_it_did_not_start(spare_env: dict[str, str]) -> None:
     # The machine's own Redis on 6379 must survive: `up` found it running, so `down` leaves it.
-    env = dict(spare_env, ADSTREAM_REDIS_URL="redis://127.0.0.1:6379/0")
+    env = dict(spare_env, ADSTREAM_REDIS__URL="redis://127.0.0.1:6379/0")
     up = run(env, "up", "--only", "redis")
     assert up.returncode == 0, up.stderr
     assert "started: nothing" in up.stdout
@@ -98,14 +98,14 @@ def test_taken_port_is_a_clear_error(spare_env: dict[str, str]) -> None:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        env = dict(spare_env, ADSTREAM_REDIS_URL=f"redis://127.0.0.1:{port}/0")
+        env = dict(spare_env, ADSTREAM_REDIS__URL=f"redis://127.0.0.1:{port}/0")
         up = run(env, "up", "--only", "redis")
     assert up.returncode == 2
     assert f"port {port} is taken" in up.stderr
 
 
 def test_remote_address_is_not_started(spare_env: dict[str, str]) -> None:
-    env = dict(spare_env, ADSTREAM_REDIS_URL="redis://192.0.2.1:6379/0")  # TEST-NET-1, never routable
+    env = dict(spare_env, ADSTREAM_REDIS__URL="redis://192.0.2.1:6379/0")  # TEST-NET-1, never routable
     up = run(env, "up", "--only", "redis")
     assert up.returncode == 2
     assert "not a loopback address" in up.stderr

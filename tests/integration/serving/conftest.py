@@ -72,22 +72,25 @@ def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
     s = Settings(
         **{
             **stack.model_dump(),
-            "admin_token": ADMIN_TOKEN,
+            "serving": {
+                **stack.serving.model_dump(),
+                "admin_token": ADMIN_TOKEN,
+                "catalog_file": catalog,
+                "http_port": _free_base_port(),
+                "admission_limit": 200,
+                "frequency_cap": 2,
+                "deadline_ms": 1000,
+            },
             "state_dir": STATE_DIR,
             "model_dir": tmp / "models",
-            "serve_catalog_file": catalog,
-            "http_port": _free_base_port(),
-            "canary_share": 1.0,  # every user on the live (candidate) adapters
-            # bodies read at once before the class is known: high, so the QoS gate decides
-            "serve_admission_limit": 200,
-            # QoS gate: two requests in the pipeline; a BestEffort that would wait is shed at once,
-            # the others wait as long as it takes (a slow CI machine never times a test request out)
-            "serve_qos_slots": 2,
-            "serve_qos_queue_limit": {"guaranteed": 500, "burstable": 16, "besteffort": 0},
-            "serve_qos_queue_timeout_ms": {c: 30_000.0 for c in ("guaranteed", "burstable", "besteffort")},
-            "frequency_cap": 2,
-            "recall_k": 40,  # below the catalog size, so the user state decides what is recalled
-            "deadline_ms": 1000,  # slow CI machines: the ladder tests set deadline_ms per request
+            "canary": {**stack.canary.model_dump(), "share": 1.0},
+            "qos": {
+                **stack.qos.model_dump(),
+                "slots": 2,
+                "queue_limit": {"guaranteed": 500, "burstable": 16, "besteffort": 0},
+                "queue_timeout_ms": {c: 30_000.0 for c in ("guaranteed", "burstable", "besteffort")},
+            },
+            "recall": {**stack.recall.model_dump(), "k": 40},
         }
     )
     create_topics(s)
@@ -118,8 +121,8 @@ def _write_snapshot(s: Settings, model_dir: Path, adapter_id: str, seq: int, see
     from schemas import codec
     from trainers.snapshots import snapshot_key
 
-    snap = snapshot_delta(model_dir, adapter_id, seq, seed, s.lora_rank, s.lora_targets)
-    r = redis.Redis.from_url(s.redis_url)
+    snap = snapshot_delta(model_dir, adapter_id, seq, seed, s.lora.rank, s.lora.targets)
+    r = redis.Redis.from_url(s.redis.url)
     r.set(snapshot_key(s.redis_prefix, adapter_id), codec.encode(snap))
     r.close()
 

@@ -132,7 +132,7 @@ def test_background_loops_restart_and_housekeeping_survives_redis_timeouts() -> 
             self._tasks = {}
             self.runs = 0
             self.steps = 0
-            self.settings = Settings(canary_eval_s=100.0)
+            self.settings = Settings(canary={"eval_s": 100.0})
 
         async def dies_twice(self) -> None:
             self.runs += 1
@@ -199,7 +199,7 @@ def test_impressions_wait_for_a_broker_that_is_down_at_start_and_count_on_delive
 
     from deploy.stack import create_topics
 
-    host, port = stack.kafka_bootstrap.split(",")[0].rsplit(":", 1)
+    host, port = stack.kafka.bootstrap.split(",")[0].rsplit(":", 1)
     gate = _Gate((host, int(port)))
     s = _isolated(stack, kafka_bootstrap=f"127.0.0.1:{gate.port}", serve_impressions_pending=50)
     create_topics(_isolated(stack, topic_prefix=s.topic_prefix))
@@ -225,7 +225,7 @@ def test_impressions_wait_for_a_broker_that_is_down_at_start_and_count_on_delive
         await sink.stop()  # flushes what is queued
         consumer = AIOKafkaConsumer(
             topics.topic_name(topics.IMPRESSIONS, s.topic_prefix),
-            bootstrap_servers=stack.kafka_bootstrap,
+            bootstrap_servers=stack.kafka.bootstrap,
             auto_offset_reset="earliest",
             group_id=None,
         )
@@ -280,7 +280,7 @@ def test_follow_resumes_where_it_left_off_and_deltas_replay_a_window_only(stack:
         return seen
 
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap)
         await producer.start()
         old_ms = int((time.time() - 7200) * 1000)
         for i in range(5):  # two hours old
@@ -313,7 +313,7 @@ def test_adapter_snapshots_expire_unless_rewritten(stack: Settings, redis_client
     snap = make_delta(st, full_parts(st.tensors, 2), 0, snapshot=True)
 
     async def run() -> None:
-        client = aredis.Redis.from_url(s.redis_url)
+        client = aredis.Redis.from_url(s.redis.url)
         store = SnapshotStore(client, s.redis_prefix, "in", ttl_s=1234)
         await store.reserve({"adv:gone": 0})
         await store.write([(snap, {0: 5})], {0: 5})
@@ -358,7 +358,7 @@ def test_follow_counts_every_bad_record_and_goes_on(stack: Settings) -> None:
     values = [click(i) for i in range(3)] + bad + [click(i) for i in range(3, 6)]
 
     async def run() -> tuple[list[str], list[str]]:
-        producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap)
         await producer.start()
         for v in values:
             await producer.send_and_wait(topic, v, key=b"u")

@@ -28,7 +28,7 @@ def wait_for(cond, timeout: float = 30, why=lambda: "") -> None:  # type: ignore
 
 
 async def produce(s: Settings, deltas: list) -> None:  # type: ignore[type-arg]
-    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
     await p.start()
     try:
         for d in deltas:
@@ -47,12 +47,12 @@ def _snapshot(s: Settings, adapter_id: str, seq: int, scale: float, *, signed: b
     from trainers.delta import make_delta as unsigned_make_delta
 
     model, version = load_checkpoint(s.model_dir / "ranker")
-    st = empty_state(adapter_id, version, target_shapes(model, s.lora_targets), s.lora_rank)
+    st = empty_state(adapter_id, version, target_shapes(model, s.lora.targets), s.lora.rank)
     g = torch.Generator().manual_seed(seq)
     tensors = {k: torch.randn(v.shape, generator=g) * scale for k, v in st.tensors.items()}
-    st = AdapterState(adapter_id, version, s.lora_rank, seq, tensors)
+    st = AdapterState(adapter_id, version, s.lora.rank, seq, tensors)
     build = make_delta if signed else unsigned_make_delta
-    return build(st, full_parts(tensors, s.lora_rank), seq, snapshot=True, event_id=f"rel-{adapter_id}-{seq}")
+    return build(st, full_parts(tensors, s.lora.rank), seq, snapshot=True, event_id=f"rel-{adapter_id}-{seq}")
 
 
 def _deltas(server: httpx.Client, outcome: str) -> float:

@@ -26,12 +26,12 @@ AID = "feed"
 
 def _state(s: Settings, seq: int, seed: int) -> AdapterState:
     model, version = load_checkpoint(s.model_dir / "ranker")
-    st = empty_state(AID, version, target_shapes(model, s.lora_targets), s.lora_rank)
+    st = empty_state(AID, version, target_shapes(model, s.lora.targets), s.lora.rank)
     g = torch.Generator().manual_seed(seed)
     return AdapterState(
         AID,
         version,
-        s.lora_rank,
+        s.lora.rank,
         seq,
         {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in st.tensors.items()},
     )
@@ -60,7 +60,7 @@ def test_a_new_replica_is_pinned_before_it_reports_ready(isolated: Settings) -> 
     s = isolated
     key = resolve_signing_key(s)
     latest, pinned = _state(s, 4, seed=1), _state(s, 2, seed=2)
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:  # the trainer's latest snapshot (seq 4), and the admin's pin at seq 2 with its weights
         r.set(snapshot_key(s.redis_prefix, AID), codec.encode(_snapshot(latest, key)))
     finally:

@@ -47,10 +47,10 @@ RESTARTED = "splash"
 def lineage(s: Settings, adapter_id: str, n: int) -> list[AdapterState]:
     """States seq 0 … n-1 of one adapter; state k+1 differs from state k in two rank directions."""
     model, version = load_checkpoint(s.model_dir / "ranker")
-    st = empty_state(adapter_id, version, target_shapes(model, s.lora_targets), s.lora_rank)
+    st = empty_state(adapter_id, version, target_shapes(model, s.lora.targets), s.lora.rank)
     g = torch.Generator().manual_seed(sum(map(ord, adapter_id)))
     tensors = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in st.tensors.items()}
-    out = [AdapterState(adapter_id, version, s.lora_rank, 0, tensors)]
+    out = [AdapterState(adapter_id, version, s.lora.rank, 0, tensors)]
     for seq in range(1, n):
         new = {k: v.clone() for k, v in out[-1].tensors.items()}
         for k in new:
@@ -58,7 +58,7 @@ def lineage(s: Settings, adapter_id: str, n: int) -> list[AdapterState]:
                 new[k][:2] = torch.randn(2, new[k].shape[1], generator=g) * 0.1
             else:
                 new[k][:, :2] = torch.randn(new[k].shape[0], 2, generator=g) * 0.1
-        out.append(AdapterState(adapter_id, version, s.lora_rank, seq, new))
+        out.append(AdapterState(adapter_id, version, s.lora.rank, seq, new))
     return out
 
 
@@ -75,7 +75,7 @@ def delta(states: list[AdapterState], seq: int) -> AdapterDelta:
 
 
 async def _produce(s: Settings, msgs: list[AdapterDelta]) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
     await p.start()
     try:
         for m in msgs:  # key = adapter id, as the trainer produces: one partition, seq order
@@ -92,7 +92,7 @@ def produce(s: Settings, msgs: list[AdapterDelta]) -> None:
 
 def store_snapshot(s: Settings, st: AdapterState) -> None:
     """The trainer's periodic snapshot in Redis (what a replica re-syncs from, e.g. after unpin)."""
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:
         r.set(snapshot_key(s.redis_prefix, st.adapter_id), codec.encode(snapshot(st)))
     finally:
@@ -100,7 +100,7 @@ def store_snapshot(s: Settings, st: AdapterState) -> None:
 
 
 def pin_of(s: Settings, adapter_id: str) -> bytes | None:
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:
         return r.hget(f"{s.redis_prefix}adapter-pins", adapter_id)  # type: ignore[return-value]
     finally:
@@ -124,11 +124,11 @@ def wait_for(pred: Callable[[], object], timeout: float, why: Callable[[], str])
 
 def replica_urls(s: Settings) -> list[str]:
     """The direct-ingress URLs of this app's replicas (each port says which app it serves)."""
-    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", s.http_port + 1))
-    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", s.http_port + 64))
+    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", s.serving.http_port + 1))
+    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", s.serving.http_port + 64))
     urls = []
     for port in range(lo, hi + 1):
-        url = f"http://{s.http_host}:{port}"
+        url = f"http://{s.serving.http_host}:{port}"
         try:
             routes = httpx.get(f"{url}/-/routes", timeout=0.5).json()
         except (httpx.HTTPError, ValueError):
@@ -164,8 +164,8 @@ def replicas(server: httpx.Client, serve_settings: Settings) -> Iterator[tuple[l
             **serve_settings.model_dump(),
             "topic_prefix": f"{serve_settings.topic_prefix}replicas{run}.",
             "redis_prefix": f"{serve_settings.redis_prefix}replicas{run}:",
-            "serve_replicas": 2,
-            "canary_share": 1.0,  # deltas go to both arms: the versions compared are the served ones
+            "serving": {**serve_settings.serving.model_dump(), "replicas": 2},
+            "canary": {**serve_settings.canary.model_dump(), "share": 1.0},
         }
     )
     create_topics(s)
@@ -182,7 +182,7 @@ def replicas(server: httpx.Client, serve_settings: Settings) -> Iterator[tuple[l
         for c in clients:
             c.close()
         serve.delete(APP)
-        r = redis.Redis.from_url(s.redis_url)
+        r = redis.Redis.from_url(s.redis.url)
         keys = list(r.scan_iter(match=f"{s.redis_prefix}*", count=1000))
         if keys:
             r.delete(*keys)

@@ -43,7 +43,7 @@ def read_impressions(
     async def read() -> list[Impression]:
         c = AIOKafkaConsumer(
             topics.topic_name(topics.IMPRESSIONS, settings.topic_prefix),
-            bootstrap_servers=settings.kafka_bootstrap,
+            bootstrap_servers=settings.kafka.bootstrap,
             auto_offset_reset="earliest",
             group_id=None,
         )
@@ -66,7 +66,7 @@ def read_impressions(
 
 
 async def produce(settings: Settings, msgs: list[AdapterDelta | AdCreative]) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    p = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await p.start()
     try:
         for m in msgs:
@@ -153,7 +153,7 @@ def test_frequency_cap_and_live_catalog(
     for _ in range(4):
         seen.update(a["ad_id"] for a in ads(server, "u-cap", k=10)["ads"])
         time.sleep(0.3)  # the impression counters are written after the response
-    assert max(seen.values()) <= serve_settings.frequency_cap
+    assert max(seen.values()) <= serve_settings.serving.frequency_cap
     new = AdCreative(
         event_id="new-1",
         ts=datetime.now(UTC),
@@ -199,11 +199,11 @@ def _step(state: AdapterState, scale: float, seed: int) -> tuple[AdapterState, A
 def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Settings) -> None:
     s = serve_settings
     model, version = load_checkpoint(s.model_dir / "ranker")
-    shapes = target_shapes(model, s.lora_targets)
+    shapes = target_shapes(model, s.lora.targets)
     aid = adapter_id_for("search", "", s.adapter_scheme) if s.adapter_scheme == "slot" else None
     if aid is None:
         pytest.skip("this test drives the per-slot adapter scheme")
-    st0 = empty_state(aid, version, shapes, s.lora_rank)
+    st0 = empty_state(aid, version, shapes, s.lora.rank)
     before = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-before", slot="search", k=20)["ads"]}
     st1, d1 = _step(st0, 0.2, 1)
     asyncio.run(produce(s, [d1]))
@@ -240,7 +240,7 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     huge = _step(st1, 50.0, 2)[1].model_copy(update={"event_id": "poison-huge"})
     narrow = {f"{m}.lora_A": st1.tensors[f"{m}.lora_A"][:, :-3], f"{m}.lora_B": st1.tensors[f"{m}.lora_B"]}
     shape = make_delta(
-        AdapterState(aid, version, s.lora_rank, 0, narrow),
+        AdapterState(aid, version, s.lora.rank, 0, narrow),
         select_parts(narrow, {m: torch.tensor([0])}),
         1,
         event_id="poison-shape",
@@ -271,12 +271,12 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     # the rollback is pinned (shared in Redis): the trainer's next delta — a seq gap for the replica,
     # which would otherwise re-sync the rolled-back weights from the snapshot — is held back
     st3, d3 = _step(st2, 0.1, 4)
-    rc = redis.Redis.from_url(s.redis_url)
+    rc = redis.Redis.from_url(s.redis.url)
     try:
         assert rc.hget(f"{s.redis_prefix}adapter-pins", aid) == b"0"
         rc.set(
             snapshot_key(s.redis_prefix, aid),
-            codec.encode(make_delta(st3, full_parts(st3.tensors, s.lora_rank), st3.seq, snapshot=True)),
+            codec.encode(make_delta(st3, full_parts(st3.tensors, s.lora.rank), st3.seq, snapshot=True)),
         )
         asyncio.run(produce(s, [d3]))
         wait_for(
@@ -364,15 +364,15 @@ def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
 
     _, version = load_checkpoint(s.model_dir / "ranker")
     snap6 = codec.decode(
-        AdapterDelta, __import__("redis").Redis.from_url(s.redis_url).get(f"{s.redis_prefix}adapter:splash")
+        AdapterDelta, __import__("redis").Redis.from_url(s.redis.url).get(f"{s.redis_prefix}adapter:splash")
     )
     assert isinstance(snap6, AdapterDelta) and snap6.seq == 6
     from trainers.delta import apply_delta, empty_state
     from trainers.lora import target_shapes
 
     model, _ = load_checkpoint(s.model_dir / "ranker")
-    shapes = target_shapes(model, s.lora_targets)
-    st6 = apply_delta(empty_state("splash", version, shapes, s.lora_rank), snap6, s.delta_max_norm)
+    shapes = target_shapes(model, s.lora.targets)
+    st6 = apply_delta(empty_state("splash", version, shapes, s.lora.rank), snap6, s.online.delta_max_norm)
     assert isinstance(st6, AdapterState)
     _, d7 = _step(st6, 0.05, 7)
     asyncio.run(produce(s, [d7]))
@@ -406,7 +406,7 @@ def test_warm_user_state_from_redis_steers_recall(
         last_ts=now,
         session_start_ts=now,
     )
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     r.set(user_key(s.redis_prefix, "u-travel"), encode_state(state))
     r.close()
     category = {ad.ad_id: ad.category for ad in catalog}

@@ -62,7 +62,7 @@ def canary(
     from deploy.stack import create_topics
     from serving.app import build_app
 
-    if serve_settings.adapter_scheme != "slot" or "wide.category" not in serve_settings.lora_targets:
+    if serve_settings.adapter_scheme != "slot" or "wide.category" not in serve_settings.lora.targets:
         pytest.skip("this test drives a per-slot adapter with a wide.category LoRA")
     CATEGORY.update({ad.ad_id: ad.category for ad in catalog})
     run = uuid.uuid4().hex[:6]
@@ -71,22 +71,21 @@ def canary(
             **serve_settings.model_dump(),
             "topic_prefix": f"{serve_settings.topic_prefix}canary{run}.",
             "redis_prefix": f"{serve_settings.redis_prefix}canary{run}:",
-            "canary_share": SHARE,
-            "canary_min_samples": 100,
-            "canary_eval_s": 1.0,
-            # the two arms run the same code: a 3 % median-latency gate would only measure this
-            # shared 2-core machine's noise, and the test is about the AUC decisions
-            "canary_latency_slack": 100.0,
-            # every recalled ad is served, whatever its pCTR: both arms show the same ads, so
-            # each has clicked and unclicked impressions and only the ranking differs
-            "recall_k": K,
-            "rerank_max_per_advertiser": K,
-            "deadline_ms": 5000,
+            "canary": {
+                **serve_settings.canary.model_dump(),
+                "share": SHARE,
+                "min_samples": 100,
+                "eval_s": 1.0,
+                "latency_slack": 100.0,
+            },
+            "recall": {**serve_settings.recall.model_dump(), "k": K},
+            "rerank": {**serve_settings.rerank.model_dump(), "max_per_advertiser": K},
+            "serving": {**serve_settings.serving.model_dump(), "deadline_ms": 5000},
         }
     )
     create_topics(s)
-    r = redis.Redis.from_url(s.redis_url)
-    client = httpx.Client(base_url=f"http://{s.http_host}:{s.http_port}{PREFIX}", timeout=30)
+    r = redis.Redis.from_url(s.redis.url)
+    client = httpx.Client(base_url=f"http://{s.serving.http_host}:{s.serving.http_port}{PREFIX}", timeout=30)
     try:
         r.set(snapshot_key(s.redis_prefix, ADAPTER), codec.encode(snapshot(s)))
         serve.run(build_app(s, None), name=APP, route_prefix=PREFIX, blocking=False)
@@ -112,18 +111,18 @@ def _healthy(client: httpx.Client) -> bool:
 # -- adapters: one rank direction biases the clicked category on the `wide.category` table ----
 def _state(s: Settings, seq: int, bias: float) -> AdapterState:
     model, version = load_checkpoint(s.model_dir / "ranker")
-    st = empty_state(ADAPTER, version, target_shapes(model, s.lora_targets), s.lora_rank)
+    st = empty_state(ADAPTER, version, target_shapes(model, s.lora.targets), s.lora.rank)
     tensors = {k: v.clone() for k, v in st.tensors.items()}
     # the lookup of category id i gains (alpha / r) · B @ A[:, i]
     tensors["wide.category.lora_A"][0, stable_bucket(CLICKED, model.config.category_buckets, "category")] = 1
-    tensors["wide.category.lora_B"][0, 0] = bias * s.lora_rank / s.lora_alpha
-    return AdapterState(ADAPTER, version, s.lora_rank, seq, tensors)
+    tensors["wide.category.lora_B"][0, 0] = bias * s.lora.rank / s.lora.alpha
+    return AdapterState(ADAPTER, version, s.lora.rank, seq, tensors)
 
 
 def snapshot(s: Settings) -> AdapterDelta:
     """Seq 0, what the replica loads at start and serves as stable: the clicked category last."""
     st = _state(s, 0, -BIAS)
-    return make_delta(st, full_parts(st.tensors, s.lora_rank), 0, snapshot=True)
+    return make_delta(st, full_parts(st.tensors, s.lora.rank), 0, snapshot=True)
 
 
 def delta(s: Settings, seq: int, bias: float) -> AdapterDelta:
@@ -138,7 +137,7 @@ def delta(s: Settings, seq: int, bias: float) -> AdapterDelta:
 
 # -- the broker ---------------------------------------------------------------------------
 async def _produce(s: Settings, msgs: list[Message]) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
     await p.start()
     try:
         for m in msgs:

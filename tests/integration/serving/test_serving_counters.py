@@ -31,7 +31,9 @@ def dead_port() -> int:
 
 
 def test_failed_flush_keeps_counts_and_retry_writes_them_once(stack: Settings, redis_client: object) -> None:
-    settings = Settings(**{**stack.model_dump(), "frequency_cap": 2})
+    settings = Settings(
+        **{**stack.model_dump(), "serving": {**stack.serving.model_dump(), "frequency_cap": 2}}
+    )
     io = RedisIO(settings, None)
     good = io.client
     io.record("u1", NOW, [imp("a1"), imp("a1"), imp("a2")], [0.5, 0.5, 0.25])

@@ -19,28 +19,29 @@ def deployment(stack: Settings) -> Iterator[Settings]:
     from deploy.stack import create_topics
 
     tag = uuid.uuid4().hex[:6]
-    base = stack.clickhouse_url.rsplit("/", 1)[0]
+    base = stack.clickhouse.url.rsplit("/", 1)[0]
     s = stack.model_copy(
         update={
             "topic_prefix": f"{stack.topic_prefix}{tag}.",
             "redis_prefix": f"{stack.redis_prefix}{tag}:",
-            "clickhouse_url": f"{base}/{stack.clickhouse_url.rsplit('/', 1)[1]}_{tag}",
-            "sink_flush_s": 0.3,
-            "sink_batch_size": 1000,
-            "metrics_port": 0,
+            "clickhouse": stack.clickhouse.model_copy(
+                update={"url": f"{base}/{stack.clickhouse.url.rsplit('/', 1)[1]}_{tag}"}
+            ),
+            "sink": stack.sink.model_copy(update={"flush_s": 0.3, "batch_size": 1000}),
+            "metrics": stack.metrics.model_copy(update={"port": 0}),
         }
     )
     create_topics(s)
     yield s
     import redis
 
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     keys = list(r.scan_iter(match=f"{s.redis_prefix}*", count=1000))
     if keys:
         r.delete(*keys)
     r.close()
     client = clickhouse_client(s)
-    client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse_url.rsplit('/', 1)[1]}")
+    client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse.url.rsplit('/', 1)[1]}")
     client.disconnect()
     _drop_topics(s)
 

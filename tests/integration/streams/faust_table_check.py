@@ -1,7 +1,7 @@
 """Does a Faust changelog-backed table recover after kill -9 on this broker, and exactly once?
 
 A timeboxed check behind the decision in streams/app.py (not a test: it prints what it saw).
-Creates a topic `tc<pid>.in` on ADSTREAM_KAFKA_BOOTSTRAP (default 127.0.0.1:9092), produces
+Creates a topic `tc<pid>.in` on ADSTREAM_KAFKA__BOOTSTRAP (default 127.0.0.1:9092), produces
 20,000 records over 200 keys, runs a Faust worker counting them in a table, kills it with -9
 at ~3,000, restarts it and prints the table total after recovery (20,000 = exactly once).
 """
@@ -15,7 +15,7 @@ import time
 
 P = os.environ.get("TC_PREFIX", f"tc{os.getpid()}.")
 N = 20000
-BOOT = os.environ.get("ADSTREAM_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+BOOT = os.environ.get("ADSTREAM_KAFKA__BOOTSTRAP", "127.0.0.1:9092")
 LOGS = os.environ.get("TC_LOGS", "/tmp")
 if len(sys.argv) > 1 and sys.argv[1] == "worker":
     import faust

@@ -22,15 +22,15 @@ def worker_env(s: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "ADSTREAM_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-            "ADSTREAM_REDIS_URL": s.redis_url,
-            "ADSTREAM_CLICKHOUSE_URL": s.clickhouse_url,
+            "ADSTREAM_KAFKA__BOOTSTRAP": s.kafka.bootstrap,
+            "ADSTREAM_REDIS__URL": s.redis.url,
+            "ADSTREAM_CLICKHOUSE__URL": s.clickhouse.url,
             "ADSTREAM_TOPIC_PREFIX": s.topic_prefix,
             "ADSTREAM_REDIS_PREFIX": s.redis_prefix,
             "ADSTREAM_STATE_DIR": str(s.state_dir),
-            "ADSTREAM_SINK_FLUSH_S": str(s.sink_flush_s),
-            "ADSTREAM_SINK_BATCH_SIZE": str(s.sink_batch_size),
-            "ADSTREAM_METRICS_PORT": str(s.metrics_port),
+            "ADSTREAM_SINK__FLUSH_S": str(s.sink.flush_s),
+            "ADSTREAM_SINK__BATCH_SIZE": str(s.sink.batch_size),
+            "ADSTREAM_METRICS__PORT": str(s.metrics.port),
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -83,7 +83,7 @@ def produce(s: Settings, records: list[tuple[str, bytes | None, bytes]]) -> None
     from aiokafka import AIOKafkaProducer
 
     async def go() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, linger_ms=5, acks=1)
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, linger_ms=5, acks=1)
         await producer.start()
         try:
             futs = [
@@ -104,7 +104,7 @@ def consume_all(s: Settings, base_topic: str, expect: int | None = None, idle_s:
     async def go() -> list[Any]:
         c = AIOKafkaConsumer(
             topics.topic_name(base_topic, s.topic_prefix),
-            bootstrap_servers=s.kafka_bootstrap,
+            bootstrap_servers=s.kafka.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
         )

@@ -85,7 +85,7 @@ def produce_all(s: Settings, records: list[tuple[str, bytes | None, bytes]]) -> 
     from aiokafka import AIOKafkaProducer
 
     async def go() -> list[tuple[str, int, int]]:
-        p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=5)
+        p = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all", linger_ms=5)
         await p.start()
         try:
             futs = [await p.send(topics.topic_name(t, s.topic_prefix), value=v, key=k) for t, k, v in records]
@@ -158,7 +158,7 @@ def test_every_hostile_record_is_dead_lettered_and_every_valid_one_stored(
 
     worker = Worker(s, tmp_path / "worker.log", engine)
     worker.start()
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     n_bad = flags.count(False)
     try:
         wait_for(lambda: all_applied(r, s, ends), 180, "every record applied", worker)

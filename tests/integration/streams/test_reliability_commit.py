@@ -89,7 +89,7 @@ def chdb_sink(s: Settings, client: ChdbClient) -> ClickHouseSink:
     sink = ClickHouseSink.__new__(ClickHouseSink)
     sink._client = client  # type: ignore[attr-defined]
     sink._lock = asyncio.Lock()  # type: ignore[attr-defined]
-    sink.max_months = s.sink_max_partitions  # type: ignore[attr-defined]
+    sink.max_months = s.sink.max_partitions  # type: ignore[attr-defined]
     return sink
 
 
@@ -125,17 +125,17 @@ async def run(
     if sink is None:
         await asyncio.to_thread(migrate, s)
         sink = ClickHouseSink(s)
-    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)  # default max_request_size
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)  # default max_request_size
     await producer.start()
 
     async def send(topic: str, key: bytes, value: bytes) -> None:
         await (await producer.send(topic, value=value, key=key))
 
-    client = aioredis.Redis.from_url(s.redis_url)
+    client = aioredis.Redis.from_url(s.redis.url)
     cat = Catalog(s.state_dim)
     for ad in catalog:
         cat.update(ad)
-    pipe = Pipeline(s, store(client, s.redis_prefix, s.user_state_ttl_s), sink, send, lambda h: None, cat)
+    pipe = Pipeline(s, store(client, s.redis_prefix, s.state.ttl_s), sink, send, lambda h: None, cat)
     pipe.caught_up = lambda topic, partition, last: True
     try:
         for batch in batches:
@@ -227,14 +227,14 @@ def test_an_800_kb_invalid_record_is_dead_lettered_and_the_stream_goes_on(deploy
 def test_a_redis_error_mid_feed_loses_nothing(deployment: Settings) -> None:
     """Redis fails two user reads; every user's state must still equal the offline replay (the
     records of the failed feeds neither dropped nor applied to users never read)."""
-    s = deployment.model_copy(update={"sink_batch_size": 200})
+    s = deployment.model_copy(update={"sink": deployment.sink.model_copy(update={"batch_size": 200})})
     catalog, events = simulate(2000, seed=8, key=event_key(s))
     # a first pass writes every user, so a user released against an empty state would show
     asyncio.run(run(s, catalog, _chunks(records_of(s, events[:1000]), 250)))
 
     flaky = functools.partial(FlakyStore, fail_on={2, 3})
     asyncio.run(run(s, catalog, _chunks(records_of(s, events)[1000:], 250), store=flaky))
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:
         check_state(r, s, replay([*catalog, *events], s).states)
     finally:
@@ -246,7 +246,9 @@ def test_an_input_that_never_answers_holds_the_others_back_only_merge_max_idle_s
 ) -> None:
     """Dwell partitions give no fetch answer (never caught up): after merge_max_idle_s the merge
     goes on without them, and every record is committed (M12)."""
-    s = deployment.model_copy(update={"merge_max_idle_s": 1.0})
+    s = deployment.model_copy(
+        update={"streams": deployment.streams.model_copy(update={"merge_max_idle_s": 1.0})}
+    )
     catalog, events = simulate(400, seed=9, key=event_key(s))
     records = [r for r in records_of(s, events) if not r.topic.endswith(topics.DWELL)]
 
@@ -257,17 +259,17 @@ def test_an_input_that_never_answers_holds_the_others_back_only_merge_max_idle_s
         from attribution.migrate import migrate
 
         await asyncio.to_thread(migrate, s)
-        producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
         await producer.start()
 
         async def send(topic: str, key: bytes, value: bytes) -> None:
             await (await producer.send(topic, value=value, key=key))
 
-        client = aioredis.Redis.from_url(s.redis_url)
+        client = aioredis.Redis.from_url(s.redis.url)
         cat = Catalog(s.state_dim)
         for ad in catalog:
             cat.update(ad)
-        store = RedisStateStore(client, s.redis_prefix, s.user_state_ttl_s)
+        store = RedisStateStore(client, s.redis_prefix, s.state.ttl_s)
         pipe = Pipeline(s, store, ClickHouseSink(s), send, lambda h: None, cat)
         pipe.caught_up = lambda topic, partition, last: not topic.endswith(topics.DWELL)
         try:

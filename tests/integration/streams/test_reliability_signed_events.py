@@ -75,7 +75,11 @@ def test_forged_impressions_and_fabricated_clicks_are_dead_lettered(
         ),
     ]  # fmt: skip
     port = free_port()
-    worker = Worker(s.model_copy(update={"metrics_port": port}), tmp_path / "worker.log", engine)
+    worker = Worker(
+        s.model_copy(update={"metrics": s.metrics.model_copy(update={"port": port})}),
+        tmp_path / "worker.log",
+        engine,
+    )
     try:
         # the forged twin is first on the partition: it would win the first-wins join
         produce(s, records([forged_before]))
@@ -83,7 +87,7 @@ def test_forged_impressions_and_fabricated_clicks_are_dead_lettered(
         produce(s, records([click, *fabricated]))
         ends = end_offsets(s)
         worker.start()
-        r = redis.Redis.from_url(s.redis_url)
+        r = redis.Redis.from_url(s.redis.url)
         wait_for(lambda: all_applied(r, s, ends), 120, "every record applied", worker)
 
         db = clickhouse_client(s, database_name(s))

@@ -44,7 +44,7 @@ def kafka_committed(s: Settings) -> dict[str, int]:
 
     async def go() -> dict[str, int]:
         c = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap,
+            bootstrap_servers=s.kafka.bootstrap,
             group_id=f"{s.topic_prefix}adstream-streams",
             enable_auto_commit=False,
         )
@@ -71,7 +71,7 @@ def test_faust_commits_never_pass_redis_and_reach_the_end(deployment: Settings, 
     ends = end_offsets(s)
     worker.engine = "faust"
     worker.start()
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     samples = 0
     try:
         deadline = time.monotonic() + 180
@@ -112,7 +112,7 @@ def test_a_rebalance_and_a_kill_9_mid_stream_keep_every_record_exactly_once(
     second = Worker(s, tmp_path / "worker2.log", "faust")
     worker.engine = "faust"
     worker.start()
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
 
     def progress() -> int:
         return sum(v + 1 for v in applied(r, s).values())

@@ -50,19 +50,19 @@ async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord], cac
     from streams.store import RedisStateStore
 
     await asyncio.to_thread(migrate, s)
-    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
     await producer.start()
 
     async def send(topic: str, key: bytes, value: bytes) -> None:
         await (await producer.send(topic, value=value, key=key))
 
-    client = aioredis.Redis.from_url(s.redis_url)
+    client = aioredis.Redis.from_url(s.redis.url)
     sink = ClickHouseSink(s)
     cat = Catalog(s.state_dim)
     for ad in catalog:
         cat.update(ad)
     pipe = Pipeline(
-        s, RedisStateStore(client, s.redis_prefix, s.user_state_ttl_s), sink, send, lambda h: None, cat,
+        s, RedisStateStore(client, s.redis_prefix, s.state.ttl_s), sink, send, lambda h: None, cat,
         cache_users=cache_users,
     )  # fmt: skip
     pipe.caught_up = lambda topic, partition, last: True  # everything was handed over already
@@ -78,14 +78,14 @@ async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord], cac
 
 
 def test_tiny_user_cache_trimmed_while_writes_overlap(deployment: Settings) -> None:
-    s = deployment.model_copy(update={"sink_batch_size": 300})
+    s = deployment.model_copy(update={"sink": deployment.sink.model_copy(update={"batch_size": 300})})
     catalog, events = simulate(3000, seed=11, key=event_key(s))
     pipe = asyncio.run(run_pipeline(s, catalog, records_of(s, events), cache_users=2 * PARTITIONS))
     assert pipe.counts["committed"] == len(events)
     users = {e.user_id for e in events}
     cached = sum(len(part.proc.states) for part in pipe.parts.values())
     assert cached < len(users)  # the cache was trimmed
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:
         check_state(r, s, replay([*catalog, *events], s).states)
     finally:

@@ -36,7 +36,7 @@ def test_a_commit_of_thousands_of_messages_enters_the_producer_one_sender_at_a_t
 
         rt = Runtime(s, lambda: None)
         # aiokafka's default 16 KiB batches: ten of these messages fill one, so senders block
-        producer = rt.producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+        producer = rt.producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
         await producer.start()
         real = producer.send
 
@@ -79,7 +79,7 @@ def test_batched_sends_land_where_single_sends_do_and_an_oversized_one_is_dead_l
         from aiokafka import AIOKafkaProducer
 
         rt = Runtime(s, lambda: None)
-        rt.producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+        rt.producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
         await rt.producer.start()
         try:
             many = [(batched, k, v) for k, v in zip(keys, values, strict=True)] + [(batched, b"big", huge)]

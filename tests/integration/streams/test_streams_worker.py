@@ -78,7 +78,7 @@ def user_partitions(s: Settings) -> list[Any]:
     return [
         TopicPartition(topics.topic_name(t, s.topic_prefix), p)
         for t in USER_TOPICS
-        for p in range(s.topic_partitions or 8)
+        for p in range(s.kafka.topic_partitions or 8)
     ]
 
 
@@ -87,7 +87,7 @@ def end_offsets(s: Settings) -> dict[str, int]:
     from aiokafka import AIOKafkaConsumer
 
     async def go() -> dict[str, int]:
-        c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap)
+        c = AIOKafkaConsumer(bootstrap_servers=s.kafka.bootstrap)
         await c.start()
         try:
             tps = user_partitions(s)
@@ -159,7 +159,7 @@ def test_ten_thousand_events_with_one_percent_malformed(
     s = deployment
     worker.engine = engine
     port = free_port()
-    worker.s = s.model_copy(update={"metrics_port": port})
+    worker.s = s.model_copy(update={"metrics": s.metrics.model_copy(update={"port": port})})
     rng = random.Random(7)
     catalog, valid = simulate(9_900, seed=11, key=event_key(s))
     bad = malformed(valid, 100, rng)
@@ -175,7 +175,7 @@ def test_ten_thousand_events_with_one_percent_malformed(
     ends = end_offsets(s)
 
     worker.start()
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:
         wait_for(lambda: all_applied(r, s, ends), 120, "every record applied", worker)
         # ClickHouse holds exactly the valid events
@@ -223,7 +223,7 @@ def test_crash_recovery_kill_9_mid_stream(deployment: Settings, worker: Worker, 
     total = len(records)
 
     worker.start()
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:
 
         def progress() -> int:
@@ -262,12 +262,16 @@ def test_two_workers_share_the_partitions(
     produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
     ends = end_offsets(s)
     ports = free_port(), free_port()
-    second = Worker(s.model_copy(update={"metrics_port": ports[1]}), tmp_path / "worker2.log", engine)
-    worker.s = s.model_copy(update={"metrics_port": ports[0]})
+    second = Worker(
+        s.model_copy(update={"metrics": s.metrics.model_copy(update={"port": ports[1]})}),
+        tmp_path / "worker2.log",
+        engine,
+    )
+    worker.s = s.model_copy(update={"metrics": s.metrics.model_copy(update={"port": ports[0]})})
     worker.engine = engine
     worker.start()
     second.start()
-    r = redis.Redis.from_url(s.redis_url)
+    r = redis.Redis.from_url(s.redis.url)
     try:
         wait_for(lambda: all_applied(r, s, ends), 180, "every record applied by two workers", worker)
         assert second.alive()

@@ -19,11 +19,15 @@ def deployment(stack: Settings) -> Settings:
         update={
             "topic_prefix": f"{stack.topic_prefix}{tag}.",
             "redis_prefix": f"{stack.redis_prefix}{tag}:",
-            "micro_batch": 64,
-            "micro_batch_s": 0.2,
-            "snapshot_every_s": 3600.0,
-            "trainer_group": f"g{tag}",
-            "trainer_hold_labels": False,
+            "online": stack.online.model_copy(
+                update={
+                    "micro_batch": 64,
+                    "micro_batch_s": 0.2,
+                    "snapshot_every_s": 3600.0,
+                    "group": f"g{tag}",
+                    "hold_labels": False,
+                }
+            ),
         }
     )
     create_topics(s)

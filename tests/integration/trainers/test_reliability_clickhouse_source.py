@@ -21,8 +21,12 @@ def test_events_read_in_small_pages_equal_one_read(stack: Settings) -> None:
     from streams.sink import ClickHouseSink, empty_rows, row_of
     from trainers.clickhouse_source import iter_events, read_events
 
-    base, db = stack.clickhouse_url.rsplit("/", 1)
-    s = stack.model_copy(update={"clickhouse_url": f"{base}/{db}_{uuid.uuid4().hex[:6]}"})
+    base, db = stack.clickhouse.url.rsplit("/", 1)
+    s = stack.model_copy(
+        update={
+            "clickhouse": stack.clickhouse.model_copy(update={"url": f"{base}/{db}_{uuid.uuid4().hex[:6]}"})
+        }
+    )
     migrate(s)
     events = list(
         Market(MarketConfig(seed=3, n_users=30, n_ads=20, drift_at=None, new_ads_at=None)).open_loop(800)
@@ -37,14 +41,14 @@ def test_events_read_in_small_pages_equal_one_read(stack: Settings) -> None:
     finally:
         sink.close()
     try:
-        whole = read_events(s.clickhouse_url, chunk=1_000_000)
-        paged = read_events(s.clickhouse_url, chunk=7)
+        whole = read_events(s.clickhouse.url, chunk=1_000_000)
+        paged = read_events(s.clickhouse.url, chunk=7)
         assert [m.event_id for m in paged] == [m.event_id for m in whole]
         assert Counter(m.kind for m in paged) == Counter(m.kind for m in events)
         assert all(a.ts <= b.ts for a, b in itertools.pairwise(paged))
-        limited = read_events(s.clickhouse_url, limit=10, chunk=3)
+        limited = read_events(s.clickhouse.url, limit=10, chunk=3)
         assert max(Counter(m.kind for m in limited).values()) <= 10
-        lazy = iter_events(s.clickhouse_url, chunk=5)
+        lazy = iter_events(s.clickhouse.url, chunk=5)
         first = list(itertools.islice(lazy, 3))
         lazy.close()  # type: ignore[attr-defined]
         assert [m.event_id for m in first] == [m.event_id for m in whole[:3]]
@@ -52,8 +56,12 @@ def test_events_read_in_small_pages_equal_one_read(stack: Settings) -> None:
         # fails (it used to be ignored, and the source connected as the URL's user)
         assert [m.event_id for m in read_events(s)] == [m.event_id for m in whole]
         with pytest.raises(StoreError, match="adstream_nobody"):
-            read_events(s.model_copy(update={"clickhouse_user": "adstream_nobody"}))
+            read_events(
+                s.model_copy(
+                    update={"clickhouse": s.clickhouse.model_copy(update={"user": "adstream_nobody"})}
+                )
+            )
     finally:
         client = clickhouse_client(s)
-        client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse_url.rsplit('/', 1)[1]}")
+        client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse.url.rsplit('/', 1)[1]}")
         client.disconnect()

@@ -41,8 +41,8 @@ def _replica(s: Settings) -> DeltaApplier:
     """A serving replica's applier for the trainer's adapters (same layers, rank 4, alpha 8), with
     the stack's signing key: it applies only what the trainer signed."""
     layers = target_layers(Ranker(CFG), list(LoraSpec().targets))
-    bank = ServingBank(layers, 4, 8.0, 8, s.serve_adapter_max_norm)
-    return DeltaApplier(bank, "ranker-it", max_norm=s.delta_max_norm, key=resolve_signing_key(s))
+    bank = ServingBank(layers, 4, 8.0, 8, s.serving.adapter_max_norm)
+    return DeltaApplier(bank, "ranker-it", max_norm=s.online.delta_max_norm, key=resolve_signing_key(s))
 
 
 def _wipe_trainer_keys(client: Any, s: Settings) -> int:

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.timeout(180)]
 async def _produce_raw(s: Settings, values: list[bytes]) -> None:
     from aiokafka import AIOKafkaProducer
 
-    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", max_request_size=4 * 1024 * 1024)
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all", max_request_size=4 * 1024 * 1024)
     await p.start()
     try:
         topic = topics.topic_name(topics.TRAINING_EXAMPLES, s.topic_prefix)
@@ -41,7 +41,7 @@ async def _end_offsets(s: Settings) -> dict[int, int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     topic = topics.topic_name(topics.TRAINING_EXAMPLES, s.topic_prefix)
-    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap)
+    c = AIOKafkaConsumer(bootstrap_servers=s.kafka.bootstrap)
     await c.start()
     try:
         parts = c.partitions_for_topic(topic) or set()

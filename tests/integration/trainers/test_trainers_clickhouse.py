@@ -23,8 +23,12 @@ def test_read_back_and_train(stack: Settings, tmp_path: Path, monkeypatch: pytes
     from streams.sink import ClickHouseSink, empty_rows, row_of
     from trainers.clickhouse_source import read_events
 
-    base, db = stack.clickhouse_url.rsplit("/", 1)
-    s = stack.model_copy(update={"clickhouse_url": f"{base}/{db}_{uuid.uuid4().hex[:6]}"})
+    base, db = stack.clickhouse.url.rsplit("/", 1)
+    s = stack.model_copy(
+        update={
+            "clickhouse": stack.clickhouse.model_copy(update={"url": f"{base}/{db}_{uuid.uuid4().hex[:6]}"})
+        }
+    )
     migrate(s)
     events = list(
         Market(MarketConfig(seed=9, n_users=50, n_ads=30, drift_at=None, new_ads_at=None)).open_loop(3000)
@@ -40,7 +44,7 @@ def test_read_back_and_train(stack: Settings, tmp_path: Path, monkeypatch: pytes
     finally:
         sink.close()
     try:
-        back = read_events(s.clickhouse_url)
+        back = read_events(s.clickhouse.url)
         assert Counter(m.kind for m in back) == Counter(m.kind for m in events)
         assert all(a.ts <= b.ts for a, b in itertools.pairwise(back))
         original = {e.event_id: e for e in events}
@@ -51,7 +55,7 @@ def test_read_back_and_train(stack: Settings, tmp_path: Path, monkeypatch: pytes
 
         from deploy.cli import app
 
-        monkeypatch.setenv("ADSTREAM_CLICKHOUSE_URL", s.clickhouse_url)
+        monkeypatch.setenv("ADSTREAM_CLICKHOUSE__URL", s.clickhouse.url)
         monkeypatch.setenv("ADSTREAM_MODEL_DIR", str(tmp_path / "models"))
         out = tmp_path / "r.json"
         res = CliRunner().invoke(
@@ -72,5 +76,5 @@ def test_read_back_and_train(stack: Settings, tmp_path: Path, monkeypatch: pytes
         assert json.loads(out.read_text())["examples"] == 3000
     finally:
         client = clickhouse_client(s)
-        client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse_url.rsplit('/', 1)[1]}")
+        client.execute(f"DROP DATABASE IF EXISTS {s.clickhouse.url.rsplit('/', 1)[1]}")
         client.disconnect()

@@ -119,7 +119,7 @@ def test_store_rides_out_refused_connections(stack: Settings, redis_client: Any)
     events: list[tuple[str, str]] = []
 
     async def go() -> Any:
-        flaky = FlakyRedis(stack.redis_url, {"hset": 3, "multi": 2, "pipeline": 2, "hgetall": 1})
+        flaky = FlakyRedis(stack.redis.url, {"hset": 3, "multi": 2, "pipeline": 2, "hgetall": 1})
         store = SnapshotStore(flaky, prefix, "in", FAST, lambda op, outcome: events.append((op, outcome)))
         try:
             await store.reserve({"feed": 4})
@@ -145,7 +145,7 @@ def test_store_rides_out_timeouts(stack: Settings, silent_port: int) -> None:
     events: list[tuple[str, str]] = []
 
     async def go() -> None:
-        flaky = FlakyRedis(stack.redis_url, {"hset": 2}, dead_port=silent_port)
+        flaky = FlakyRedis(stack.redis.url, {"hset": 2}, dead_port=silent_port)
         store = SnapshotStore(
             flaky, f"{stack.redis_prefix}store2:", "in", FAST, lambda op, o: events.append((op, o))
         )
@@ -163,7 +163,7 @@ def test_store_gives_up_after_its_budget_or_at_once_when_aborted(stack: Settings
     events: list[tuple[str, str]] = []
 
     async def go(abort: bool) -> None:
-        flaky = FlakyRedis(stack.redis_url, {"hset": 10**9})
+        flaky = FlakyRedis(stack.redis.url, {"hset": 10**9})
         store = SnapshotStore(
             flaky,
             prefix,
@@ -196,7 +196,7 @@ def test_store_does_not_retry_a_command_error(stack: Settings, redis_client: Any
     events: list[tuple[str, str]] = []
 
     async def go() -> None:
-        client = _client(stack.redis_url)
+        client = _client(stack.redis.url)
         try:
             await SnapshotStore(client, prefix, "in", FAST, lambda op, o: events.append((op, o))).reserve(
                 {"a": 1}
@@ -218,7 +218,7 @@ def test_read_survives_corrupt_records(stack: Settings, redis_client: Any) -> No
     redis_client.hset(f"{prefix}adapter-meta:search", mapping={"seq": "3", "offsets": "[1, 2]"})
 
     async def go() -> Any:
-        client = _client(stack.redis_url)
+        client = _client(stack.redis.url)
         try:
             store = SnapshotStore(client, prefix, "in")
             return await store.read("feed"), await store.read("search")
@@ -240,7 +240,7 @@ def test_read_survives_corrupt_records(stack: Settings, redis_client: Any) -> No
 def _flaky_service(
     s: Settings, plan: dict[str, int], retry: RedisRetry = FAST
 ) -> tuple[TrainerService, FlakyRedis]:
-    flaky = FlakyRedis(s.redis_url, plan)
+    flaky = FlakyRedis(s.redis.url, plan)
     svc = _service(s)
     return TrainerService(s, svc.trainer, redis=flaky, retry=retry), flaky
 
@@ -256,7 +256,7 @@ async def _go(svc: TrainerService, n: int) -> None:
 async def _committed(s: Settings) -> dict[int, int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, group_id=f"{s.topic_prefix}{s.trainer_group}")
+    c = AIOKafkaConsumer(bootstrap_servers=s.kafka.bootstrap, group_id=f"{s.topic_prefix}{s.online.group}")
     await c.start()
     try:
         topic = f"{s.topic_prefix}ad.training-examples"
@@ -321,7 +321,7 @@ def test_failed_snapshot_write_commits_nothing_and_a_restart_resumes(
 
     # Redis takes reservations but every snapshot write fails: after give_up_s the loop stops
     asyncio.run(_produce(s, _examples(300, seed=13)))
-    eager = s.model_copy(update={"snapshot_every_s": 1e-3})
+    eager = s.model_copy(update={"online": s.online.model_copy(update={"snapshot_every_s": 1e-3})})
     svc, flaky = _flaky_service(eager, {"multi": 10**9}, RedisRetry(first_s=0.02, max_s=0.1, give_up_s=0.5))
     gave_up = _metric("adstream_trainers_redis_errors_total", op="write", outcome="gave_up")
     with pytest.raises(StoreError, match="Redis write failed"):

@@ -46,7 +46,7 @@ def _service(s: Settings) -> TrainerService:
 async def _produce(s: Settings, exs: list[TrainingExample]) -> None:
     from aiokafka import AIOKafkaProducer
 
-    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
     await p.start()
     try:
         topic = topics.topic_name(topics.TRAINING_EXAMPLES, s.topic_prefix)
@@ -67,7 +67,7 @@ async def _records(s: Settings, base_topic: str) -> list[Any]:
 
     c = AIOKafkaConsumer(
         topics.topic_name(base_topic, s.topic_prefix),
-        bootstrap_servers=s.kafka_bootstrap,
+        bootstrap_servers=s.kafka.bootstrap,
         auto_offset_reset="earliest",
     )
     await c.start()
@@ -135,7 +135,7 @@ def test_publish_snapshot_and_graceful_restart(deployment: Settings, redis_clien
     import redis.asyncio as aredis
 
     async def read() -> dict[str, Any]:
-        client = aredis.Redis.from_url(s.redis_url)
+        client = aredis.Redis.from_url(s.redis.url)
         store.client = client
         try:
             return {a: await store.read(a) for a in ADAPTERS}
@@ -207,15 +207,15 @@ def test_cli_trainer_live_until_max_examples(deployment: Settings, tmp_path: Any
     asyncio.run(_produce(s, _examples(300, seed=6)))
     env = {
         **os.environ,
-        "ADSTREAM_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-        "ADSTREAM_REDIS_URL": s.redis_url,
+        "ADSTREAM_KAFKA__BOOTSTRAP": s.kafka.bootstrap,
+        "ADSTREAM_REDIS__URL": s.redis.url,
         "ADSTREAM_TOPIC_PREFIX": s.topic_prefix,
         "ADSTREAM_REDIS_PREFIX": s.redis_prefix,
-        "ADSTREAM_TRAINER_GROUP": s.trainer_group,
-        "ADSTREAM_MICRO_BATCH": "64",
-        "ADSTREAM_LORA_RANK": "4",
+        "ADSTREAM_ONLINE__GROUP": s.online.group,
+        "ADSTREAM_ONLINE__MICRO_BATCH": "64",
+        "ADSTREAM_LORA__RANK": "4",
         "ADSTREAM_MODEL_DIR": str(tmp_path),
-        "ADSTREAM_TRAINER_HOLD_LABELS": "false",
+        "ADSTREAM_ONLINE__HOLD_LABELS": "false",
     }
     port = 19000 + os.getpid() % 1000
     proc = subprocess.Popen(
@@ -240,7 +240,12 @@ def test_cli_trainer_live_until_max_examples(deployment: Settings, tmp_path: Any
 def test_held_labels_are_learned_in_impression_order_and_not_committed_early(deployment: Settings) -> None:
     from datetime import timedelta
 
-    s = deployment.model_copy(update={"trainer_hold_labels": True, "attribution_window_s": 1800.0})
+    s = deployment.model_copy(
+        update={
+            "online": deployment.online.model_copy(update={"hold_labels": True}),
+            "streams": deployment.streams.model_copy(update={"attribution_window_s": 1800.0}),
+        }
+    )
     exs = _examples(300, seed=8)
     far = exs[0].ts + timedelta(seconds=1950)
     # one far-future example moves no watermark (schemas.watermark): a full window of them does;

@@ -30,7 +30,7 @@ async def _read_back(
 
     names = [topic_name(b, settings.topic_prefix) for b in BASES]
     consumer = AIOKafkaConsumer(
-        *names, bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest",
+        *names, bootstrap_servers=settings.kafka.bootstrap, auto_offset_reset="earliest",
         enable_auto_commit=False, group_id=None,
     )  # fmt: skip
     await consumer.start()
@@ -60,7 +60,7 @@ def own_topics(stack: Settings) -> Iterator[Settings]:
 
 def _env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
     monkeypatch.setenv("ADSTREAM_TOPIC_PREFIX", settings.topic_prefix)
-    monkeypatch.setenv("ADSTREAM_KAFKA_BOOTSTRAP", settings.kafka_bootstrap)
+    monkeypatch.setenv("ADSTREAM_KAFKA__BOOTSTRAP", settings.kafka.bootstrap)
 
 
 def test_simulate_to_kafka_delivers_exactly_the_file_stream(

@@ -44,7 +44,7 @@ def backend() -> Iterator[SharedChdb]:
 
 
 def _client(backend: SharedChdb) -> TestClient:
-    settings = Settings(clickhouse_url=f"clickhouse://default@127.0.0.1:9000/{backend.database}")
+    settings = Settings(clickhouse={"url": f"clickhouse://default@127.0.0.1:9000/{backend.database}"})
     return TestClient(create_app(settings, connect=lambda: backend))
 
 
@@ -157,7 +157,7 @@ def test_an_unreachable_clickhouse_is_503_naming_where_without_credentials() -> 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = Settings(clickhouse_url=f"clickhouse://reader:s3cret@127.0.0.1:{port}/adstream")
+    settings = Settings(clickhouse={"url": f"clickhouse://reader:s3cret@127.0.0.1:{port}/adstream"})
     client = TestClient(create_app(settings))
     response = client.get("/api/panels")
     assert response.status_code == 503

@@ -19,7 +19,7 @@ def _closed_port() -> int:
 
 def test_an_unreachable_clickhouse_is_named_without_its_password() -> None:
     port = _closed_port()
-    s = Settings(clickhouse_url=f"clickhouse://ads:s3cret-pw@127.0.0.1:{port}/adstream")
+    s = Settings(clickhouse={"url": f"clickhouse://ads:s3cret-pw@127.0.0.1:{port}/adstream"})
     with pytest.raises(StoreError) as err:
         migrate(s)
     message = str(err.value)

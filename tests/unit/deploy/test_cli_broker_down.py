@@ -40,9 +40,9 @@ def test_kafka_down_is_one_clear_line(args: list[str], stdin: bytes, tmp_path: P
     port = _closed_port()
     env = {
         **os.environ,
-        "ADSTREAM_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}",
+        "ADSTREAM_KAFKA__BOOTSTRAP": f"127.0.0.1:{port}",
         "ADSTREAM_STATE_DIR": str(tmp_path),
-        "ADSTREAM_KAFKA_CONNECT_TIMEOUT_S": "5",
+        "ADSTREAM_KAFKA__CONNECT_TIMEOUT_S": "5",
         "PYTHONPATH": str(REPO),
     }
     done = _adstream(args, env, stdin)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import jsonschema
-from schemas.settings import Settings
+from schemas.settings import Settings, env_name, leaf_fields, nested
 
 
 def test_checked_in_json_schemas_match_the_models() -> None:
@@ -16,12 +16,12 @@ def test_checked_in_json_schemas_match_the_models() -> None:
 
 
 def test_settings_read_the_adstream_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ADSTREAM_KAFKA_BOOTSTRAP", "kafka.example:9093")
-    monkeypatch.setenv("ADSTREAM_ADMIN_TOKEN", "s3cret")
+    monkeypatch.setenv("ADSTREAM_KAFKA__BOOTSTRAP", "kafka.example:9093")
+    monkeypatch.setenv("ADSTREAM_SERVING__ADMIN_TOKEN", "s3cret")
     monkeypatch.setenv("ADSTREAM_DEVICE", "cpu")
     s = Settings(_env_file=None)  # type: ignore[call-arg]
-    assert s.kafka_bootstrap == "kafka.example:9093"
-    assert s.admin_token.get_secret_value() == "s3cret"
+    assert s.kafka.bootstrap == "kafka.example:9093"
+    assert s.serving.admin_token.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(s)
 
 
@@ -34,20 +34,20 @@ def test_settings_reject_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("canary_auc_gain", -0.01),  # would promote a worse candidate
-        ("canary_cooldown_s", -1.0),
-        ("serve_rank_chunk", 0),
-        ("serve_merge_min", 0),
-        ("serve_merge_max", -1),
-        ("online_embedding_lr", 0.0),
+        ("canary.auc_gain", -0.01),  # would promote a worse candidate
+        ("canary.cooldown_s", -1.0),
+        ("serving.rank_chunk", 0),
+        ("serving.merge_min", 0),
+        ("serving.merge_max", -1),
+        ("online.embedding_lr", 0.0),
     ],
 )
 def test_settings_reject_out_of_range_knobs(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
-        Settings(_env_file=None, **{field: value})  # type: ignore[call-arg]
+        Settings(_env_file=None, **nested({field: value}))  # type: ignore[call-arg]
 
 
 def test_env_example_lists_every_setting() -> None:
     text = (jsonschema.SCHEMA_DIR.parent.parent / ".env.example").read_text()
-    for name in Settings.model_fields:
-        assert f"ADSTREAM_{name.upper()}=" in text, name
+    for name in leaf_fields():
+        assert f"{env_name(name)}=" in text, name

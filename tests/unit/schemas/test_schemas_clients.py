@@ -73,7 +73,7 @@ def _aiokafka_clients(args: dict[str, Any]) -> list[Any]:
 
 
 def test_kafka_plaintext_is_the_default() -> None:
-    args = kafka_args(Settings(kafka_bootstrap="k1:9092,k2:9092"))
+    args = kafka_args(Settings(kafka={"bootstrap": "k1:9092,k2:9092"}))
     assert args == {"bootstrap_servers": "k1:9092,k2:9092", "security_protocol": "PLAINTEXT"}
     producer, consumer, _ = _aiokafka_clients(args)
     assert producer.client._security_protocol == "PLAINTEXT"
@@ -83,10 +83,12 @@ def test_kafka_plaintext_is_the_default() -> None:
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_kafka_sasl_plaintext_each_mechanism(mechanism: str) -> None:
     s = Settings(
-        kafka_security_protocol="SASL_PLAINTEXT",
-        kafka_sasl_mechanism=mechanism,
-        kafka_sasl_username="svc-ads",
-        kafka_sasl_password="s3cret",
+        kafka={
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": mechanism,
+            "sasl_username": "svc-ads",
+            "sasl_password": "s3cret",
+        }
     )
     args = kafka_args(s)
     assert args["security_protocol"] == "SASL_PLAINTEXT" and "ssl_context" not in args
@@ -103,14 +105,16 @@ def test_kafka_sasl_plaintext_each_mechanism(mechanism: str) -> None:
 
 def test_kafka_sasl_ssl_with_ca_and_client_cert(pki: dict[str, Path]) -> None:
     s = Settings(
-        kafka_security_protocol="SASL_SSL",
-        kafka_sasl_mechanism="SCRAM-SHA-256",
-        kafka_sasl_username="u",
-        kafka_sasl_password="p",
-        kafka_ssl_cafile=pki["ca"],
-        kafka_ssl_certfile=pki["cert"],
-        kafka_ssl_keyfile=pki["key"],
-        kafka_ssl_check_hostname=False,
+        kafka={
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": "u",
+            "sasl_password": "p",
+            "ssl_cafile": pki["ca"],
+            "ssl_certfile": pki["cert"],
+            "ssl_keyfile": pki["key"],
+            "ssl_check_hostname": False,
+        }
     )
     args = kafka_args(s)
     ctx = args["ssl_context"]
@@ -122,35 +126,37 @@ def test_kafka_sasl_ssl_with_ca_and_client_cert(pki: dict[str, Path]) -> None:
 
 
 def test_kafka_ssl_without_sasl_uses_system_cas_by_default() -> None:
-    args = kafka_args(Settings(kafka_security_protocol="SSL"))
+    args = kafka_args(Settings(kafka={"security_protocol": "SSL"}))
     assert set(args) == {"bootstrap_servers", "security_protocol", "ssl_context"}
     assert args["ssl_context"].check_hostname and args["ssl_context"].verify_mode == ssl.CERT_REQUIRED
     _aiokafka_clients(args)
 
 
 def test_kafka_misconfigurations_name_the_field(tmp_path: Path, pki: dict[str, Path]) -> None:
-    with pytest.raises(ConfigError, match="kafka_sasl_username"):
-        kafka_args(Settings(kafka_security_protocol="SASL_SSL"))
-    with pytest.raises(ConfigError, match=r"kafka_ssl_cafile is set but .* 'PLAINTEXT'"):
-        kafka_args(Settings(kafka_ssl_cafile=pki["ca"]))
-    with pytest.raises(ConfigError, match="kafka_ssl: cannot load TLS files"):
-        kafka_args(Settings(kafka_security_protocol="SSL", kafka_ssl_cafile=tmp_path / "missing.pem"))
-    with pytest.raises(ConfigError, match="kafka_ssl_keyfile is set"):
-        kafka_args(Settings(kafka_security_protocol="SSL", kafka_ssl_keyfile=pki["key"]))
+    with pytest.raises(ConfigError, match=r"kafka\.sasl_username"):
+        kafka_args(Settings(kafka={"security_protocol": "SASL_SSL"}))
+    with pytest.raises(ConfigError, match=r"kafka\.ssl_cafile is set but .* 'PLAINTEXT'"):
+        kafka_args(Settings(kafka={"ssl_cafile": pki["ca"]}))
+    with pytest.raises(ConfigError, match=r"kafka\.ssl: cannot load TLS files"):
+        kafka_args(Settings(kafka={"security_protocol": "SSL", "ssl_cafile": tmp_path / "missing.pem"}))
+    with pytest.raises(ConfigError, match=r"kafka\.ssl_keyfile is set"):
+        kafka_args(Settings(kafka={"security_protocol": "SSL", "ssl_keyfile": pki["key"]}))
 
 
 def test_faust_credentials_follow_the_kafka_settings(pki: dict[str, Path]) -> None:
     from faust.auth import SASLCredentials, SSLCredentials
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    plain = faust_args(Settings(kafka_bootstrap="a:1, b:2"))
+    plain = faust_args(Settings(kafka={"bootstrap": "a:1, b:2"}))
     assert plain == {"broker": ["kafka://a:1", "kafka://b:2"], "broker_credentials": None}
     s = Settings(
-        kafka_security_protocol="SASL_SSL",
-        kafka_sasl_mechanism="SCRAM-SHA-512",
-        kafka_sasl_username="u",
-        kafka_sasl_password="p",
-        kafka_ssl_cafile=pki["ca"],
+        kafka={
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": "u",
+            "sasl_password": "p",
+            "ssl_cafile": pki["ca"],
+        }
     )
     creds = faust_args(s)["broker_credentials"]
     assert isinstance(creds, SASLCredentials)
@@ -162,12 +168,18 @@ def test_faust_credentials_follow_the_kafka_settings(pki: dict[str, Path]) -> No
     }
     assert auth["sasl_plain_password"] == "p" and isinstance(auth["ssl_context"], ssl.SSLContext)
     sasl_plain = faust_args(
-        s.model_copy(update={"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_ssl_cafile": None})
+        s.model_copy(
+            update={
+                "kafka": s.kafka.model_copy(
+                    update={"security_protocol": "SASL_PLAINTEXT", "ssl_cafile": None}
+                )
+            }
+        )
     )
     assert credentials_to_aiokafka_auth(sasl_plain["broker_credentials"])["security_protocol"] == (
         "SASL_PLAINTEXT"
     )
-    tls = faust_args(Settings(kafka_security_protocol="SSL", kafka_ssl_cafile=pki["ca"]))
+    tls = faust_args(Settings(kafka={"security_protocol": "SSL", "ssl_cafile": pki["ca"]}))
     assert isinstance(tls["broker_credentials"], SSLCredentials)
     assert credentials_to_aiokafka_auth(tls["broker_credentials"])["security_protocol"] == "SSL"
 
@@ -175,19 +187,21 @@ def test_faust_credentials_follow_the_kafka_settings(pki: dict[str, Path]) -> No
 def test_redis_args_auth_and_tls(pki: dict[str, Path]) -> None:
     import redis
 
-    assert redis_args(Settings(redis_url="redis://h:6380/2")) == {"url": "redis://h:6380/2"}
-    s = Settings(redis_url="redis://old:pw@h:6380/2", redis_username="ads", redis_password="new")
+    assert redis_args(Settings(redis={"url": "redis://h:6380/2"})) == {"url": "redis://h:6380/2"}
+    s = Settings(redis={"url": "redis://old:pw@h:6380/2", "username": "ads", "password": "new"})
     args = redis_args(s)
     assert args == {"url": "redis://h:6380/2", "username": "ads", "password": "new"}
     kw = redis.Redis.from_url(**args).connection_pool.connection_kwargs
     assert (kw["username"], kw["password"], kw["host"], kw["port"], kw["db"]) == ("ads", "new", "h", 6380, 2)
     tls = redis_args(
         Settings(
-            redis_url="redis://h:6380/0",
-            redis_tls=True,
-            redis_tls_cafile=pki["ca"],
-            redis_tls_certfile=pki["cert"],
-            redis_tls_keyfile=pki["key"],
+            redis={
+                "url": "redis://h:6380/0",
+                "tls": True,
+                "tls_cafile": pki["ca"],
+                "tls_certfile": pki["cert"],
+                "tls_keyfile": pki["key"],
+            }
         )
     )
     assert tls["url"] == "rediss://h:6380/0"
@@ -198,29 +212,32 @@ def test_redis_args_auth_and_tls(pki: dict[str, Path]) -> None:
     import redis.asyncio as aredis
 
     assert aredis.Redis.from_url(**tls).connection_pool.connection_class is aredis.SSLConnection
-    assert redis_args(Settings(redis_url="rediss://h:6380/0"))["ssl_check_hostname"] is True
-    with pytest.raises(ConfigError, match="redis_tls_"):
-        redis_args(Settings(redis_tls_cafile=pki["ca"]))
-    with pytest.raises(ConfigError, match="redis_url: scheme 'http'"):
-        redis_args(Settings(redis_url="http://h:6379"))
+    assert redis_args(Settings(redis={"url": "rediss://h:6380/0"}))["ssl_check_hostname"] is True
+    with pytest.raises(ConfigError, match=r"redis\.tls_"):
+        redis_args(Settings(redis={"tls_cafile": pki["ca"]}))
+    with pytest.raises(ConfigError, match=r"redis\.url: scheme 'http'"):
+        redis_args(Settings(redis={"url": "http://h:6379"}))
 
 
 def test_clickhouse_args_user_password_tls(pki: dict[str, Path]) -> None:
     from clickhouse_driver import Client
 
-    s = Settings(clickhouse_url="clickhouse://u:url-pw@ch:9000/ads", clickhouse_password="settings-pw")
+    s = Settings(clickhouse={"url": "clickhouse://u:url-pw@ch:9000/ads", "password": "settings-pw"})
     assert clickhouse_args(s, "ads")["password"] == "settings-pw"
     assert clickhouse_args(s)["user"] == "u"
-    assert clickhouse_args(s.model_copy(update={"clickhouse_user": "reader"}))["user"] == "reader"
+    assert (
+        clickhouse_args(
+            s.model_copy(update={"clickhouse": s.clickhouse.model_copy(update={"user": "reader"})})
+        )["user"]
+        == "reader"
+    )
     sec = clickhouse_args(
-        Settings(
-            clickhouse_url="clickhouses://ch/ads", clickhouse_ca_certs=pki["ca"], clickhouse_verify=False
-        )
+        Settings(clickhouse={"url": "clickhouses://ch/ads", "ca_certs": pki["ca"], "verify": False})
     )
     assert (sec["port"], sec["secure"], sec["verify"], sec["ca_certs"]) == (9440, True, False, str(pki["ca"]))
     conn = Client(**sec).connection
     assert conn.secure_socket and conn.ssl_options["ca_certs"] == str(pki["ca"])
     with pytest.raises(ConfigError, match="clickhouse TLS files"):
-        clickhouse_args(Settings(clickhouse_certfile=pki["cert"]))
-    with pytest.raises(ConfigError, match="clickhouse_url: scheme 'http'"):
-        clickhouse_args(Settings(clickhouse_url="http://ch:8123"))
+        clickhouse_args(Settings(clickhouse={"certfile": pki["cert"]}))
+    with pytest.raises(ConfigError, match=r"clickhouse\.url: scheme 'http'"):
+        clickhouse_args(Settings(clickhouse={"url": "http://ch:8123"}))

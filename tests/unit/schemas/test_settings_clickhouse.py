@@ -9,7 +9,7 @@ from schemas.settings import Settings, clickhouse_connect_args, clickhouse_datab
 
 
 def test_connect_args_from_the_url() -> None:
-    s = Settings(clickhouse_url="clickhouse://ads:pw@10.0.0.5:9440/prod_ads")
+    s = Settings(clickhouse={"url": "clickhouse://ads:pw@10.0.0.5:9440/prod_ads"})
     assert clickhouse_database(s) == "prod_ads"
     args = clickhouse_connect_args(s, clickhouse_database(s))
     assert args == {
@@ -24,11 +24,11 @@ def test_connect_args_from_the_url() -> None:
 
 
 def test_defaults_and_bad_database_name() -> None:
-    s = Settings(clickhouse_url="clickhouse://127.0.0.1")
+    s = Settings(clickhouse={"url": "clickhouse://127.0.0.1"})
     assert clickhouse_database(s) == "adstream"
     assert clickhouse_connect_args(s)["port"] == 9000 and clickhouse_connect_args(s)["user"] == "default"
     with pytest.raises(ConfigError, match="'ads;drop'"):
-        clickhouse_database(Settings(clickhouse_url="clickhouse://127.0.0.1/ads;drop"))
+        clickhouse_database(Settings(clickhouse={"url": "clickhouse://127.0.0.1/ads;drop"}))
 
 
 @pytest.mark.parametrize("name", ["ads\u0663", "caf\u00e9", "\u0430ds", "ads\u00b2", "_"])
@@ -37,7 +37,7 @@ def test_database_name_is_an_ascii_identifier(name: str) -> None:
     Cyrillic a, superscript two); the name is spliced into DDL, so only ASCII letters, digits
     and underscores."""
     with pytest.raises(ConfigError, match="database name"):
-        clickhouse_database(Settings(clickhouse_url=f"clickhouse://127.0.0.1/{name}"))
+        clickhouse_database(Settings(clickhouse={"url": f"clickhouse://127.0.0.1/{name}"}))
 
 
 def test_database_names_in_use_stay_valid() -> None:

@@ -35,7 +35,7 @@ def test_catalog_reuses_rows_of_inactive_ads_and_refuses_past_the_bound() -> Non
     assert cat.n == 10 and len(cat.row_of) == 10 and len(cat.rows) == 10
     assert {f"a{i}" for i in (1, 3, 5, 7, 9)}.isdisjoint(cat.row_of)
     assert all(cat.rows[r].ad_id == a for a, r in cat.row_of.items())
-    with pytest.raises(CatalogFull, match="serve_catalog_max_ads"):
+    with pytest.raises(CatalogFull, match=r"serving\.catalog_max_ads"):
         cat.upsert(ad(99))
     assert cat.refused == 1
     cat.upsert(ad(0, active=False))  # an update of a known ad still works when full

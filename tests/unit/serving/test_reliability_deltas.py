@@ -46,7 +46,7 @@ def _applier(key: bytes | None = KEY, capacity: int = 8, max_drift: float = 1e9)
     rank = RankModel(
         copy.deepcopy(Ranker(CFG).eval()),
         "v0",
-        Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=capacity),
+        Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": capacity}),
         torch.device("cpu"),
     )
     return DeltaApplier(rank.bank, "v0", max_norm=5.0, key=key, max_drift=max_drift)

@@ -33,7 +33,7 @@ def test_weak_admin_tokens_disable_the_admin_routes(token: str) -> None:
 
 
 def test_default_settings_have_the_admin_routes_off() -> None:
-    assert token_digest(Settings().admin_token) is None
+    assert token_digest(Settings().serving.admin_token) is None
 
 
 def test_strong_token_opens_and_nothing_else_does() -> None:
@@ -66,12 +66,12 @@ def test_replicas_get_a_digest_not_the_token() -> None:
     """L6: Ray keeps actor init args in its control store; the settings payload holds no secret."""
     from serving.app import settings_payload
 
-    s = Settings(admin_token=STRONG, delta_signing_key="k" * 40)
+    s = Settings(serving={"admin_token": STRONG}, delta_signing_key="k" * 40)
     payload = settings_payload(s)
     assert STRONG not in payload and "k" * 40 not in payload
     data = json.loads(payload)
     assert "admin_token" not in data and "delta_signing_key" not in data
-    assert Settings(**data).admin_token.get_secret_value() == ""
+    assert Settings(**data).serving.admin_token.get_secret_value() == ""
 
 
 # -- M3: bodies ------------------------------------------------------------------------------
@@ -162,5 +162,5 @@ def test_api_keys_reach_replicas_as_digests_not_in_the_settings_payload() -> Non
     from schemas.settings import Settings
     from serving.app import settings_payload
 
-    s = Settings(serve_api_keys=SecretStr("pub-alpha-123"))
+    s = Settings(serving={"api_keys": SecretStr("pub-alpha-123")})
     assert "pub-alpha-123" not in settings_payload(s) and "serve_api_keys" not in settings_payload(s)

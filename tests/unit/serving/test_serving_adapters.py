@@ -44,7 +44,7 @@ def models() -> tuple[RankModel, PeftBank, Ranker]:
     torch.manual_seed(0)
     base = Ranker(CFG).eval()
     peft = PeftBank(base, LoraSpec(rank=4, alpha=8.0), "v0")
-    settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=16)
+    settings = Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": 16})
     return RankModel(copy.deepcopy(base), "v0", settings, torch.device("cpu")), peft, base
 
 
@@ -147,13 +147,8 @@ N_ADAPTERS = 30
 # the factor layers (cross, deep) follow the plan; head and the table are served from ΔW; plan
 # thresholds small enough for tiny batches to hit every case
 PLAN_SETTINGS = Settings(
-    lora_rank=4,
-    lora_alpha=8.0,
-    serve_adapter_capacity=N_ADAPTERS + 4,
-    lora_targets=("cross", "deep", "head", "wide.category"),
-    serve_merge_group_limit=2,
-    serve_merge_min=3,
-    serve_merge_max=2,
+    lora={"rank": 4, "alpha": 8.0, "targets": ("cross", "deep", "head", "wide.category")},
+    serving={"adapter_capacity": N_ADAPTERS + 4, "merge_group_limit": 2, "merge_min": 3, "merge_max": 2},
 )
 
 
@@ -330,7 +325,7 @@ def test_embedding_targets_match_peft(targets: tuple[str, ...]) -> None:
     torch.manual_seed(1)
     base = Ranker(CFG).eval()
     peft = PeftBank(base, LoraSpec(rank=4, alpha=8.0, targets=targets), "v0")
-    settings = Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=16, lora_targets=targets)
+    settings = Settings(lora={"rank": 4, "alpha": 8.0, "targets": targets}, serving={"adapter_capacity": 16})
     rank = RankModel(copy.deepcopy(base), "v0", settings, torch.device("cpu"))
     if "wide.category" in targets:
         assert rank.bank.shapes["wide.category"].fan_in == CFG.category_buckets

@@ -130,7 +130,7 @@ def test_small_catalogs_stay_exact_and_bulk_upserts_are_batched(data: tuple[np.n
 
 
 def test_bad_arguments_are_named() -> None:
-    with pytest.raises(ConfigError, match="recall_ann_oversample"):
+    with pytest.raises(ConfigError, match=r"recall\.ann_oversample"):
         UsearchIndex(DIM, oversample=0.5)
     index = UsearchIndex(DIM)
     index.update(np.zeros((4, DIM), dtype=np.float32), 2)
@@ -142,16 +142,14 @@ def test_make_index_follows_the_settings() -> None:
     vecs = np.zeros((8, DIM), dtype=np.float32)
     assert isinstance(make_index(Settings(), vecs, 0), ExactIndex)
     ann = make_index(
-        Settings(
-            recall_index="usearch", recall_ann_dtype="f32", recall_ann_connectivity=8, recall_ann_min_ads=5
-        ),
+        Settings(recall={"index": "usearch", "ann_dtype": "f32", "ann_connectivity": 8, "ann_min_ads": 5}),
         vecs,
         0,
     )
     assert isinstance(ann, UsearchIndex)
     assert (ann.dtype, ann.exact_below, ann.graph.connectivity) == ("f32", 5, 8)
     ivf = make_index(
-        Settings(recall_index="ivf", recall_ivf_lists=4, recall_ivf_scan=3, recall_ann_min_ads=5), vecs, 0
+        Settings(recall={"index": "ivf", "ivf_lists": 4, "ivf_scan": 3, "ann_min_ads": 5}), vecs, 0
     )
     assert isinstance(ivf, IvfIndex)
     assert (ivf.lists_wanted, ivf.scan, ivf.exact_below) == (4, 3.0, 5)
@@ -191,7 +189,7 @@ def test_ivf_repacks_side_rows_into_cells_and_retrains_when_outgrown(
 
 
 def test_ivf_bad_arguments_are_named() -> None:
-    with pytest.raises(ConfigError, match="recall_ivf_scan"):
+    with pytest.raises(ConfigError, match=r"recall\.ivf_scan"):
         IvfIndex(DIM, scan=0.5)
     index = IvfIndex(DIM)
     index.update(np.zeros((4, DIM), dtype=np.float32), 2)
@@ -234,9 +232,7 @@ def test_the_pipeline_recalls_through_the_ann_index_when_the_settings_say_so(bac
     pipes = {}
     for kind in ("exact", backend):
         torch.manual_seed(0)
-        s = Settings(
-            state_dim=16, recall_k=40, recall_index=kind, recall_ann_min_ads=0, recall_ann_dtype="f32"
-        )
+        s = Settings(state_dim=16, recall={"k": 40, "index": kind, "ann_min_ads": 0, "ann_dtype": "f32"})
         pipe = AdPipeline(
             s,
             RankModel(Ranker(cfg).eval(), "v0", s, torch.device("cpu")),

@@ -33,7 +33,7 @@ def _applier(**kw: float) -> DeltaApplier:
     rank = RankModel(
         copy.deepcopy(Ranker(CFG).eval()),
         "v0",
-        Settings(lora_rank=4, lora_alpha=8.0, serve_adapter_capacity=8),
+        Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": 8}),
         torch.device("cpu"),
     )
     return DeltaApplier(rank.bank, "v0", max_norm=5.0, key=KEY, **kw)

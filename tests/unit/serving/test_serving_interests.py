@@ -91,7 +91,7 @@ def test_no_known_interest_is_no_prior(interests: list[str]) -> None:
 
 
 def pipeline(weight: float = 1.0) -> AdPipeline:
-    s = Settings(state_dim=DIM, recall_k=10, serve_adapter_capacity=4, serve_interest_weight=weight)
+    s = Settings(state_dim=DIM, recall={"k": 10}, serving={"adapter_capacity": 4, "interest_weight": weight})
     torch.manual_seed(0)
     cfg = RankerConfig(state_dim=DIM, emb_dim=4, deep_hidden=16)
     pipe = AdPipeline(

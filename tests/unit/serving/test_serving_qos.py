@@ -32,22 +32,21 @@ def test_a_request_names_its_class_or_gets_its_slots_default() -> None:
     with pytest.raises(ValueError):
         AdRequest.model_validate_json('{"user_id": "u", "slot": "feed", "qos": "gold"}')
     pick = [
-        class_of(None, slot, s.serve_qos_slot_class, s.serve_qos_default_class)
-        for slot in ("search", "feed", "splash")
+        class_of(None, slot, s.qos.slot_class, s.qos.default_class) for slot in ("search", "feed", "splash")
     ]
     assert pick == ["guaranteed", "burstable", "besteffort"]
-    assert class_of("besteffort", "search", s.serve_qos_slot_class, "burstable") == "besteffort"
+    assert class_of("besteffort", "search", s.qos.slot_class, "burstable") == "besteffort"
     assert class_of(None, "other", {}, "burstable") == "burstable"
 
 
 def test_policies_fill_classes_a_setting_leaves_out_from_its_defaults() -> None:
     s = Settings(
-        serve_qos_queue_limit={"besteffort": 1}, serve_qos_deadline_ms={"guaranteed": 80}, deadline_ms=40
+        qos={"queue_limit": {"besteffort": 1}, "deadline_ms": {"guaranteed": 80}}, serving={"deadline_ms": 40}
     )
     p = policies(s)
     assert (
         p["besteffort"].queue_limit == 1
-        and p["guaranteed"].queue_limit == Settings().serve_qos_queue_limit["guaranteed"]
+        and p["guaranteed"].queue_limit == Settings().qos.queue_limit["guaranteed"]
     )
     assert p["guaranteed"].deadline_ms == 80 and p["burstable"].deadline_ms == 40
 

@@ -92,7 +92,9 @@ def test_rank_features_match_trainers_featurize() -> None:
 
 def _pipeline(n: int = 60) -> AdPipeline:
     torch.manual_seed(0)
-    s = Settings(state_dim=16, recall_k=30, serve_adapter_capacity=8, rerank_max_per_advertiser=2)
+    s = Settings(
+        state_dim=16, recall={"k": 30}, serving={"adapter_capacity": 8}, rerank={"max_per_advertiser": 2}
+    )
     pipe = AdPipeline(
         s,
         RankModel(Ranker(CFG).eval(), "v0", s, torch.device("cpu")),

@@ -22,7 +22,7 @@ KEY = "s" * 40
 
 def test_served_impressions_are_signed_and_ads_carry_their_click_tokens(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    s = Settings(state_dim=16, recall_k=30, state_dir=tmp_path, event_signing_key=KEY)
+    s = Settings(state_dim=16, recall={"k": 30}, state_dir=tmp_path, event_signing_key=KEY)
     pipe = AdPipeline(
         s,
         RankModel(Ranker(CFG).eval(), "v0", s, torch.device("cpu")),

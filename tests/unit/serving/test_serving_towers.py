@@ -71,7 +71,7 @@ def test_known_ads_use_the_index_and_new_ads_the_ad_tower(tmp_path: Path) -> Non
 
 def test_pipeline_recalls_by_user_tower_query(tmp_path: Path) -> None:
     space, ads = _space(tmp_path)
-    s = Settings(state_dim=16, recall_k=5, serve_adapter_capacity=4)
+    s = Settings(state_dim=16, recall={"k": 5}, serving={"adapter_capacity": 4})
     rcfg = RankerConfig(state_dim=16, emb_dim=4, deep_hidden=16)
     pipe = AdPipeline(
         s,

@@ -9,8 +9,10 @@ from schemas.settings import Settings
 from streams.join import example_id
 from streams.offline import replay, training_examples
 
-FN = Settings(attribution_window_s=60.0, label_mode="fn_weighted", watermark_window=1)
-HOLD = FN.model_copy(update={"label_mode": "hold"})
+FN = Settings(
+    streams={"attribution_window_s": 60.0, "watermark_window": 1}, online={"label_mode": "fn_weighted"}
+)
+HOLD = FN.model_copy(update={"online": FN.online.model_copy(update={"label_mode": "hold"})})
 
 
 def _events() -> list:  # type: ignore[type-arg]
@@ -77,6 +79,6 @@ def test_offline_training_data_has_final_labels_whatever_the_worker_mode() -> No
 
 
 def test_default_mode_learns_at_once() -> None:
-    assert Settings().label_mode in ("fn_weighted", "fn_calibrated")
+    assert Settings().online.label_mode in ("fn_weighted", "fn_calibrated")
     with pytest.raises(ValueError, match="label_mode"):
-        Settings(label_mode="later")  # type: ignore[arg-type]
+        Settings(online={"label_mode": "later"})  # type: ignore[arg-type]

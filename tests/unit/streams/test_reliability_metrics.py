@@ -59,5 +59,5 @@ def test_metrics_listen_on_loopback_by_default(serve: Callable[[int], None]) -> 
 
 
 def test_metrics_host_is_a_setting_defaulting_to_loopback() -> None:
-    assert Settings().metrics_host == "127.0.0.1"
-    assert Settings(metrics_host="0.0.0.0").metrics_host == "0.0.0.0"
+    assert Settings().metrics.host == "127.0.0.1"
+    assert Settings(metrics={"host": "0.0.0.0"}).metrics.host == "0.0.0.0"

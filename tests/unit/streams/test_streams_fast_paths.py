@@ -39,7 +39,9 @@ def market_events(n: int, seed: int) -> list[Message]:
     [("hold", "slot"), ("fn_weighted", "slot+advertiser"), ("fn_calibrated", "advertiser")],
 )
 def test_every_example_the_join_emits_equals_its_validated_twin(label_mode: str, scheme: str) -> None:
-    s = Settings(label_mode=label_mode, adapter_scheme=scheme, attribution_window_s=120.0)
+    s = Settings(
+        online={"label_mode": label_mode}, adapter_scheme=scheme, streams={"attribution_window_s": 120.0}
+    )
     examples = replay(market_events(4000, seed=5), s).examples
     kinds = {e.label_kind for e in examples}
     assert len(examples) > 50 and (kinds == {"final"}) == (label_mode == "hold"), kinds

@@ -15,7 +15,7 @@ from streams.offline import replay, training_examples
 # hold mode (fake negatives: test_join_fake_negatives.py); a watermark window of 1 record is the
 # running max: these tests are about the join's rules; the
 # watermark that one record cannot drag (the default) is tested in test_watermark.py
-S = Settings(attribution_window_s=60.0, watermark_window=1, label_mode="hold")
+S = Settings(streams={"attribution_window_s": 60.0, "watermark_window": 1}, online={"label_mode": "hold"})
 
 
 def test_adapter_id_schemes() -> None:

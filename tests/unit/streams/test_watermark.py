@@ -64,7 +64,9 @@ def test_one_far_future_event_closes_no_window() -> None:
 
 def test_windows_still_close_as_real_time_passes() -> None:
     events = [creative()] + [impression(f"i{t}", t) for t in range(0, 200, 2)]
-    out = list(training_examples(events, Settings(attribution_window_s=60.0), close_open_windows=False))
+    out = list(
+        training_examples(events, Settings(streams={"attribution_window_s": 60.0}), close_open_windows=False)
+    )
     closed = [e for e in out if not e.click]
     # impressions up to ~t=100 have closed (windows of 60 s, clock lagging by half a window of records)
     assert 30 <= len(closed) <= 70
@@ -144,7 +146,7 @@ def test_event_ahead_of_wall_clock_is_dead_lettered_whatever_its_record_says() -
 
 def test_default_skew_is_within_the_attribution_window() -> None:
     s = Settings()
-    assert s.max_event_skew_s <= s.attribution_window_s
+    assert s.streams.max_event_skew_s <= s.streams.attribution_window_s
 
 
 def test_orphans_are_bounded_in_number_oldest_evicted_first() -> None:

@@ -104,5 +104,5 @@ def test_dwell_updates_are_counted_not_learned() -> None:
 
 
 def test_spec_follows_the_label_mode() -> None:
-    assert OnlineSpec.from_settings(Settings(label_mode="fn_calibrated")).fn_loss == "calibrated"
-    assert OnlineSpec.from_settings(Settings(label_mode="fn_weighted")).fn_loss == "weighted"
+    assert OnlineSpec.from_settings(Settings(online={"label_mode": "fn_calibrated"})).fn_loss == "calibrated"
+    assert OnlineSpec.from_settings(Settings(online={"label_mode": "fn_weighted"})).fn_loss == "weighted"

@@ -29,7 +29,7 @@ def test_train_then_replay(events_file: Path, tmp_path: Path, monkeypatch: pytes
     from deploy.cli import app
 
     monkeypatch.setenv("ADSTREAM_MODEL_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("ADSTREAM_MICRO_BATCH", "128")
+    monkeypatch.setenv("ADSTREAM_ONLINE__MICRO_BATCH", "128")
     report = tmp_path / "train.json"
     res = runner.invoke(
         app,

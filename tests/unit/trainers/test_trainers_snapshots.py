@@ -86,7 +86,7 @@ def test_check_state_names_the_reason(trained: OnlineTrainer) -> None:
     state = trained.bank.get_state("feed")
     norm = delta_w_norm(state, trained.bank.spec.scaling)
     assert check_state(state, _bound(trained, norm * 1.01)) == pytest.approx(norm)
-    with pytest.raises(SnapshotRefused, match="exceeds serve_adapter_max_norm") as over:
+    with pytest.raises(SnapshotRefused, match=r"exceeds serving\.adapter_max_norm") as over:
         check_state(state, _bound(trained, norm * 0.99))
     assert over.value.reason == "norm"
     broken = dict(state)
@@ -100,7 +100,7 @@ def test_check_state_names_the_reason(trained: OnlineTrainer) -> None:
 def test_check_snapshot_refuses_exactly_what_a_replica_refuses(trained: OnlineTrainer) -> None:
     """Each case goes through the trainer's guard and through a real replica (apply + bank check)."""
     state = trained.bank.get_state("feed")
-    bound = 1000.0  # settings.serve_adapter_max_norm's default
+    bound = 1000.0  # settings.serving.adapter_max_norm's default
     inflated = {k: v * 3000 if k.endswith("lora_B") else v for k, v in state.items()}
     good = _snapshot(trained, state)
     tampered = good.model_copy(update={"norm": good.norm * 2})
