@@ -74,7 +74,7 @@ from schemas.stats import auc
 from serving.catalog import Catalog
 from serving.pipeline import AdPipeline, UserView, content_vectorizer
 from serving.ranking import RankInput, RankModel
-from streams.offline import training_examples
+from streams.in_memory import training_examples
 from trainers.features import featurize
 from trainers.lora import AdapterBank, LoraSpec
 from trainers.offline import TrainSpec, train_ranker

@@ -51,7 +51,7 @@ from deploy.machine import describe, machine
 from schemas import codec
 from schemas.events import TrainingExample
 from schemas.settings import Settings
-from streams.offline import training_examples
+from streams.in_memory import training_examples
 from trainers import telemetry
 from trainers.delta import encode_delta, select_parts
 from trainers.features import RankerBatch, featurize

@@ -1,6 +1,6 @@
 """Benchmark: offline ranker quality — simulator (ranker, LR, oracle, per-user ceiling) and OBD.
 
-Everything goes through the real pipeline: contract events → `streams.offline.training_examples`
+Everything goes through the real pipeline: contract events → `streams.in_memory.training_examples`
 (the streams label join and user state, the live worker's code) → `trainers.offline` (time-ordered
 split, `train_ranker`, `predict`) and `trainers.baseline` (LR on the ranker's own features, the
 paired-bootstrap CI of the AUC difference).
@@ -90,13 +90,13 @@ from rich.table import Table
 
 from schemas.events import AdCreative, Click, Impression, Message, TrainingExample
 from schemas.settings import Settings
-from streams.offline import training_examples
+from streams.in_memory import training_examples
 from streams.processor import Processor
 from streams.state import EngagementWeights
 from trainers.baseline import auc_diff_ci, logistic_probs
 from trainers.features import RankerBatch, featurize
-from trainers.metrics import auc
 from trainers.offline import TrainSpec, predict, time_split, train_ranker
+from trainers.quality import auc
 from trainers.ranker import Ranker, RankerConfig
 from trainers.sequence_training import mean_gate, predict_with_sequences, train_tower_ranker
 from trainers.user_tower import MODALITIES, UserSequences, build_sequences
@@ -205,7 +205,7 @@ def bayes_ceiling(
 def examples_of(
     events: Sequence[Message], settings: Settings, impression_weight: float | None
 ) -> list[TrainingExample]:
-    """`streams.offline.training_examples` (the worker's state and label join); with
+    """`streams.in_memory.training_examples` (the worker's state and label join); with
     `impression_weight`, the same with that impression weight in the user state (an ablation)."""
     if impression_weight is None:
         return list(training_examples(events, settings))

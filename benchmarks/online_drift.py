@@ -25,7 +25,7 @@ at the drift, and the frozen base's user-state features follow the new clicks), 
 frozen base "recovers" raw AUC too; the oracle-relative figures separate that.
 
 The streams label join turns each stream into TrainingExamples
-(`streams.offline.training_examples`), ordered by impression time. The base ranker is trained
+(`streams.in_memory.training_examples`), ordered by impression time. The base ranker is trained
 offline on the first `--pretrain` examples; the rest is replayed through the online trainer
 (`trainers.replay.replay`, the live code path: micro-batches of `settings.online.micro_batch`,
 progressive validation, sparse ΔW, guards). Models scored on every example before it is learned:
@@ -131,13 +131,13 @@ from deploy.machine import machine  # CPU model, cores, load: one definition for
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta, TrainingExample
 from schemas.settings import Settings
-from streams.offline import training_examples
+from streams.in_memory import training_examples
 from trainers.delta import AdapterState, apply_delta, empty_state
 from trainers.features import featurize
 from trainers.lora import AdapterBank, LoraSpec
-from trainers.metrics import auc
 from trainers.offline import TrainSpec, train_ranker
 from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.quality import auc
 from trainers.ranker import Ranker, RankerConfig, weights_version
 from trainers.reorder import DelayBuffer
 from trainers.replay import impression_order, progressive_report, replay

@@ -105,9 +105,9 @@ from rich.table import Table
 
 from schemas.events import TrainingExample
 from schemas.settings import Settings
-from trainers.metrics import auc
 from trainers.offline import TrainSpec, train_ranker
 from trainers.online import OnlineSpec
+from trainers.quality import auc
 from trainers.ranker import RankerConfig
 
 OUT = Path(__file__).parent / "results" / "peer_online.json"

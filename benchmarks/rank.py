@@ -100,8 +100,8 @@ def main() -> None:
     from schemas.settings import Settings
     from serving.adapters import CANDIDATE
     from serving.index import ExactIndex
-    from serving.ranking import RankInput, RankModel, resolve_device
-    from trainers.ranker import Ranker, RankerConfig
+    from serving.ranking import RankInput, RankModel
+    from trainers.ranker import Ranker, RankerConfig, resolve_device
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

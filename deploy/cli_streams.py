@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
 
             run_worker(settings, loglevel=loglevel)
         else:
-            from streams.plain import run_worker as run_plain
+            from streams.aiokafka_engine import run_worker as run_plain
 
             logging.getLogger().setLevel(loglevel.upper().replace("CRIT", "CRITICAL"))
             run_plain(settings)

@@ -53,7 +53,7 @@ def examples_from_events(
     events: Iterable[Message], settings: Settings
 ) -> tuple[list[TrainingExample], dict[str, AdCreative]]:
     """TrainingExamples (given ones, plus those the streams join derives from raw events) and the catalog."""
-    from streams.offline import training_examples
+    from streams.in_memory import training_examples
 
     given: list[TrainingExample] = []
     raw: list[Message] = []
@@ -111,7 +111,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train the ranker and the two-tower model offline; report holdout AUC/log loss."""
         from trainers.offline import TrainSpec
-        from trainers.pipeline import resolve_device, set_threads, train_all
+        from trainers.ranker import resolve_device
+        from trainers.train_all import set_threads, train_all
 
         settings = Settings()
         set_threads(threads)
@@ -128,7 +129,7 @@ def register(app: typer.Typer) -> None:
             catalog,
             out_dir,
             state_dim=settings.state_dim,
-            spec=TrainSpec(epochs=epochs, holdout=holdout, device=resolve_device(settings.device)),
+            spec=TrainSpec(epochs=epochs, holdout=holdout, device=str(resolve_device(settings.device))),
             two_tower=two_tower,
         )
         rows = [("ranker (DCN-v2)", report["ranker"]["auc"], report["ranker"]["logloss"])]
@@ -179,8 +180,8 @@ def register(app: typer.Typer) -> None:
         """Run the online LoRA trainer on `ad.training-examples` (or `--replay FILE --json OUT`)."""
         from trainers.lora import AdapterBank, LoraSpec
         from trainers.online import OnlineSpec, OnlineTrainer
-        from trainers.pipeline import set_threads
         from trainers.ranker import load_checkpoint
+        from trainers.train_all import set_threads
 
         settings = Settings()
         if replay is None:

@@ -78,7 +78,7 @@ class BankBuffers:
         # per row, the bank generation that wrote its content (equal content ⇔ equal version in
         # both copies): keys the merged-weight caches, so one adapter's update keeps the others'
         self.version = [0] * rows
-        self.readers = 0  # batches bound to this copy (`AdapterBank.reading`)
+        self.readers = 0  # batches bound to this copy (`AdapterStack.reading`)
 
     def clone(self) -> BankBuffers:
         """A copy with the same weights and versions, read by nobody."""
@@ -91,7 +91,7 @@ class BankBuffers:
         return twin
 
 
-class AdapterBank:
+class AdapterStack:
     """Stacked LoRA weights of up to `capacity` adapters × 2 arms, with guarded, swapped updates."""
 
     def __init__(

@@ -42,9 +42,10 @@ from serving.metrics import ServingMetrics
 from serving.pipeline import AdPipeline, RequestContext, content_vectorizer, recall_pctr, utcnow
 from serving.qos import Admission, class_of
 from serving.qos import policies as qos_policies
-from serving.ranking import RankInput, RankModel, load_ranker, resolve_device
+from serving.ranking import RankInput, RankModel, load_ranker
 from serving.towers import TowerSpace
 from trainers.delta import resolve_signing_key
+from trainers.ranker import resolve_device
 
 log = logging.getLogger(__name__)
 api = FastAPI(

@@ -1,5 +1,5 @@
 """The banked layers: a model's adapted Linear layers and id tables replaced by ones that add each
-sample's LoRA from an `AdapterBank` (`install`), and the per-batch plan they share (`BankContext`).
+sample's LoRA from an `AdapterStack` (`install`), and the per-batch plan they share (`BankContext`).
 
 Factor layers compute `scale · B[i] (A[i] x)`: adapters with many samples in a batch through
 merged weights, the rest per sample (two fused gathers). Narrow layers (`LayerShape.dense`) add
@@ -16,14 +16,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from schemas.errors import AdapterError
-from serving.adapters import AdapterBank, BankBuffers, LayerShape
+from serving.adapters import AdapterStack, BankBuffers, LayerShape
 
 
 class _Banked(nn.Module):
     """What every banked layer holds: the wrapped layer, its bank name, the bank, the context,
     and whether the bank serves it from stored ΔW rows (`LayerShape.dense`)."""
 
-    def __init__(self, base: nn.Module, name: str, bank: AdapterBank, ctx: BankContext) -> None:
+    def __init__(self, base: nn.Module, name: str, bank: AdapterStack, ctx: BankContext) -> None:
         super().__init__()
         self.base = base
         self.name = name
@@ -44,7 +44,7 @@ class BankedLinear(_Banked):
 
     base: nn.Linear
 
-    def __init__(self, base: nn.Linear, name: str, bank: AdapterBank, ctx: BankContext) -> None:
+    def __init__(self, base: nn.Linear, name: str, bank: AdapterStack, ctx: BankContext) -> None:
         super().__init__(base, name, bank, ctx)
         self._merged: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -215,7 +215,7 @@ class BankContext:
         return index
 
     @contextmanager
-    def use(self, bank: AdapterBank, rows: torch.Tensor | None) -> Iterator[None]:
+    def use(self, bank: AdapterStack, rows: torch.Tensor | None) -> Iterator[None]:
         """Bind one batch's rows (None = base model only) and the bank's current buffers.
 
         Any order of `rows` is exact; the order of `order` avoids gathers and scatters.
@@ -319,7 +319,7 @@ def target_layers(model: nn.Module, targets: tuple[str, ...] | list[str]) -> lis
     return found
 
 
-def install(model: nn.Module, bank: AdapterBank, ctx: BankContext | None = None) -> BankContext:
+def install(model: nn.Module, bank: AdapterStack, ctx: BankContext | None = None) -> BankContext:
     """Replace the bank's layers in `model` by BankedLinear / BankedEmbedding (in place); returns
     their context."""
     ctx = ctx or BankContext()

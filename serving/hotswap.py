@@ -40,7 +40,7 @@ import torch
 from schemas.api import AdapterInfo
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta
-from serving.adapters import CANDIDATE, STABLE, AdapterBank
+from serving.adapters import CANDIDATE, STABLE, AdapterStack
 from trainers.delta import (
     AdapterState,
     EpochChangeError,
@@ -93,7 +93,7 @@ class Prepared:
 class DeltaApplier:
     """Per-replica adapter states and the rules for applying deltas to them."""
 
-    bank: AdapterBank
+    bank: AdapterStack
     base_version: str
     max_norm: float
     key: bytes | None = None  # the trainer's signing key; None: unsigned deltas are accepted

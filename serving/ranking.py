@@ -11,25 +11,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from schemas.errors import ModelError
 from schemas.events import SLOTS
 from schemas.settings import Settings
-from serving.adapters import AdapterBank
+from serving.adapters import AdapterStack
 from serving.banked import BankContext, install, target_layers
 from trainers.features import N_EXTRA_DENSE
 from trainers.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
 
 log = logging.getLogger(__name__)
 SLOT_INDEX: dict[str, int] = {s: i for i, s in enumerate(SLOTS)}
-
-
-def resolve_device(setting: str) -> torch.device:
-    """`auto` → cuda when available, else cpu; `cuda` without a GPU is an error."""
-    if setting == "cuda" and not torch.cuda.is_available():
-        raise ModelError("ADSTREAM_DEVICE=cuda but torch sees no CUDA device")
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(setting)
 
 
 def find_checkpoint(model_dir: Path) -> Path | None:
@@ -112,7 +102,7 @@ class RankModel:
         self.version = version
         self.device = device
         shapes = target_layers(model, list(settings.lora.targets))
-        self.bank = AdapterBank(
+        self.bank = AdapterStack(
             shapes,
             rank=settings.lora.rank,
             alpha=settings.lora.alpha,

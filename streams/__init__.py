@@ -9,11 +9,11 @@ without Kafka/Redis:
 * `streams.record` — the compact Redis record (`encode_state`/`decode_state`), `user_key`,
   `read_user_state(redis, prefix, user_id)` / `aread_user_state` and `served_view` for serving;
 * `streams.join` — the impression→click/dwell label join, `adapter_id`, `example_id`;
-* `streams.offline` — `training_examples(events, settings)` and `replay(...)`: the worker's
+* `streams.in_memory` — `training_examples(events, settings)` and `replay(...)`: the worker's
   state and join over a time-ordered event list (trainer replay, drift benchmark, tests).
 
 Shells: `streams.pipeline` (validation → merge → state/join → batched ClickHouse/Kafka/Redis
 commit), `streams.app` (Faust; why Redis and not Faust tables is documented there) with
-`streams.faust_intake` (batches from Faust's fetch loop), `streams.plain` (aiokafka),
+`streams.faust_intake` (batches from Faust's fetch loop), `streams.aiokafka_engine` (aiokafka),
 `streams.runtime`, `streams.store`, `streams.sink`, `streams.metrics`.
 """

@@ -1,6 +1,6 @@
 """The worker's engine, independent of the Kafka client: records in → state, labels, sinks out.
 
-A source (the Faust app's batched intake, `streams.faust_intake`, or `streams.plain`) feeds
+A source (the Faust app's batched intake, `streams.faust_intake`, or `streams.aiokafka_engine`) feeds
 `RawRecord`s; the pipeline validates them (invalid → dead letter), skips records already
 applied (offset ≤ the one stored in Redis),
 merges each co-partition's inputs by event time (`streams.merge`), applies them to user state
@@ -50,7 +50,7 @@ from streams import metrics as m
 from streams.delivery import TABLE_TOPIC, SendMany, produce_all, refused_letter, retrying, write_rows
 from streams.ingest import FastDecoder, Invalid, ahead_of_record, unvouched, validate
 from streams.merge import Item, PartitionMerge
-from streams.processor import Catalog, Processor
+from streams.processor import AdVectors, Processor
 from streams.sink import EventSink, empty_rows, row_of
 from streams.state import UserState
 from streams.store import Commit, RedisStateStore
@@ -111,7 +111,7 @@ class Pipeline:
         sink: EventSink,
         send: Send,
         ack: Callable[[Iterable[Any]], None],
-        catalog: Catalog | None = None,
+        catalog: AdVectors | None = None,
         cache_users: int = 200_000,
         send_many: SendMany | None = None,
     ) -> None:
@@ -121,7 +121,7 @@ class Pipeline:
         self.send = send
         self.send_many = send_many  # batches of messages at once (see `delivery.produce_all`)
         self.ack = ack
-        self.catalog = catalog or Catalog(settings.state_dim)
+        self.catalog = catalog or AdVectors(settings.state_dim)
         self.cache_users = cache_users
         self.prefix = settings.topic_prefix
         self.inputs = tuple(topics.topic_name(t, self.prefix) for t in INPUTS)

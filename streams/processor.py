@@ -30,7 +30,7 @@ UNKNOWN_CATEGORY = "unknown"
 
 
 @dataclass
-class Catalog:
+class AdVectors:
     """Ads by id, with their content vectors (the worker keeps it in memory from `ad.catalog`)."""
 
     dim: int
@@ -51,7 +51,7 @@ class Processor:
     params: StateParams
     window_s: float
     scheme: AdapterScheme
-    catalog: Catalog
+    catalog: AdVectors
     states: MutableMapping[str, UserState] = field(default_factory=dict)
     dirty_users: set[str] = field(default_factory=set)
     counts: Counter[str] = field(default_factory=Counter)
@@ -66,7 +66,7 @@ class Processor:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, catalog: Catalog | None = None, label_mode: LabelMode | None = None
+        cls, settings: Settings, catalog: AdVectors | None = None, label_mode: LabelMode | None = None
     ) -> Processor:
         """The worker's core for `settings` (`label_mode`: settings.online.label_mode unless given)."""
         params = StateParams.from_settings(settings)
@@ -74,7 +74,7 @@ class Processor:
             params=params,
             window_s=settings.streams.attribution_window_s,
             scheme=settings.adapter_scheme,
-            catalog=catalog or Catalog(params.dim),
+            catalog=catalog or AdVectors(params.dim),
             watermark_window=settings.streams.watermark_window,
             label_mode=label_mode or settings.online.label_mode,
         )

@@ -30,7 +30,7 @@ from streams import metrics as m
 from streams.delivery import produce_all, refused_letter, write_rows
 from streams.ingest import Invalid, validate
 from streams.pipeline import Pipeline, RawRecord
-from streams.processor import Catalog
+from streams.processor import AdVectors
 from streams.sink import ClickHouseSink, empty_rows, row_of
 from streams.store import RedisStateStore
 
@@ -53,7 +53,7 @@ class Runtime:
         self.consumer = consumer
         self.ack = ack
         self.settings = settings
-        self.catalog = Catalog(settings.state_dim)
+        self.catalog = AdVectors(settings.state_dim)
         self.catalog_ready = asyncio.Event()
         self.pipeline: Pipeline | None = None
         self.producer: AIOKafkaProducer | None = None

@@ -17,9 +17,9 @@ Adapters and ΔW (what serving hot-swaps)
 - `trainers.snapshots`: the Redis key layout of adapter snapshots and seq reservations.
 
 Training
-- `trainers.offline` / `trainers.pipeline` / `trainers.baseline`: `adstream train`.
+- `trainers.offline` / `trainers.train_all` / `trainers.baseline`: `adstream train`.
 - `trainers.online`: `OnlineTrainer` (progressive validation, sparse ΔW, guards);
   `trainers.reorder`: delayed-feedback hold; `trainers.service`: the Kafka/Redis shell of
   `adstream trainer`; `trainers.replay`: `adstream trainer --replay`.
-- `trainers.metrics`: AUC / log loss (whole and rolling); `trainers.telemetry`: Prometheus.
+- `trainers.quality`: AUC / log loss (whole and rolling); `trainers.telemetry`: Prometheus.
 """

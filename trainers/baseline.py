@@ -13,8 +13,8 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 
 from trainers.features import RankerBatch
-from trainers.metrics import auc, logloss
 from trainers.offline import EvalResult
+from trainers.quality import auc, logloss
 
 
 def _design(

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from schemas.errors import ConfigError
 from schemas.events import TrainingExample
 from trainers.features import RankerBatch, featurize
-from trainers.metrics import auc, logloss
+from trainers.quality import auc, logloss
 from trainers.ranker import Ranker, RankerConfig
 
 log = logging.getLogger(__name__)

@@ -77,7 +77,7 @@ from trainers.delta import (
 )
 from trainers.features import RankerBatch, featurize
 from trainers.lora import AdapterBank
-from trainers.metrics import RollingMetrics
+from trainers.quality import RollingMetrics
 
 log = logging.getLogger(__name__)
 

@@ -52,6 +52,16 @@ WEIGHTS_FILE: Final = "ranker.safetensors"
 CONFIG_FILE: Final = "ranker.json"
 
 
+def resolve_device(setting: str) -> torch.device:
+    """`settings.device` as a torch device, the one rule of trainers and serving: `auto` → cuda
+    when available, else cpu; `cuda` without a GPU is an error."""
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ModelError("ADSTREAM_DEVICE=cuda but torch sees no CUDA device")
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
 @dataclass(frozen=True)
 class RankerConfig:
     """Shape of a ranker; validated on construction (messages name the field and the value)."""

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from schemas.events import AdapterDelta, TrainingExample
-from trainers.metrics import auc, logloss
 from trainers.online import OnlineTrainer
+from trainers.quality import auc, logloss
 
 
 def impression_order(examples: Iterable[TrainingExample]) -> list[TrainingExample]:

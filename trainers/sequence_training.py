@@ -19,8 +19,8 @@ from torch.nn import functional as F
 
 from schemas.errors import ConfigError
 from trainers.features import RankerBatch
-from trainers.metrics import logloss
 from trainers.offline import TrainSpec
+from trainers.quality import logloss
 from trainers.ranker import Ranker, RankerConfig
 from trainers.user_tower import UserSequences
 

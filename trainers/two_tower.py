@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from schemas.errors import ConfigError, ModelError
 from schemas.events import SLOTS, AdCreative, TrainingExample
 from trainers.features import stable_bucket
-from trainers.metrics import auc
+from trainers.quality import auc
 from trainers.ranker import weights_version
 from trainers.text import TEXT_DIM, TitleEncoder
 

@@ -13,7 +13,7 @@ import torch
 
 from schemas.settings import Settings
 from tests.support.benchmarks import load_benchmark
-from trainers.metrics import auc
+from trainers.quality import auc
 
 pytest.importorskip("vowpalwabbit")
 pytest.importorskip("river")

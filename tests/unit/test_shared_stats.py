@@ -10,7 +10,7 @@ from sklearn.metrics import roc_auc_score
 
 from schemas import stats
 from serving import canary
-from trainers import metrics
+from trainers import quality
 from workloads import truth
 
 
@@ -21,7 +21,7 @@ def test_rooms_agree_with_each_other_and_with_sklearn(seed: int) -> None:
     scores = rng.integers(0, 7, size=400) / 7.0
     labels = (rng.random(400) < 0.3).astype(int)
     expected = roc_auc_score(labels, scores)
-    assert metrics.auc(scores, labels) == pytest.approx(expected)
+    assert quality.auc(scores, labels) == pytest.approx(expected)
     assert truth.auc(scores, labels) == pytest.approx(expected)
     assert canary.auc(scores, labels) == pytest.approx(expected)
 

@@ -20,7 +20,7 @@ Each fault is over when the service answers again and the served adapter version
 /v1/adapters`) has moved past where it was at the fault. After the last one the load stops, the
 worker drains, and the tests check: ClickHouse holds every event of the topics once; what was
 acknowledged to the load and every impression serving answered reached the broker; every user's
-Redis state equals the offline replay (`streams.offline.replay`) of the topics in the worker's
+Redis state equals the offline replay (`streams.in_memory.replay`) of the topics in the worker's
 merge order; no example is learned twice into a served adapter lineage; no request got a 5xx
 outside the outage windows (fault → service answering + 5 s) of the serve, Redis, ClickHouse and
 broker faults — the worker and trainer faults get none: serving does not depend on them.
@@ -396,7 +396,7 @@ def _compare_states(
     state differs, users whose event counts differ, users compared, users not kept in order)."""
     from schemas import codec
     from schemas.events import AdCreative
-    from streams.offline import replay
+    from streams.in_memory import replay
     from streams.record import read_user_state
     from streams.state import same_state
 

@@ -29,9 +29,9 @@ from schemas.errors import StoreError
 from schemas.events import DeadLetter, Impression
 from schemas.settings import Settings
 from schemas.signing import event_key, seal
-from streams.offline import replay
+from streams.in_memory import replay
 from streams.pipeline import Pipeline, RawRecord
-from streams.processor import Catalog
+from streams.processor import AdVectors
 from streams.sink import ClickHouseSink
 from streams.state import UserState
 from streams.store import RedisStateStore
@@ -132,7 +132,7 @@ async def run(
         await (await producer.send(topic, value=value, key=key))
 
     client = aioredis.Redis.from_url(s.redis.url)
-    cat = Catalog(s.state_dim)
+    cat = AdVectors(s.state_dim)
     for ad in catalog:
         cat.update(ad)
     pipe = Pipeline(s, store(client, s.redis_prefix, s.state.ttl_s), sink, send, lambda h: None, cat)
@@ -266,7 +266,7 @@ def test_an_input_that_never_answers_holds_the_others_back_only_merge_max_idle_s
             await (await producer.send(topic, value=value, key=key))
 
         client = aioredis.Redis.from_url(s.redis.url)
-        cat = Catalog(s.state_dim)
+        cat = AdVectors(s.state_dim)
         for ad in catalog:
             cat.update(ad)
         store = RedisStateStore(client, s.redis_prefix, s.state.ttl_s)

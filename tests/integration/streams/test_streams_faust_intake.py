@@ -32,7 +32,7 @@ from test_streams_worker import (
 from schemas.codec import encode, key_of, topic_of
 from schemas.settings import Settings
 from schemas.signing import event_key
-from streams.offline import replay
+from streams.in_memory import replay
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.clickhouse, pytest.mark.timeout(300)]
 

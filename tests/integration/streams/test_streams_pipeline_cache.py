@@ -19,9 +19,9 @@ from schemas import topics
 from schemas.codec import encode, key_of, topic_of
 from schemas.settings import Settings
 from schemas.signing import event_key
-from streams.offline import replay
+from streams.in_memory import replay
 from streams.pipeline import Pipeline, RawRecord
-from streams.processor import Catalog
+from streams.processor import AdVectors
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.clickhouse]
 
@@ -58,7 +58,7 @@ async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord], cac
 
     client = aioredis.Redis.from_url(s.redis.url)
     sink = ClickHouseSink(s)
-    cat = Catalog(s.state_dim)
+    cat = AdVectors(s.state_dim)
     for ad in catalog:
         cat.update(ad)
     pipe = Pipeline(

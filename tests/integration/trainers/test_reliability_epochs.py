@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from schemas.settings import Settings
-from serving.adapters import CANDIDATE
-from serving.adapters import AdapterBank as ServingBank
+from serving.adapters import CANDIDATE, AdapterStack
 from serving.banked import target_layers
 from serving.hotswap import DeltaApplier
 from trainers.delta import resolve_signing_key
@@ -41,7 +40,7 @@ def _replica(s: Settings) -> DeltaApplier:
     """A serving replica's applier for the trainer's adapters (same layers, rank 4, alpha 8), with
     the stack's signing key: it applies only what the trainer signed."""
     layers = target_layers(Ranker(CFG), list(LoraSpec().targets))
-    bank = ServingBank(layers, 4, 8.0, 8, s.serving.adapter_max_norm)
+    bank = AdapterStack(layers, 4, 8.0, 8, s.serving.adapter_max_norm)
     return DeltaApplier(bank, "ranker-it", max_norm=s.online.delta_max_norm, key=resolve_signing_key(s))
 
 

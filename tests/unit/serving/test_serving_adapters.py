@@ -357,13 +357,13 @@ def test_dense_layers_follow_every_swap_and_match_the_factors() -> None:
     LoRA, for out = 1 and out > 1, and it follows puts, promote and rollback in both arms."""
     from torch import nn
 
-    from serving.adapters import AdapterBank
+    from serving.adapters import AdapterStack
     from serving.banked import install, target_layers
 
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(6, 3), nn.Tanh(), nn.Linear(3, 1)).eval()
     plain = copy.deepcopy(model)
-    bank = AdapterBank(target_layers(model, ["0", "2"]), rank=4, alpha=8.0, capacity=4, max_norm=1e3)
+    bank = AdapterStack(target_layers(model, ["0", "2"]), rank=4, alpha=8.0, capacity=4, max_norm=1e3)
     assert bank.dense == {"0", "2"}
     ctx = install(model, bank)
     assert not ctx.needs_plan

@@ -6,8 +6,8 @@ import pytest
 from streams_helpers import click, creative, dwell, impression
 
 from schemas.settings import Settings
+from streams.in_memory import replay, training_examples
 from streams.join import example_id
-from streams.offline import replay, training_examples
 
 FN = Settings(
     streams={"attribution_window_s": 60.0, "watermark_window": 1}, online={"label_mode": "fn_weighted"}

@@ -16,7 +16,7 @@ from schemas.events import MAX_FEATURE, AdCreative, Conversion, DeadLetter, Impr
 from schemas.settings import Settings
 from streams.ingest import Invalid, dead_letter, validate
 from streams.merge import Item, PartitionMerge
-from streams.processor import Catalog, Processor
+from streams.processor import AdVectors, Processor
 from streams.state import UserState
 
 # aiokafka's default `max_request_size`, which every producer of ours keeps
@@ -141,7 +141,7 @@ def test_merge_without_bounds_still_waits_for_ever() -> None:
 def test_a_huge_intent_score_never_stops_the_join() -> None:
     """The worker builds TrainingExamples from user state: a state beyond the contract's feature
     bound (a bot clicking millions of times) must give a valid example, not a crashed worker."""
-    catalog = Catalog(4)
+    catalog = AdVectors(4)
     catalog.update(creative())
     proc = Processor.from_settings(Settings(state_dim=4), catalog)
     t = at(0).timestamp()

@@ -17,9 +17,9 @@ import pytest
 from schemas.codec import decode, encode
 from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message, TrainingExample
 from schemas.settings import Settings
+from streams.in_memory import replay
 from streams.ingest import FastDecoder
 from streams.join import unchecked_example
-from streams.offline import replay
 from workloads.config import MarketConfig
 from workloads.market import Market
 

@@ -9,8 +9,8 @@ from streams_helpers import click, creative, dwell, impression
 from schemas.events import Impression
 from schemas.ids import adapter_id_for as adapter_id
 from schemas.settings import Settings
+from streams.in_memory import replay, training_examples
 from streams.join import LabelJoin, Pending, example_id
-from streams.offline import replay, training_examples
 
 # hold mode (fake negatives: test_join_fake_negatives.py); a watermark window of 1 record is the
 # running max: these tests are about the join's rules; the

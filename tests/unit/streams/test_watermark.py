@@ -11,9 +11,9 @@ from streams_helpers import T0, at, click, creative, dwell, impression
 
 from schemas.settings import Settings
 from schemas.watermark import Watermark
+from streams.in_memory import training_examples
 from streams.ingest import ahead_of_record
 from streams.join import LabelJoin
-from streams.offline import training_examples
 
 DAY = 86_400.0
 VEC = np.zeros(2, dtype=np.float32)

@@ -12,7 +12,7 @@ from helpers_trainers import make_examples
 
 from schemas.errors import ConfigError
 from schemas.events import AdapterDelta
-from serving.adapters import AdapterBank as ServingBank
+from serving.adapters import AdapterStack
 from serving.banked import target_layers
 from serving.hotswap import DeltaApplier
 from trainers.delta import AdapterState, full_parts, make_delta
@@ -52,7 +52,7 @@ def _bound(tr: OnlineTrainer, max_norm: float) -> ServeBound:
 
 def _replica(max_norm: float) -> DeltaApplier:
     torch.manual_seed(1)
-    bank = ServingBank(target_layers(Ranker(CFG), ["cross", "deep"]), 4, 8.0, 4, max_norm)
+    bank = AdapterStack(target_layers(Ranker(CFG), ["cross", "deep"]), 4, 8.0, 4, max_norm)
     return DeltaApplier(bank, VERSION, max_norm=10.0)
 
 

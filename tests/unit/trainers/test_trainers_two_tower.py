@@ -115,7 +115,7 @@ def test_train_all_writes_both_models_and_the_index(encoder: TitleEncoder, tmp_p
     import json
 
     from trainers.offline import TrainSpec
-    from trainers.pipeline import train_all
+    from trainers.train_all import train_all
 
     catalog = _catalog()
     exs = make_examples(600, seed=6, dim=8)

@@ -12,7 +12,7 @@ import torch
 from schemas.errors import ConfigError, ModelError
 from schemas.events import AdCreative, Click, Dwell, Impression, Message
 from schemas.settings import Settings
-from streams.offline import training_examples
+from streams.in_memory import training_examples
 from tests.support.benchmarks import load_benchmark
 from trainers.features import featurize, stable_bucket
 from trainers.offline import TrainSpec

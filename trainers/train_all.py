@@ -23,8 +23,8 @@ from schemas.errors import ConfigError
 from schemas.events import AdCreative, TrainingExample
 from trainers.baseline import auc_diff_ci, logistic_probs
 from trainers.features import featurize
-from trainers.metrics import auc, logloss
 from trainers.offline import TrainSpec, evaluate, predict, time_split, train_ranker
+from trainers.quality import auc, logloss
 from trainers.ranker import RankerConfig, save_checkpoint
 from trainers.text import TitleEncoder
 from trainers.two_tower import (
@@ -105,13 +105,6 @@ def train_all(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train_report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
-
-
-def resolve_device(device: str) -> str:
-    """`settings.device` → a torch device name ("auto" picks CUDA when there is one)."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def set_threads(n: int) -> None:

@@ -12,7 +12,7 @@ from helpers_trainers import make_examples
 
 from schemas.stats import auc
 from trainers.features import featurize
-from trainers.metrics import RollingMetrics, logloss, rank_auc
+from trainers.quality import RollingMetrics, logloss, rank_auc
 from trainers.ranker import RankerConfig
 
 

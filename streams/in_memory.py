@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from schemas.events import Message, TrainingExample
 from schemas.settings import Settings
 from streams.join import LabelMode
-from streams.processor import Catalog, Processor
+from streams.processor import AdVectors, Processor
 from streams.state import UserState
 
 
@@ -54,7 +54,7 @@ def replay(
     events: Iterable[Message],
     settings: Settings,
     close_open_windows: bool = False,
-    catalog: Catalog | None = None,
+    catalog: AdVectors | None = None,
 ) -> ReplayResult:
     """Run the worker's pure core over `events`; return final states, examples and counters."""
     proc = Processor.from_settings(settings, catalog)
