@@ -538,6 +538,12 @@ class Settings(BaseSettings):
         description="Multi-touch attribution: lookbacks, models and lift holdout.",
     )
 
+    def __init__(self, **values: Any) -> None:
+        # a keyword that names no setting (a pre-nesting flat name, a typo) would be dropped
+        # silently by extra="ignore", which exists for the environment's other ADSTREAM_ names
+        _refuse_unknown_keywords(values)
+        super().__init__(**values)
+
     def model_post_init(self, context: Any, /) -> None:
         _refuse_flat_env(os.environ)
 
@@ -745,6 +751,17 @@ RENAMED: dict[str, str] = {
     "holdout_share": "attribution.holdout_share",
     "holdout_salt": "attribution.holdout_salt",
 }
+
+
+def _refuse_unknown_keywords(values: Mapping[str, Any]) -> None:
+    """ConfigError for `Settings(...)` keywords that are no setting; a pre-nesting flat name is
+    told its nested name (`kafka_bootstrap` is `kafka.bootstrap`: `Settings(kafka={"bootstrap": …})`)."""
+    unknown = sorted(k for k in values if not k.startswith("_") and k not in Settings.model_fields)
+    if unknown:
+        from schemas.errors import ConfigError
+
+        named = [f"{k} is {RENAMED[k]}" if k in RENAMED else f"{k} is not a setting" for k in unknown]
+        raise ConfigError("Settings(...): " + "; ".join(named) + " (settings are nested per concern)")
 
 
 def _refuse_flat_env(environ: Mapping[str, str]) -> None:

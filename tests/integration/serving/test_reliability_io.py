@@ -201,7 +201,11 @@ def test_impressions_wait_for_a_broker_that_is_down_at_start_and_count_on_delive
 
     host, port = stack.kafka.bootstrap.split(",")[0].rsplit(":", 1)
     gate = _Gate((host, int(port)))
-    s = _isolated(stack, kafka_bootstrap=f"127.0.0.1:{gate.port}", serve_impressions_pending=50)
+    s = _isolated(
+        stack,
+        kafka={**stack.kafka.model_dump(), "bootstrap": f"127.0.0.1:{gate.port}"},
+        serving={**stack.serving.model_dump(), "impressions_pending": 50},
+    )
     create_topics(_isolated(stack, topic_prefix=s.topic_prefix))
     outcomes: dict[str, int] = {}
 
