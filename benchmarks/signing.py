@@ -81,6 +81,9 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10_000, help="impressions to simulate")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    from deploy.machine import machine
+
+    start = machine()
     rows = measure(args.records, args.seed)
     table = Table("event", "records", "decode µs", "verify µs", "verify / decode", "sign µs (replica)")
     for r in rows:
@@ -90,18 +93,15 @@ def main() -> None:
             f"{r['verify_share_of_decode']:.0%}", sign,
         )  # fmt: skip
     Console().print(table)
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in ln
-        ),
-        platform.processor(),
-    )
+    out = {
+        "benchmark": "signing",
+        "machine": {**start, "load_avg_1m_end": machine()["load_avg_1m"]},
+        "python": platform.python_version(),
+        "command": f".venv/bin/python benchmarks/signing.py --records {args.records} --seed {args.seed}",
+        "rows": rows,
+    }
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"cpu": cpu, "python": platform.python_version(), "rows": rows}, indent=2) + "\n"
-    )
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
