@@ -18,7 +18,6 @@ from pydantic_core import SchemaValidator
 from schemas.codec import decode, error_reason, model_for_topic
 from schemas.errors import SchemaError
 from schemas.events import (
-    MAX_ID_BYTES,
     MAX_TS,
     MIN_TS,
     DeadLetter,
@@ -27,6 +26,7 @@ from schemas.events import (
     _in_range,
     _not_a_number,
     dead_letter_fields,
+    ids_fit,
 )
 from schemas.signing import check_event
 
@@ -142,9 +142,7 @@ class FastDecoder:
         ids: Sequence[str] = self._ids(fields)
         if self._nullable:
             ids = [v for v in ids if v is not None]
-        if not "".join(ids).isprintable() or (
-            max(map(len, ids)) * 4 > MAX_ID_BYTES and max(len(v.encode()) for v in ids) > MAX_ID_BYTES
-        ):  # `_fits_bytes`
+        if not ids_fit(ids):  # `_fits_bytes`
             return None
         event = _new(self.model)  # as the model's own validator makes it
         _setattr(event, "__dict__", fields)

@@ -39,13 +39,13 @@ from schemas import codec
 from schemas.errors import SchemaError
 from schemas.events import (
     MAX_FEATURE,
-    MAX_ID_BYTES,
     MAX_TS,
     MIN_TS,
     TrainingExample,
     _fits_bytes,
     _in_range,
     _not_a_number,
+    ids_fit,
 )
 from trainers.features import RankerBatch
 from trainers.reorder import DelayBuffer, Position
@@ -136,9 +136,7 @@ class ExampleDecoder:
         ids: Sequence[str] = self._ids(fields)
         if self._nullable:
             ids = [v for v in ids if v is not None]
-        if not "".join(ids).isprintable() or (
-            max(map(len, ids)) * 4 > MAX_ID_BYTES and max(len(v.encode()) for v in ids) > MAX_ID_BYTES
-        ):  # `_fits_bytes`
+        if not ids_fit(ids):  # `_fits_bytes`
             return None
         fields["__fields_set__"] = fields_set
         return fields
