@@ -76,9 +76,9 @@ from serving.pipeline import AdPipeline, UserView, content_vectorizer
 from serving.ranking import RankInput, RankModel
 from streams.in_memory import training_examples
 from trainers.features import featurize
-from trainers.lora import AdapterBank, LoraSpec
+from trainers.lora import AdapterBank
 from trainers.offline import TrainSpec, train_ranker
-from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker, RankerConfig, weights_version
 from trainers.replay import impression_order, replay
 from workloads import Market, MarketConfig
@@ -101,11 +101,11 @@ def _stream(seed: int, impressions: int, settings: Settings) -> tuple[list[Any],
 
 def _replay(stream: list[Any], base: Ranker, settings: Settings, pca: Any = None) -> dict[str, np.ndarray]:
     """Progressive scores (online, frozen) and labels of `stream`, in stream order."""
-    lora = LoraSpec.from_settings(settings)
+    lora = settings.lora
     bank = AdapterBank(base, lora, weights_version(base))
     if pca is not None:
         bank.init_from_inputs(pca)
-    trainer = OnlineTrainer(bank, OnlineSpec.from_settings(settings), keep_log=True)
+    trainer = OnlineTrainer.from_settings(bank, settings, keep_log=True)
     replay(stream, trainer, settings.online.micro_batch)
     lg = trainer.log
     assert lg is not None

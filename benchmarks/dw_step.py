@@ -50,14 +50,14 @@ from rich.table import Table
 from deploy.machine import describe, machine
 from schemas import codec
 from schemas.events import TrainingExample
-from schemas.settings import Settings
+from schemas.settings import LoraSettings, OnlineSettings, Settings
 from streams.in_memory import training_examples
 from trainers import telemetry
 from trainers.delta import encode_delta, select_parts
 from trainers.features import RankerBatch, featurize
 from trainers.intake import ExampleDecoder, take_ready
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import AdapterOptimizer, OnlineSpec, OnlineTrainer, module_thresholds
+from trainers.lora import AdapterBank
+from trainers.online import AdapterOptimizer, OnlineTrainer, module_thresholds
 from trainers.ranker import Ranker, RankerConfig
 from workloads import Market, MarketConfig
 
@@ -129,9 +129,9 @@ def service_batch(
 def _trainer(args: argparse.Namespace, settings: Settings, targets: tuple[str, ...]) -> OnlineTrainer:
     torch.manual_seed(0)
     base = Ranker(RankerConfig(state_dim=settings.state_dim))
-    lora = LoraSpec(settings.lora.rank, settings.lora.alpha, targets)
+    lora = LoraSettings(rank=settings.lora.rank, alpha=settings.lora.alpha, targets=targets)
     bank = AdapterBank(base.to(args.device), lora, "bench")
-    return OnlineTrainer(bank, OnlineSpec(min_step_examples=1))
+    return OnlineTrainer(bank, OnlineSettings(min_step_examples=1))
 
 
 def measure(

@@ -33,12 +33,11 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from schemas.settings import Settings
+    from schemas.settings import LoraSettings, Settings
     from serving.adapters import CANDIDATE
     from serving.ranking import RankInput, RankModel
     from trainers.features import RankerBatch
     from trainers.lora import AdapterBank as PeftBank
-    from trainers.lora import LoraSpec
     from trainers.ranker import Ranker, RankerConfig
 
     torch.set_num_threads(2)
@@ -86,7 +85,11 @@ def main() -> None:
 
     # correctness on CPU: the first request against the trainers' PEFT bank
     peft = PeftBank(
-        base, LoraSpec(settings.lora.rank, settings.lora.alpha, tuple(settings.lora.targets)), "check"
+        base,
+        LoraSettings(
+            rank=settings.lora.rank, alpha=settings.lora.alpha, targets=tuple(settings.lora.targets)
+        ),
+        "check",
     )
     first, first_ids = reqs[0]
     for aid in set(first_ids):

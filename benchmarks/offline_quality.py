@@ -89,10 +89,9 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.events import AdCreative, Click, Impression, Message, TrainingExample
-from schemas.settings import Settings
+from schemas.settings import EngagementSettings, Settings
 from streams.in_memory import training_examples
 from streams.processor import Processor
-from streams.state import EngagementWeights
 from trainers.baseline import auc_diff_ci, logistic_probs
 from trainers.features import RankerBatch, featurize
 from trainers.offline import TrainSpec, predict, time_split, train_ranker
@@ -210,8 +209,8 @@ def examples_of(
     if impression_weight is None:
         return list(training_examples(events, settings))
     proc = Processor.from_settings(settings)
-    weights = dataclasses.replace(proc.params.weights, impression=impression_weight)
-    proc.params = dataclasses.replace(proc.params, weights=weights)
+    weights = proc.params.weights.model_copy(update={"impression": impression_weight})
+    proc.params = proc.params.model_copy(update={"weights": weights})
     out = [ex for event in events for ex in proc.on_event(event)]  # as training_examples does
     return out + proc.join.close_all()
 
@@ -743,7 +742,7 @@ def main() -> None:
         "--impression-weight",
         type=float,
         default=None,
-        help="ablation: EngagementWeights.impression of the user state (default: the state's own)",
+        help="ablation: state.weights.impression of the user state (default: the state's own)",
     )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
@@ -841,7 +840,7 @@ def main() -> None:
     print_tables(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result["impression_weight"] = (
-        args.impression_weight if args.impression_weight is not None else EngagementWeights().impression
+        args.impression_weight if args.impression_weight is not None else EngagementSettings().impression
     )
     args.out.write_text(json.dumps(_plain(result), indent=2) + "\n")
     console.print(f"wrote {args.out} ({result['total_s']} s)")

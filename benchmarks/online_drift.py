@@ -130,13 +130,13 @@ from rich.table import Table
 from deploy.machine import machine  # CPU model, cores, load: one definition for every benchmark
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta, TrainingExample
-from schemas.settings import Settings
+from schemas.settings import LoraSettings, OnlineSettings, Settings
 from streams.in_memory import training_examples
-from trainers.delta import AdapterState, apply_delta, empty_state
+from trainers.delta import AdapterState, apply_delta, empty_state, resolve_signing_key
 from trainers.features import featurize
-from trainers.lora import AdapterBank, LoraSpec
+from trainers.lora import AdapterBank
 from trainers.offline import TrainSpec, train_ranker
-from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.online import OnlineTrainer
 from trainers.quality import auc
 from trainers.ranker import Ranker, RankerConfig, weights_version
 from trainers.reorder import DelayBuffer
@@ -288,11 +288,11 @@ def _replay_timed(
     base: Ranker,
     settings: Settings,
     targets: Sequence[str],
-    spec: OnlineSpec,
+    spec: OnlineSettings,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Scores of `stream` (impression order) by the trainer state at each impression's time,
     the trainer learning `arrivals` in micro-batches as they arrive (see the module docstring)."""
-    lora = LoraSpec(settings.lora.rank, settings.lora.alpha, tuple(targets))
+    lora = LoraSettings(rank=settings.lora.rank, alpha=settings.lora.alpha, targets=tuple(targets))
     trainer = OnlineTrainer(AdapterBank(base, lora, weights_version(base)), spec)
     served = [e.impression_ts.timestamp() for e in stream]
     scores = np.empty(len(stream))
@@ -339,7 +339,7 @@ class _Replica:
     """A serving replica's view: applies every published delta (all guards on) and scores each
     micro-batch, before the trainer learns it, with the adapter states it holds then."""
 
-    def __init__(self, base: Ranker, lora: LoraSpec, version: str, max_norm: float) -> None:
+    def __init__(self, base: Ranker, lora: LoraSettings, version: str, max_norm: float) -> None:
         self.bank = AdapterBank(base, lora, version)
         self.version, self.max_norm = version, max_norm
         self.states: dict[str, AdapterState] = {}
@@ -371,16 +371,18 @@ def _replay_online(
     base: Ranker,
     settings: Settings,
     targets: Sequence[str],
-    spec: OnlineSpec,
+    spec: OnlineSettings,
     *,
     served: bool,
 ) -> tuple[OnlineTrainer, dict[str, np.ndarray], dict[str, Any]]:
     """Replay `stream` through an online trainer on `targets`; its progressive scores (and a
     replica's) in stream order, and what the run counted."""
-    lora = LoraSpec(settings.lora.rank, settings.lora.alpha, tuple(targets))
+    lora = LoraSettings(rank=settings.lora.rank, alpha=settings.lora.alpha, targets=tuple(targets))
     version = weights_version(base)
-    trainer = OnlineTrainer(AdapterBank(base, lora, version), spec, keep_log=True)
-    replica = _Replica(base, lora, version, spec.max_norm) if served else None
+    trainer = OnlineTrainer(
+        AdapterBank(base, lora, version), spec, signing_key=resolve_signing_key(settings), keep_log=True
+    )
+    replica = _Replica(base, lora, version, spec.delta_max_norm) if served else None
     t0 = time.perf_counter()
     replay(
         stream,
@@ -420,8 +422,8 @@ def run_seed(args: argparse.Namespace, settings: Settings, scenario: str, seed: 
     assert drift_ts is not None
     pre, stream = examples[: args.pretrain], examples[args.pretrain :]
     base = train_ranker(pre, RankerConfig(state_dim=settings.state_dim), TrainSpec(epochs=6, seed=seed))
-    spec = OnlineSpec(
-        **{**OnlineSpec.from_settings(settings).__dict__, "lr": args.lr, "embedding_lr": args.embedding_lr}
+    spec = OnlineSettings(
+        **{**settings.online.model_dump(), "lr": args.lr, "embedding_lr": args.embedding_lr}
     )
     _, main, counts = _replay_online(stream, base, settings, args.targets, spec, served=True)
     y = main["labels"]
@@ -690,7 +692,7 @@ def main() -> None:
     )
     ap.add_argument("--lr", type=float, default=settings.online.lr, help="Adam lr, Linear targets")
     ap.add_argument(
-        "--embedding-lr", type=float, default=OnlineSpec.embedding_lr, help="SGD lr, embedding targets"
+        "--embedding-lr", type=float, default=settings.online.embedding_lr, help="SGD lr, embedding targets"
     )
     ap.add_argument(
         "--default-targets",

@@ -106,7 +106,6 @@ from rich.table import Table
 from schemas.events import TrainingExample
 from schemas.settings import Settings
 from trainers.offline import TrainSpec, train_ranker
-from trainers.online import OnlineSpec
 from trainers.quality import auc
 from trainers.ranker import RankerConfig
 
@@ -266,7 +265,7 @@ def run_adstream(
     t0 = time.perf_counter()
     base = train_ranker(warm, RankerConfig(state_dim=settings.state_dim), TrainSpec(epochs=6, seed=seed))
     pretrain_s = time.perf_counter() - t0
-    spec = OnlineSpec.from_settings(settings)
+    spec = settings.online
     c0 = time.process_time()
     _, out, counts = OD._replay_online(stream, base, settings, settings.lora.targets, spec, served=False)
     cpu_s = time.process_time() - c0

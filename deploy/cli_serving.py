@@ -22,9 +22,7 @@ class StreamsUserCodec:
     """Serving's view of streams' Redis user record (`streams.record`), decayed to request time."""
 
     def __init__(self, settings: Settings) -> None:
-        from streams.state import StateParams
-
-        self.params = StateParams.from_settings(settings)
+        self.params = settings.state
 
     def key(self, prefix: str, user_id: str) -> str:
         from streams.record import user_key

@@ -178,8 +178,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the online LoRA trainer on `ad.training-examples` (or `--replay FILE --json OUT`)."""
-        from trainers.lora import AdapterBank, LoraSpec
-        from trainers.online import OnlineSpec, OnlineTrainer
+        from trainers.lora import AdapterBank
+        from trainers.online import OnlineTrainer
         from trainers.ranker import load_checkpoint
         from trainers.train_all import set_threads
 
@@ -190,8 +190,8 @@ def register(app: typer.Typer) -> None:
             require_kafka(settings)  # before the model loads: a broker that is down is one clear line
         set_threads(threads)
         model, version = load_checkpoint(checkpoint or settings.model_dir / "ranker")
-        bank = AdapterBank(model, LoraSpec.from_settings(settings), version)
-        online = OnlineTrainer(bank, OnlineSpec.from_settings(settings), keep_log=replay is not None)
+        bank = AdapterBank(model, settings.lora, version)
+        online = OnlineTrainer.from_settings(bank, settings, keep_log=replay is not None)
         if replay is not None:
             _replay(replay, json_out, online, settings, order)
             return

@@ -11,7 +11,7 @@ class SchemaError(AdstreamError):
     """A record does not satisfy the wire contract (the message names the field and value)."""
 
 
-class ConfigError(AdstreamError):
+class ConfigError(AdstreamError, ValueError):
     """Settings or CLI arguments are inconsistent or point at something unusable."""
 
 

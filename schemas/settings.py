@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -23,10 +23,46 @@ _QOS_QUEUE_TIMEOUT_MS: dict[QosClass, float] = {"guaranteed": 25.0, "burstable":
 _QOS_RETRY_AFTER_S: dict[QosClass, int] = {"guaranteed": 1, "burstable": 1, "besteffort": 2}
 
 
-class KafkaSettings(BaseModel):
-    """The Kafka brokers: address, security (TLS, SASL) and topic partitions."""
+class Group(BaseModel):
+    """A frozen group of settings; built directly (`OnlineSettings(lr=0.01)`, as rooms and tests
+    do), a bad value is a ConfigError naming the group, the field and the value."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            from schemas.errors import ConfigError
+
+            where = _group_path(type(self))
+            bad = "; ".join(
+                f"{'.'.join([where, *(str(p) for p in e['loc'])])}: {e['msg']} (got {e.get('input')!r})"
+                for e in exc.errors()
+            )
+            raise ConfigError(bad) from None
+
+
+@cache
+def _group_path(group: type[BaseModel]) -> str:
+    """The dotted name of a settings group (`CanarySettings` -> `canary`, `state.weights`)."""
+
+    def walk(model: type[BaseModel], prefix: str) -> str | None:
+        for name, info in model.model_fields.items():
+            sub = info.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                if sub is group:
+                    return prefix + name
+                found = walk(sub, f"{prefix}{name}.")
+                if found:
+                    return found
+        return None
+
+    return walk(Settings, "") or group.__name__
+
+
+class KafkaSettings(Group):
+    """The Kafka brokers: address, security (TLS, SASL) and topic partitions."""
 
     bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,…]")
     connect_timeout_s: float = Field(
@@ -50,10 +86,8 @@ class KafkaSettings(BaseModel):
     )
 
 
-class RedisSettings(BaseModel):
+class RedisSettings(Group):
     """Redis of the served state: URL, ACL user and TLS."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for served state")
     username: str = Field("", description="Redis ACL user (overrides the one in redis.url)")
@@ -65,10 +99,8 @@ class RedisSettings(BaseModel):
     tls_check_hostname: bool = Field(True, description="Verify the Redis certificate hostname")
 
 
-class ClickHouseSettings(BaseModel):
+class ClickHouseSettings(Group):
     """ClickHouse of the examples and attribution: URL, user and TLS."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str = Field(
         "clickhouse://default@127.0.0.1:9000/adstream", description="ClickHouse native-protocol URL"
@@ -83,10 +115,27 @@ class ClickHouseSettings(BaseModel):
     verify: bool = Field(True, description="Verify the ClickHouse server certificate")
 
 
-class StateSettings(BaseModel):
-    """The per-user intent state of the streams worker (streams.state)."""
+class EngagementSettings(Group):
+    """How much each kind of evidence moves a user's state vector and intent scores."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # An impression is the policy's choice, not the user's: under a random logging policy it is
+    # pure noise on the intent scores, under a targeted one it feeds the ranker's own past
+    # choices back as "intent". At 0.05 (20 impressions = 1 click) that noise cost the ranker
+    # 0.010 and 0.015 holdout AUC at the simulator's defaults (seeds 0, 1; nothing measurable
+    # with 10,000 impressions per user, where clicks dominate): benchmarks/offline_quality.py
+    # with and without --impression-weight 0.05. 0 measured the same as 0.001, but at 0.001 an
+    # impression still registers in the state (a user who was only shown ads keeps a non-zero
+    # vector, which serving's recall treats as warm, as before).
+    impression: float = Field(0.001, ge=0, description="Weight of an impression (exposure, not taste)")
+    click: float = Field(1.0, ge=0, description="Weight of a click")
+    dwell: float = Field(1.0, ge=0, description="Weight of a full dwell")
+    dwell_full_ms: int = Field(30_000, gt=0, description="A dwell this long counts fully")
+    skip: float = Field(0.3, ge=0, description="Weight of a short dwell (a skip: negative evidence)")
+    conversion: float = Field(2.0, ge=0, description="Weight of a conversion")
+
+
+class StateSettings(Group):
+    """The per-user intent state of the streams worker (streams.state)."""
 
     half_life_s: float = Field(3600.0, gt=0, description="Half-life τ of intent scores")
     session_gap_s: float = Field(30.0, gt=0, description="A gap over this starts a new session")
@@ -96,6 +145,7 @@ class StateSettings(BaseModel):
     evidence_half_life: float = Field(
         0.0,
         ge=0,
+        allow_inf_nan=False,
         description="User state: old evidence halves per this much new positive evidence (clicks; 0: off)",
     )
     evidence_surprise: bool = Field(
@@ -104,12 +154,14 @@ class StateSettings(BaseModel):
         "of the state's intent mass)",
     )
     ttl_s: int = Field(7 * 24 * 3600, gt=0, description="TTL of a user's Redis record")
+    max_intents: int = Field(16, ge=1, description="Intent scores kept per user (the strongest)")
+    weights: EngagementSettings = Field(
+        default_factory=EngagementSettings, description="Weights of the kinds of evidence"
+    )
 
 
-class StreamsSettings(BaseModel):
+class StreamsSettings(Group):
     """The streams worker: event-time checks, label join, co-partition merge."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_event_skew_s: float = Field(
         1800.0,
@@ -142,10 +194,8 @@ class StreamsSettings(BaseModel):
     )
 
 
-class SinkSettings(BaseModel):
+class SinkSettings(Group):
     """The ClickHouse sink of the streams worker."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     batch_size: int = Field(5000, ge=1, description="ClickHouse sink flushes at this many rows")
     flush_s: float = Field(
@@ -159,10 +209,8 @@ class SinkSettings(BaseModel):
     )
 
 
-class MetricsSettings(BaseModel):
+class MetricsSettings(Group):
     """The Prometheus servers of the worker and the trainer."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     port: int = Field(9464, ge=0, description="Prometheus port of workers (0 = off)")
     host: str = Field(
@@ -170,10 +218,8 @@ class MetricsSettings(BaseModel):
     )
 
 
-class LoraSettings(BaseModel):
+class LoraSettings(Group):
     """LoRA adapters: rank, alpha and the ranker modules they adapt."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     rank: int = Field(8, ge=1, le=256)
     alpha: float = Field(16.0, gt=0)
@@ -186,14 +232,18 @@ class LoraSettings(BaseModel):
     # their ΔW (serving.adapters). cross/deep targets remain available (benchmarks/rank.py --targets)
     targets: tuple[str, ...] = Field(
         ("head", "wide.category", "wide.slot", "wide.position"),
+        min_length=1,
         description="Ranker modules to adapt: Linear layers and small id tables (name or prefix)",
     )
 
+    @property
+    def scaling(self) -> float:
+        """The factor PEFT multiplies B @ A by (alpha / rank)."""
+        return self.alpha / self.rank
 
-class OnlineSettings(BaseModel):
+
+class OnlineSettings(Group):
     """The online LoRA trainer (trainers.online, trainers.service)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     micro_batch: int = Field(256, ge=1)
     micro_batch_s: float = Field(0.5, gt=0)
@@ -232,12 +282,24 @@ class OnlineSettings(BaseModel):
     max_adapters: int = Field(
         4096, ge=1, description="Adapters the online trainer holds; the least recently trained is evicted"
     )
+    min_step_examples: int = Field(
+        64, ge=1, description="An adapter's examples wait for this many (or online.max_wait_s) before a step"
+    )
+    min_guard_examples: int = Field(
+        500, ge=1, description="Examples in an adapter's window before its AUC guard may reset it"
+    )
+    min_guard_positives: int = Field(
+        10, ge=1, description="Clicks in an adapter's window before its AUC guard may reset it"
+    )
+
+    @property
+    def fn_loss(self) -> Literal["weighted", "calibrated"]:
+        """The fake-negative loss of `label_mode` (hold learns finished labels: weighted)."""
+        return "calibrated" if self.label_mode == "fn_calibrated" else "weighted"
 
 
-class ServingSettings(BaseModel):
+class ServingSettings(Group):
     """The ad server: HTTP, Ray Serve replicas, batching, adapters, catalog."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     admin_token: SecretStr = Field(
         SecretStr(""),
@@ -305,10 +367,8 @@ class ServingSettings(BaseModel):
     title_cache_size: int = Field(100_000, ge=1, description="Titles whose MiniLM embedding is cached")
 
 
-class QosSettings(BaseModel):
+class QosSettings(Group):
     """QoS classes (serving.qos): a priority gate in front of the pipeline."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     # QoS classes (serving.qos): a priority gate in front of the pipeline, shedding the lowest first
     # 2 kept the Guaranteed P99 within its deadline at 2x capacity (8: 82 ms) at the same capacity
@@ -342,10 +402,8 @@ class QosSettings(BaseModel):
     )
 
 
-class RecallSettings(BaseModel):
+class RecallSettings(Group):
     """Recall of candidates: exact, inverted file (ivf) or usearch HNSW (ann)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     k: int = Field(500, ge=1)
     # measured in benchmarks/recall.py (1,000,000 ads): see README "Scale-out"
@@ -374,10 +432,8 @@ class RecallSettings(BaseModel):
     )
 
 
-class CanarySettings(BaseModel):
+class CanarySettings(Group):
     """The canary of a candidate adapter version (serving.canary)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     share: float = Field(0.05, ge=0, le=1)
     auc_gain: float = Field(
@@ -391,12 +447,13 @@ class CanarySettings(BaseModel):
     cooldown_s: float = Field(
         300.0, ge=0, description="After a rollback, seconds before a candidate is canaried again"
     )
+    z: float = Field(
+        1.96, gt=0, description="An AUC difference decides only beyond z standard errors of the difference"
+    )
 
 
-class RerankSettings(BaseModel):
+class RerankSettings(Group):
     """The rerank stage: diversity, long tail, reserve price and pacing."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_per_advertiser: int = Field(2, ge=1, description="Diversity: ads per advertiser in a response")
     category_decay: float = Field(0.8, gt=0, le=1, description="Score factor per repeat of a category")
@@ -405,10 +462,8 @@ class RerankSettings(BaseModel):
     pacing_slack: float = Field(0.1, ge=0, description="Spend may run this far ahead of plan unthrottled")
 
 
-class AttributionSettings(BaseModel):
+class AttributionSettings(Group):
     """Multi-touch attribution: lookbacks, models and lift holdout."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     click_lookback_s: int = Field(
         7 * 86400, gt=0, description="A click counts toward a conversion this many seconds after it"

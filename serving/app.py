@@ -31,7 +31,7 @@ from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
 from serving.admin import api_key_digests, check_admin, check_api_key, token_digest
-from serving.canary import Arm, Canary, CanaryRule, arm_for
+from serving.canary import Arm, Canary, arm_for
 from serving.catalog import Catalog
 from serving.deadline import Deadline, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
@@ -117,13 +117,7 @@ class AdServer(ReplicaLoops):
         )
         self.canary = Canary(
             s.canary.share,
-            CanaryRule(
-                s.canary.auc_gain,
-                s.canary.latency_slack,
-                s.canary.max_error_rate,
-                s.canary.error_window_s,
-                s.canary.min_samples,
-            ),
+            s.canary,
             cooldown_s=s.canary.cooldown_s,
         )
         self.redis = RedisIO(s, user_codec)

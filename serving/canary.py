@@ -19,6 +19,7 @@ from typing import Final, Literal, TypeAlias
 import numpy as np
 
 from schemas import stats
+from schemas.settings import CanarySettings
 
 Action: TypeAlias = Literal["hold", "promote", "rollback"]
 Arm: TypeAlias = Literal["stable", "candidate"]
@@ -83,19 +84,7 @@ def auc_standard_error(a: float, positives: int, negatives: int) -> float:
     return math.sqrt(max(var, 0.0))
 
 
-@dataclass(frozen=True)
-class CanaryRule:
-    """The thresholds (from `Settings.canary_*`)."""
-
-    auc_gain: float = 0.005
-    latency_slack: float = 0.03
-    max_error_rate: float = 0.005
-    error_window_s: float = 300.0
-    min_samples: int = 500
-    z: float = 1.96  # an AUC difference decides only beyond z standard errors of the difference
-
-
-def decide(stable: ArmStats, candidate: ArmStats, rule: CanaryRule) -> Action:
+def decide(stable: ArmStats, candidate: ArmStats, rule: CanarySettings) -> Action:
     """Promote, roll back or hold the candidate.
 
     The AUC rules act on the difference of the two windows only where it exceeds `rule.z`
@@ -103,7 +92,7 @@ def decide(stable: ArmStats, candidate: ArmStats, rule: CanaryRule) -> Action:
     CTR one window's AUC has an SE of ~0.03, so comparing point estimates rolled back half of
     all healthy candidates (and promoted a quarter of them).
 
-    >>> r = CanaryRule(min_samples=10)
+    >>> r = CanarySettings(min_samples=10)
     >>> s = ArmStats(0.70, 20_000, 10.0, 0.0, 0.0, positives=1000)
     >>> decide(s, ArmStats(0.74, 20_000, 10.2, 0.0, 0.0, positives=1000), r)
     'promote'
@@ -214,7 +203,7 @@ class Canary:
     clicks to served impressions (bounded)."""
 
     base_share: float
-    rule: CanaryRule
+    rule: CanarySettings
     cooldown_s: float = 300.0
     stage: str = "canary"
     rolled_back_at: float | None = None

@@ -19,10 +19,6 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-# the rerank knobs are the settings' sub-model itself (`settings.rerank`); the old name stays
-RerankParams = RerankSettings
-
-
 @dataclass(frozen=True)
 class RerankResult:
     """The chosen candidates (indices into the input arrays) in display order, with scores and prices."""
@@ -193,7 +189,7 @@ def rerank(
     pacing: FloatArray,
     impressions: FloatArray,
     k: int,
-    params: RerankParams,
+    params: RerankSettings,
 ) -> RerankResult:
     """The whole stage: eCPM × pacing × long-tail boost → diversified top k → GSP prices.
 

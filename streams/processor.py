@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample
-from schemas.settings import Settings
+from schemas.settings import Settings, StateSettings
 from schemas.watermark import DEFAULT_WINDOW
 from streams.join import AdapterScheme, LabelJoin, LabelMode
 from streams.state import (
     USER_EVENTS,
     AdInfo,
-    StateParams,
     UserState,
     apply_event,
     decay_factor,
@@ -48,7 +47,8 @@ class AdVectors:
 class Processor:
     """User state + label join of one co-partition (or of everything, offline)."""
 
-    params: StateParams
+    params: StateSettings
+    dim: int  # of the state vectors (settings.state_dim)
     window_s: float
     scheme: AdapterScheme
     catalog: AdVectors
@@ -69,19 +69,19 @@ class Processor:
         cls, settings: Settings, catalog: AdVectors | None = None, label_mode: LabelMode | None = None
     ) -> Processor:
         """The worker's core for `settings` (`label_mode`: settings.online.label_mode unless given)."""
-        params = StateParams.from_settings(settings)
         return cls(
-            params=params,
+            params=settings.state,
+            dim=settings.state_dim,
             window_s=settings.streams.attribution_window_s,
             scheme=settings.adapter_scheme,
-            catalog=catalog or AdVectors(params.dim),
+            catalog=catalog or AdVectors(settings.state_dim),
             watermark_window=settings.streams.watermark_window,
             label_mode=label_mode or settings.online.label_mode,
         )
 
     def state_of(self, user_id: str) -> UserState:
         s = self.states.get(user_id)
-        return s if s is not None else UserState.empty(user_id, self.params.dim)
+        return s if s is not None else UserState.empty(user_id, self.dim)
 
     def on_event(
         self, event: Message, raw: bytes | None = None, ts: float | None = None
@@ -99,7 +99,7 @@ class Processor:
         uid = event.user_id
         before = self.states.get(uid)
         if before is None:
-            before = UserState.empty(uid, self.params.dim)
+            before = UserState.empty(uid, self.dim)
         ad_id = event.ad_id
         ad = self.catalog.get(ad_id) if ad_id is not None else None
         if ad is None and ad_id is not None:

@@ -21,7 +21,8 @@ from typing import Any, Final
 import numpy as np
 
 from schemas.errors import StoreError
-from streams.state import StateParams, UserState, intent_scores, vector_at
+from schemas.settings import StateSettings
+from streams.state import UserState, intent_scores, vector_at
 
 MAGIC: Final = b"US"
 FORMAT: Final = 1
@@ -120,7 +121,7 @@ async def aread_user_state(redis: Any, prefix: str, user_id: str) -> UserState |
 
 
 def served_view(
-    state: UserState, now_ts: float, params: StateParams, k: int = 8
+    state: UserState, now_ts: float, params: StateSettings, k: int = 8
 ) -> tuple[np.ndarray, list[tuple[str, float]]]:
     """What serving uses: the vector and the top-k intents, lazily decayed to `now_ts`."""
     scores = intent_scores(state, now_ts, params)

@@ -12,7 +12,7 @@ Intent decay, as docs/DESIGN.md states it, made precise:
 * A contradicting signal — a dwell shorter than `contradict_dwell_ms` (2 s) on an impression the
   user clicked — multiplies that category's score by `alpha_contradict` (0.62).
 
-Event weights (`EngagementWeights`): an impression is very weak positive evidence (it records
+Event weights (`settings.state.weights`): an impression is very weak positive evidence (it records
 that the user saw the category: the logging policy chose it, the user did not), a click strong, a
 dwell proportional to its length up to `dwell_full_ms`, a quick skip (dwell under the
 contradiction threshold) negative evidence for the state vector, a conversion the strongest.
@@ -34,73 +34,12 @@ from typing import Final
 import numpy as np
 
 from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
-from schemas.settings import Settings
+from schemas.settings import StateSettings
 from schemas.vectors import content_vector
 
 RECENT_IDS: Final = 32  # duplicate detection ring per user (retries arrive close together)
 RECENT_CLICKS: Final = 8  # clicked impressions remembered for the contradiction rule
 USER_EVENTS: Final = (Impression, Click, Dwell, Conversion)
-
-
-@dataclass(frozen=True, slots=True)
-class EngagementWeights:
-    """How much each kind of evidence moves the state vector and the intent scores."""
-
-    # An impression is the policy's choice, not the user's: under a random logging policy it is
-    # pure noise on the intent scores, under a targeted one it feeds the ranker's own past
-    # choices back as "intent". At 0.05 (20 impressions = 1 click) that noise cost the ranker
-    # 0.010 and 0.015 holdout AUC at the simulator's defaults (seeds 0, 1; nothing measurable
-    # with 10,000 impressions per user, where clicks dominate): benchmarks/offline_quality.py
-    # with and without --impression-weight 0.05. 0 measured the same as 0.001, but at 0.001 an
-    # impression still registers in the state (a user who was only shown ads keeps a non-zero
-    # vector, which serving's recall treats as warm, as before).
-    impression: float = 0.001
-    click: float = 1.0
-    dwell: float = 1.0
-    dwell_full_ms: int = 30_000
-    skip: float = 0.3
-    conversion: float = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class StateParams:
-    """The knobs of the state maths, taken from `Settings` (plus the engagement weights)."""
-
-    dim: int = 32
-    half_life_s: float = 3600.0
-    session_gap_s: float = 30.0
-    alpha_session: float = 0.85
-    alpha_contradict: float = 0.62
-    contradict_dwell_ms: int = 2000
-    max_intents: int = 16
-    # Forgetting per unit of new positive evidence, not per second: an event of weight w first
-    # scales the old vector and intents by ½^(w/H), so H units (clicks) of new evidence halve the
-    # old whatever the clock did. A clock half-life cannot follow a change of taste at the pace
-    # the user shows it: a heavy user's hour holds hundreds of clicks, a light user's none. 0: off.
-    evidence_half_life: float = 0.0
-    # change-point style: scale that forgetting by the evidence's surprise, 1 − the share of the
-    # state's (positive) intent mass its category already holds, so clicks that agree with the
-    # state keep the memory long and clicks elsewhere (a change of taste) shorten it
-    evidence_surprise: bool = False
-    weights: EngagementWeights = field(default_factory=EngagementWeights)
-
-    def __post_init__(self) -> None:
-        h = self.evidence_half_life
-        if not (math.isfinite(h) and h >= 0):
-            raise ValueError(f"StateParams.evidence_half_life must be finite and >= 0 (0: off), got {h!r}")
-
-    @classmethod
-    def from_settings(cls, s: Settings) -> StateParams:
-        return cls(
-            dim=s.state_dim,
-            half_life_s=s.state.half_life_s,
-            session_gap_s=s.state.session_gap_s,
-            alpha_session=s.state.alpha_session,
-            alpha_contradict=s.state.alpha_contradict,
-            contradict_dwell_ms=s.state.contradict_dwell_ms,
-            evidence_half_life=s.state.evidence_half_life,
-            evidence_surprise=s.state.evidence_surprise,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +107,7 @@ def decay(score: float, dt_s: float, half_life_s: float) -> float:
     return score * math.pow(0.5, dt_s / half_life_s)
 
 
-def decay_factor(state: UserState, now_ts: float, params: StateParams) -> float:
+def decay_factor(state: UserState, now_ts: float, params: StateSettings) -> float:
     """The factor every score of `state` is multiplied by when read (or updated) at `now_ts`."""
     if state.events == 0 or now_ts <= state.last_ts:
         return 1.0
@@ -179,29 +118,31 @@ def decay_factor(state: UserState, now_ts: float, params: StateParams) -> float:
     return factor
 
 
-def intent_scores(state: UserState, now_ts: float, params: StateParams) -> dict[str, float]:
+def intent_scores(state: UserState, now_ts: float, params: StateSettings) -> dict[str, float]:
     """Lazy read: every intent score decayed from `last_ts` to `now_ts` (O(categories))."""
     f = decay_factor(state, now_ts, params)
     return {c: s * f for c, s in state.intents.items()}
 
 
-def intent_score(state: UserState, category: str, now_ts: float, params: StateParams) -> float:
+def intent_score(state: UserState, category: str, now_ts: float, params: StateSettings) -> float:
     """Lazy read of one category's intent score at `now_ts`."""
     s = state.intents.get(category, 0.0)
     return s * decay_factor(state, now_ts, params) if s else 0.0
 
 
-def vector_at(state: UserState, now_ts: float, params: StateParams) -> np.ndarray:
+def vector_at(state: UserState, now_ts: float, params: StateSettings) -> np.ndarray:
     """The state vector decayed to `now_ts` (float32)."""
     f = decay_factor(state, now_ts, params)
     return state.vector if f == 1.0 else (state.vector * np.float32(f)).astype(np.float32)
 
 
-def evidence_forget(intents: Mapping[str, float], category: str, weight: float, params: StateParams) -> float:
+def evidence_forget(
+    intents: Mapping[str, float], category: str, weight: float, params: StateSettings
+) -> float:
     """The factor the old state is scaled by before positive evidence `weight` in `category`
-    is added (`StateParams.evidence_half_life`, `evidence_surprise`); 1.0 when that is off.
+    is added (`StateSettings.evidence_half_life`, `evidence_surprise`); 1.0 when that is off.
 
-    >>> evidence_forget({}, "shoes", 2.0, StateParams(evidence_half_life=2.0))
+    >>> evidence_forget({}, "shoes", 2.0, StateSettings(evidence_half_life=2.0))
     0.5
     """
     if not (params.evidence_half_life > 0 and weight > 0):
@@ -213,7 +154,7 @@ def evidence_forget(intents: Mapping[str, float], category: str, weight: float, 
     return math.pow(0.5, units / params.evidence_half_life)
 
 
-def _evidence(event: Message, state: UserState, params: StateParams) -> tuple[float, float, float]:
+def _evidence(event: Message, state: UserState, params: StateSettings) -> tuple[float, float, float]:
     """(vector weight, intent increment, intent factor) of one event for its ad's category."""
     w = params.weights
     if isinstance(event, Impression):
@@ -236,7 +177,7 @@ def _fold(
     vector: np.ndarray,
     ad: AdInfo,
     evidence: tuple[float, float, float],
-    params: StateParams,
+    params: StateSettings,
 ) -> tuple[dict[str, float], np.ndarray]:
     """Intents (a fresh dict the caller owns, mutated here) and vector after one event's
     `_evidence` on `ad`, the old state forgotten first when `evidence_forget` says so."""
@@ -257,7 +198,7 @@ def _fold(
 
 
 def apply_event(
-    state: UserState, event: Message, ad: AdInfo | None, params: StateParams, ts: float | None = None
+    state: UserState, event: Message, ad: AdInfo | None, params: StateSettings, ts: float | None = None
 ) -> UserState:
     """The state after one user event (`ad` from the catalog; None when unknown there).
 

@@ -9,7 +9,7 @@ Models
 
 Adapters and ΔW (what serving hot-swaps)
 - `trainers.lora`: `AdapterBank` (PEFT LoRA on the ranker's Linear layers, mixed-adapter
-  batches), `LoraSpec` (adapter ids: `schemas.ids.adapter_id_for`, the ids streams writes into
+  batches), `LoraSettings` (adapter ids: `schemas.ids.adapter_id_for`, the ids streams writes into
   TrainingExamples).
 - `trainers.delta`: the `AdapterDelta` payload (safetensors; `<m>.dirs`/`.lora_A`/`.lora_B`),
   `encode_delta`, `decode_delta`, guarded `apply_delta` (`SeqGapError`, `StaleDeltaError`;

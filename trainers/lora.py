@@ -36,7 +36,6 @@ import copy
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,39 +43,12 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from schemas.errors import AdapterError, ConfigError
-from schemas.settings import Settings
+from schemas.settings import LoraSettings
 from trainers.features import RankerBatch
 from trainers.ranker import Ranker, additive_in_logit
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _PLACEHOLDER = "placeholder"  # PEFT needs one adapter at construction; it stays at B = 0
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """LoRA hyper-parameters: rank r, alpha (scaling = alpha / r) and target module prefixes."""
-
-    rank: int = 8
-    alpha: float = 16.0
-    targets: tuple[str, ...] = ("head", "wide.category", "wide.slot", "wide.position")  # as Settings
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or not 1 <= self.rank <= 256:
-            raise ConfigError(f"LoraSpec.rank must be an int in 1 … 256 (got {self.rank!r})")
-        if not self.alpha > 0:
-            raise ConfigError(f"LoraSpec.alpha must be > 0 (got {self.alpha!r})")
-        if not self.targets:
-            raise ConfigError(f"LoraSpec.targets must name at least one module (got {self.targets!r})")
-
-    @property
-    def scaling(self) -> float:
-        """The factor PEFT multiplies B @ A by."""
-        return self.alpha / self.rank
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> LoraSpec:
-        """`settings.lora.rank`, `lora_alpha`, `lora_targets`."""
-        return cls(settings.lora.rank, settings.lora.alpha, tuple(settings.lora.targets))
 
 
 def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
@@ -122,7 +94,7 @@ def _seed_of(adapter_id: str) -> int:
 class AdapterBank:
     """A frozen base ranker plus named PEFT LoRA adapters (see the module docstring)."""
 
-    def __init__(self, base: Ranker, spec: LoraSpec, base_version: str) -> None:
+    def __init__(self, base: Ranker, spec: LoraSettings, base_version: str) -> None:
         self.spec = spec
         self.base_version = base_version
         self.config = base.config

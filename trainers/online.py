@@ -55,7 +55,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from operator import attrgetter
 from types import EllipsisType
-from typing import Literal
 
 import numpy as np
 import torch
@@ -63,7 +62,7 @@ from torch.nn import functional as F
 
 from schemas.errors import ConfigError
 from schemas.events import AdapterDelta, TrainingExample
-from schemas.settings import Settings
+from schemas.settings import OnlineSettings, Settings
 from trainers.delta import (
     AdapterState,
     apply_delta,
@@ -82,58 +81,6 @@ from trainers.quality import RollingMetrics
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class OnlineSpec:
-    """Knobs of the online trainer (from `Settings`); validated on construction."""
-
-    lr: float = 0.003  # = Settings.online.lr (tests/unit/test_settings_mirrors.py keeps them equal)
-    embedding_lr: float = 0.2
-    delta_percentile: float = 95.0
-    delta_window_steps: int = 50
-    max_norm: float = 10.0
-    window: int = 2000
-    reset_margin: float = 0.01
-    reset_patience: int = 20
-    min_guard_examples: int = 500
-    min_guard_positives: int = 10
-    min_step_examples: int = 64
-    fn_loss: Literal["weighted", "calibrated"] = "weighted"
-    # adapters held at once: past it the least recently used is evicted (`make_room`)
-    max_adapters: int = 4096
-    signing_key: bytes | None = field(default=None, repr=False)  # signs every delta and snapshot
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"OnlineSpec.lr must be > 0 (got {self.lr!r})")
-        if not self.embedding_lr > 0:
-            raise ConfigError(f"OnlineSpec.embedding_lr must be > 0 (got {self.embedding_lr!r})")
-        if not 0 < self.delta_percentile < 100:
-            raise ConfigError(
-                f"OnlineSpec.delta_percentile must be in (0, 100) (got {self.delta_percentile!r})"
-            )
-        if self.delta_window_steps < 1:
-            raise ConfigError(f"OnlineSpec.delta_window_steps must be >= 1 (got {self.delta_window_steps!r})")
-        if not self.max_norm > 0:
-            raise ConfigError(f"OnlineSpec.max_norm must be > 0 (got {self.max_norm!r})")
-
-    @classmethod
-    def from_settings(cls, s: Settings) -> OnlineSpec:
-        """The trainer knobs of `settings`."""
-        return cls(
-            lr=s.online.lr,
-            embedding_lr=s.online.embedding_lr,
-            delta_percentile=s.online.delta_percentile,
-            delta_window_steps=s.online.delta_window_steps,
-            max_norm=s.online.delta_max_norm,
-            window=s.online.progressive_window,
-            reset_margin=s.online.reset_margin,
-            reset_patience=s.online.reset_patience,
-            fn_loss="calibrated" if s.online.label_mode == "fn_calibrated" else "weighted",
-            max_adapters=s.online.max_adapters,
-            signing_key=resolve_signing_key(s),
-        )
-
-
 class AdapterOptimizer:
     """The optimiser of one adapter: Adam (`spec.lr`) on the LoRA tensors of Linear targets,
     plain SGD (`spec.embedding_lr`) on those of embedding targets.
@@ -147,7 +94,7 @@ class AdapterOptimizer:
     over the first 5,000 examples after it; SGD at 0.2 scored 0.702 and 0.756.
     """
 
-    def __init__(self, bank: AdapterBank, adapter_id: str, spec: OnlineSpec) -> None:
+    def __init__(self, bank: AdapterBank, adapter_id: str, spec: OnlineSettings) -> None:
         pairs = bank.lora_params(adapter_id)
         dense = [p for m, pair in pairs.items() if m not in bank.embedding_modules for p in pair]
         tables = [p for m, pair in pairs.items() if m in bank.embedding_modules for p in pair]
@@ -251,16 +198,32 @@ class OnlineTrainer:
     """Online LoRA training over a bank of adapters (see the module docstring)."""
 
     def __init__(
-        self, bank: AdapterBank, spec: OnlineSpec, *, keep_log: bool = False, clock: Clock = _utcnow
+        self,
+        bank: AdapterBank,
+        spec: OnlineSettings,
+        *,
+        signing_key: bytes | None = None,
+        keep_log: bool = False,
+        clock: Clock = _utcnow,
     ) -> None:
         self.bank = bank
         self.spec = spec
+        self.signing_key = signing_key  # signs every delta and snapshot (trainers.delta.resolve_signing_key)
         self.runs: dict[str, AdapterRun] = {}
         self.log: ProgressiveLog | None = ProgressiveLog() if keep_log else None
         self.clock = clock
         self.counts: Counter[str] = Counter()
         self.pending: list[AdapterDelta] = []
         self.evicted: list[AdapterDelta] = []
+
+    @classmethod
+    def from_settings(
+        cls, bank: AdapterBank, settings: Settings, *, keep_log: bool = False, clock: Clock = _utcnow
+    ) -> OnlineTrainer:
+        """The trainer of `settings.online`, signing with the stack's delta key (the replicas' key)."""
+        return cls(
+            bank, settings.online, signing_key=resolve_signing_key(settings), keep_log=keep_log, clock=clock
+        )
 
     # -- adapters ------------------------------------------------------------------------
     def run_for(self, adapter_id: str, epoch: int | None = None) -> AdapterRun:
@@ -274,8 +237,8 @@ class OnlineTrainer:
                 adapter_id=adapter_id,
                 published=replace(start, epoch=epoch),
                 optimizer=self._optimizer(adapter_id),
-                online=RollingMetrics(self.spec.window),
-                base=RollingMetrics(self.spec.window),
+                online=RollingMetrics(self.spec.progressive_window),
+                base=RollingMetrics(self.spec.progressive_window),
                 magnitudes=deque(maxlen=self.spec.delta_window_steps),
             )
             self.runs[adapter_id] = run
@@ -464,7 +427,7 @@ class OnlineTrainer:
         if not all(math.isfinite(v) for v in norms[: len(keys)]):
             return self._drop(run, before, "non_finite_weights")
         step_norm = math.sqrt(sum(v * v for v in norms[len(keys) :]))
-        if step_norm > self.spec.max_norm:
+        if step_norm > self.spec.delta_max_norm:
             return self._drop(run, before, "oversized")
         run.counts["steps"] += 1
         run.counts["examples"] += len(examples)
@@ -515,10 +478,10 @@ class OnlineTrainer:
         parts = select_parts(state, dirs)
         if not parts:
             return None
-        if change_norm(run.published.tensors, parts) > self.spec.max_norm:
+        if change_norm(run.published.tensors, parts) > self.spec.delta_max_norm:
             self.counts["oversized_as_snapshot"] += 1
             return self.snapshot(run.adapter_id)
-        delta = make_delta(run.published, parts, run.seq + 1, now=self.clock(), key=self.spec.signing_key)
+        delta = make_delta(run.published, parts, run.seq + 1, now=self.clock(), key=self.signing_key)
         run.unpublished = np.where(chosen, 0.0, acc)
         run.published = replace(
             run.published, seq=delta.seq, tensors=merge_parts(run.published.tensors, parts)
@@ -575,7 +538,7 @@ class OnlineTrainer:
             run.seq + 1,
             snapshot=True,
             now=self.clock(),
-            key=self.spec.signing_key,
+            key=self.signing_key,
         )
         run.published = replace(run.published, seq=snap.seq, tensors=state)
         run.unpublished = None  # replicas hold everything now
@@ -601,7 +564,7 @@ class OnlineTrainer:
         if snap is not None:
             if snap.adapter_id != adapter_id:
                 raise ConfigError(f"snapshot of {snap.adapter_id!r} given for adapter {adapter_id!r}")
-            restored = apply_delta(start, snap, self.spec.max_norm)
+            restored = apply_delta(start, snap, self.spec.delta_max_norm)
             self.bank.set_state(adapter_id, dict(restored.tensors))
             tensors = restored.tensors
         else:

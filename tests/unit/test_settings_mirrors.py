@@ -1,62 +1,66 @@
-"""The rooms' parameter dataclasses must not disagree with the settings they mirror.
+"""The rooms take their settings group itself, not a copy of it.
 
 `OnlineSpec.lr` once defaulted to 0.01 while `Settings.online.lr` is 0.003, so a benchmark that
-built `OnlineSpec()` measured a learning rate the trainer never uses. Every mirror's default must
-equal the default of the setting it is built from.
+built `OnlineSpec()` measured a learning rate the trainer never uses. The per-room mirrors
+(`StateParams`, `OnlineSpec`, `LoraSpec`, `CanaryRule`, `RerankParams`, `EngagementWeights`) are
+gone: each room's knobs are the frozen sub-model of `Settings`, so there is one default to read.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any, get_type_hints
 
 import pytest
 
-from schemas.settings import Settings, leaf_fields
-from serving.canary import CanaryRule
-from serving.rerank import RerankParams
-from streams.state import StateParams
-from trainers.lora import LoraSpec
-from trainers.online import OnlineSpec
-
-# mirror field -> setting, for the mirrors built field by field in serving
-CANARY = {
-    "auc_gain": "canary.auc_gain",
-    "latency_slack": "canary.latency_slack",
-    "max_error_rate": "canary.max_error_rate",
-    "error_window_s": "canary.error_window_s",
-    "min_samples": "canary.min_samples",
-}
-RERANK = {
-    "max_per_advertiser": "rerank.max_per_advertiser",
-    "category_decay": "rerank.category_decay",
-    "long_tail_boost": "rerank.long_tail_boost",
-    "reserve_price": "rerank.reserve_price",
-    "pacing_slack": "rerank.pacing_slack",
-}
+from schemas.settings import (
+    CanarySettings,
+    LoraSettings,
+    OnlineSettings,
+    RerankSettings,
+    Settings,
+    StateSettings,
+)
+from serving.canary import Canary
+from serving.rerank import rerank
+from streams.processor import Processor
+from trainers.lora import AdapterBank
+from trainers.online import AdapterOptimizer, OnlineTrainer
 
 
-# fields resolved at run time rather than copied from a setting's default: the delta signing key
-# is `settings.delta_signing_key` or else the stack's key file (trainers.delta.resolve_signing_key)
-RESOLVED = {"signing_key"}
+@pytest.mark.parametrize(
+    ("owner", "argument", "group"),
+    [
+        (OnlineTrainer.__init__, "spec", OnlineSettings),
+        (AdapterOptimizer.__init__, "spec", OnlineSettings),
+        (AdapterBank.__init__, "spec", LoraSettings),
+        (Processor, "params", StateSettings),
+        (Canary, "rule", CanarySettings),
+        (rerank, "params", RerankSettings),
+    ],
+)
+def test_rooms_take_the_settings_group_itself(owner: Callable[..., Any], argument: str, group: type) -> None:
+    assert get_type_hints(owner)[argument] is group
 
 
-@pytest.mark.parametrize("mirror", [StateParams, OnlineSpec, LoraSpec])
-def test_from_settings_of_the_defaults_is_the_default(mirror: type) -> None:
-    built, default = mirror.from_settings(Settings()), mirror()
-    differ = {
-        f.name: (getattr(default, f.name), getattr(built, f.name))
-        for f in dataclasses.fields(mirror)
-        if f.name not in RESOLVED and getattr(default, f.name) != getattr(built, f.name)
-    }
-    assert not differ, f"{mirror.__name__} defaults (default, from settings) disagree: {differ}"
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("streams.state", "StateParams"),
+        ("streams.state", "EngagementWeights"),
+        ("trainers.online", "OnlineSpec"),
+        ("trainers.lora", "LoraSpec"),
+        ("serving.canary", "CanaryRule"),
+        ("serving.rerank", "RerankParams"),
+    ],
+)
+def test_the_mirrors_are_gone(module: str, name: str) -> None:
+    assert not hasattr(importlib.import_module(module), name)
 
 
-@pytest.mark.parametrize(("mirror", "mapping"), [(CanaryRule, CANARY), (RerankParams, RERANK)])
-def test_field_by_field_mirrors_match_settings(mirror: type, mapping: dict[str, str]) -> None:
-    default, fields = mirror(), leaf_fields()
-    differ = {
-        name: (getattr(default, name), fields[setting].default)
-        for name, setting in mapping.items()
-        if getattr(default, name) != fields[setting].default
-    }
-    assert not differ, f"{mirror.__name__} defaults (mirror, setting) disagree: {differ}"
+def test_built_from_settings_the_rooms_hold_the_settings_groups() -> None:
+    s = Settings()
+    proc = Processor.from_settings(s)
+    assert proc.params is s.state and proc.dim == s.state_dim
+    assert s.online.fn_loss == "weighted" and s.lora.scaling == s.lora.alpha / s.lora.rank

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from schemas.settings import Settings
+from schemas.settings import LoraSettings, OnlineSettings, Settings
 from serving.adapters import CANDIDATE, AdapterStack
 from serving.banked import target_layers
 from serving.hotswap import DeltaApplier
 from trainers.delta import resolve_signing_key
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker
 from trainers.service import TrainerService
 from trainers.snapshots import meta_key, offsets_key, seq_key, snapshot_key
@@ -31,15 +31,15 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.timeout(240)]
 def _service(s: Settings) -> TrainerService:
     """The trainer of `test_trainers_service`, signing what it publishes with the stack's key."""
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-it")
-    spec = OnlineSpec(lr=0.01, min_step_examples=16, signing_key=resolve_signing_key(s))
-    return TrainerService(s, OnlineTrainer(bank, spec))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-it")
+    spec = OnlineSettings(lr=0.01, min_step_examples=16)
+    return TrainerService(s, OnlineTrainer(bank, spec, signing_key=resolve_signing_key(s)))
 
 
 def _replica(s: Settings) -> DeltaApplier:
     """A serving replica's applier for the trainer's adapters (same layers, rank 4, alpha 8), with
     the stack's signing key: it applies only what the trainer signed."""
-    layers = target_layers(Ranker(CFG), list(LoraSpec().targets))
+    layers = target_layers(Ranker(CFG), list(LoraSettings().targets))
     bank = AdapterStack(layers, 4, 8.0, 8, s.serving.adapter_max_norm)
     return DeltaApplier(bank, "ranker-it", max_norm=s.online.delta_max_norm, key=resolve_signing_key(s))
 

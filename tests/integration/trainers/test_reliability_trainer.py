@@ -13,9 +13,9 @@ from test_trainers_service import CFG, _examples, _records, _service
 
 from schemas import codec, topics
 from schemas.events import DeadLetter
-from schemas.settings import Settings
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer
+from schemas.settings import LoraSettings, OnlineSettings, Settings
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker
 from trainers.service import TrainerService
 from trainers.snapshots import meta_key, snapshot_key
@@ -124,8 +124,10 @@ def test_adapters_past_the_limit_evict_the_least_recent_and_come_back_from_redis
     ]
     asyncio.run(_produce_raw(s, [codec.encode(e) for e in exs]))
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-it")
-    svc = TrainerService(s, OnlineTrainer(bank, OnlineSpec(lr=0.01, min_step_examples=16, max_adapters=2)))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-it")
+    svc = TrainerService(
+        s, OnlineTrainer(bank, OnlineSettings(lr=0.01, min_step_examples=16, max_adapters=2))
+    )
     asyncio.run(_run_to_end(svc, s))
     assert svc.learned == len(exs)  # nothing skipped
     assert svc.trainer.counts["adapter_limit"] == 0

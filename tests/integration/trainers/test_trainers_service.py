@@ -11,10 +11,10 @@ import torch
 
 from schemas import codec, topics
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample
-from schemas.settings import Settings
+from schemas.settings import LoraSettings, OnlineSettings, Settings
 from trainers.delta import AdapterState, SeqGapError, apply_delta, empty_state
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker, RankerConfig
 from trainers.service import TrainerService
 from trainers.snapshots import SnapshotStore
@@ -39,8 +39,8 @@ def _examples(n: int, seed: int) -> list[TrainingExample]:
 
 def _service(s: Settings) -> TrainerService:
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-it")
-    return TrainerService(s, OnlineTrainer(bank, OnlineSpec(lr=0.01, min_step_examples=16)))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-it")
+    return TrainerService(s, OnlineTrainer(bank, OnlineSettings(lr=0.01, min_step_examples=16)))
 
 
 async def _produce(s: Settings, exs: list[TrainingExample]) -> None:

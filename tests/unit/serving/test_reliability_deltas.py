@@ -308,8 +308,9 @@ def test_trainer_signs_deltas_and_snapshots_and_bounds_its_adapters() -> None:
     sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "trainers"))
     from helpers_trainers import make_examples
 
-    from trainers.lora import AdapterBank, LoraSpec
-    from trainers.online import OnlineSpec, OnlineTrainer
+    from schemas.settings import LoraSettings, OnlineSettings
+    from trainers.lora import AdapterBank
+    from trainers.online import OnlineTrainer
 
     torch.manual_seed(0)
     cfg = RankerConfig(
@@ -320,9 +321,9 @@ def test_trainer_signs_deltas_and_snapshots_and_bounds_its_adapters() -> None:
         category_buckets=8,
         deep_hidden=16,
     )
-    bank = AdapterBank(Ranker(cfg), LoraSpec(rank=4, alpha=8), "ranker-v1")
-    spec = OnlineSpec(lr=0.01, min_step_examples=16, max_adapters=2, signing_key=KEY)
-    tr = OnlineTrainer(bank, spec)
+    bank = AdapterBank(Ranker(cfg), LoraSettings(rank=4, alpha=8), "ranker-v1")
+    spec = OnlineSettings(lr=0.01, min_step_examples=16, max_adapters=2)
+    tr = OnlineTrainer(bank, spec, signing_key=KEY)
     deltas = []
     for adapter in ("feed", "search", "splash"):  # a third adapter evicts the least recent one
         deltas += tr.learn(make_examples(100, dim=8, adapters=(adapter,)), flush=True) + tr.take_pending()
@@ -338,8 +339,10 @@ def test_trainer_signs_deltas_and_snapshots_and_bounds_its_adapters() -> None:
     assert set(tr.runs) == {"feed", "search", "splash"} and tr.counts["over_limit"] == 1
 
 
-def test_trainer_spec_from_settings_shares_the_stack_key(tmp_path: Path) -> None:
-    from trainers.online import OnlineSpec
+def test_trainer_from_settings_shares_the_stack_key(tmp_path: Path) -> None:
+    from trainers.lora import AdapterBank
+    from trainers.online import OnlineTrainer
 
     s = Settings(state_dir=tmp_path)
-    assert OnlineSpec.from_settings(s).signing_key == resolve_signing_key(s)
+    bank = AdapterBank(Ranker(RankerConfig(state_dim=8, deep_hidden=16)), s.lora, "v1")
+    assert OnlineTrainer.from_settings(bank, s).signing_key == resolve_signing_key(s)

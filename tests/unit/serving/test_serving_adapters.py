@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from schemas.errors import AdapterError
-from schemas.settings import Settings
+from schemas.settings import LoraSettings, Settings
 from serving.adapters import CANDIDATE, STABLE
 from serving.ranking import RankInput, RankModel
 from trainers.features import featurize
 from trainers.lora import AdapterBank as PeftBank
-from trainers.lora import LoraSpec
 from trainers.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
@@ -43,7 +42,7 @@ class Ex:
 def models() -> tuple[RankModel, PeftBank, Ranker]:
     torch.manual_seed(0)
     base = Ranker(CFG).eval()
-    peft = PeftBank(base, LoraSpec(rank=4, alpha=8.0), "v0")
+    peft = PeftBank(base, LoraSettings(rank=4, alpha=8.0), "v0")
     settings = Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": 16})
     return RankModel(copy.deepcopy(base), "v0", settings, torch.device("cpu")), peft, base
 
@@ -324,7 +323,7 @@ def test_embedding_targets_match_peft(targets: tuple[str, ...]) -> None:
     scores as the trainers' PEFT bank, alone or with Linear targets, for any mix of adapters."""
     torch.manual_seed(1)
     base = Ranker(CFG).eval()
-    peft = PeftBank(base, LoraSpec(rank=4, alpha=8.0, targets=targets), "v0")
+    peft = PeftBank(base, LoraSettings(rank=4, alpha=8.0, targets=targets), "v0")
     settings = Settings(lora={"rank": 4, "alpha": 8.0, "targets": targets}, serving={"adapter_capacity": 16})
     rank = RankModel(copy.deepcopy(base), "v0", settings, torch.device("cpu"))
     if "wide.category" in targets:

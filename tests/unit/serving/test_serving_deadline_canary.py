@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.canary import ArmStats, ArmWindow, Canary, CanaryRule, arm_for, auc, decide, user_bucket
+from schemas.settings import CanarySettings
+from serving.canary import ArmStats, ArmWindow, Canary, arm_for, auc, decide, user_bucket
 from serving.deadline import Deadline, StageCosts, lower, plan_rank, plan_start
 
 
@@ -51,7 +52,7 @@ def test_auc_matches_pairwise_definition() -> None:
     assert auc(s, np.zeros(200)) is None
 
 
-RULE = CanaryRule(
+RULE = CanarySettings(
     auc_gain=0.005, latency_slack=0.03, max_error_rate=0.005, error_window_s=300, min_samples=100
 )
 STABLE = ArmStats(0.70, 20_000, 10.0, 0.0, 0.0, positives=1000)  # the AUC's SE is ~0.009
@@ -124,7 +125,7 @@ def test_an_equally_good_candidate_is_rarely_rolled_back() -> None:
     adapter back from users for the cool-down (9 of 120 freshness trials never served). Only a
     difference beyond its standard error may decide."""
     rng = np.random.default_rng(7)
-    rule = CanaryRule(min_samples=500)
+    rule = CanarySettings(min_samples=500)
 
     def arm(n: int = 1000) -> ArmWindow:
         w = ArmWindow()

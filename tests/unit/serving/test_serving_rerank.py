@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.rerank import RerankParams, diversify, ecpm, gsp_prices, long_tail_factor, pacing_factor, rerank
+from schemas.settings import RerankSettings
+from serving.rerank import diversify, ecpm, gsp_prices, long_tail_factor, pacing_factor, rerank
 
 
 def test_ecpm_is_pctr_times_bid() -> None:
@@ -56,7 +57,7 @@ def test_rerank_contract(n: int, k: int, seed: int) -> None:
     cat = rng.integers(0, 4, n)
     pacing = np.where(rng.uniform(size=n) < 0.2, 0.0, rng.uniform(0.1, 1, n))
     imps = rng.integers(0, 1000, n).astype(float)
-    p = RerankParams(max_per_advertiser=2, reserve_price=0.01)
+    p = RerankSettings(max_per_advertiser=2, reserve_price=0.01)
     before = pctr.copy()
     res = rerank(pctr, bid, adv, cat, pacing, imps, k, p)
     assert np.array_equal(before, pctr)  # inputs not mutated

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from streams_helpers import click, creative, dwell, impression
 
+from schemas.settings import StateSettings
 from streams.record import decode_state, encode_state
 from streams.state import (
     AdInfo,
-    StateParams,
     UserState,
     apply_event,
     decay,
@@ -23,13 +23,14 @@ from streams.state import (
     same_state,
 )
 
-P = StateParams()
-AD = AdInfo.from_creative(creative(), P.dim)
-AD2 = AdInfo.from_creative(creative("ad2", "travel", "Cheap flights to Rome"), P.dim)
+P = StateSettings()
+DIM = 32  # settings.state_dim
+AD = AdInfo.from_creative(creative(), DIM)
+AD2 = AdInfo.from_creative(creative("ad2", "travel", "Cheap flights to Rome"), DIM)
 
 
 def _clicked_state(t: float = 0.0) -> UserState:
-    s = apply_event(UserState.empty("u1", P.dim), impression("i1", t), AD, P)
+    s = apply_event(UserState.empty("u1", DIM), impression("i1", t), AD, P)
     return apply_event(s, click("c1", t + 1, "i1"), AD, P)
 
 
@@ -96,7 +97,7 @@ def test_contradicting_dwell_applies_alpha_contradict() -> None:
 
 
 def test_quick_skip_without_click_is_not_a_contradiction() -> None:
-    s = apply_event(UserState.empty("u1", P.dim), impression("i1", 0), AD, P)
+    s = apply_event(UserState.empty("u1", DIM), impression("i1", 0), AD, P)
     after = apply_event(s, dwell("d1", 1, "i1", 500), AD, P)
     assert after.intents["shoes"] == pytest.approx(decay(s.intents["shoes"], 1.0, P.half_life_s))
     assert float(np.dot(after.vector, AD.vector)) < float(np.dot(s.vector, AD.vector))
@@ -115,17 +116,17 @@ def test_duplicate_event_id_changes_nothing() -> None:
 
 
 def test_late_event_does_not_move_time_back() -> None:
-    s = apply_event(UserState.empty("u1", P.dim), impression("i1", 100), AD, P)
+    s = apply_event(UserState.empty("u1", DIM), impression("i1", 100), AD, P)
     late = apply_event(s, click("c0", 40, "i1"), AD2, P)
     assert late.last_ts == s.last_ts and late.late == 1 and late.sessions == 1
     assert late.intents["travel"] == pytest.approx(decay(1.0, 60.0, P.half_life_s))
 
 
 def test_categories_are_capped() -> None:
-    params = StateParams(max_intents=3)
-    s = UserState.empty("u1", params.dim)
+    params = StateSettings(max_intents=3)
+    s = UserState.empty("u1", DIM)
     for i in range(6):
-        ad = AdInfo.from_creative(creative(f"a{i}", f"cat{i}", "t"), params.dim)
+        ad = AdInfo.from_creative(creative(f"a{i}", f"cat{i}", "t"), DIM)
         s = apply_event(s, click(f"c{i}", i, "i"), ad, params)
     assert len(s.intents) == 3 and "cat5" in s.intents
 
@@ -147,8 +148,8 @@ def test_record_round_trip() -> None:
 def test_evidence_half_life_forgets_old_evidence_per_new_evidence() -> None:
     """With `evidence_half_life` H, each event's positive evidence w first scales the old vector
     and every intent by ½^(w/H): H units of new evidence halve the old, whatever the clock did."""
-    params = StateParams(evidence_half_life=2.0)
-    s = apply_event(UserState.empty("u1", params.dim), impression("i1", 0), AD, params)
+    params = StateSettings(evidence_half_life=2.0)
+    s = apply_event(UserState.empty("u1", DIM), impression("i1", 0), AD, params)
     s = apply_event(s, click("c1", 1, "i1"), AD, params)
     before_vec, before_shoes = s.vector.copy(), s.intents["shoes"]
     after = apply_event(s, click("c2", 1, "i1"), AD2, params)  # same instant: no time decay
@@ -172,14 +173,14 @@ def test_evidence_half_life_off_keeps_sums() -> None:
 
 def test_evidence_half_life_rejects_negative() -> None:
     with pytest.raises(ValueError, match="evidence_half_life"):
-        StateParams(evidence_half_life=-1.0)
+        StateSettings(evidence_half_life=-1.0)
 
 
 def test_evidence_surprise_forgets_less_for_agreeing_clicks() -> None:
     """With `evidence_surprise`, a click in the category that holds the state's intent mass
     barely forgets; one in a category the state lacks forgets a full ½^(w/H)."""
-    params = StateParams(evidence_half_life=2.0, evidence_surprise=True)
-    s = UserState.empty("u1", params.dim)
+    params = StateSettings(evidence_half_life=2.0, evidence_surprise=True)
+    s = UserState.empty("u1", DIM)
     for i in range(3):
         s = apply_event(s, click(f"c{i}", 1, "i1"), AD, params)
     shoes = s.intents["shoes"]

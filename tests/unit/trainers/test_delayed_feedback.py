@@ -8,10 +8,10 @@ import torch
 from helpers_trainers import make_examples
 
 from schemas.events import TrainingExample
-from schemas.settings import Settings
+from schemas.settings import LoraSettings, OnlineSettings, Settings
 from trainers.features import featurize
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer, click_loss
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer, click_loss
 from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 
@@ -64,8 +64,9 @@ def _fn_stream(exs: list[TrainingExample]) -> list[TrainingExample]:
 
 def _trained(stream: list[TrainingExample], fn_loss: str) -> OnlineTrainer:
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=("head", "wide.category")), "v1")
-    spec = OnlineSpec(lr=0.01, embedding_lr=0.3, min_step_examples=16, fn_loss=fn_loss)  # type: ignore[arg-type]
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=("head", "wide.category")), "v1")
+    mode = "fn_calibrated" if fn_loss == "calibrated" else "fn_weighted"
+    spec = OnlineSettings(lr=0.01, embedding_lr=0.3, min_step_examples=16, label_mode=mode)
     tr = OnlineTrainer(bank, spec)
     for _ in range(2):
         replay(stream, tr, micro_batch=256)
@@ -95,8 +96,8 @@ def test_dwell_updates_are_counted_not_learned() -> None:
     exs = make_examples(40, dim=8)
     dwell = [e.model_copy(update={"label_kind": "dwell", "dwell_ms": 900}) for e in exs]
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v1")
-    tr = OnlineTrainer(bank, OnlineSpec(min_step_examples=16))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "v1")
+    tr = OnlineTrainer(bank, OnlineSettings(min_step_examples=16))
     assert tr.learn(dwell, flush=True) == [] and tr.counts["steps"] == 0
     assert tr.counts["dwell_updates"] == 40 and tr.waiting() == 0
     tr.learn(dwell[:20] + exs[:20], flush=True)
@@ -104,5 +105,5 @@ def test_dwell_updates_are_counted_not_learned() -> None:
 
 
 def test_spec_follows_the_label_mode() -> None:
-    assert OnlineSpec.from_settings(Settings(online={"label_mode": "fn_calibrated"})).fn_loss == "calibrated"
-    assert OnlineSpec.from_settings(Settings(online={"label_mode": "fn_weighted"})).fn_loss == "weighted"
+    assert Settings(online={"label_mode": "fn_calibrated"}).online.fn_loss == "calibrated"
+    assert Settings(online={"label_mode": "fn_weighted"}).online.fn_loss == "weighted"

@@ -7,8 +7,9 @@ from helpers_trainers import make_examples
 
 from schemas import codec
 from schemas.events import AdapterDelta
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer
+from schemas.settings import LoraSettings, OnlineSettings
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
@@ -18,8 +19,8 @@ CFG = RankerConfig(
 
 def _trainer() -> OnlineTrainer:
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v1")
-    return OnlineTrainer(bank, OnlineSpec(lr=0.05, min_step_examples=16, delta_percentile=50))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "v1")
+    return OnlineTrainer(bank, OnlineSettings(lr=0.05, min_step_examples=16, delta_percentile=50))
 
 
 def test_deltas_and_snapshots_carry_the_offsets_they_contain() -> None:
@@ -64,8 +65,8 @@ def test_every_step_publishes_a_delta_so_learned_clicks_reach_replicas() -> None
     percentile threshold still publishes its single strongest one (stamped with the offsets it
     learned), so a click never waits for a later step to reach replicas (freshness)."""
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v1")
-    tr = OnlineTrainer(bank, OnlineSpec(lr=0.05, min_step_examples=1, delta_percentile=99.9))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "v1")
+    tr = OnlineTrainer(bank, OnlineSettings(lr=0.05, min_step_examples=1, delta_percentile=99.9))
     exs = make_examples(40 * 8, dim=8)
     for i in range(40):
         chunk = exs[i * 8 : (i + 1) * 8]

@@ -8,9 +8,10 @@ from helpers_trainers import make_examples
 
 from schemas.errors import AdapterError, ConfigError
 from schemas.ids import adapter_id_for
+from schemas.settings import LoraSettings
 from trainers.delta import AdapterState, apply_delta, empty_state, full_parts, make_delta
 from trainers.features import featurize
-from trainers.lora import AdapterBank, LoraSpec, target_modules
+from trainers.lora import AdapterBank, target_modules
 from trainers.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
@@ -21,14 +22,14 @@ CFG = RankerConfig(
 @pytest.fixture
 def bank() -> AdapterBank:
     torch.manual_seed(0)
-    return AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-v1")
+    return AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-v1")
 
 
 def test_spec_validation_names_field_and_value() -> None:
     with pytest.raises(ConfigError, match=r"rank.*0"):
-        LoraSpec(rank=0)
+        LoraSettings(rank=0)
     with pytest.raises(ConfigError, match=r"alpha.*-1"):
-        LoraSpec(alpha=-1)
+        LoraSettings(alpha=-1)
     with pytest.raises(ConfigError, match="match no Linear"):
         target_modules(Ranker(CFG), ["nothing"])
 
@@ -86,7 +87,7 @@ def test_state_round_trip_through_delta_reproduces_scores(bank: AdapterBank) -> 
     snap = make_delta(state, full_parts(state.tensors, 4), seq=1, snapshot=True)
     replica = apply_delta(empty_state("slot:feed", "ranker-v1", bank.shapes, 4), snap, max_norm=1.0)
     torch.manual_seed(0)
-    other = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-v1")
+    other = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-v1")
     other.set_state("slot:feed", dict(replica.tensors))
     assert torch.allclose(other.logits(batch, ["slot:feed"] * 16), trained, atol=1e-6)
 
@@ -106,8 +107,8 @@ def test_reset_and_unknown(bank: AdapterBank) -> None:
 
 
 def test_deterministic_adapter_init() -> None:
-    a = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v")
-    b = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v")
+    a = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "v")
+    b = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "v")
     a.ensure("slot:feed")
     torch.randn(100)  # global RNG state must not matter
     b.ensure("slot:feed")
@@ -120,7 +121,7 @@ TABLES = ("cross", "emb.category", "wide.category")
 
 def test_embedding_targets_follow_peft_layout_and_start_at_the_base() -> None:
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=TABLES), "ranker-v1")
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=TABLES), "ranker-v1")
     assert bank.embedding_modules == ["emb.category", "wide.category"]
     assert bank.shapes["emb.category"] == (8, CFG.emb_dim) and bank.shapes["wide.category"] == (8, 1)
     bank.ensure("feed")
@@ -136,7 +137,7 @@ def test_embedding_targets_follow_peft_layout_and_start_at_the_base() -> None:
 
 def test_embedding_delta_moves_only_the_listed_ids_and_round_trips() -> None:
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=TABLES), "ranker-v1")
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=TABLES), "ranker-v1")
     bank.ensure("feed")
     bank.ensure("search")
     exs = make_examples(60, dim=8)
@@ -161,7 +162,7 @@ def test_embedding_delta_moves_only_the_listed_ids_and_round_trips() -> None:
     )
     replica = apply_delta(empty_state("feed", "ranker-v1", bank.shapes, 4), snap, max_norm=1.0)
     torch.manual_seed(0)
-    other = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=TABLES), "ranker-v1")
+    other = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=TABLES), "ranker-v1")
     other.set_state("feed", dict(replica.tensors))
     assert torch.allclose(other.logits(batch, ["feed"] * 60), base + moved, atol=1e-6)
 
@@ -176,7 +177,7 @@ def test_train_logits_and_base_equal_the_separate_forwards(
     """The base logit taken out of the adapted forward (additive targets) is the frozen base's,
     also once the adapter has moved away from the base; other targets run the base forward."""
     torch.manual_seed(1)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=targets), "ranker-v1")
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=targets), "ranker-v1")
     assert bank.base_from_lora_forward is one_forward
     bank.ensure("feed")
     state = bank.get_state("feed")
@@ -193,7 +194,7 @@ def test_train_logits_and_base_equal_the_separate_forwards(
 
 def test_init_from_inputs_starts_new_adapters_on_the_principal_directions() -> None:
     torch.manual_seed(2)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-v1")
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-v1")
     batch = featurize(make_examples(256, dim=8), CFG)
     rows = bank.init_from_inputs(batch)
     assert set(rows) == {m for m in bank.modules if m not in bank.embedding_modules} == {"head"}

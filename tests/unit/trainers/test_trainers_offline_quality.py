@@ -8,7 +8,8 @@ import numpy as np
 from helpers_trainers import make_examples
 
 from schemas.events import AdCreative, Click, Impression
-from streams.state import AdInfo, StateParams, UserState, apply_event
+from schemas.settings import StateSettings
+from streams.state import AdInfo, UserState, apply_event
 from trainers.baseline import logistic_probs
 from trainers.features import RankerBatch, featurize
 from trainers.ranker import RankerConfig
@@ -44,7 +45,7 @@ def test_user_intent_follows_clicks_not_exposure() -> None:
     # The ranker's intent feature: a random logging policy showing a user 300 ads of one
     # category says nothing of their taste, one click on another category does. At the old
     # impression weight (0.05) the exposure won (15 vs 1) and cost 0.010-0.015 holdout AUC.
-    params = StateParams(dim=8)
+    params = StateSettings()
     shown, clicked = _ad("travel"), _ad("shoes")
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     state = UserState.empty("u1", 8)

@@ -10,9 +10,10 @@ import torch
 from helpers_trainers import make_examples
 
 from schemas.errors import ConfigError
+from schemas.settings import LoraSettings, OnlineSettings
 from trainers.delta import apply_delta, decode_delta, empty_state
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer, module_thresholds
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer, module_thresholds
 from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import impression_order, progressive_report, replay
 
@@ -21,17 +22,17 @@ CFG = RankerConfig(
 )
 
 
-def _trainer(spec: OnlineSpec | None = None, seed: int = 0) -> OnlineTrainer:
+def _trainer(spec: OnlineSettings | None = None, seed: int = 0) -> OnlineTrainer:
     torch.manual_seed(seed)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "ranker-v1")
-    return OnlineTrainer(bank, spec or OnlineSpec(lr=0.01, min_step_examples=16), keep_log=True)
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-v1")
+    return OnlineTrainer(bank, spec or OnlineSettings(lr=0.01, min_step_examples=16), keep_log=True)
 
 
 def test_spec_validation_names_field_and_value() -> None:
     with pytest.raises(ConfigError, match=r"delta_percentile.*100"):
-        OnlineSpec(delta_percentile=100)
+        OnlineSettings(delta_percentile=100)
     with pytest.raises(ConfigError, match=r"lr.*0"):
-        OnlineSpec(lr=0)
+        OnlineSettings(lr=0)
 
 
 def test_progressive_scores_precede_learning_and_deltas_chain() -> None:
@@ -70,7 +71,7 @@ def test_progressive_scores_precede_learning_and_deltas_chain() -> None:
 
 
 def test_online_learning_improves_on_a_shifted_world() -> None:
-    tr = _trainer(OnlineSpec(lr=0.02, min_step_examples=32, delta_percentile=50))
+    tr = _trainer(OnlineSettings(lr=0.02, min_step_examples=32, delta_percentile=50))
     # the base is untrained: online adapters must beat it on a learnable signal
     exs = make_examples(3000, dim=8, seed=2)
     replay(exs, tr, micro_batch=128)
@@ -98,7 +99,7 @@ def test_snapshot_makes_published_equal_to_full_state_and_restore_keeps_seq() ->
 
 
 def test_poisoned_examples_are_dropped_not_learned() -> None:
-    tr = _trainer(OnlineSpec(lr=1e6, embedding_lr=1e6, max_norm=0.5, min_step_examples=16))
+    tr = _trainer(OnlineSettings(lr=1e6, embedding_lr=1e6, delta_max_norm=0.5, min_step_examples=16))
     replay(make_examples(200, dim=8), tr, micro_batch=64)
     assert tr.counts["dropped_oversized"] > 0
     state = tr.bank.get_state("feed")
@@ -113,14 +114,14 @@ def test_poisoned_examples_are_dropped_not_learned() -> None:
 def test_guard_resets_an_adapter_worse_than_base() -> None:
     # a trained base vs an adapter sabotaged by a huge learning rate on flipped labels
     tr = _trainer(
-        OnlineSpec(
+        OnlineSettings(
             lr=0.05,
             min_step_examples=16,
             reset_patience=2,
             reset_margin=0.0,
             min_guard_examples=100,
             min_guard_positives=5,
-            window=300,
+            progressive_window=300,
         )
     )
     good = make_examples(400, dim=8, seed=3)
@@ -147,10 +148,10 @@ def test_deterministic_under_seed() -> None:
 
 def test_embedding_lr_validated_and_tables_get_sgd() -> None:
     with pytest.raises(ConfigError, match=r"embedding_lr.*0"):
-        OnlineSpec(embedding_lr=0)
+        OnlineSettings(embedding_lr=0)
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=("cross", "wide.category")), "v")
-    tr = OnlineTrainer(bank, OnlineSpec(lr=0.01, embedding_lr=0.3, min_step_examples=16))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=("cross", "wide.category")), "v")
+    tr = OnlineTrainer(bank, OnlineSettings(lr=0.01, embedding_lr=0.3, min_step_examples=16))
     opts = tr.run_for("feed").optimizer.optimizers
     assert [type(o).__name__ for o in opts] == ["Adam", "SGD"]
     table = {id(p) for p in bank.lora_params("feed")["wide.category"]}
@@ -162,8 +163,8 @@ def test_online_table_adapter_learns_a_category_effect_and_deltas_chain() -> Non
     # the base is untrained (every category bias 0); the data's click rate depends on the
     # category, so an adapter on the category bias table alone must beat the base
     torch.manual_seed(0)
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=("wide.category",)), "ranker-v1")
-    spec = OnlineSpec(embedding_lr=0.3, min_step_examples=16, delta_percentile=50)
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=("wide.category",)), "ranker-v1")
+    spec = OnlineSettings(embedding_lr=0.3, min_step_examples=16, delta_percentile=50)
     tr = OnlineTrainer(bank, spec, keep_log=True)
     exs = make_examples(2000, dim=8, seed=6)
     published: list = []
@@ -188,8 +189,8 @@ def test_each_module_publishes_against_its_own_percentile() -> None:
     assert thr[1] == pytest.approx(100 * thr[0])
     torch.manual_seed(0)
     targets = ("cross", "deep", "emb.category")  # pooled, deep.* published nothing here
-    bank = AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=targets), "v")
-    tr = OnlineTrainer(bank, OnlineSpec(lr=0.01, min_step_examples=16, delta_percentile=80))
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=targets), "v")
+    tr = OnlineTrainer(bank, OnlineSettings(lr=0.01, min_step_examples=16, delta_percentile=80))
     published: list = []
     replay(make_examples(3000, dim=8, seed=7), tr, micro_batch=64, on_deltas=published.extend)
     dirs: dict[str, int] = {}
@@ -219,7 +220,7 @@ def test_replay_shows_each_micro_batch_before_it_is_learned() -> None:
 def test_a_steady_direction_is_published_once_its_summed_gradient_is_large() -> None:
     """Error feedback: a direction whose gradient is steady but never the largest of a step is
     still published (its magnitude is summed until it is), then its sum starts again."""
-    tr = _trainer(OnlineSpec(lr=0.01, min_step_examples=16, delta_percentile=95))
+    tr = _trainer(OnlineSettings(lr=0.01, min_step_examples=16, delta_percentile=95))
     run = tr.run_for("feed")
     state = tr._state(run)
     n_modules, rank = len(tr.bank.modules), 4
@@ -248,7 +249,7 @@ def test_learning_from_the_callers_features_equals_featurizing_in_the_step() -> 
 
     exs = make_examples(300, seed=5, adapters=("feed", "search"))
     exs = [e.model_copy(update={"label_kind": "dwell"}) if i % 7 == 3 else e for i, e in enumerate(exs)]
-    spec = OnlineSpec(lr=0.05, min_step_examples=40, delta_percentile=50)
+    spec = OnlineSettings(lr=0.05, min_step_examples=40, delta_percentile=50)
     a, b = _trainer(spec), _trainer(spec)
     out_a, out_b = [], []
     for i in range(0, len(exs), 50):  # groups of 25 per adapter: every other call waits

@@ -12,12 +12,13 @@ from helpers_trainers import make_examples
 
 from schemas.errors import ConfigError
 from schemas.events import AdapterDelta
+from schemas.settings import LoraSettings, OnlineSettings
 from serving.adapters import AdapterStack
 from serving.banked import target_layers
 from serving.hotswap import DeltaApplier
 from trainers.delta import AdapterState, full_parts, make_delta
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 from trainers.snapshots import (
@@ -39,8 +40,8 @@ VERSION = "ranker-unit"
 def trained() -> OnlineTrainer:
     torch.manual_seed(0)
     tr = OnlineTrainer(
-        AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8, targets=("cross", "deep")), VERSION),
-        OnlineSpec(lr=0.01, min_step_examples=16),
+        AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=("cross", "deep")), VERSION),
+        OnlineSettings(lr=0.01, min_step_examples=16),
     )
     replay(make_examples(600, dim=8, adapters=("feed",)), tr, 64)
     return tr

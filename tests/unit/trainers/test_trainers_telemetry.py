@@ -6,9 +6,10 @@ import torch
 from helpers_trainers import make_examples
 from prometheus_client import REGISTRY
 
+from schemas.settings import LoraSettings, OnlineSettings
 from trainers import telemetry
-from trainers.lora import AdapterBank, LoraSpec
-from trainers.online import OnlineSpec, OnlineTrainer
+from trainers.lora import AdapterBank
+from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 
@@ -20,7 +21,7 @@ CFG = RankerConfig(
 def test_export_and_counters() -> None:
     torch.manual_seed(0)
     tr = OnlineTrainer(
-        AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v"), OnlineSpec(min_step_examples=16)
+        AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "v"), OnlineSettings(min_step_examples=16)
     )
     replay(make_examples(400, dim=8, adapters=("feed", "search")), tr, 64)
     telemetry.export(tr.runs, per_adapter_labels=True)
@@ -54,7 +55,7 @@ def test_per_adapter_labels_are_slots_only_and_follow_the_adapters_held() -> Non
     slots are labels, and only while the trainer holds them."""
     torch.manual_seed(0)
     tr = OnlineTrainer(
-        AdapterBank(Ranker(CFG), LoraSpec(rank=4, alpha=8), "v"), OnlineSpec(min_step_examples=16)
+        AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "v"), OnlineSettings(min_step_examples=16)
     )
     forged = tuple(f"forged-{i}" for i in range(20))
     replay(make_examples(600, dim=8, adapters=("feed", "search", *forged)), tr, 64)
