@@ -67,12 +67,16 @@ def _drop_test_database(settings: Settings) -> None:
 
 @pytest.fixture
 def redis_client(stack: Settings) -> Iterator[object]:
-    """A Redis client; every key this test session wrote under its prefix is deleted afterwards."""
+    """A Redis client; the keys under the session's prefix that appeared during the test are
+    deleted afterwards. Keys that were there before (a session-scoped replica's or trainer's
+    snapshots and pins) stay: deleting the whole prefix broke tests that ran after it."""
     import redis
 
     client = redis.Redis.from_url(stack.redis.url)
+    pattern = f"{stack.redis_prefix}*"
+    before = set(client.scan_iter(match=pattern, count=1000))
     yield client
-    keys = list(client.scan_iter(match=f"{stack.redis_prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
+    new = [k for k in client.scan_iter(match=pattern, count=1000) if k not in before]
+    if new:
+        client.delete(*new)
     client.close()
