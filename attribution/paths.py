@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from itertools import chain
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,14 @@ from schemas.errors import AdstreamError
 from schemas.holdout import HOLDOUT_AD_ID
 from schemas.settings import Settings
 
-Granularity = Literal["slot", "campaign", "slot_campaign"]
+
+class Granularity(StrEnum):
+    """What a channel is (`--by`): a slot, a campaign, or a campaign in a slot."""
+
+    slot = "slot"
+    campaign = "campaign"
+    slot_campaign = "slot_campaign"
+
 
 # The channel of a touch at each granularity: fixed SQL chosen by name, never user text.
 CHANNEL_SQL: dict[str, str] = {

@@ -18,6 +18,7 @@ from attribution.models import AttributionResult, ModelConfig, attribute, check_
 from attribution.paths import AttributionInputError, PathBuild, Window, build_paths, channel_sql, check_range
 from attribution.roi import BudgetPlan, channel_spend, plan_budget
 from attribution.sql import Backend
+from schemas.settings import Settings
 
 RUNS_TABLE, RESULTS_TABLE = "attribution_runs", "attribution_results"
 
@@ -133,6 +134,43 @@ def run_attribution(  # noqa: PLR0913 - keyword-only knobs of one run
         run.plans[name] = plan_budget(
             result, run.spend, elasticity=elasticity, max_change=max_change, bounds=bounds
         )
+    return run
+
+
+def run_and_store(  # noqa: PLR0913 - keyword-only knobs of one run
+    backend: Backend,
+    settings: Settings,
+    *,
+    models: list[str],
+    by: str,
+    since: int,
+    until: int,
+    bootstrap: int | None = None,
+    seed: int | None = None,
+    calibrate_holdout: bool = False,
+    bounds: dict[str, tuple[float, float]] | None = None,
+    store: bool = True,
+) -> Run:
+    """One run as `adstream attribution` makes it: the window and the model knobs from `settings`
+    (`bootstrap` and `seed` override theirs); with `store`, the run is written and the hourly
+    rollups of its range refreshed (the dashboards' figures of that range)."""
+    overrides = {k: v for k, v in (("bootstrap", bootstrap), ("seed", seed)) if v is not None}
+    run = run_attribution(
+        backend,
+        models=models,
+        by=by,
+        since=since,
+        until=until,
+        window=Window.from_settings(settings),
+        config=ModelConfig.from_settings(settings, **overrides),
+        calibrate_holdout=calibrate_holdout,
+        bounds=bounds,
+    )
+    if store:
+        from attribution.rollups import refresh_rollups
+
+        store_run(backend, run)
+        refresh_rollups(backend, since, until)
     return run
 
 

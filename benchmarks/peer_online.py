@@ -9,7 +9,7 @@ Streams (each one list of TrainingExamples in impression order, shared by every 
 - the Open Bandit Dataset replay (`workloads.obd`, realism only: 20,000 impressions and
   80–115 clicks per campaign, both logging policies merged in time), one stream per
   `--obd-campaigns` entry, turned into examples exactly as `adstream trainer --replay FILE` does
-  (`deploy.cli_trainers.examples_from_events`).
+  (`deploy.training_data.examples_from_events`).
 
 The first `--pretrain` examples (OBD: the first third) are the warm-up: adstream trains its base
 ranker on them offline (`train_ranker`, 6 epochs, as online_drift does), the peers learn them
@@ -405,7 +405,7 @@ def simulator_stream(
 
 def obd_stream(settings: Settings, campaign: str, warm_share: float) -> dict[str, Any]:
     """One OBD campaign (both logging policies, in time order) as `adstream trainer --replay` reads it."""
-    from deploy.cli_trainers import examples_from_events
+    from deploy.training_data import examples_from_events
     from trainers.replay import impression_order
     from workloads.obd import POLICIES, replay_obd
 

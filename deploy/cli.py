@@ -12,6 +12,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from deploy import (
+    cli_attribution,
+    cli_bench,
+    cli_dashboard,
+    cli_demo,
+    cli_serving,
+    cli_streams,
+    cli_trainers,
+    cli_workloads,
+)
+from deploy.services import ServiceName
 from schemas.errors import AdstreamError
 from schemas.settings import Settings
 
@@ -26,15 +37,13 @@ def settings() -> Settings:
 
 @app.command()
 def up(
-    only: Annotated[
-        list[str] | None, typer.Option(help="Start only these services (kafka, redis, clickhouse)")
-    ] = None,
+    only: Annotated[list[ServiceName] | None, typer.Option(help="Start only these services")] = None,
 ) -> None:
     """Start the local stack (broker, Redis, ClickHouse) where nothing answers yet."""
     from deploy import stack
 
     s = settings()
-    wanted = set(only) if only else None
+    wanted = {name.value for name in only} if only else None
     started = stack.up(s, wanted)
     console.print(f"started: {', '.join(started) or 'nothing (all already running)'}")
     if wanted is None or "clickhouse" in wanted:
@@ -109,22 +118,16 @@ def produce(
         raise typer.Exit(1)
 
 
-def _register_room_commands() -> None:
-    """Each room's commands live in `deploy/cli_<room>.py`, which defines `register(app)`."""
-    import importlib
-
-    for room in ("workloads", "streams", "trainers", "serving", "attribution", "dashboard", "demo", "bench"):
-        name = f"deploy.cli_{room}"
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that room has no commands yet
-                continue
-            raise
-        module.register(app)
-
-
-_register_room_commands()
+# one Typer app per room (`deploy/cli_<room>.py`): its commands at the top level, or a command
+# group of its own (`adstream attribution …`, `adstream bench …`)
+app.add_typer(cli_workloads.app)
+app.add_typer(cli_streams.app)
+app.add_typer(cli_trainers.app)
+app.add_typer(cli_serving.app)
+app.add_typer(cli_attribution.app, name="attribution")
+app.add_typer(cli_dashboard.app)
+app.add_typer(cli_demo.app)
+app.add_typer(cli_bench.app, name="bench")
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from attribution.paths import CHANNEL_SQL, AttributionInputError
+from attribution.models import ModelName
+from attribution.paths import AttributionInputError, Granularity
 
 DAY = 86400
 
@@ -53,42 +54,20 @@ def _backend() -> Any:
     return DriverBackend(clickhouse_client(s, database_name(s))), s
 
 
-def _execute(models: list[str], by: str, since: str | None, until: str | None, bootstrap: int | None,
-             seed: int | None, calibrate: bool, bounds: list[str] | None, store: bool) -> Any:  # fmt: skip
-    from attribution.models import ModelConfig
-    from attribution.paths import Window
-    from attribution.runs import run_attribution, store_run
+def _execute(models: list[str], by: Granularity, since: str | None, until: str | None,
+             bootstrap: int | None, seed: int | None, calibrate: bool, bounds: list[str] | None,
+             store: bool) -> Any:  # fmt: skip
+    from attribution.runs import run_and_store
 
-    if by not in CHANNEL_SQL:
-        raise AttributionInputError(
-            f"--by {by!r} is not a granularity (choose from {', '.join(CHANNEL_SQL)})"
-        )
     now = int(time.time())
     t_until = parse_time(until, "--until", now)
     t_since = parse_time(since, "--since", t_until - 7 * DAY)
+    spend_bounds = parse_bounds(bounds)
     backend, s = _backend()
-    overrides: dict[str, Any] = {}
-    if bootstrap is not None:
-        overrides["bootstrap"] = bootstrap
-    if seed is not None:
-        overrides["seed"] = seed
-    run = run_attribution(
-        backend,
-        models=models,
-        by=by,
-        since=t_since,
-        until=t_until,
-        window=Window.from_settings(s),
-        config=ModelConfig.from_settings(s, **overrides),
-        calibrate_holdout=calibrate,
-        bounds=parse_bounds(bounds),
-    )
-    if store:
-        from attribution.rollups import refresh_rollups
-
-        store_run(backend, run)
-        refresh_rollups(backend, t_since, t_until)  # the dashboards' hourly figures of that range
-    return run
+    return run_and_store(
+        backend, s, models=models, by=by.value, since=t_since, until=t_until, bootstrap=bootstrap,
+        seed=seed, calibrate_holdout=calibrate, bounds=spend_bounds, store=store,
+    )  # fmt: skip
 
 
 def _check_channels(run: Any, channels: list[str] | None) -> list[str]:
@@ -122,128 +101,126 @@ def _print_model(run: Any, model: str, channels: list[str]) -> None:
     console.print(f"expected uplift of the budget moves: {run.plans[model].expected_uplift:,.2f} (value)")
 
 
-def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per subcommand
-    """Add `adstream attribution` (and its `compare`, `rollup`, `lift` subcommands)."""
-    group = typer.Typer(help="Attribution: credit per channel, ROI, budget moves (stored in ClickHouse).")
+app = typer.Typer(help="Attribution: credit per channel, ROI, budget moves (stored in ClickHouse).")
 
-    @group.callback(invoke_without_command=True)
-    def attribution(
-        ctx: typer.Context,
-        model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s) to run")] = None,
-        by: Annotated[
-            str, typer.Option(help="Channel granularity: slot, campaign or slot_campaign")
-        ] = "campaign",
-        since: Annotated[
-            str | None, typer.Option(help="Start (ISO date/time, UTC, or epoch s); default until − 7 d")
-        ] = None,
-        until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON")] = False,
-        bootstrap: Annotated[int | None, typer.Option(help="Bootstrap replicates for CIs")] = None,
-        seed: Annotated[int | None, typer.Option(help="Seed of bootstrap and sampling")] = None,
-        calibrate: Annotated[bool, typer.Option(help="Also calibrate credits to holdout lift")] = False,
-        channel: Annotated[list[str] | None, typer.Option(help="Show only these channels")] = None,
-        bound: Annotated[list[str] | None, typer.Option(help="Spend bounds CHANNEL=LO:HI")] = None,
-        store: Annotated[bool, typer.Option(help="Store the run in ClickHouse")] = True,
-    ) -> None:
-        """Run attribution models over [since, until) and print credit, ROI and budget moves."""
-        if ctx.invoked_subcommand is not None:
-            return
-        models = model or ["shapley"]
-        run = _execute(models, by, since, until, bootstrap, seed, calibrate, bound, store)
-        shown = _check_channels(run, channel)
-        if as_json:
-            typer.echo(json.dumps(run.to_dict(), default=float, indent=1))
-            return
-        for m in run.results:
-            _print_model(run, m, shown)
 
-    @group.command()
-    def compare(
-        model: Annotated[
-            list[str] | None, typer.Option("--model", "-m", help="Models (default: all)")
-        ] = None,
-        by: Annotated[str, typer.Option(help="slot, campaign or slot_campaign")] = "campaign",
-        since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s)")] = None,
-        until: Annotated[str | None, typer.Option(help="End, exclusive")] = None,
-        as_json: Annotated[bool, typer.Option("--json")] = False,
-        bootstrap: Annotated[int | None, typer.Option()] = None,
-        seed: Annotated[int | None, typer.Option()] = None,
-        calibrate: Annotated[bool, typer.Option(help="Add holdout-calibrated variants")] = False,
-        store: Annotated[bool, typer.Option()] = True,
-    ) -> None:
-        """Every model side by side (last click vs Shapley and the rest): share of conversions."""
-        from rich.console import Console
-        from rich.table import Table
+@app.callback(invoke_without_command=True)
+def attribution(
+    ctx: typer.Context,
+    model: Annotated[list[ModelName] | None, typer.Option("--model", "-m", help="Model(s) to run")] = None,
+    by: Annotated[Granularity, typer.Option(help="Channel granularity")] = Granularity.campaign,
+    since: Annotated[
+        str | None, typer.Option(help="Start (ISO date/time, UTC, or epoch s); default until − 7 d")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON")] = False,
+    bootstrap: Annotated[int | None, typer.Option(help="Bootstrap replicates for CIs")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of bootstrap and sampling")] = None,
+    calibrate: Annotated[bool, typer.Option(help="Also calibrate credits to holdout lift")] = False,
+    channel: Annotated[list[str] | None, typer.Option(help="Show only these channels")] = None,
+    bound: Annotated[list[str] | None, typer.Option(help="Spend bounds CHANNEL=LO:HI")] = None,
+    store: Annotated[bool, typer.Option(help="Store the run in ClickHouse")] = True,
+) -> None:
+    """Run attribution models over [since, until) and print credit, ROI and budget moves."""
+    if ctx.invoked_subcommand is not None:
+        return
+    models = [m.value for m in model] if model else [ModelName.shapley.value]
+    run = _execute(models, by, since, until, bootstrap, seed, calibrate, bound, store)
+    shown = _check_channels(run, channel)
+    if as_json:
+        typer.echo(json.dumps(run.to_dict(), default=float, indent=1))
+        return
+    for m in run.results:
+        _print_model(run, m, shown)
 
-        from attribution.models import MODELS
 
-        models = model or list(MODELS)
-        run = _execute(models, by, since, until, bootstrap, seed, calibrate, None, store)
-        if as_json:
-            typer.echo(json.dumps(run.to_dict(), default=float, indent=1))
-            return
-        names = list(run.results)
-        table = Table(title=f"share of conversions by model — by {by}, run {run.run_id}")
-        table.add_column("channel")
+@app.command()
+def compare(
+    model: Annotated[
+        list[ModelName] | None, typer.Option("--model", "-m", help="Models (default: all)")
+    ] = None,
+    by: Annotated[Granularity, typer.Option(help="Channel granularity")] = Granularity.campaign,
+    since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s)")] = None,
+    until: Annotated[str | None, typer.Option(help="End, exclusive")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    bootstrap: Annotated[int | None, typer.Option()] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    calibrate: Annotated[bool, typer.Option(help="Add holdout-calibrated variants")] = False,
+    store: Annotated[bool, typer.Option()] = True,
+) -> None:
+    """Every model side by side (last click vs Shapley and the rest): share of conversions."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from attribution.models import MODELS
+
+    models = [m.value for m in model] if model else list(MODELS)
+    run = _execute(models, by, since, until, bootstrap, seed, calibrate, None, store)
+    if as_json:
+        typer.echo(json.dumps(run.to_dict(), default=float, indent=1))
+        return
+    names = list(run.results)
+    table = Table(title=f"share of conversions by model — by {by.value}, run {run.run_id}")
+    table.add_column("channel")
+    for m in names:
+        table.add_column(m, justify="right")
+    channels = run.results[names[0]].channels
+    for i, c in enumerate(channels):
+        cells = []
         for m in names:
-            table.add_column(m, justify="right")
-        channels = run.results[names[0]].channels
-        for i, c in enumerate(channels):
-            cells = []
-            for m in names:
-                r = run.results[m]
-                s = r.share[i]
-                ci = (
-                    r.ci_low[i] / max(r.conversions.sum(), 1e-12),
-                    r.ci_high[i] / max(r.conversions.sum(), 1e-12),
-                )
-                cells.append(f"{s:.1%}" + (f" ({ci[0]:.0%}–{ci[1]:.0%})" if ci[0] == ci[0] else ""))
-            table.add_row(c, *cells)
-        Console().print(table)
-
-    @group.command()
-    def rollup(
-        since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s); default until − 1 d")] = None,
-        until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
-    ) -> None:
-        """Recompute the hourly campaign × slot rollups of [since, until) from deduplicated rows."""
-        from attribution.paths import check_range
-        from attribution.rollups import refresh_rollups
-
-        t_until = parse_time(until, "--until", int(time.time()))
-        t_since = parse_time(since, "--since", t_until - DAY)
-        check_range(t_since, t_until)
-        backend, _ = _backend()
-        refresh_rollups(backend, t_since, t_until)
-        typer.echo(f"rollups refreshed for [{t_since}, {t_until})")
-
-    @group.command()
-    def lift(
-        since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s)")] = None,
-        until: Annotated[str | None, typer.Option(help="End, exclusive")] = None,
-        as_json: Annotated[bool, typer.Option("--json")] = False,
-    ) -> None:
-        """Holdout lift per campaign: exposed vs held-out conversion rates."""
-        from attribution.incrementality import measure_lift
-        from attribution.paths import check_range
-
-        t_until = parse_time(until, "--until", int(time.time()))
-        t_since = parse_time(since, "--since", t_until - 7 * DAY)
-        check_range(t_since, t_until)
-        backend, _ = _backend()
-        lifts = measure_lift(backend, t_since, t_until)
-        if not lifts:
-            raise AttributionInputError("no campaign has both exposed and holdout users in that range")
-        if as_json:
-            typer.echo(
-                json.dumps({c: {**lf.__dict__, "relative_lift": lf.relative_lift} for c, lf in lifts.items()})
+            r = run.results[m]
+            s = r.share[i]
+            ci = (
+                r.ci_low[i] / max(r.conversions.sum(), 1e-12),
+                r.ci_high[i] / max(r.conversions.sum(), 1e-12),
             )
-            return
-        for c, lf in lifts.items():
-            typer.echo(
-                f"{c}: exposed {lf.exposed_rate:.4f} ({lf.exposed_users} users), "
-                f"holdout {lf.holdout_rate:.4f} "
-                f"({lf.holdout_users}), incremental {lf.incremental_conversions:,.1f} ± {lf.se:,.1f}"
-            )
+            cells.append(f"{s:.1%}" + (f" ({ci[0]:.0%}–{ci[1]:.0%})" if ci[0] == ci[0] else ""))
+        table.add_row(c, *cells)
+    Console().print(table)
 
-    app.add_typer(group, name="attribution")
+
+@app.command()
+def rollup(
+    since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s); default until − 1 d")] = None,
+    until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
+) -> None:
+    """Recompute the hourly campaign × slot rollups of [since, until) from deduplicated rows."""
+    from attribution.paths import check_range
+    from attribution.rollups import refresh_rollups
+
+    t_until = parse_time(until, "--until", int(time.time()))
+    t_since = parse_time(since, "--since", t_until - DAY)
+    check_range(t_since, t_until)
+    backend, _ = _backend()
+    refresh_rollups(backend, t_since, t_until)
+    typer.echo(f"rollups refreshed for [{t_since}, {t_until})")
+
+
+@app.command()
+def lift(
+    since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s)")] = None,
+    until: Annotated[str | None, typer.Option(help="End, exclusive")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Holdout lift per campaign: exposed vs held-out conversion rates."""
+    from attribution.incrementality import measure_lift
+    from attribution.paths import check_range
+
+    t_until = parse_time(until, "--until", int(time.time()))
+    t_since = parse_time(since, "--since", t_until - 7 * DAY)
+    check_range(t_since, t_until)
+    backend, _ = _backend()
+    lifts = measure_lift(backend, t_since, t_until)
+    if not lifts:
+        raise AttributionInputError("no campaign has both exposed and holdout users in that range")
+    if as_json:
+        typer.echo(
+            json.dumps({c: {**lf.__dict__, "relative_lift": lf.relative_lift} for c, lf in lifts.items()})
+        )
+        return
+    for c, lf in lifts.items():
+        typer.echo(
+            f"{c}: exposed {lf.exposed_rate:.4f} ({lf.exposed_users} users), "
+            f"holdout {lf.holdout_rate:.4f} "
+            f"({lf.holdout_users}), incremental {lf.incremental_conversions:,.1f} ± {lf.se:,.1f}"
+        )

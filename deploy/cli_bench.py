@@ -152,70 +152,65 @@ def results_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def register(app: typer.Typer) -> None:
-    """Add `adstream bench` to the CLI."""
-    bench = typer.Typer(
-        help="Run the benchmarks (benchmarks/*.py): one by name, or all", no_args_is_help=True
-    )
-    app.add_typer(bench, name="bench")
+app = typer.Typer(help="Run the benchmarks (benchmarks/*.py): one by name, or all", no_args_is_help=True)
 
-    @bench.command(
-        "all", context_settings={"allow_extra_args": False}, help="Run every benchmark; one markdown table"
-    )
-    def all_(
-        quick: Annotated[bool, typer.Option(help="Small sizes; committed results left as they are")] = False,
-        skip: Annotated[str, typer.Option(help="Comma-separated benchmarks to leave out")] = "",
-    ) -> None:
-        from rich.console import Console
 
-        console = Console()
-        skipped = {s for s in skip.split(",") if s}
-        rows = []
-        for name in benchmarks():
-            if name in skipped:
-                continue
-            if quick and name not in QUICK:  # never a full-size run by surprise (a 30-minute soak)
-                rows.append({"benchmark": name, "status": "skipped (no --quick sizes)", "wall_s": 0,
-                             "results": [], "headline": ""})  # fmt: skip
-                continue
-            if name in NEEDS_GPU and not _cuda():
-                rows.append({"benchmark": name, "status": "skipped (no GPU)", "wall_s": 0, "results": [],
-                             "headline": ""})  # fmt: skip
-                continue
-            console.print(f"[bold]{name}[/bold] …")
-            rows.append(run_one(name, QUICK.get(name, []) if quick else [], quick))
-            console.print(f"  {rows[-1]['status']} in {rows[-1]['wall_s']} s {rows[-1]['headline']}")
-        out = BENCH_DIR / "results" / ("quick" if quick else "") / "bench_all.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(markdown(rows, quick))
-        (out.with_suffix(".json")).write_text(
-            json.dumps({"machine": machine(), "runs": rows}, indent=2) + "\n"
-        )
-        console.print(out.read_text())
-        if any(not str(r["status"]).startswith(("ok", "skipped")) for r in rows):
-            raise typer.Exit(1)
+@app.command(
+    "all", context_settings={"allow_extra_args": False}, help="Run every benchmark; one markdown table"
+)
+def all_(
+    quick: Annotated[bool, typer.Option(help="Small sizes; committed results left as they are")] = False,
+    skip: Annotated[str, typer.Option(help="Comma-separated benchmarks to leave out")] = "",
+) -> None:
+    from rich.console import Console
 
-    @bench.command("table", help="The committed results as one markdown table (runs nothing)")
-    def table() -> None:
-        out = BENCH_DIR / "results" / "results_table.md"
-        out.write_text(results_table())
-        print(out.read_text(), end="")
-
-    def _one(name: str) -> None:
-        @bench.command(
-            name,
-            context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-            help=f"benchmarks/{name}.py (its flags pass through: adstream bench {name} --help)",
-            add_help_option=False,
-        )
-        def cmd(ctx: typer.Context) -> None:
-            rc = subprocess.call(
-                [sys.executable, str(BENCH_DIR / f"{name}.py"), *ctx.args], cwd=BENCH_DIR.parent
-            )
-            raise typer.Exit(rc)
-
+    console = Console()
+    skipped = {s for s in skip.split(",") if s}
+    rows = []
     for name in benchmarks():
-        _one(name)
+        if name in skipped:
+            continue
+        if quick and name not in QUICK:  # never a full-size run by surprise (a 30-minute soak)
+            rows.append({"benchmark": name, "status": "skipped (no --quick sizes)", "wall_s": 0,
+                         "results": [], "headline": ""})  # fmt: skip
+            continue
+        if name in NEEDS_GPU and not _cuda():
+            rows.append({"benchmark": name, "status": "skipped (no GPU)", "wall_s": 0, "results": [],
+                         "headline": ""})  # fmt: skip
+            continue
+        console.print(f"[bold]{name}[/bold] …")
+        rows.append(run_one(name, QUICK.get(name, []) if quick else [], quick))
+        console.print(f"  {rows[-1]['status']} in {rows[-1]['wall_s']} s {rows[-1]['headline']}")
+    out = BENCH_DIR / "results" / ("quick" if quick else "") / "bench_all.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown(rows, quick))
+    (out.with_suffix(".json")).write_text(json.dumps({"machine": machine(), "runs": rows}, indent=2) + "\n")
+    console.print(out.read_text())
+    if any(not str(r["status"]).startswith(("ok", "skipped")) for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command("table", help="The committed results as one markdown table (runs nothing)")
+def table() -> None:
+    out = BENCH_DIR / "results" / "results_table.md"
+    out.write_text(results_table())
+    print(out.read_text(), end="")
+
+
+def _one(name: str) -> None:
+    @app.command(
+        name,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        help=f"benchmarks/{name}.py (its flags pass through: adstream bench {name} --help)",
+        add_help_option=False,
+    )
+    def cmd(ctx: typer.Context) -> None:
+        rc = subprocess.call([sys.executable, str(BENCH_DIR / f"{name}.py"), *ctx.args], cwd=BENCH_DIR.parent)
+        raise typer.Exit(rc)
+
+
+for _name in benchmarks():
+    _one(_name)
 
 
 def _cuda() -> bool:

@@ -9,44 +9,44 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from workloads.config import DriftMode
+
 console = Console()
 
 
-def register(app: typer.Typer) -> None:
-    """Add `adstream demo` to the CLI."""
+app = typer.Typer(help="The whole loop once, live.")
 
-    @app.command()
-    def demo(
-        users: Annotated[int, typer.Option(help="Simulated users")] = 400,
-        ads: Annotated[int, typer.Option(help="Ads in the catalog")] = 300,
-        history: Annotated[int, typer.Option(help="Impressions of history for offline training")] = 20_000,
-        requests: Annotated[int, typer.Option(help="Ad requests in the closed loop")] = 6_000,
-        rate: Annotated[float, typer.Option(help="Closed-loop requests per second")] = 30.0,
-        seed: Annotated[int, typer.Option(help="Market seed")] = 7,
-        drift_mode: Annotated[
-            str, typer.Option(help="Interest drift half-way: handover, trend or redraw")
-        ] = "handover",
-        port: Annotated[int, typer.Option(help="HTTP port of the demo's ad server")] = 8011,
-        dashboard_port: Annotated[int, typer.Option(help="HTTP port of the demo's dashboard")] = 8050,
-        live: Annotated[bool, typer.Option(help="Keep the live table on screen after the run")] = True,
-        cold: Annotated[
-            bool, typer.Option(help="Do not produce the history to Kafka (users served with empty state)")
-        ] = False,
-    ) -> None:
-        """Simulate, train, serve, click and learn: the whole loop on the local stack, shown live."""
-        from deploy import stack
-        from deploy.demo import DemoSpec, run_demo
-        from schemas.settings import Settings
 
-        settings = Settings()
-        stack.up(settings)
-        spec = DemoSpec(users=users, ads=ads, history=history, requests=requests, rate=rate, seed=seed,
-                        port=port, dashboard_port=dashboard_port, drift_mode=drift_mode,
-                        warm_state=not cold)  # fmt: skip
-        report = run_demo(spec, settings, console.print, live=live)
-        console.rule("what the loop did")
-        console.print(summary_table(report))
-        console.print(f"report: {report['dir']}/report.md (+ report.json, auc_over_time.png, latency.png)")
+@app.command()
+def demo(
+    users: Annotated[int, typer.Option(help="Simulated users")] = 400,
+    ads: Annotated[int, typer.Option(help="Ads in the catalog")] = 300,
+    history: Annotated[int, typer.Option(help="Impressions of history for offline training")] = 20_000,
+    requests: Annotated[int, typer.Option(help="Ad requests in the closed loop")] = 6_000,
+    rate: Annotated[float, typer.Option(help="Closed-loop requests per second")] = 30.0,
+    seed: Annotated[int, typer.Option(help="Market seed")] = 7,
+    drift_mode: Annotated[DriftMode, typer.Option(help="Interest drift half-way")] = DriftMode.handover,
+    port: Annotated[int, typer.Option(help="HTTP port of the demo's ad server")] = 8011,
+    dashboard_port: Annotated[int, typer.Option(help="HTTP port of the demo's dashboard")] = 8050,
+    live: Annotated[bool, typer.Option(help="Keep the live table on screen after the run")] = True,
+    cold: Annotated[
+        bool, typer.Option(help="Do not produce the history to Kafka (users served with empty state)")
+    ] = False,
+) -> None:
+    """Simulate, train, serve, click and learn: the whole loop on the local stack, shown live."""
+    from deploy import stack
+    from deploy.demo import DemoSpec, run_demo
+    from schemas.settings import Settings
+
+    settings = Settings()
+    stack.up(settings)
+    spec = DemoSpec(users=users, ads=ads, history=history, requests=requests, rate=rate, seed=seed,
+                    port=port, dashboard_port=dashboard_port, drift_mode=drift_mode.value,
+                    warm_state=not cold)  # fmt: skip
+    report = run_demo(spec, settings, console.print, live=live)
+    console.rule("what the loop did")
+    console.print(summary_table(report))
+    console.print(f"report: {report['dir']}/report.md (+ report.json, auc_over_time.png, latency.png)")
 
 
 def _f(x: float) -> str:

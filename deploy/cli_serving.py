@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +17,14 @@ from rich.console import Console
 from schemas.settings import Settings, nested
 
 console = Console()
+
+
+class Device(StrEnum):
+    """The models' torch device (`Settings.device`)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
 
 
 class StreamsUserCodec:
@@ -124,7 +133,7 @@ def serve_cmd(
         Path | None, typer.Option(help="JSON lines with AdCreative events to load at start")
     ] = None,
     replicas: Annotated[int | None, typer.Option(help="Replicas of the ad server")] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
+    device: Annotated[Device | None, typer.Option(help="Torch device (default: settings.device)")] = None,
     throughput_optimized: Annotated[
         bool, typer.Option(help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (direct ingress, no extra threads)")
     ] = True,
@@ -136,7 +145,7 @@ def serve_cmd(
         ("serving.http_host", host),
         ("serving.catalog_file", catalog),
         ("serving.replicas", replicas),
-        ("device", device),
+        ("device", device.value if device is not None else None),
     ):
         if value is not None:
             overrides[key] = value
@@ -171,6 +180,5 @@ def serve_cmd(
     ray.shutdown()
 
 
-def register(app: typer.Typer) -> None:
-    """Add `adstream serve` to the `adstream` app."""
-    app.command("serve")(serve_cmd)
+app = typer.Typer(help="The serving room: `adstream serve`.")
+app.command("serve")(serve_cmd)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import signal
-from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,11 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schemas.errors import AdstreamError
-from schemas.events import AdapterDelta, AdCreative, DeadLetter, Message, TrainingExample
+from deploy.training_data import events_from_clickhouse, examples_from_events, read_events
 from schemas.settings import Settings
 
-log = logging.getLogger(__name__)
 console = Console()
 
 
@@ -28,55 +24,6 @@ class ReplayOrder(StrEnum):
 
     impression = "impression"  # impression time: as a live trainer would have met them
     emission = "emission"  # the file's (join's) order
-
-
-def read_events(path: Path) -> tuple[list[Message], int]:
-    """Contract messages of a JSON-lines file (mixed kinds) and how many lines were invalid."""
-    from schemas.codec import decode_any
-
-    events: list[Message] = []
-    bad = 0
-    with path.open("rb") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                events.append(decode_any(line))
-            except AdstreamError as exc:
-                bad += 1
-                if bad <= 5:
-                    log.warning("%s:%d skipped: %s", path, n, exc)
-    return events, bad
-
-
-def examples_from_events(
-    events: Iterable[Message], settings: Settings
-) -> tuple[list[TrainingExample], dict[str, AdCreative]]:
-    """TrainingExamples (given ones, plus those the streams join derives from raw events) and the catalog."""
-    from streams.in_memory import training_examples
-
-    given: list[TrainingExample] = []
-    raw: list[Message] = []
-    catalog: dict[str, AdCreative] = {}
-    for e in events:
-        if isinstance(e, TrainingExample):
-            given.append(e)
-        elif isinstance(e, DeadLetter | AdapterDelta):
-            continue
-        else:
-            if isinstance(e, AdCreative):
-                catalog[e.ad_id] = e
-            raw.append(e)
-    raw.sort(key=lambda m: m.ts)  # stable: the file's order within equal times
-    derived = list(training_examples(raw, settings)) if raw else []
-    return given + derived, catalog
-
-
-def events_from_clickhouse(settings: Settings, limit: int | None) -> list[Message]:
-    """Raw events back from ClickHouse (the streams sink's tables), in time order."""
-    from trainers.clickhouse_source import read_events as ch_read
-
-    return ch_read(settings, limit=limit)
 
 
 def _quality_table(title: str, rows: list[tuple[str, Any, Any]]) -> Table:
@@ -257,3 +204,8 @@ async def _live(settings: Settings, online: Any, max_examples: int | None, port:
     finally:
         await service.stop()
         console.print(f"learned {service.learned} examples, published {service.published} deltas")
+
+
+# this room's commands (`register` adds them to it; `deploy.cli` wires the app in)
+app = typer.Typer(help="The trainers room: offline training and the online LoRA trainer.")
+register(app)

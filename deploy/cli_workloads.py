@@ -18,6 +18,8 @@ from rich.table import Table
 from schemas.errors import ConfigError
 from schemas.events import Message
 from schemas.settings import Settings
+from workloads.config import DriftMode, LoggingPolicy
+from workloads.obd import ObdCampaign, ObdPolicy
 
 console = Console()
 replay_app = typer.Typer(help="Replay real logged datasets as contract events.", no_args_is_help=True)
@@ -56,7 +58,8 @@ def _emit(
 
     # the operator's own streams: impressions signed, clicks and dwells with their click tokens,
     # with the stack's event key (the streams worker drops them otherwise)
-    key = event_key(Settings())
+    settings = Settings()
+    key = event_key(settings)
     messages = (seal(m, key) for m in messages)
     with _progress() as bar:
         task = bar.add_task(label, total=total, rate="")
@@ -73,7 +76,6 @@ def _emit(
         else:
             from deploy.stack import create_topics
 
-            settings = Settings()
             create_topics(settings)  # with the contract's partition counts, not the broker's default
             asyncio.run(sinks.produce(messages, settings, rate=pace, progress=advance))
         bar.update(task, total=bar.tasks[task].completed)
@@ -105,16 +107,16 @@ def simulate(
     ] = 0.5,
     drift_share: Annotated[float, typer.Option(help="Share of users whose taste changes")] = 0.3,
     drift_mode: Annotated[
-        str,
+        DriftMode,
         typer.Option(
             help="redraw (each drifted user redraws), trend (a shared category shift) or handover "
             "(the in-season categories change)"
         ),
-    ] = "redraw",
+    ] = DriftMode.redraw,
     new_ads: Annotated[int, typer.Option(help="Ads that arrive mid-stream (cold start)")] = 20,
     new_ads_at: Annotated[float, typer.Option(help="Arrival point of new ads, like --drift-at")] = 0.5,
     rate: Annotated[float, typer.Option(help="Ad requests per second of simulated time")] = 100.0,
-    policy: Annotated[str, typer.Option(help="Logging policy: random, popularity or epsilon")] = "random",
+    policy: Annotated[LoggingPolicy, typer.Option(help="Logging policy")] = LoggingPolicy.random,
     out: OutOpt = None,
     kafka: KafkaOpt = False,
     pace: PaceOpt = 0.0,
@@ -126,8 +128,8 @@ def simulate(
         cfg = MarketConfig(
             seed=seed, n_users=users, n_ads=ads, n_categories=categories, n_advertisers=advertisers,
             drift_at=drift_at if drift_at > 0 else None, drift_share=drift_share, n_new_ads=new_ads,
-            drift_mode=drift_mode,
-            new_ads_at=new_ads_at if new_ads_at > 0 else None, rate=rate, policy=policy,
+            drift_mode=drift_mode.value,
+            new_ads_at=new_ads_at if new_ads_at > 0 else None, rate=rate, policy=policy.value,
         )  # fmt: skip
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -157,8 +159,8 @@ def simulate(
 
 @replay_app.command("obd")
 def replay_obd(
-    policy: Annotated[str, typer.Option(help="Logging policy of the log: random or bts")] = "random",
-    campaign: Annotated[str, typer.Option(help="Campaign: all, men or women")] = "all",
+    policy: Annotated[ObdPolicy, typer.Option(help="Logging policy of the log")] = ObdPolicy.random,
+    campaign: Annotated[ObdCampaign, typer.Option(help="Campaign")] = ObdCampaign.all,
     speedup: Annotated[float, typer.Option(help="Divide time offsets by this factor")] = 1.0,
     start: Annotated[
         str | None, typer.Option(help="Move the first row to this ISO time (with offset) or 'now'")
@@ -180,13 +182,14 @@ def replay_obd(
                 origin = datetime.fromisoformat(start)
             except ValueError as exc:
                 raise ConfigError(f"start={start!r}: not an ISO 8601 time ({exc})") from exc
-        log_csv, _ = obd_files(policy, campaign)
-        messages = list(replay(policy, campaign, speedup, origin))
+        log_csv, _ = obd_files(policy.value, campaign.value)
+        messages = list(replay(policy.value, campaign.value, speedup, origin))
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
     counts: Counter[str] = Counter()
-    _emit(_counted(messages, counts), len(messages), out, kafka, pace, f"replay obd/{policy}/{campaign}")
-    console.print(_events_table(dict(counts), f"Open Bandit Dataset {policy}/{campaign} → {out or 'kafka'}"))
+    label = f"{policy.value}/{campaign.value}"
+    _emit(_counted(messages, counts), len(messages), out, kafka, pace, f"replay obd/{label}")
+    console.print(_events_table(dict(counts), f"Open Bandit Dataset {label} → {out or 'kafka'}"))
     rows = read_rows(log_csv)
     table = Table("measure", "value", title="dataset")
     table.add_row("rows (impressions)", f"{len(rows):,}")
@@ -209,26 +212,26 @@ def closed_loop(
     ] = 0.5,
     drift_share: Annotated[float, typer.Option(help="Share of users whose taste changes")] = 0.3,
     drift_mode: Annotated[
-        str,
+        DriftMode,
         typer.Option(
             help="redraw (each drifted user redraws), trend (a shared category shift) or handover "
             "(the in-season categories change)"
         ),
-    ] = "redraw",
+    ] = DriftMode.redraw,
     out: OutOpt = None,
     kafka: KafkaOpt = False,
 ) -> None:
     """Ask serving for ads and emit the simulated users' clicks, dwell and conversions."""
     from workloads import Market, MarketConfig
-    from workloads.closed_loop import ClosedLoopReport, run_closed_loop
+    from workloads.closed_loop import ClosedLoopReport, run_closed_loop, served_auc
     from workloads.sinks import KafkaSink
-    from workloads.truth import auc
 
     if (out is None) == (not kafka):
         raise typer.BadParameter("give exactly one of --out FILE or --kafka", param_hint="--out/--kafka")
     try:
         cfg = MarketConfig(seed=seed, n_users=users, n_ads=ads, drift_share=drift_share,
-                           drift_at=drift_at if drift_at > 0 else None, drift_mode=drift_mode)  # fmt: skip
+                           drift_at=drift_at if drift_at > 0 else None,
+                           drift_mode=drift_mode.value)  # fmt: skip
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
     market = Market(cfg)
@@ -260,15 +263,11 @@ def closed_loop(
         table.add_row(f"emitted {kind}", f"{n:,}")
     table.add_row("CTR", _fmt(s.ctr))
     table.add_row("oracle AUC (true model on served impressions)", _fmt(s.oracle_auc))
-    imps = report.impressions
-    served = [i.pctr if i.pctr is not None else 0.0 for i in imps]
-    _, labels = market.outcomes()
-    table.add_row("served pCTR AUC (the serving model)", _fmt(auc(served, labels) if imps else float("nan")))
+    table.add_row("served pCTR AUC (the serving model)", _fmt(served_auc(report, market)))
     console.print(table)
 
 
-def register(app: typer.Typer) -> None:
-    """Add the workloads commands to the `adstream` app."""
-    app.command("simulate")(simulate)
-    app.command("closed-loop")(closed_loop)
-    app.add_typer(replay_app, name="replay")
+app = typer.Typer(help="The workloads room: simulated and replayed event streams, the closed loop.")
+app.command("simulate")(simulate)
+app.command("closed-loop")(closed_loop)
+app.add_typer(replay_app, name="replay")

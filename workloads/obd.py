@@ -25,16 +25,30 @@ import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
 
 from schemas.errors import ConfigError
 from schemas.events import AdCreative, Click, Impression, Message
 
-Policy = Literal["random", "bts"]
-Campaign = Literal["all", "men", "women"]
-POLICIES: tuple[str, ...] = ("random", "bts")
-CAMPAIGNS: tuple[str, ...] = ("all", "men", "women")
+
+class ObdPolicy(StrEnum):
+    """The logging policy of an Open Bandit Dataset log."""
+
+    random = "random"
+    bts = "bts"
+
+
+class ObdCampaign(StrEnum):
+    """The campaign of an Open Bandit Dataset log."""
+
+    all = "all"
+    men = "men"
+    women = "women"
+
+
+POLICIES: tuple[str, ...] = tuple(p.value for p in ObdPolicy)
+CAMPAIGNS: tuple[str, ...] = tuple(c.value for c in ObdCampaign)
 
 
 def obd_dir() -> Path:

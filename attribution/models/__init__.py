@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,20 @@ def _markov(paths: Paths, cfg: ModelConfig) -> Credits:
 
 def _shapley(paths: Paths, cfg: ModelConfig) -> Credits:
     return shapley(paths, cfg.shapley_exact_max, cfg.shapley_permutations, cfg.seed)
+
+
+class ModelName(StrEnum):
+    """The attribution models by name (`adstream attribution --model`), in `MODELS`' order."""
+
+    first_click = "first_click"
+    last_click = "last_click"
+    last_non_view = "last_non_view"
+    linear = "linear"
+    position_based = "position_based"
+    time_decay = "time_decay"
+    simplified_shapley = "simplified_shapley"
+    markov = "markov"
+    shapley = "shapley"
 
 
 MODELS: dict[str, Callable[[Paths, ModelConfig], Credits]] = {

@@ -8,6 +8,7 @@ import socket
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -128,11 +129,21 @@ def test_background_loops_restart_and_housekeeping_survives_redis_timeouts() -> 
 
     class Loops(ReplicaLoops):
         def __init__(self) -> None:
-            self.metrics = ServingMetrics()
-            self._tasks = {}
+            # supervision and the housekeeping loop read only settings and metrics
+            unused: Any = None
+            super().__init__(
+                Settings(canary={"eval_s": 100.0}),
+                ServingMetrics(),
+                rank=unused,
+                catalog=unused,
+                pipe=unused,
+                towers=None,
+                applier=unused,
+                canary=unused,
+                redis=unused,
+            )
             self.runs = 0
             self.steps = 0
-            self.settings = Settings(canary={"eval_s": 100.0})
 
         async def dies_twice(self) -> None:
             self.runs += 1

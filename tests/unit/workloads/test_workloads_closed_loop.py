@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +18,7 @@ from schemas.events import Click, Dwell, Message
 from schemas.ids import impression_event_id
 from schemas.signing import check_event, click_token
 from workloads import Market, MarketConfig
-from workloads.closed_loop import run_closed_loop
+from workloads.closed_loop import run_closed_loop, served_auc
 
 KEY = b"f" * 32  # the fake replica's event key
 
@@ -107,6 +108,7 @@ async def test_closed_loop_responds_to_what_was_served(fake_server: str) -> None
             market.true_pctr(imp.user_id, imp.ad_id, imp.slot, imp.position)
         )
     assert sum(report.events.values()) == len(emitted)
+    assert 0.0 <= served_auc(report, market) <= 1.0  # the served pCTR against those clicks
 
 
 async def test_closed_loop_counts_a_dead_endpoint_instead_of_crashing() -> None:
@@ -119,6 +121,7 @@ async def test_closed_loop_counts_a_dead_endpoint_instead_of_crashing() -> None:
     report = await run_closed_loop(market, "http://127.0.0.1:9", 3, sink, timeout_s=0.5)
     assert report.errors == {"transport": 3}
     assert report.served == 0
+    assert math.isnan(served_auc(report, market))  # nothing served: no AUC
 
 
 def test_closed_loop_command_writes_the_users_responses(fake_server: str, tmp_path: Path) -> None:
