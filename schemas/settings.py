@@ -365,6 +365,15 @@ class ServingSettings(Group):
         10_000, ge=1, description="Impressions a replica buffers for Kafka before it drops (counted)"
     )
     title_cache_size: int = Field(100_000, ge=1, description="Titles whose MiniLM embedding is cached")
+    counter_flush_s: float = Field(
+        0.05,
+        gt=0,
+        le=10,
+        description="Frequency-cap and spend counters go to Redis in one pipeline this often",
+    )
+    housekeeping_s: float = Field(
+        1.0, gt=0, le=60, description="How often a replica reads the day's spend (pacing) and updates gauges"
+    )
 
 
 class QosSettings(Group):
@@ -449,6 +458,15 @@ class CanarySettings(Group):
     )
     z: float = Field(
         1.96, gt=0, description="An AUC difference decides only beyond z standard errors of the difference"
+    )
+    window_impressions: int = Field(
+        20_000, ge=1, description="Served impressions per arm in the canary's AUC window"
+    )
+    latency_window: int = Field(2000, ge=1, description="Requests per arm in the canary's latency window")
+    error_rate_window_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds of requests behind an arm's error rate (a recent rate, not a lifetime one)",
     )
 
 

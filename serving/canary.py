@@ -132,7 +132,8 @@ def next_share(stage: str, base_share: float) -> float:
 class ArmWindow:
     """A bounded window of one arm's served impressions (pCTR, clicked), latencies and errors."""
 
-    size: int = 20_000
+    size: int = 20_000  # settings.canary.window_impressions
+    latency_size: int = 2000  # settings.canary.latency_window
     pctr: deque[float] = field(default_factory=deque)
     clicked: deque[bool] = field(default_factory=deque)
     latency_ms: deque[float] = field(default_factory=deque)
@@ -142,7 +143,7 @@ class ArmWindow:
     total: int = 0
     # [second, requests, errors] of the last `rate_window_s`: the error rate is a recent one, so a
     # burst of failures after hours of healthy traffic shows at once (a lifetime rate hides it)
-    rate_window_s: float = 60.0
+    rate_window_s: float = 60.0  # settings.canary.error_rate_window_s
     recent: deque[list[int]] = field(default_factory=deque)
 
     def served(self, pctr: float) -> int:
@@ -175,7 +176,7 @@ class ArmWindow:
             self.recent.append([second, 1, int(error)])
         while self.recent and self.recent[0][0] <= now - self.rate_window_s:
             self.recent.popleft()
-        if len(self.latency_ms) >= 2000:
+        if len(self.latency_ms) >= self.latency_size:
             self.latency_ms.popleft()
         self.latency_ms.append(latency_ms)
         if self.error_rate() > max_error_rate:
@@ -207,13 +208,20 @@ class Canary:
     cooldown_s: float = 300.0
     stage: str = "canary"
     rolled_back_at: float | None = None
-    arms: dict[str, ArmWindow] = field(
-        default_factory=lambda: {"stable": ArmWindow(), "candidate": ArmWindow()}
-    )
+    arms: dict[str, ArmWindow] = field(default_factory=dict)
     joins: dict[str, tuple[str, int]] = field(default_factory=dict)
     max_joins: int = 100_000
     promotions: int = 0
     rollbacks: int = 0
+
+    def __post_init__(self) -> None:
+        self.arms = self.arms or {arm: self._window() for arm in ("stable", "candidate")}
+
+    def _window(self) -> ArmWindow:
+        r = self.rule
+        return ArmWindow(
+            size=r.window_impressions, latency_size=r.latency_window, rate_window_s=r.error_rate_window_s
+        )
 
     def share(self, now: float) -> float:
         if self.rolled_back_at is not None:
@@ -253,5 +261,5 @@ class Canary:
         return action
 
     def _reset(self) -> None:
-        self.arms = {"stable": ArmWindow(), "candidate": ArmWindow()}
+        self.arms = {arm: self._window() for arm in ("stable", "candidate")}
         self.joins.clear()

@@ -246,9 +246,10 @@ class ReplicaLoops:
             self.metrics.clicks_joined.inc()
 
     async def _flush_counters(self) -> None:
-        """Frequency-cap and spend counters go to Redis in one pipeline every 50 ms, not per request."""
+        """Frequency-cap and spend counters go to Redis in one pipeline every `serving.counter_flush_s`
+        (50 ms), not per request."""
         while True:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(self.settings.serving.counter_flush_s)
             t = time.perf_counter()
             try:
                 if await self.redis.flush():
@@ -278,12 +279,12 @@ class ReplicaLoops:
         return True
 
     async def _housekeeping(self) -> None:
-        """Every second: the day's spend from Redis (pacing) and gauges; every `canary_eval_s`:
-        the canary decision (it sorts the arms' windows, so not more often)."""
+        """Every `serving.housekeeping_s`: the day's spend from Redis (pacing) and gauges; every
+        `canary.eval_s`: the canary decision (it sorts the arms' windows, so not more often)."""
         day = utcnow().date()
         next_eval = time.time() + self.settings.canary.eval_s
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(self.settings.serving.housekeeping_s)
             try:
                 day, next_eval = await self._housekeeping_step(day, next_eval)
             except asyncio.CancelledError:

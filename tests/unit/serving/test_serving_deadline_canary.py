@@ -139,3 +139,16 @@ def test_an_equally_good_candidate_is_rarely_rolled_back() -> None:
     actions = [decide(arm().stats(0.0), arm().stats(0.0), rule) for _ in range(200)]
     assert actions.count("rollback") <= 10, actions.count("rollback")
     assert actions.count("promote") <= 10, actions.count("promote")
+
+
+def test_the_canary_windows_follow_their_settings() -> None:
+    rule = CanarySettings(window_impressions=5, latency_window=3, error_rate_window_s=2.0)
+    c = Canary(base_share=0.05, rule=rule)
+    w = c.arms["candidate"]
+    for i in range(10):
+        w.served(0.1)
+        w.request(float(i), error=False, now=100.0 + i, max_error_rate=0.5)
+    assert len(w.pctr) == 5 and list(w.latency_ms) == [7.0, 8.0, 9.0]
+    assert [s for s, _, _ in w.recent] == [108, 109]  # only the last error_rate_window_s seconds
+    c._reset()
+    assert c.arms["stable"].size == 5 and c.arms["stable"].latency_size == 3
