@@ -42,7 +42,6 @@ from typing import Any
 
 from schemas import topics
 from schemas.codec import encode, key_of, model_for_topic
-from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from schemas.signing import event_key
@@ -120,6 +119,8 @@ class Pipeline:
         self.sink = sink
         self.send = send
         self.send_many = send_many  # batches of messages at once (see `delivery.produce_all`)
+        # transient errors (and a store's StoreError raised from one) are retried, never given up
+        self.backoff = settings.streams.retry_backoff
         self.ack = ack
         self.catalog = catalog or AdVectors(settings.state_dim)
         self.cache_users = cache_users
@@ -149,7 +150,7 @@ class Pipeline:
             async def read() -> None:
                 snaps.append(await self.store.load_partition(p, self.inputs))
 
-            await retrying(read, "partition read", give_up=lambda exc: not isinstance(exc, StoreError))
+            await retrying(read, "partition read", self.backoff)
             snap = snaps[-1]
             proc = Processor.from_settings(self.settings, self.catalog)
             proc.join.load(snap.pending)
@@ -249,7 +250,7 @@ class Pipeline:
         async def load() -> None:
             loaded.update(await self.store.load_users(uids))
 
-        await retrying(load, "user read", give_up=lambda exc: not isinstance(exc, StoreError))
+        await retrying(load, "user read", self.backoff)
         for uid in uids:
             part.proc.states[uid] = loaded.get(uid) or UserState.empty(uid, self.settings.state_dim)
 
@@ -410,7 +411,7 @@ class Pipeline:
         a while; rows the store refuses for good and messages the broker can never take become
         dead letters (sent before the offsets that pass them are committed)."""
         t0 = time.perf_counter()
-        refused = await write_rows(self.sink.write, b.rows, "batch sink")
+        refused = await write_rows(self.sink.write, b.rows, "batch sink", self.backoff)
         m.SINK_LATENCY.observe(time.perf_counter() - t0)
         for table, i, error in refused:
             row = b.rows[table][i]
@@ -421,11 +422,11 @@ class Pipeline:
             messages.append((self.dlq_topic, key_of(letter), encode(letter)))
         if messages:
             replaced = await produce_all(
-                self.send, messages, "batch produce", self.dlq_topic, send_many=self.send_many
+                self.send, messages, "batch produce", self.dlq_topic, self.backoff, send_many=self.send_many
             )
             self.counts["unsendable"] += replaced
         t1 = time.perf_counter()
-        await retrying(lambda: self.store.commit(commit), "batch commit")
+        await retrying(lambda: self.store.commit(commit), "batch commit", self.backoff)
         m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
 
     def _over_cache(self) -> bool:

@@ -98,7 +98,14 @@ class Runtime:
         dlq = topics.topic_name(topics.DLQ, self.settings.topic_prefix)
 
         messages = [(dlq, key_of(d), encode(d)) for d in dead]
-        await produce_all(self._send, messages, "catalog dead letters", dlq, send_many=self._send_many)
+        await produce_all(
+            self._send,
+            messages,
+            "catalog dead letters",
+            dlq,
+            self.settings.streams.retry_backoff,
+            self._send_many,
+        )
         m.EVENTS_OUT.labels(topics.DLQ).inc(len(dead))
 
     async def _send(self, topic: str, key: bytes, value: bytes) -> Any:
@@ -264,7 +271,9 @@ class Runtime:
                         table, row = row_of(ad, tp.partition, r.offset)
                         rows[table].append(row)
                         raws[table].append(r.value)
-                for table, i, error in await write_rows(sink.write, rows, "catalog sink"):
+                for table, i, error in await write_rows(
+                    sink.write, rows, "catalog sink", s.streams.retry_backoff
+                ):
                     m.INVALID.labels(topics.CATALOG, "refused").inc()
                     dead.append(refused_letter(s.topic_prefix, table, rows[table][i], raws[table][i], error))
                 if dead:  # the catalog is re-read from the start on restart: ids are deterministic

@@ -60,3 +60,14 @@ def test_field_by_field_mirrors_match_settings(mirror: type, mapping: dict[str, 
         if getattr(default, name) != fields[setting].default
     }
     assert not differ, f"{mirror.__name__} defaults (mirror, setting) disagree: {differ}"
+
+
+def test_the_default_backoffs_are_the_settings_defaults() -> None:
+    """The streams helpers' and the snapshot store's default backoffs (for callers without
+    settings) equal the backoffs the settings build."""
+    from streams.delivery import WORKER_BACKOFF
+    from trainers.snapshots import REDIS_BACKOFF
+
+    s = Settings()
+    assert WORKER_BACKOFF == s.streams.retry_backoff
+    assert REDIS_BACKOFF == s.online.redis_backoff
