@@ -179,6 +179,31 @@ def permanent(exc: BaseException) -> bool:
     return code in _PERMANENT_CODES
 
 
+# -- what each client raises for reasons of its own (vs a bug in the code that calls it) ----------
+# For `except` clauses at a boundary that wraps a client's failure in our error tree
+# (`raise StoreError(...) from exc`): a bug in our code is not wrapped, so it surfaces as itself.
+def redis_errors() -> tuple[type[BaseException], ...]:
+    """redis-py's error root and the socket errors under it."""
+    from redis import exceptions as redis_exceptions
+
+    return (redis_exceptions.RedisError, OSError)
+
+
+def kafka_errors() -> tuple[type[BaseException], ...]:
+    """aiokafka's error root (every broker and client error) and the socket errors under it."""
+    from aiokafka import errors as kafka_exceptions
+
+    return (kafka_exceptions.KafkaError, OSError)
+
+
+def clickhouse_errors() -> tuple[type[BaseException], ...]:
+    """clickhouse-driver's error root (server, network, type errors) and the socket errors under it
+    (EOFError: the server closed the connection mid-packet)."""
+    from clickhouse_driver import errors as ch_exceptions
+
+    return (ch_exceptions.Error, OSError, EOFError)
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Waits of `first_s`, doubling up to `max_s`, until `give_up_s` have passed since the first

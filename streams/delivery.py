@@ -71,7 +71,7 @@ async def write_rows(
     try:
         await retrying(lambda: write(rows), what, backoff)
         return []
-    except Exception as exc:
+    except Exception as exc:  # only a content error is handled here; anything else is re-raised
         if not permanent(exc):
             raise
         log.warning("%s refused a batch for good (%s): splitting it", what, exc)
@@ -85,7 +85,7 @@ async def write_rows(
             block = {table: [batch[i] for i in part]}
             try:
                 await retrying(functools.partial(write, block), what, backoff)
-            except Exception as exc:
+            except Exception as exc:  # as above: only content errors split
                 if not permanent(exc):
                     raise
                 if len(part) == 1:

@@ -21,9 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis import exceptions as redis_errors
-
 from schemas.errors import StoreError
+from schemas.retry import redis_errors
 from streams import metrics as m
 from streams.join import Pending
 from streams.record import decode_state, encode_state, user_key
@@ -34,7 +33,7 @@ log = logging.getLogger(__name__)
 # what Redis (or the way to it) can raise: wrapped in StoreError `from` it, which
 # `schemas.retry.is_transient` retries when the cause is transient (a dropped connection) and
 # raises when it is not (a WRONGTYPE reply); anything else (a bug here) propagates unwrapped
-REDIS_ERRORS: tuple[type[BaseException], ...] = (redis_errors.RedisError, OSError)
+REDIS_ERRORS = redis_errors()
 
 
 # SET KEYS[i] ARGV[i + 1] EX ARGV[1] for every key (run inside the batch's MULTI/EXEC)

@@ -48,12 +48,11 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import torch
-from redis import exceptions as redis_errors
 
 from schemas import codec
 from schemas.errors import AdapterError, ConfigError, SchemaError, StoreError
 from schemas.events import AdapterDelta
-from schemas.retry import Backoff, is_transient, retry
+from schemas.retry import Backoff, is_transient, redis_errors, retry
 from trainers.delta import apply_delta, empty_state
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ T = TypeVar("T")
 # what Redis (or the way to it) can raise; of these `schemas.retry.is_transient` says which are
 # retried (refused, reset, timeouts, a server still loading). A WRONGTYPE reply is a StoreError at
 # once; anything else (a bug here) propagates as it is.
-REDIS_ERRORS: tuple[type[BaseException], ...] = (redis_errors.RedisError, OSError)
+REDIS_ERRORS = redis_errors()
 
 
 def snapshot_key(prefix: str, adapter_id: str) -> str:

@@ -231,3 +231,17 @@ def test_the_retry_settings_are_validated_and_build_the_backoffs() -> None:
         Settings(online={"redis_retry_first_s": 3.0})
     with pytest.raises(ValidationError, match="redis_give_up_s"):
         Settings(online={"redis_give_up_s": -1.0})
+
+
+def test_each_clients_own_errors_are_listed_and_a_bug_is_not() -> None:
+    from aiokafka import errors as kafka_exceptions
+    from redis import exceptions as redis_exceptions
+
+    from schemas.retry import clickhouse_errors, kafka_errors, redis_errors
+
+    assert isinstance(ch_errors.ServerException("x", 60), clickhouse_errors())
+    assert isinstance(EOFError(), clickhouse_errors())
+    assert isinstance(redis_exceptions.ResponseError("WRONGTYPE"), redis_errors())
+    assert isinstance(kafka_exceptions.CommitFailedError(), kafka_errors())
+    for errors in (clickhouse_errors(), kafka_errors(), redis_errors()):
+        assert not isinstance(KeyError("bug"), errors) and not isinstance(TypeError("bug"), errors)
