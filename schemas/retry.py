@@ -13,8 +13,9 @@ unknown table): `retry` raises it at once so it surfaces instead of looping as "
 
 `retry(step, what, backoff=...)` runs `step` until it succeeds, waiting `Backoff.first_s`,
 doubling up to `max_s`, and gives up once `give_up_s` have passed since the first failure
-(`None`: never; the streams worker pauses rather than lose a batch). The client libraries are
-imported lazily: schemas stays importable without them.
+(`None`: never; the streams worker pauses rather than lose a batch). `Backoff.delays()` alone is
+the schedule for loops that restart rather than retry (serving's supervisor: `Backoff(0.5, 30.0)`).
+The client libraries are imported lazily: schemas stays importable without them.
 
 >>> list(Backoff(0.5, 3.0).delays(5))
 [0.5, 1.0, 2.0, 3.0, 3.0]

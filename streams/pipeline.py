@@ -42,6 +42,7 @@ from typing import Any
 
 from schemas import topics
 from schemas.codec import encode, key_of, model_for_topic
+from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from schemas.signing import event_key
@@ -138,6 +139,7 @@ class Pipeline:
         self.counts: Counter[str] = Counter()
         self.lock = asyncio.Lock()
         self._inflight: asyncio.Task[None] | None = None  # the batch being written
+        self._broken: BaseException | None = None  # why a batch write failed for good (`_check`)
         self.caught_up: CaughtUp = lambda topic, partition, last: False
         self._reported: Counter[str] = Counter()
 
@@ -165,6 +167,7 @@ class Pipeline:
     async def feed(self, records: Iterable[RawRecord]) -> None:
         """Take consumed records; release what the merge allows; commit when a batch is due."""
         async with self.lock:
+            self._check()
             missing: dict[int, set[str]] = {}
             skipped = []
             seen: Counter[str] = Counter()
@@ -350,11 +353,23 @@ class Pipeline:
         if examples:
             b.examples += examples
 
+    def _check(self) -> None:
+        """Refuse to go on after a batch write failed with a non-transient error (a bug, a store
+        refusing every write): a later commit would move Redis's offsets past the lost batch.
+        The worker must restart; it resumes from what Redis holds (nothing of the batch)."""
+        if self._broken is not None:
+            exc = self._broken
+            raise StoreError(
+                f"a batch write failed ({type(exc).__name__}: {exc}); nothing more is committed "
+                "until the worker restarts (it resumes from Redis)"
+            ) from exc
+
     async def _settle(self) -> None:
         """Wait until the batch being written (if any) is written and acked."""
         task, self._inflight = self._inflight, None
         if task is not None:
-            await task
+            await task  # a write that failed for good raises its own error here, once …
+        self._check()  # … and every later call this one
 
     async def _commit(self) -> None:
         """Fix the batch's writes, then write them while the next batch is processed."""
@@ -383,7 +398,11 @@ class Pipeline:
         self._inflight = asyncio.create_task(self._finish(b, commit, messages))
 
     async def _finish(self, b: _Batch, commit: Commit, messages: list[tuple[str, bytes, bytes]]) -> None:
-        await self._write(b, commit, messages)
+        try:
+            await self._write(b, commit, messages)  # transient errors are retried in there
+        except Exception as exc:  # re-raised: recorded only so that nothing commits past this batch
+            self._broken = exc
+            raise
         if b.dead:
             m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
         if b.examples:

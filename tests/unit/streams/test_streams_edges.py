@@ -174,7 +174,18 @@ class _Redis:
         return {}
 
 
-def _pipeline(redis: _Redis) -> Pipeline:
+class _BuggySink:
+    """An event sink with a bug: every write raises KeyError."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def write(self, rows: object) -> None:
+        self.calls += 1
+        raise KeyError("impressions")
+
+
+def _pipeline(redis: _Redis, sink: object = None) -> Pipeline:
     s = Settings(
         streams={
             "verify_impressions": False,
@@ -187,7 +198,7 @@ def _pipeline(redis: _Redis) -> Pipeline:
     async def send(topic: str, key: bytes, value: bytes) -> None:
         return None
 
-    return Pipeline(s, RedisStateStore(redis, "t:", 60), None, send, lambda handles: None)  # type: ignore[arg-type]
+    return Pipeline(s, RedisStateStore(redis, "t:", 60), sink, send, lambda handles: None)  # type: ignore[arg-type]
 
 
 def _record(pipe: Pipeline) -> RawRecord:
@@ -245,3 +256,23 @@ def test_event_dated_far_after_its_record_is_dead_lettered() -> None:
     assert bad is not None and bad.reason == "future_timestamp"
     assert bad.dead_letter.source_topic == "t.ad.impressions" and bad.dead_letter.offset == 7
     assert "field 'ts'" in bad.dead_letter.error and bad.dead_letter.raw == b"{}"
+
+
+async def test_a_batch_write_that_fails_with_a_bug_stops_the_commits_after_it() -> None:
+    """A bug in a batch's write is raised (not retried as "store down"); nothing is committed
+    after the lost batch (its offsets would pass it), until the worker restarts from Redis."""
+    sink = _BuggySink()
+    pipe = _pipeline(_Redis(ConnectionError(), times=0), sink)
+    pipe.caught_up = lambda topic, partition, last: True
+    await pipe.feed([_record(pipe)])
+    with pytest.raises(KeyError):
+        await asyncio.wait_for(pipe.flush(), timeout=2.0)
+    assert sink.calls == 1
+    event = impression("i2", 2.0)
+    later = RawRecord(pipe.inputs[0], 0, 1, encode(event), int(event.ts.timestamp() * 1000))
+    with pytest.raises(StoreError, match="until the worker restarts") as info:
+        await pipe.feed([later])
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(StoreError, match="until the worker restarts"):
+        await pipe.flush()
+    assert sink.calls == 1
