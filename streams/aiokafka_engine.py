@@ -22,6 +22,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from schemas import topics
 from schemas.clients import kafka_args
+from schemas.retry import kafka_errors
 from schemas.settings import Settings
 from streams.pipeline import INPUTS, Pipeline, RawRecord
 from streams.runtime import Runtime
@@ -103,7 +104,7 @@ async def _commit_kafka(consumer: AIOKafkaConsumer, pipeline: Pipeline) -> None:
     if offsets:
         try:
             await consumer.commit(offsets)
-        except Exception as exc:  # informational only: positions come from Redis
+        except kafka_errors() as exc:  # informational only: positions come from Redis (a bug raises)
             log.warning("Kafka offset commit failed: %s", exc)
 
 

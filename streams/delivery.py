@@ -6,6 +6,8 @@ failure that can never succeed on retry (a record larger than the producer allow
 server refuses for its content: a type or constraint error, "too many partitions for a single
 INSERT block") must not be retried for ever with every partition stalled behind it: the batch is
 split until the refused rows are alone, they are dead-lettered, and the rest is written.
+Both lists are `schemas.retry`'s (`is_transient`, `permanent`); an error on neither (a bug, an
+unknown table) is raised at once instead of being retried as if the store were down.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import asyncio
 import functools
 import hashlib
 import logging
-import re
-import struct
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import DeadLetter
+from schemas.retry import Backoff, Classifier, is_transient, permanent, retry
 from streams import metrics as m
 from streams.ingest import capped, dead_letter
 
@@ -32,10 +33,9 @@ Send = Callable[[str, bytes, bytes], Awaitable[Any]]
 # many messages at once → per message None (delivered) or the exception that stopped it
 SendMany = Callable[[Sequence[tuple[str, bytes, bytes]]], Awaitable[list[BaseException | None]]]
 Rows = dict[str, list[tuple[Any, ...]]]
+# the worker's default (`settings.streams.retry_backoff` is what the pipeline passes)
+WORKER_BACKOFF = Backoff(0.5, 30.0, None)
 
-# ClickHouse error codes that say "this data, never": parse/type/range/constraint errors
-_PERMANENT_CODES = frozenset({6, 26, 27, 38, 41, 53, 69, 70, 72, 117, 131, 321, 469})
-_CODE = re.compile(r"Code: (\d+)")
 # the table a sink row goes to → the contract topic it was read from
 TABLE_TOPIC = {
     "impressions": topics.IMPRESSIONS,
@@ -46,69 +46,34 @@ TABLE_TOPIC = {
 }
 
 
-def permanent(exc: BaseException) -> bool:
-    """Whether a write failed because of what it writes (retrying cannot help) rather than where."""
-    from aiokafka import errors as kafka_errors
-
-    if isinstance(
-        exc,
-        kafka_errors.MessageSizeTooLargeError
-        | kafka_errors.RecordTooLargeError
-        | kafka_errors.RecordListTooLargeError
-        | kafka_errors.InvalidMessageError,
-    ):
-        return True
-    if isinstance(exc, TypeError | ValueError | OverflowError | struct.error | UnicodeError):
-        return True  # the client could not encode the values (raised before anything is sent)
-    code = getattr(exc, "code", None)
-    text = str(exc)
-    if not isinstance(code, int):
-        found = _CODE.search(text)
-        code = int(found.group(1)) if found else None
-    if code == 252:  # TOO_MANY_PARTS: transient ("merges are slower than inserts") unless this:
-        return "for single INSERT block" in text
-    return code in _PERMANENT_CODES
-
-
 async def retrying(
     step: Callable[[], Awaitable[None]],
     what: str,
-    max_wait_s: float = 30.0,
-    give_up: Callable[[BaseException], bool] | None = None,
+    backoff: Backoff = WORKER_BACKOFF,
+    transient: Classifier = is_transient,
 ) -> None:
-    """Run `step` until it succeeds, backing off; the worker pauses instead of losing a batch.
-
-    An error for which `give_up(exc)` is true is raised at once instead (it can never succeed).
-    """
-    wait = min(0.5, max_wait_s)
-    while True:
-        try:
-            await step()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if give_up is not None and give_up(exc):
-                raise
-            m.RETRIES.labels(what).inc()
-            log.warning("%s failed (%s); retrying in %.1fs", what, exc, wait)
-            await asyncio.sleep(wait)
-            wait = min(max_wait_s, wait * 2)
+    """Run `step` until it succeeds, backing off while it fails with a transient error (the
+    worker pauses instead of losing a batch); any other error is raised at once (a bug, a
+    refused write: `schemas.retry`). Every retry is counted in adstream_streams_retries_total."""
+    await retry(
+        step, what, backoff=backoff, transient=transient, on_retry=lambda *_: m.RETRIES.labels(what).inc()
+    )
 
 
 async def write_rows(
-    write: Callable[[Rows], Awaitable[None]], rows: Rows, what: str
+    write: Callable[[Rows], Awaitable[None]], rows: Rows, what: str, backoff: Backoff = WORKER_BACKOFF
 ) -> list[tuple[str, int, str]]:
     """Write `rows` (idempotent per event_id); return (table, index, error) of the rows refused
-    for good, after halving the failing blocks until each refused row is alone."""
+    for good (`permanent`), after halving the failing blocks until each refused row is alone.
+    Transient errors are retried; any other error (a bug, an unknown table) is raised."""
     if not any(rows.values()):
         return []
     try:
-        await retrying(lambda: write(rows), what, give_up=permanent)
+        await retrying(lambda: write(rows), what, backoff)
         return []
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
+    except Exception as exc:  # only a content error is handled here; anything else is re-raised
+        if not permanent(exc):
+            raise
         log.warning("%s refused a batch for good (%s): splitting it", what, exc)
     refused: list[tuple[str, int, str]] = []
     for table, batch in rows.items():
@@ -119,10 +84,10 @@ async def write_rows(
                 continue
             block = {table: [batch[i] for i in part]}
             try:
-                await retrying(functools.partial(write, block), what, give_up=permanent)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+                await retrying(functools.partial(write, block), what, backoff)
+            except Exception as exc:  # as above: only content errors split
+                if not permanent(exc):
+                    raise
                 if len(part) == 1:
                     refused.append((table, part[0], str(exc)))
                     continue
@@ -160,17 +125,18 @@ async def produce_all(
     messages: Sequence[tuple[str, bytes, bytes]],
     what: str,
     dlq_topic: str,
-    max_wait_s: float = 30.0,
+    backoff: Backoff = WORKER_BACKOFF,
     send_many: SendMany | None = None,
 ) -> int:
-    """Produce every message (retrying only those that failed); a message the broker can never
-    take is replaced by its dead letter on `dlq_topic`. Returns how many were replaced.
+    """Produce every message (retrying only those that failed with a transient error); a message
+    the broker can never take is replaced by its dead letter on `dlq_topic`; any other error (a
+    bug) is raised. Returns how many were replaced.
 
     `send_many`, when given, sends a whole round at once (in batches: far less work per message
     than one `send` each); `send` is used otherwise."""
     todo = [(t, k, v, False) for t, k, v in messages]  # … and whether it is a stand-in already
     replaced = 0
-    wait = min(0.5, max_wait_s)
+    waits = backoff.delays()  # never gives up: the worker pauses rather than lose a batch
     while todo:
         results: Sequence[Any]
         if send_many is not None:
@@ -184,9 +150,11 @@ async def produce_all(
                 raise res
             if not isinstance(res, BaseException):
                 continue
-            if not permanent(res):
+            if is_transient(res):
                 again.append((topic, key, value, stand_in))
                 transient = res
+            elif not permanent(res):
+                raise res  # neither the broker's weather nor the message's content: a bug
             elif stand_in:  # cannot happen with the producer's default limits (capped raw)
                 log.error("dead letter of an unsendable message not produced either: %s", res)
                 m.RETRIES.labels(f"{what} (dropped)").inc()
@@ -196,9 +164,9 @@ async def produce_all(
                 letter = unsendable_letter(topic, value, f"{type(res).__name__}: {res}")
                 again.append((dlq_topic, topic.encode(), letter, True))
         if transient is not None:
+            wait = next(waits)
             m.RETRIES.labels(what).inc()
             log.warning("%s failed (%s); retrying %d message(s) in %.1fs", what, transient, len(again), wait)
             await asyncio.sleep(wait)
-            wait = min(max_wait_s, wait * 2)
         todo = again
     return replaced

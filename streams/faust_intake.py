@@ -44,6 +44,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from streams.pipeline import RawRecord
+from streams.runtime import NOT_ASSIGNED
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         if not self.flow_active:  # as Faust's getmany: back to the committed offsets
             try:
                 await self.perform_seek()
-            except Exception as exc:
+            except NOT_ASSIGNED as exc:  # the broker's, or a partition just revoked
                 log.warning("seek while the flow is stopped failed: %r", exc)
             return []
         return self.accept(records, active)
@@ -132,7 +133,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # the outermost guard of a feed: log with traceback, retry it
                 if not self.flow_active or self.app.consumer_generation_id != generation:
                     log.warning("feed failed during a rebalance (%r): the batch is read again", exc)
                     return

@@ -120,6 +120,8 @@ class Pipeline:
         self.sink = sink
         self.send = send
         self.send_many = send_many  # batches of messages at once (see `delivery.produce_all`)
+        # transient errors (and a store's StoreError raised from one) are retried, never given up
+        self.backoff = settings.streams.retry_backoff
         self.ack = ack
         self.catalog = catalog or AdVectors(settings.state_dim)
         self.cache_users = cache_users
@@ -137,6 +139,7 @@ class Pipeline:
         self.counts: Counter[str] = Counter()
         self.lock = asyncio.Lock()
         self._inflight: asyncio.Task[None] | None = None  # the batch being written
+        self._broken: BaseException | None = None  # why a batch write failed for good (`_check`)
         self.caught_up: CaughtUp = lambda topic, partition, last: False
         self._reported: Counter[str] = Counter()
 
@@ -149,7 +152,7 @@ class Pipeline:
             async def read() -> None:
                 snaps.append(await self.store.load_partition(p, self.inputs))
 
-            await retrying(read, "partition read", give_up=lambda exc: not isinstance(exc, StoreError))
+            await retrying(read, "partition read", self.backoff)
             snap = snaps[-1]
             proc = Processor.from_settings(self.settings, self.catalog)
             proc.join.load(snap.pending)
@@ -164,6 +167,7 @@ class Pipeline:
     async def feed(self, records: Iterable[RawRecord]) -> None:
         """Take consumed records; release what the merge allows; commit when a batch is due."""
         async with self.lock:
+            self._check()
             missing: dict[int, set[str]] = {}
             skipped = []
             seen: Counter[str] = Counter()
@@ -249,7 +253,7 @@ class Pipeline:
         async def load() -> None:
             loaded.update(await self.store.load_users(uids))
 
-        await retrying(load, "user read", give_up=lambda exc: not isinstance(exc, StoreError))
+        await retrying(load, "user read", self.backoff)
         for uid in uids:
             part.proc.states[uid] = loaded.get(uid) or UserState.empty(uid, self.settings.state_dim)
 
@@ -349,11 +353,23 @@ class Pipeline:
         if examples:
             b.examples += examples
 
+    def _check(self) -> None:
+        """Refuse to go on after a batch write failed with a non-transient error (a bug, a store
+        refusing every write): a later commit would move Redis's offsets past the lost batch.
+        The worker must restart; it resumes from what Redis holds (nothing of the batch)."""
+        if self._broken is not None:
+            exc = self._broken
+            raise StoreError(
+                f"a batch write failed ({type(exc).__name__}: {exc}); nothing more is committed "
+                "until the worker restarts (it resumes from Redis)"
+            ) from exc
+
     async def _settle(self) -> None:
         """Wait until the batch being written (if any) is written and acked."""
         task, self._inflight = self._inflight, None
         if task is not None:
-            await task
+            await task  # a write that failed for good raises its own error here, once …
+        self._check()  # … and every later call this one
 
     async def _commit(self) -> None:
         """Fix the batch's writes, then write them while the next batch is processed."""
@@ -382,7 +398,11 @@ class Pipeline:
         self._inflight = asyncio.create_task(self._finish(b, commit, messages))
 
     async def _finish(self, b: _Batch, commit: Commit, messages: list[tuple[str, bytes, bytes]]) -> None:
-        await self._write(b, commit, messages)
+        try:
+            await self._write(b, commit, messages)  # transient errors are retried in there
+        except Exception as exc:  # re-raised: recorded only so that nothing commits past this batch
+            self._broken = exc
+            raise
         if b.dead:
             m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
         if b.examples:
@@ -410,7 +430,7 @@ class Pipeline:
         a while; rows the store refuses for good and messages the broker can never take become
         dead letters (sent before the offsets that pass them are committed)."""
         t0 = time.perf_counter()
-        refused = await write_rows(self.sink.write, b.rows, "batch sink")
+        refused = await write_rows(self.sink.write, b.rows, "batch sink", self.backoff)
         m.SINK_LATENCY.observe(time.perf_counter() - t0)
         for table, i, error in refused:
             row = b.rows[table][i]
@@ -421,11 +441,11 @@ class Pipeline:
             messages.append((self.dlq_topic, key_of(letter), encode(letter)))
         if messages:
             replaced = await produce_all(
-                self.send, messages, "batch produce", self.dlq_topic, send_many=self.send_many
+                self.send, messages, "batch produce", self.dlq_topic, self.backoff, send_many=self.send_many
             )
             self.counts["unsendable"] += replaced
         t1 = time.perf_counter()
-        await retrying(lambda: self.store.commit(commit), "batch commit")
+        await retrying(lambda: self.store.commit(commit), "batch commit", self.backoff)
         m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
 
     def _over_cache(self) -> bool:

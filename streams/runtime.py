@@ -25,6 +25,7 @@ from schemas.clients import kafka_args, redis_args
 from schemas.codec import decode, encode, key_of
 from schemas.errors import SchemaError
 from schemas.events import AdCreative, DeadLetter
+from schemas.retry import kafka_errors
 from schemas.settings import Settings
 from streams import metrics as m
 from streams.delivery import produce_all, refused_letter, write_rows
@@ -35,6 +36,9 @@ from streams.sink import ClickHouseSink, empty_rows, row_of
 from streams.store import RedisStateStore
 
 log = logging.getLogger(__name__)
+# what asking a consumer about a partition raises when it was just revoked (aiokafka asserts
+# the partition is assigned), or the broker's errors; a bug raises as itself
+NOT_ASSIGNED: tuple[type[BaseException], ...] = (AssertionError, *kafka_errors())
 
 GC_GEN0 = 50_000
 PRODUCE_BATCH_BYTES = 512 * 1024  # the producer's batch per partition (aiokafka's default: 16 KiB)
@@ -98,7 +102,14 @@ class Runtime:
         dlq = topics.topic_name(topics.DLQ, self.settings.topic_prefix)
 
         messages = [(dlq, key_of(d), encode(d)) for d in dead]
-        await produce_all(self._send, messages, "catalog dead letters", dlq, send_many=self._send_many)
+        await produce_all(
+            self._send,
+            messages,
+            "catalog dead letters",
+            dlq,
+            self.settings.streams.retry_backoff,
+            self._send_many,
+        )
         m.EVENTS_OUT.labels(topics.DLQ).inc(len(dead))
 
     async def _send(self, topic: str, key: bytes, value: bytes) -> Any:
@@ -132,7 +143,7 @@ class Runtime:
         async def ship(topic: str, p: int, batch: Any, idx: list[int]) -> None:
             try:
                 pending.append((await producer.send_batch(batch, topic, partition=p), idx))
-            except Exception as exc:
+            except Exception as exc:  # handed to produce_all, which classifies it (a bug is raised there)
                 for i in idx:
                     results[i] = exc
 
@@ -143,7 +154,7 @@ class Runtime:
                     if len(value) + len(key) >= LARGE_MESSAGE_BYTES:
                         pending.append((await producer.send(topic, value=value, key=key, partition=p), [i]))
                         continue
-                except Exception as exc:
+                except Exception as exc:  # as above: produce_all retries, dead-letters or raises it
                     results[i] = exc
                     continue
                 batch, idx = open_batches.get((topic, p)) or (producer.create_batch(), [])
@@ -184,7 +195,7 @@ class Runtime:
             return False  # mid-rebalance: unknown, so wait (co-partitioned assignors give all of p)
         try:
             hw = consumer.highwater(tp)
-        except Exception:
+        except NOT_ASSIGNED:  # aiokafka asserts the partition is assigned: just revoked
             hw = None
         if hw is None:
             return False
@@ -203,7 +214,7 @@ class Runtime:
             part = self.pipeline.parts.get(tp.partition)
             try:
                 hw = consumer.highwater(tp)
-            except Exception:
+            except NOT_ASSIGNED:  # revoked since `assignment()`
                 hw = None
             if base is None or hw is None:
                 continue
@@ -264,7 +275,9 @@ class Runtime:
                         table, row = row_of(ad, tp.partition, r.offset)
                         rows[table].append(row)
                         raws[table].append(r.value)
-                for table, i, error in await write_rows(sink.write, rows, "catalog sink"):
+                for table, i, error in await write_rows(
+                    sink.write, rows, "catalog sink", s.streams.retry_backoff
+                ):
                     m.INVALID.labels(topics.CATALOG, "refused").inc()
                     dead.append(refused_letter(s.topic_prefix, table, rows[table][i], raws[table][i], error))
                 if dead:  # the catalog is re-read from the start on restart: ids are deterministic

@@ -22,12 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.errors import StoreError
+from schemas.retry import redis_errors
 from streams import metrics as m
 from streams.join import Pending
 from streams.record import decode_state, encode_state, user_key
 from streams.state import UserState
 
 log = logging.getLogger(__name__)
+
+# what Redis (or the way to it) can raise: wrapped in StoreError `from` it, which
+# `schemas.retry.is_transient` retries when the cause is transient (a dropped connection) and
+# raises when it is not (a WRONGTYPE reply); anything else (a bug here) propagates unwrapped
+REDIS_ERRORS = redis_errors()
 
 
 # SET KEYS[i] ARGV[i + 1] EX ARGV[1] for every key (run inside the batch's MULTI/EXEC)
@@ -72,7 +78,7 @@ class RedisStateStore:
             return {}
         try:
             values = await self.redis.mget([user_key(self.prefix, u) for u in ids])
-        except Exception as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"Redis MGET of {len(ids)} user records failed: {exc}") from exc
         out: dict[str, UserState] = {}
         for u, v in zip(ids, values, strict=True):
@@ -90,7 +96,7 @@ class RedisStateStore:
             fields = [f"{t}:{partition}" for t in topics] + [f"stream_ts:{partition}"]
             values = await self.redis.hmget(self.offsets_key, fields)
             raw_pending = await self.redis.hgetall(self.pending_key(partition))
-        except Exception as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"Redis read of partition {partition} failed: {exc}") from exc
         snap = PartitionSnapshot()
         for name, value in zip(fields[:-1], values[:-1], strict=True):
@@ -119,5 +125,5 @@ class RedisStateStore:
             pipe.hset(self.offsets_key, mapping=mapping)
         try:
             await pipe.execute()
-        except Exception as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"Redis transaction of {len(c.users)} users failed: {exc}") from exc

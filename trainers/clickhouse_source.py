@@ -17,6 +17,7 @@ from typing import Any
 from schemas.clients import clickhouse_args
 from schemas.errors import StoreError
 from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
+from schemas.retry import clickhouse_errors
 from schemas.settings import Settings, clickhouse_database
 
 _QUERIES: dict[str, tuple[str, str]] = {
@@ -81,7 +82,7 @@ def iter_events(source: Settings | str, limit: int | None = None, chunk: int = 5
     client, database = _client(source)
     try:
         yield from heapq.merge(*(_rows(client, t, limit, chunk) for t in _QUERIES), key=lambda m: m.ts)
-    except Exception as exc:
+    except clickhouse_errors() as exc:  # the driver's and the network's; a bug here raises as itself
         raise StoreError(f"could not read events from ClickHouse database {database!r}: {exc}") from exc
     finally:
         client.disconnect()

@@ -38,11 +38,11 @@ valid one) and that state is published as a fresh snapshot with a new seq. A sto
 that fails the same checks is not resumed from: the adapter starts at zero, after every seq
 Redis records for it.
 
-Redis errors: `SnapshotStore` retries transient errors with capped exponential backoff
-(`RedisRetry`; counted in `adstream_trainers_redis_errors_total`). Until an operation succeeds the
-loop waits: no seq is produced before it is reserved, and Kafka offsets are committed only after
-the snapshots covering them are in Redis. When `give_up_s` runs out, `run` raises StoreError and
-`stop` skips the final snapshot: a restart resumes from what Redis holds.
+Redis errors: `SnapshotStore` retries transient errors (`schemas.retry`) with capped exponential
+backoff (`settings.online.redis_backoff`; counted in `adstream_trainers_redis_errors_total`). Until
+an operation succeeds the loop waits: no seq is produced before it is reserved, and Kafka offsets
+are committed only after the snapshots covering them are in Redis. When `give_up_s` runs out,
+`run` raises StoreError and `stop` skips the final snapshot: a restart resumes from what Redis holds.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from schemas import codec, topics
 from schemas.clients import kafka_args, redis_args
 from schemas.errors import SchemaError, StoreError
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample, dead_letter_fields
+from schemas.retry import Backoff
 from schemas.settings import Settings
 from trainers import telemetry
 from trainers.delta import describe_epoch, new_epoch
@@ -70,7 +71,6 @@ from trainers.intake import ExampleDecoder, take_ready
 from trainers.online import OnlineTrainer
 from trainers.reorder import DelayBuffer
 from trainers.snapshots import (
-    RedisRetry,
     Restored,
     ServeBound,
     SnapshotRefused,
@@ -117,9 +117,10 @@ class TrainerService:
         trainer: OnlineTrainer,
         *,
         redis: Any = None,
-        retry: RedisRetry | None = None,
+        retry: Backoff | None = None,
     ) -> None:
-        """`redis`: a `redis.asyncio.Redis`-like client to use instead of one from `redis_url`."""
+        """`redis`: a `redis.asyncio.Redis`-like client to use instead of one from `redis_url`;
+        `retry`: the Redis backoff instead of `settings.online.redis_backoff`."""
         self.s = settings
         self.trainer = trainer
         self.in_topic = topics.topic_name(topics.TRAINING_EXAMPLES, settings.topic_prefix)
@@ -137,7 +138,7 @@ class TrainerService:
         self._last_snapshot = time.monotonic()
         self._waiting_since: float | None = None  # when examples were first seen waiting (freshness)
         self._redis: Any = redis
-        self.retry = retry or RedisRetry()
+        self.retry = retry or settings.online.redis_backoff
         self.failure: StoreError | None = None  # Redis gave up: no final snapshot, `run` re-raises
         bank = trainer.bank
         self.bound = ServeBound(
@@ -453,7 +454,7 @@ class TrainerService:
             TrainingExample.model_validate_json(record.value)
         except ValidationError as exc:
             reason = codec.error_reason(exc)
-        except Exception:
+        except (TypeError, ValueError):  # not JSON at all (or no value): bad data, the expected case
             reason = "bad_json"
         telemetry.INVALID.labels(reason).inc()
         now = datetime.now(UTC)

@@ -26,8 +26,9 @@ an adapter's seq record (a wipe, a new Redis) makes its trainer start a new epoc
 (`trainers.delta.new_epoch`), which replicas take as a reset at its first snapshot, instead of
 seqs from 0 that replicas would refuse as replays (`Restored.seq_record`).
 
-Redis errors that can pass (connection refused or reset, timeouts, a server still loading) are
-retried with capped exponential backoff (`RedisRetry`) before `StoreError` is raised; every
+Redis errors that can pass (connection refused or reset, timeouts, a server still loading:
+`schemas.retry.is_transient`) are retried with capped exponential backoff
+(`settings.online.redis_backoff`) before `StoreError` is raised; every
 operation is idempotent (SET/HSET of the same values, reads), so a retry after a reply was lost
 is harmless.
 
@@ -41,31 +42,26 @@ import asyncio
 import json
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import torch
-from redis import exceptions as redis_errors
 
 from schemas import codec
 from schemas.errors import AdapterError, ConfigError, SchemaError, StoreError
 from schemas.events import AdapterDelta
+from schemas.retry import Backoff, is_transient, redis_errors, retry
 from trainers.delta import apply_delta, empty_state
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# errors after which the same command may succeed; anything else (a WRONGTYPE reply, a bug) is not retried
-TRANSIENT: tuple[type[BaseException], ...] = (
-    redis_errors.ConnectionError,  # refused, reset, BusyLoadingError
-    redis_errors.TimeoutError,
-    ConnectionError,
-    TimeoutError,
-    OSError,
-)
+# what Redis (or the way to it) can raise; of these `schemas.retry.is_transient` says which are
+# retried (refused, reset, timeouts, a server still loading). A WRONGTYPE reply is a StoreError at
+# once; anything else (a bug here) propagates as it is.
+REDIS_ERRORS = redis_errors()
 
 
 def snapshot_key(prefix: str, adapter_id: str) -> str:
@@ -156,22 +152,8 @@ def check_snapshot(snap: AdapterDelta, adapter_id: str, bound: ServeBound) -> fl
 
 
 # -- retries ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RedisRetry:
-    """How long the trainer rides out Redis errors: waits of `first_s`, doubling up to `max_s`,
-    until `give_up_s` have passed since the first failure of an operation (then StoreError)."""
-
-    first_s: float = 0.05
-    max_s: float = 2.0
-    give_up_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.first_s <= self.max_s:
-            raise ConfigError(
-                f"RedisRetry needs 0 < first_s <= max_s (got first_s={self.first_s!r}, max_s={self.max_s!r})"
-            )
-        if not self.give_up_s >= 0:
-            raise ConfigError(f"RedisRetry.give_up_s must be >= 0 (got {self.give_up_s!r})")
+# how long the trainer rides out Redis errors (`settings.online.redis_backoff` in the service)
+REDIS_BACKOFF = Backoff(first_s=0.05, max_s=2.0, give_up_s=300.0)
 
 
 Observer = Callable[[str, str], None]  # (operation, "retried" | "gave_up")
@@ -205,7 +187,7 @@ class SnapshotStore:
         client: Any,
         prefix: str,
         topic: str,
-        retry: RedisRetry | None = None,
+        retry: Backoff | None = None,
         observer: Observer | None = None,
         ttl_s: int = 30 * 24 * 3600,
     ) -> None:
@@ -215,54 +197,38 @@ class SnapshotStore:
         # an adapter that stops training does not keep its snapshot forever (`settings.online.snapshot_ttl_s`;
         # refreshed on every write); its reserved seqs stay, so a seq is never reused
         self.ttl_s = ttl_s
-        self.retry = retry or RedisRetry()
+        self.retry = retry or REDIS_BACKOFF
         self.observer = observer
         self.abort: asyncio.Event | None = None
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
-        t0 = time.monotonic()
-        delay = self.retry.first_s
-        attempt = 0
-        while True:
-            attempt += 1
+        """`fn()`, retrying transient Redis errors (`self.retry`); StoreError when Redis fails for
+        good or for longer than `give_up_s`; a bug in `fn` propagates as it is."""
+
+        async def step() -> T:
             try:
                 return await fn()
-            except TRANSIENT as exc:
-                waited = time.monotonic() - t0
-                if waited + delay > self.retry.give_up_s or (self.abort is not None and self.abort.is_set()):
-                    self._observe(op, "gave_up")
-                    raise StoreError(
-                        f"Redis {op} failed {attempt} time(s) over {waited:.1f} s "
-                        f"(give_up_s={self.retry.give_up_s}): {_describe(exc)}"
-                    ) from exc
-                self._observe(op, "retried")
-                if attempt == 1 or attempt % 20 == 0:
-                    log.warning(
-                        "Redis %s failed (attempt %d), retrying in %.2f s: %s",
-                        op,
-                        attempt,
-                        delay,
-                        _describe(exc),
-                    )
-                await self._sleep(delay)
-                delay = min(2 * delay, self.retry.max_s)
-            except StoreError:
-                raise
-            except Exception as exc:
+            except REDIS_ERRORS as exc:
+                if is_transient(exc):
+                    raise  # retried by `retry`, wrapped when it gives up
                 raise StoreError(f"Redis {op} failed: {_describe(exc)}") from exc
+
+        def gave_up(message: str, exc: BaseException) -> BaseException:
+            return StoreError(f"Redis {message}")
+
+        return await retry(
+            step,
+            op,
+            backoff=self.retry,
+            on_retry=lambda exc, attempt, delay: self._observe(op, "retried"),
+            on_give_up=lambda exc: self._observe(op, "gave_up"),
+            abort=self.abort,
+            wrap=gave_up,
+        )
 
     def _observe(self, op: str, outcome: str) -> None:
         if self.observer is not None:
             self.observer(op, outcome)
-
-    async def _sleep(self, seconds: float) -> None:
-        if self.abort is None:
-            await asyncio.sleep(seconds)
-            return
-        try:  # a stop request ends the wait early; the next failure is then final
-            await asyncio.wait_for(self.abort.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
 
     async def reserve(self, seqs: Mapping[str, int], epochs: Mapping[str, int | None] | None = None) -> None:
         """Record that these seqs (in these epochs; legacy where not given) are about to be

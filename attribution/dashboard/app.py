@@ -109,7 +109,9 @@ def create_app(settings: Settings, connect: Callable[[], Backend] | None = None)
     ) -> JSONResponse:
         try:
             backend = connect()
-        except Exception as exc:  # the driver's own connection errors, whatever their type
+        # kept broad: an HTTP boundary that answers 503 with the reason (the driver's connection
+        # errors come in many types), instead of a 500 without one
+        except Exception as exc:
             return _unavailable(settings, exc)
         try:
             try:

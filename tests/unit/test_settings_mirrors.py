@@ -64,3 +64,14 @@ def test_built_from_settings_the_rooms_hold_the_settings_groups() -> None:
     proc = Processor.from_settings(s)
     assert proc.params is s.state and proc.dim == s.state_dim
     assert s.online.fn_loss == "weighted" and s.lora.scaling == s.lora.alpha / s.lora.rank
+
+
+def test_the_default_backoffs_are_the_settings_defaults() -> None:
+    """The streams helpers' and the snapshot store's default backoffs (for callers without
+    settings) equal the backoffs the settings build."""
+    from streams.delivery import WORKER_BACKOFF
+    from trainers.snapshots import REDIS_BACKOFF
+
+    s = Settings()
+    assert WORKER_BACKOFF == s.streams.retry_backoff
+    assert REDIS_BACKOFF == s.online.redis_backoff

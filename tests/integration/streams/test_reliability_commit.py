@@ -104,7 +104,8 @@ class FlakyStore(RedisStateStore):
     async def load_users(self, user_ids: Any) -> dict[str, UserState]:
         self.calls += 1
         if self.calls in self.fail_on:
-            raise StoreError("Redis MGET failed: Connection reset by peer (injected)")
+            reset = ConnectionResetError("Connection reset by peer (injected)")
+            raise StoreError(f"Redis MGET failed: {reset}") from reset
         return await super().load_users(user_ids)
 
 

@@ -29,13 +29,14 @@ from test_trainers_service import (
 from schemas import codec
 from schemas.errors import StoreError
 from schemas.events import AdapterDelta
+from schemas.retry import Backoff
 from schemas.settings import Settings
 from trainers.delta import full_parts, make_delta
 from trainers.service import TrainerService
-from trainers.snapshots import RedisRetry, SnapshotStore, check_snapshot, delta_w_norm
+from trainers.snapshots import SnapshotStore, check_snapshot, delta_w_norm
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
-FAST = RedisRetry(first_s=0.01, max_s=0.1, give_up_s=30.0)
+FAST = Backoff(first_s=0.01, max_s=0.1, give_up_s=30.0)
 
 
 def _client(url: str, **kw: Any) -> Any:
@@ -168,7 +169,7 @@ def test_store_gives_up_after_its_budget_or_at_once_when_aborted(stack: Settings
             flaky,
             prefix,
             "in",
-            RedisRetry(first_s=0.02, max_s=0.05, give_up_s=0.3),
+            Backoff(first_s=0.02, max_s=0.05, give_up_s=0.3),
             lambda op, o: events.append((op, o)),
         )
         if abort:
@@ -238,7 +239,7 @@ def test_read_survives_corrupt_records(stack: Settings, redis_client: Any) -> No
 
 # -- the service ---------------------------------------------------------------------------------
 def _flaky_service(
-    s: Settings, plan: dict[str, int], retry: RedisRetry = FAST
+    s: Settings, plan: dict[str, int], retry: Backoff = FAST
 ) -> tuple[TrainerService, FlakyRedis]:
     flaky = FlakyRedis(s.redis.url, plan)
     svc = _service(s)
@@ -322,7 +323,7 @@ def test_failed_snapshot_write_commits_nothing_and_a_restart_resumes(
     # Redis takes reservations but every snapshot write fails: after give_up_s the loop stops
     asyncio.run(_produce(s, _examples(300, seed=13)))
     eager = s.model_copy(update={"online": s.online.model_copy(update={"snapshot_every_s": 1e-3})})
-    svc, flaky = _flaky_service(eager, {"multi": 10**9}, RedisRetry(first_s=0.02, max_s=0.1, give_up_s=0.5))
+    svc, flaky = _flaky_service(eager, {"multi": 10**9}, Backoff(first_s=0.02, max_s=0.1, give_up_s=0.5))
     gave_up = _metric("adstream_trainers_redis_errors_total", op="write", outcome="gave_up")
     with pytest.raises(StoreError, match="Redis write failed"):
         asyncio.run(_go(svc, 300))

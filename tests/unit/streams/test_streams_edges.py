@@ -3,20 +3,26 @@ Redis record's corruption check, migration parsing and sink rows."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from redis import exceptions as redis_errors
 from streams_helpers import click, creative, dwell, impression
 
 from attribution.migrate import migration_files, statements
 from schemas.codec import encode
 from schemas.errors import StoreError
 from schemas.events import DeadLetter
+from schemas.retry import Backoff
+from schemas.settings import Settings
 from streams.ingest import Invalid, dead_letter_id, validate
 from streams.merge import Item, PartitionMerge
+from streams.pipeline import Pipeline, RawRecord
 from streams.record import decode_state, encode_state
 from streams.sink import COLUMNS, row_of
 from streams.state import UserState
+from streams.store import RedisStateStore
 
 INPUTS = ("ad.impressions", "ad.clicks", "ad.dwell", "ad.conversions")
 
@@ -130,8 +136,95 @@ async def test_retrying_repeats_a_failing_step_until_it_succeeds() -> None:
         if len(calls) < 3:
             raise ConnectionError("store down")
 
-    await retrying(flaky, "test step", max_wait_s=0.01)
+    await retrying(flaky, "test step", Backoff(0.001, 0.01))
     assert len(calls) == 3
+
+
+async def test_retrying_raises_a_bug_at_once_instead_of_retrying_it_for_ever() -> None:
+    """A step that fails with a bug (not a service down) surfaces, it does not loop as "store down"."""
+    from streams.pipeline import retrying
+
+    calls: list[int] = []
+
+    async def buggy() -> None:
+        calls.append(1)
+        raise KeyError("user_id")
+
+    with pytest.raises(KeyError):
+        await asyncio.wait_for(retrying(buggy, "test step", Backoff(0.001, 0.01)), timeout=2.0)
+    assert len(calls) == 1
+
+
+class _Redis:
+    """A redis.asyncio client whose MGET raises `exc` the first `times` calls, then finds nothing."""
+
+    def __init__(self, exc: BaseException, times: int = 1) -> None:
+        self.exc, self.times, self.calls = exc, times, 0
+
+    async def mget(self, keys: list[str]) -> list[None]:
+        self.calls += 1
+        if self.calls <= self.times:
+            raise self.exc
+        return [None] * len(keys)
+
+    async def hmget(self, key: str, fields: list[str]) -> list[None]:
+        return [None] * len(fields)
+
+    async def hgetall(self, key: str) -> dict[bytes, bytes]:
+        return {}
+
+
+class _BuggySink:
+    """An event sink with a bug: every write raises KeyError."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def write(self, rows: object) -> None:
+        self.calls += 1
+        raise KeyError("impressions")
+
+
+def _pipeline(redis: _Redis, sink: object = None) -> Pipeline:
+    s = Settings(
+        streams={
+            "verify_impressions": False,
+            "verify_clicks": False,
+            "retry_first_s": 0.001,
+            "retry_max_s": 0.01,
+        }
+    )
+
+    async def send(topic: str, key: bytes, value: bytes) -> None:
+        return None
+
+    return Pipeline(s, RedisStateStore(redis, "t:", 60), sink, send, lambda handles: None)  # type: ignore[arg-type]
+
+
+def _record(pipe: Pipeline) -> RawRecord:
+    event = impression("i1", 1.0)
+    return RawRecord(pipe.inputs[0], 0, 0, encode(event), int(event.ts.timestamp() * 1000))
+
+
+async def test_a_bug_in_a_user_read_surfaces_instead_of_being_retried_as_redis_down() -> None:
+    redis = _Redis(AttributeError("'NoneType' object has no attribute 'decode'"), times=10**9)
+    pipe = _pipeline(redis)
+    with pytest.raises(AttributeError):
+        await asyncio.wait_for(pipe.feed([_record(pipe)]), timeout=2.0)
+    assert redis.calls == 1
+
+
+async def test_a_dropped_redis_connection_is_retried_and_a_command_error_is_not() -> None:
+    redis = _Redis(redis_errors.ConnectionError("Connection reset by peer"), times=3)
+    pipe = _pipeline(redis)
+    await asyncio.wait_for(pipe.feed([_record(pipe)]), timeout=5.0)
+    assert redis.calls == 4 and "u1" in pipe.parts[0].proc.states
+
+    wrong = _Redis(redis_errors.ResponseError("WRONGTYPE Operation against a key"), times=10**9)
+    pipe = _pipeline(wrong)
+    with pytest.raises(StoreError, match="WRONGTYPE"):
+        await asyncio.wait_for(pipe.feed([_record(pipe)]), timeout=2.0)
+    assert wrong.calls == 1
 
 
 def test_metric_names_follow_the_house_style() -> None:
@@ -163,3 +256,23 @@ def test_event_dated_far_after_its_record_is_dead_lettered() -> None:
     assert bad is not None and bad.reason == "future_timestamp"
     assert bad.dead_letter.source_topic == "t.ad.impressions" and bad.dead_letter.offset == 7
     assert "field 'ts'" in bad.dead_letter.error and bad.dead_letter.raw == b"{}"
+
+
+async def test_a_batch_write_that_fails_with_a_bug_stops_the_commits_after_it() -> None:
+    """A bug in a batch's write is raised (not retried as "store down"); nothing is committed
+    after the lost batch (its offsets would pass it), until the worker restarts from Redis."""
+    sink = _BuggySink()
+    pipe = _pipeline(_Redis(ConnectionError(), times=0), sink)
+    pipe.caught_up = lambda topic, partition, last: True
+    await pipe.feed([_record(pipe)])
+    with pytest.raises(KeyError):
+        await asyncio.wait_for(pipe.flush(), timeout=2.0)
+    assert sink.calls == 1
+    event = impression("i2", 2.0)
+    later = RawRecord(pipe.inputs[0], 0, 1, encode(event), int(event.ts.timestamp() * 1000))
+    with pytest.raises(StoreError, match="until the worker restarts") as info:
+        await pipe.feed([later])
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(StoreError, match="until the worker restarts"):
+        await pipe.flush()
+    assert sink.calls == 1

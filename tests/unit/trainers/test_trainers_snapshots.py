@@ -12,6 +12,7 @@ from helpers_trainers import make_examples
 
 from schemas.errors import ConfigError
 from schemas.events import AdapterDelta
+from schemas.retry import Backoff
 from schemas.settings import LoraSettings, OnlineSettings
 from serving.adapters import AdapterStack
 from serving.banked import target_layers
@@ -22,7 +23,6 @@ from trainers.online import OnlineTrainer
 from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 from trainers.snapshots import (
-    RedisRetry,
     ServeBound,
     SnapshotRefused,
     check_snapshot,
@@ -135,8 +135,8 @@ def test_check_snapshot_refuses_another_adapters_snapshot(trained: OnlineTrainer
 
 def test_settings_are_validated() -> None:
     with pytest.raises(ConfigError, match="first_s"):
-        RedisRetry(first_s=3.0, max_s=1.0)
+        Backoff(first_s=3.0, max_s=1.0)
     with pytest.raises(ConfigError, match="give_up_s"):
-        RedisRetry(give_up_s=-1)
+        Backoff(give_up_s=-1)
     with pytest.raises(ConfigError, match="max_norm"):
         ServeBound("v", 4, 2.0, 0.0, {})
