@@ -193,6 +193,28 @@ class StreamsSettings(Group):
     merge_max_buffered: int = Field(
         100_000, ge=1, description="…nor once the merge holds this many records of its co-partition"
     )
+    fetch_records: int = Field(
+        5000, ge=1, description="Records the worker reads per fetch, both engines (Faust's default: 500)"
+    )
+    fetch_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Bytes per partition and fetch (Faust's and aiokafka's default: 1 MiB)",
+    )
+    cache_users: int = Field(
+        200_000, ge=1, description="User states the worker keeps in memory (its partitions share them)"
+    )
+    backlog: int = Field(
+        4, ge=1, description="While a write is in flight a batch grows to at most this many × sink.batch_size"
+    )
+    produce_linger_ms: int = Field(
+        5, ge=0, le=1000, description="The worker's producer waits this long to fill a batch (examples, DLQ)"
+    )
+    produce_batch_bytes: int = Field(
+        512 * 1024,
+        ge=16 * 1024,
+        description="The worker's producer batch per partition (a commit produces thousands of examples)",
+    )
     retry_first_s: float = Field(
         0.5,
         gt=0,

@@ -60,7 +60,7 @@ async def run(settings: Settings) -> None:
         auto_offset_reset="earliest",
         session_timeout_ms=10_000,
         heartbeat_interval_ms=1_000,
-        max_partition_fetch_bytes=4 * 1024 * 1024,
+        max_partition_fetch_bytes=s.streams.fetch_bytes,
         # range keeps partition p of every input on one worker (co-partitioning for the merge)
         partition_assignment_strategy=(RangePartitionAssignor,),
     )
@@ -73,7 +73,7 @@ async def run(settings: Settings) -> None:
     committed_seen = 0
     try:
         while True:
-            batches = await consumer.getmany(timeout_ms=100, max_records=5000)
+            batches = await consumer.getmany(timeout_ms=100, max_records=s.streams.fetch_records)
             records = [
                 RawRecord(tp.topic, tp.partition, r.offset, r.value, r.timestamp)
                 for tp, recs in batches.items()

@@ -35,9 +35,6 @@ from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-FETCH_RECORDS = 5000  # records per fetch (Faust's default: 500)
-FETCH_BYTES = 4 * 1024 * 1024  # per partition and fetch (Faust's default: 1 MiB)
-
 
 def create_app(settings: Settings) -> faust.App:
     """The Faust app: the user-event topics read in batches, a catalog task, a timer."""
@@ -53,8 +50,8 @@ def create_app(settings: Settings) -> faust.App:
         broker_session_timeout=10,
         broker_heartbeat_interval=1,
         broker_commit_interval=1.0,
-        broker_max_poll_records=FETCH_RECORDS,
-        consumer_max_fetch_size=FETCH_BYTES,
+        broker_max_poll_records=s.streams.fetch_records,
+        consumer_max_fetch_size=s.streams.fetch_bytes,
         datadir=str(s.state_dir / "faust"),
     )
 

@@ -43,7 +43,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from streams.pipeline import RawRecord
+from streams.pipeline import PipelineBroken, RawRecord
 from streams.runtime import NOT_ASSIGNED
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 return
             except asyncio.CancelledError:
                 raise
+            except PipelineBroken as exc:  # retrying would stall for ever: end the worker instead
+                log.error("the pipeline is broken (%s): crashing the worker so it restarts", exc)
+                await self.app.crash(exc)
+                return
             except Exception as exc:  # the outermost guard of a feed: log with traceback, retry it
                 if not self.flow_active or self.app.consumer_generation_id != generation:
                     log.warning("feed failed during a rebalance (%r): the batch is read again", exc)

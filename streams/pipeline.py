@@ -25,7 +25,7 @@ The write of a batch overlaps the processing of the next one (its contents are f
 starts, and a batch's write starts only when the previous one has finished, so the order above
 holds across batches); nothing is acked before its batch's write is done. The user cache is
 trimmed only while no write is in flight, so a user read back from Redis is never stale. While a
-write is in flight the open batch keeps growing past `sink_batch_size` (up to `BACKLOG` times
+write is in flight the open batch keeps growing past `sink_batch_size` (up to `streams.backlog` times
 it): a ClickHouse insert costs about the same for 5,000 rows as for 50, so a sink that falls
 behind catches up with larger batches instead of stalling the stream.
 """
@@ -57,13 +57,17 @@ from streams.store import Commit, RedisStateStore
 
 log = logging.getLogger(__name__)
 
-BACKLOG = 4  # a batch grows to at most this many times sink_batch_size while a write is in flight
 INPUTS: tuple[str, ...] = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
 
 __all__ = ["INPUTS", "Pipeline", "RawRecord", "retrying"]
 
 Send = Callable[[str, bytes, bytes], Awaitable[Any]]  # (physical topic, key, value) → delivery
 CaughtUp = Callable[[str, int, int | None], bool]  # (physical topic, partition, last seen offset)
+
+
+class PipelineBroken(StoreError):
+    """A batch write failed for good earlier: nothing more is fed or committed until the worker
+    restarts (it resumes from what Redis holds). The engines end the worker on it."""
 
 
 @dataclass(slots=True)
@@ -112,7 +116,6 @@ class Pipeline:
         send: Send,
         ack: Callable[[Iterable[Any]], None],
         catalog: AdVectors | None = None,
-        cache_users: int = 200_000,
         send_many: SendMany | None = None,
     ) -> None:
         self.settings = settings
@@ -124,7 +127,7 @@ class Pipeline:
         self.backoff = settings.streams.retry_backoff
         self.ack = ack
         self.catalog = catalog or AdVectors(settings.state_dim)
-        self.cache_users = cache_users
+        self.cache_users = settings.streams.cache_users
         self.prefix = settings.topic_prefix
         self.inputs = tuple(topics.topic_name(t, self.prefix) for t in INPUTS)
         self.base_of = {topics.topic_name(t, self.prefix): t for t in INPUTS}
@@ -263,14 +266,14 @@ class Pipeline:
     def _full(self) -> bool:
         """The open batch must be committed now (it is big enough and the sink is free, or huge)."""
         n, size = self.batch.count, self.settings.sink.batch_size
-        return n >= size and (n >= BACKLOG * size or not self._writing())
+        return n >= size and (n >= self.settings.streams.backlog * size or not self._writing())
 
     def _due(self) -> bool:
         b = self.batch
         if not b.count:
             return False
         if self._writing():  # commit after the write in flight, with what has come until then
-            return b.count >= BACKLOG * self.settings.sink.batch_size
+            return b.count >= self.settings.streams.backlog * self.settings.sink.batch_size
         return b.count >= self.settings.sink.batch_size or (
             time.monotonic() - b.started >= self.settings.sink.flush_s
         )
@@ -359,7 +362,7 @@ class Pipeline:
         The worker must restart; it resumes from what Redis holds (nothing of the batch)."""
         if self._broken is not None:
             exc = self._broken
-            raise StoreError(
+            raise PipelineBroken(
                 f"a batch write failed ({type(exc).__name__}: {exc}); nothing more is committed "
                 "until the worker restarts (it resumes from Redis)"
             ) from exc

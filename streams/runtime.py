@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 NOT_ASSIGNED: tuple[type[BaseException], ...] = (AssertionError, *kafka_errors())
 
 GC_GEN0 = 50_000
-PRODUCE_BATCH_BYTES = 512 * 1024  # the producer's batch per partition (aiokafka's default: 16 KiB)
 LARGE_MESSAGE_BYTES = 64 * 1024  # a message this large goes through `send` (and its size checks)
 
 
@@ -77,7 +76,10 @@ class Runtime:
             # large batches: a commit produces thousands of examples at once (one request per
             # partition instead of one per 16 KiB)
             self.producer = AIOKafkaProducer(
-                **kafka_args(s), linger_ms=5, acks="all", max_batch_size=PRODUCE_BATCH_BYTES
+                **kafka_args(s),
+                linger_ms=s.streams.produce_linger_ms,
+                acks="all",  # not a setting: the exactly-once effect depends on it
+                max_batch_size=s.streams.produce_batch_bytes,
             )
             await self.producer.start()
             redis_client = aioredis.Redis.from_url(**redis_args(s))

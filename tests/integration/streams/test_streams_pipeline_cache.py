@@ -41,7 +41,7 @@ def records_of(s: Settings, events: list) -> list[RawRecord]:
     return out
 
 
-async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord], cache_users: int) -> Pipeline:
+async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord]) -> Pipeline:
     import redis.asyncio as aioredis
     from aiokafka import AIOKafkaProducer
 
@@ -62,8 +62,7 @@ async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord], cac
     for ad in catalog:
         cat.update(ad)
     pipe = Pipeline(
-        s, RedisStateStore(client, s.redis_prefix, s.state.ttl_s), sink, send, lambda h: None, cat,
-        cache_users=cache_users,
+        s, RedisStateStore(client, s.redis_prefix, s.state.ttl_s), sink, send, lambda h: None, cat
     )  # fmt: skip
     pipe.caught_up = lambda topic, partition, last: True  # everything was handed over already
     try:
@@ -78,9 +77,14 @@ async def run_pipeline(s: Settings, catalog: list, records: list[RawRecord], cac
 
 
 def test_tiny_user_cache_trimmed_while_writes_overlap(deployment: Settings) -> None:
-    s = deployment.model_copy(update={"sink": deployment.sink.model_copy(update={"batch_size": 300})})
+    s = deployment.model_copy(
+        update={
+            "sink": deployment.sink.model_copy(update={"batch_size": 300}),
+            "streams": deployment.streams.model_copy(update={"cache_users": 2 * PARTITIONS}),
+        }
+    )
     catalog, events = simulate(3000, seed=11, key=event_key(s))
-    pipe = asyncio.run(run_pipeline(s, catalog, records_of(s, events), cache_users=2 * PARTITIONS))
+    pipe = asyncio.run(run_pipeline(s, catalog, records_of(s, events)))
     assert pipe.counts["committed"] == len(events)
     users = {e.user_id for e in events}
     cached = sum(len(part.proc.states) for part in pipe.parts.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from redis import exceptions as redis_errors
@@ -276,3 +277,36 @@ async def test_a_batch_write_that_fails_with_a_bug_stops_the_commits_after_it() 
     with pytest.raises(StoreError, match="until the worker restarts"):
         await pipe.flush()
     assert sink.calls == 1
+
+
+async def test_the_faust_intake_crashes_the_worker_once_the_pipeline_is_broken() -> None:
+    """A broken pipeline (a batch write failed for good) refuses every later feed; the Faust
+    intake must not retry that feed every second for ever (a stall): it crashes the app, so the
+    worker exits non-zero and its supervisor restarts it from what Redis holds."""
+    from types import SimpleNamespace
+    from unittest.mock import AsyncMock
+
+    from streams.faust_intake import BatchConsumer
+    from streams.pipeline import PipelineBroken
+
+    calls: list[int] = []
+
+    async def feed(batch: list[object]) -> None:
+        calls.append(1)
+        raise PipelineBroken("a batch write failed (KeyError: 'x'); nothing more is committed")
+
+    crash = AsyncMock()
+    fake = SimpleNamespace(
+        app=SimpleNamespace(consumer_generation_id=1, crash=crash), flow_active=True, sleep=AsyncMock()
+    )
+    await asyncio.wait_for(BatchConsumer._deliver(fake, feed, [object()]), 5)  # type: ignore[arg-type]
+    assert calls == [1] and crash.await_count == 1
+    assert isinstance(crash.await_args.args[0], PipelineBroken)
+
+
+def test_the_worker_reads_its_fetch_sizes_from_the_settings(tmp_path: Path) -> None:
+    from streams.app import create_app
+
+    s = Settings(state_dir=tmp_path, streams={"fetch_records": 123, "fetch_bytes": 65_536})
+    app = create_app(s)
+    assert app.conf.broker_max_poll_records == 123 and app.conf.consumer_max_fetch_size == 65_536
