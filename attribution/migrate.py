@@ -47,7 +47,7 @@ def clickhouse_client(settings: Settings, database: str | None = None) -> Any:
 
 
 def database_name(settings: Settings) -> str:
-    """The database named in `clickhouse_url` (default `adstream`)."""
+    """The database named in `clickhouse.url` (default `adstream`)."""
     try:
         return clickhouse_database(settings)
     except ConfigError as exc:

@@ -4,8 +4,8 @@ Per user and advertiser, the touchpoints are the advertiser's impressions (kind 
 the clicks on them (kind 1), ordered by time. Each conversion takes the touches after the
 user's previous conversion (a path resets after each one) that lie inside their kind's
 lookback (click 7 d, view 1 d by default; per advertiser through
-`attribution_lookback_by_advertiser`). A journey without conversion is closed once no touch
-or conversion follows its last touch within `attribution_journey_gap_s` (for the last touch:
+`attribution.lookback_by_advertiser`). A journey without conversion is closed once no touch
+or conversion follows its last touch within `attribution.journey_gap_s` (for the last touch:
 before `until`); its touches since the previous event form a *null path*, and a later
 conversion's path starts after it. Holdout impressions are not touchpoints.
 

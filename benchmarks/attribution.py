@@ -3,7 +3,7 @@
 1. `sink_rows_per_s`: raw events (impressions, clicks, conversions of the attribution market)
    inserted into the raw tables of the ClickHouse server by the streams worker's own sink
    (`streams.sink.ClickHouseSink`: row tuples as the worker builds them, blocks of
-   `sink_batch_size` rows; the tuples are built before the clock starts). Goal ≥ 100,000.
+   `sink.batch_size` rows; the tuples are built before the clock starts). Goal ≥ 100,000.
    `bulk_load_rows_per_s` is the columnar load path (`DriverBackend.insert_columnar`, 200,000-row
    column lists) that the tests and the truth check use, for comparison.
 2. `path_build_events_per_s`: the path-building SQL (attribution.paths) over those events, at

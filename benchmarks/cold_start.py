@@ -215,7 +215,7 @@ def _ranker_scores(
 
 def _served_scores(pipe: AdPipeline, req: AdRequest, rows: list[int], hour: int) -> np.ndarray:
     """The base ranker's pCTR of catalog `rows` for a new user's request, through serving's own
-    recall (every servable ad: `recall_k` ≥ the catalog) and rank input (`AdPipeline.recall`)."""
+    recall (every servable ad: `recall.k` ≥ the catalog) and rank input (`AdPipeline.recall`)."""
     rec = pipe.recall(req, None, [], hour)
     assert rec.rank_input is not None and rec.rows.shape[0] == pipe.catalog.n
     at = np.empty(pipe.catalog.n, dtype=np.int64)

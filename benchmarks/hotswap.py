@@ -23,12 +23,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
 from benchmarks.serve import make_catalog, run_wrk, warm_users  # noqa: E402
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
 
 
 def metric(text: str, name: str) -> float:
@@ -38,7 +42,7 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
-async def publish(settings: object, model_dir: Path, swaps: int, seconds: float, slots: list[str]) -> float:
+async def publish(settings: Settings, model_dir: Path, swaps: int, seconds: float, slots: list[str]) -> float:
     """Publish `swaps` deltas (round-robin over the slot adapters) spread over `seconds`."""
     import torch
     from aiokafka import AIOKafkaProducer
@@ -56,10 +60,10 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
     from trainers.ranker import load_checkpoint
 
     model, version = load_checkpoint(model_dir / "ranker")
-    shapes = target_shapes(model, settings.lora.targets)  # type: ignore[attr-defined]
-    states = {s: empty_state(s, version, shapes, settings.lora.rank) for s in slots}  # type: ignore[attr-defined]
+    shapes = target_shapes(model, settings.lora.targets)
+    states = {s: empty_state(s, version, shapes, settings.lora.rank) for s in slots}
     gen = torch.Generator().manual_seed(0)
-    key = resolve_signing_key(settings)  # type: ignore[arg-type]  # replicas apply only signed deltas
+    key = resolve_signing_key(settings)  # replicas apply only signed deltas
     msgs = []  # made before the load, so that publishing costs the machine next to nothing
     for i in range(swaps):
         slot = slots[i % len(slots)]
@@ -75,9 +79,9 @@ async def publish(settings: object, model_dir: Path, swaps: int, seconds: float,
         delta = make_delta(st, parts, st.seq + 1)
         msgs.append((slot, codec.encode(sign_delta(delta, key) if key else delta)))
         states[slot] = AdapterState(slot, version, st.rank, st.seq + 1, new)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)  # type: ignore[attr-defined]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
-    topic = topics.topic_name(topics.ADAPTER_DELTAS, settings.topic_prefix)  # type: ignore[attr-defined]
+    topic = topics.topic_name(topics.ADAPTER_DELTAS, settings.topic_prefix)
     await asyncio.sleep(1.0)
     t0 = time.monotonic()
     try:
@@ -146,7 +150,7 @@ def main() -> None:
         admin = {"Authorization": f"Bearer {settings.serving.admin_token.get_secret_value()}"}
         adapters = client.get("/v1/adapters", headers=admin).json()
     finally:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
         r = redis.Redis.from_url(settings.redis.url)
         keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
@@ -159,7 +163,7 @@ def main() -> None:
         "swaps": int(applied),
         "deltas_published": args.swaps,
         "publish_s": round(publish_s, 1),
-        "failed_requests": int(result["errors"]),  # type: ignore[arg-type]
+        "failed_requests": int(str(result["errors"])),
         "requests": result["requests"],
         "max_pause_ms": round(metric(metrics, "adstream_serving_swap_pause_max_seconds") * 1000, 3),
         "mean_pause_ms": round(

@@ -70,7 +70,7 @@ those means:
   max over the seeds of the AUC levels) and `seeds_meeting`.
 Every scenario is under `scenarios`; the PNG (next to the JSON) has one panel each. The JSON also
 records the user-state settings the streams were built with (`user_state`: the clock half-life and
-`state_evidence_half_life` / `state_evidence_surprise`, set through `ADSTREAM_…` like any setting),
+`state.evidence_half_life` / `state.evidence_surprise`, set through `ADSTREAM_…` like any setting),
 the machine (`machine`: CPU, cores, load at start and end, wall seconds) and the command.
 
 **Delayed feedback** (`--label-modes`, in the `--label-scenarios`, default the headline): the
@@ -107,7 +107,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import dataclasses
 import json
 import math
 import os
@@ -450,10 +449,14 @@ def run_seed(args: argparse.Namespace, settings: Settings, scenario: str, seed: 
         ids = {e.impression_id for e in stream}
         modes: dict[str, Any] = {}
         for mode in args.label_modes:
-            fn_loss = "calibrated" if mode == "fn_calibrated" else "weighted"
             arrivals = _arrivals(events, ids, timed, mode)
             got, mode_info = _replay_timed(
-                stream, arrivals, base, timed, args.targets, dataclasses.replace(spec, fn_loss=fn_loss)
+                stream,
+                arrivals,
+                base,
+                timed,
+                args.targets,
+                OnlineSettings(**{**spec.model_dump(), "label_mode": mode}),  # its loss: spec.fn_loss
             )
             scores[mode] = got
             modes[mode] = mode_info

@@ -49,7 +49,7 @@ async def produce_lines(
 ) -> ProduceReport:
     """Validate every line and produce the valid ones to the (prefixed) topic, keyed per the
     contract; with `sign`, impressions, clicks and dwells are signed with the stack's event key
-    (the streams worker drops them unsigned, `streams_verify_impressions` / `_clicks`)."""
+    (the streams worker drops them unsigned, `streams.verify_impressions` / `_clicks`)."""
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 

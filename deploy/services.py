@@ -145,7 +145,7 @@ def launch_redis(ep: Endpoint, state_dir: Path) -> Launch:
 def probe_clickhouse(url: str, client_args: dict[str, Any] | None = None) -> Probe:
     from clickhouse_driver import Client
 
-    ep = url_endpoint(url, "clickhouse_url", 9000)
+    ep = url_endpoint(url, "clickhouse.url", 9000)
     try:
         args = {**(client_args or {"host": ep.host, "port": ep.port}), "connect_timeout": 2}
         client = Client(**args, send_receive_timeout=5)
@@ -189,8 +189,8 @@ def launch_clickhouse(ep: Endpoint, http_port: int, state_dir: Path) -> Launch:
 def stack_services(settings: Settings) -> list[Service]:
     """The infrastructure services the settings point at, in start order."""
     kafka_ep = kafka_endpoint(settings.kafka.bootstrap)
-    redis_ep = url_endpoint(settings.redis.url, "redis_url", 6379)
-    ch_ep = url_endpoint(settings.clickhouse.url, "clickhouse_url", 9000)
+    redis_ep = url_endpoint(settings.redis.url, "redis.url", 6379)
+    ch_ep = url_endpoint(settings.clickhouse.url, "clickhouse.url", 9000)
     clickhouse_database(settings.clickhouse.url)  # validate early
     return [
         Service(

@@ -54,7 +54,7 @@ class AdRequest(Contract):
         | None
     ) = None
     deadline_ms: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=10_000)] | None = None
-    # the request's QoS class; None: the slot's default (`serve_qos_slot_class`)
+    # the request's QoS class; None: the slot's default (`qos.slot_class`)
     qos: QosClass | None = None
     # a preview (tools, monitors, freshness probes): ranked and answered as usual, but no
     # impression is logged, nothing is spent or frequency-capped, the canary's windows skip it

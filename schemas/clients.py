@@ -91,9 +91,9 @@ def kafka_tls_context(settings: Settings) -> ssl.SSLContext:
 
 
 async def check_kafka(settings: Settings) -> None:
-    """Ask the brokers at `kafka_bootstrap` for cluster metadata, with these settings' security;
+    """Ask the brokers at `kafka.bootstrap` for cluster metadata, with these settings' security;
     `BrokerError` naming the address (and what to do) when none answers within
-    `kafka_connect_timeout_s`. Commands call it before they build anything that needs Kafka, so
+    `kafka.connect_timeout_s`. Commands call it before they build anything that needs Kafka, so
     a broker that is down is one clear line, not a client library's traceback."""
     import asyncio
 

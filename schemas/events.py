@@ -170,7 +170,7 @@ class Impression(UserEvent):
     model_version: Version | None = None
     adapter_version: Version | None = None
     # the serving replica's HMAC over the other fields (`schemas.signing`); the streams worker
-    # dead-letters impressions without a valid one (`streams_verify_impressions`)
+    # dead-letters impressions without a valid one (`streams.verify_impressions`)
     sig: Signature | None = None
 
 

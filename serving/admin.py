@@ -85,7 +85,7 @@ def check_admin(
 
 
 def api_key_digests(keys: SecretStr) -> frozenset[str]:
-    """SHA-256 digests of the comma-separated `serve_api_keys` (empty: /v1/ads is open).
+    """SHA-256 digests of the comma-separated `serving.api_keys` (empty: /v1/ads is open).
 
     >>> len(api_key_digests(SecretStr("pub-a, pub-b"))), api_key_digests(SecretStr(""))
     (2, frozenset())

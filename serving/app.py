@@ -201,7 +201,7 @@ class AdServer:
             400: _detail("client disconnected before the body ended"),
             413: _detail("body over max_body_bytes (64 KiB)"),
             415: _detail("Content-Type is not application/json"),
-            401: _detail("`serve_api_keys` are set and X-Api-Key is missing or unknown"),
+            401: _detail("`serving.api_keys` are set and X-Api-Key is missing or unknown"),
             422: {"description": "invalid request: `detail` lists each field (`loc`) and why"},
             503: _detail("overloaded; retry after Retry-After seconds"),
         },

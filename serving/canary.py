@@ -1,11 +1,11 @@
 """Canary: which users see the candidate adapters, per-arm online metrics, and the decision rule.
 
 Arms are `stable` (the last promoted adapters) and `candidate` (the live, delta-updated ones).
-The candidate starts at `canary_share` of users (stable hash of the user id), is promoted to 50 %
+The candidate starts at `canary.share` of users (stable hash of the user id), is promoted to 50 %
 and then to everyone (becoming the new stable) while its online AUC beats stable by
-`canary_auc_gain` without latency worse by `canary_latency_slack`; it is rolled back (share 0)
-when its error rate stays above `canary_max_error_rate` for `canary_error_window_s`, or its AUC is
-worse. A rolled-back candidate comes back at `canary_share` with fresh stats after a cool-down.
+`canary.auc_gain` without latency worse by `canary.latency_slack`; it is rolled back (share 0)
+when its error rate stays above `canary.max_error_rate` for `canary.error_window_s`, or its AUC is
+worse. A rolled-back candidate comes back at `canary.share` with fresh stats after a cool-down.
 """
 
 from __future__ import annotations

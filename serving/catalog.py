@@ -26,7 +26,7 @@ Vectorizer = Callable[[AdCreative], np.ndarray]
 
 
 class CatalogFull(SchemaError):
-    """A new ad arrived while every row holds an active ad (`serve_catalog_max_ads`)."""
+    """A new ad arrived while every row holds an active ad (`serving.catalog_max_ads`)."""
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ async def parse_ad_request(request: Request, limit: int) -> AdRequest | JSONResp
 
 
 class BodyAdmission:
-    """The admission limit of requests still reading their body (`serve_admission_limit`): a
+    """The admission limit of requests still reading their body (`serving.admission_limit`): a
     request holds its slot from its first byte until its body is parsed, so slow clients cannot
     sit in the body phase uncounted; past the limit the ingress answers 503 at once."""
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def read_catalog_file(path: str | os.PathLike[str]) -> list[AdCreative]:
-    """The ads of a JSON-lines catalog file (`serve_catalog_file`): every line whose `kind` is
+    """The ads of a JSON-lines catalog file (`serving.catalog_file`): every line whose `kind` is
     `ad` (or absent: the contract's default); other events are skipped, blank lines too.
 
     Each line is parsed as JSON, not searched for the text `"kind":"ad"` (an ad spelled with a

@@ -199,7 +199,7 @@ class AdPipeline:
         capped: list[str],
         hour: int,
     ) -> Recalled:
-        """Top `recall_k` servable, not frequency-capped ads by inner product with the query."""
+        """Top `recall.k` servable, not frequency-capped ads by inner product with the query."""
         cat = self.catalog
         allowed = cat.servable()
         for ad_id in capped:

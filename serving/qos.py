@@ -1,12 +1,12 @@
 """QoS classes of `/v1/ads`: Guaranteed, Burstable, BestEffort (pure; no Ray, no I/O).
 
-A request names its class (`AdRequest.qos`) or gets its slot's default (`serve_qos_slot_class`,
-else `serve_qos_default_class`). In front of the pipeline sits one `Admission` gate per replica:
+A request names its class (`AdRequest.qos`) or gets its slot's default (`qos.slot_class`,
+else `qos.default_class`). In front of the pipeline sits one `Admission` gate per replica:
 `slots` requests run at once; the others wait in one FIFO queue per class, and a freed slot goes
 to the highest class that is waiting. A request is shed (503 + `Retry-After`) when
 
-- its class's queue is full (`serve_qos_queue_limit`), or
-- it waited longer than its class's queue timeout (`serve_qos_queue_timeout_ms`) for a slot, or
+- its class's queue is full (`qos.queue_limit`), or
+- it waited longer than its class's queue timeout (`qos.queue_timeout_ms`) for a slot, or
 - a request of a higher class arrived while every queue position of the replica was taken
   (`Admission.capacity`): the newest waiting request of the lowest class below it gives way.
 

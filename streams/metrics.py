@@ -43,7 +43,7 @@ CORRUPT = Counter("adstream_streams_corrupt_user_records_total", "User records i
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
-    """Expose /metrics on `host:port` (0 = off; loopback unless `metrics_host` says otherwise);
+    """Expose /metrics on `host:port` (0 = off; loopback unless `metrics.host` says otherwise);
     a busy port is logged, not fatal."""
     if port <= 0:
         return

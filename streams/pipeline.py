@@ -4,7 +4,7 @@ A source (the Faust app's batched intake, `streams.faust_intake`, or `streams.ai
 `RawRecord`s; the pipeline validates them (invalid → dead letter), skips records already
 applied (offset ≤ the one stored in Redis),
 merges each co-partition's inputs by event time (`streams.merge`), applies them to user state
-and the label join (`streams.processor`), and every `sink_batch_size` records or `sink_flush_s`
+and the label join (`streams.processor`), and every `sink.batch_size` records or `sink.flush_s`
 seconds commits a batch in this order:
 
 1. rows → ClickHouse (idempotent: ReplacingMergeTree on event_id);
@@ -25,7 +25,7 @@ The write of a batch overlaps the processing of the next one (its contents are f
 starts, and a batch's write starts only when the previous one has finished, so the order above
 holds across batches); nothing is acked before its batch's write is done. The user cache is
 trimmed only while no write is in flight, so a user read back from Redis is never stale. While a
-write is in flight the open batch keeps growing past `sink_batch_size` (up to `streams.backlog` times
+write is in flight the open batch keeps growing past `sink.batch_size` (up to `streams.backlog` times
 it): a ClickHouse insert costs about the same for 5,000 rows as for 50, so a sink that falls
 behind catches up with larger batches instead of stalling the stream.
 """

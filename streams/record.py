@@ -1,7 +1,7 @@
 """The compact Redis record of one user's state (binary float32 vector, intents, `last_ts`, version).
 
 One key per user, ``{redis_prefix}user:{user_id}``, written by the streams worker with a TTL of
-`user_state_ttl_s` and read by serving with `read_user_state`. Layout (little endian):
+`state.ttl_s` and read by serving with `read_user_state`. Layout (little endian):
 
     header  magic "US", format 1, dim u16, n_intents u8, n_ids u8, n_clicks u8,
             last_ts f64, session_start_ts f64, sessions u32, session_events u32, events u32,

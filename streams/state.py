@@ -4,7 +4,7 @@ Pure functions only (no Kafka, Redis or clock): `decay`, `apply_event`, `intent_
 
 Intent decay, as docs/DESIGN.md states it, made precise:
 
-* Between two events a score decays with the configured half-life τ (`intent_half_life_s`):
+* Between two events a score decays with the configured half-life τ (`state.half_life_s`):
   ``s·α^(Δt/τ)`` with α = ½, i.e. `decay(s, Δt, τ)`; it is applied lazily from `last_ts`, so a
   read at any time costs O(1) and equals what an (empty) event at that time would produce.
 * A gap over `session_gap_s` (30 s) starts a new session and discounts every score once more by

@@ -2,7 +2,7 @@
 
 Keys (all under `settings.redis_prefix`):
 
-* ``user:{user_id}`` — the compact user record (`streams.record`), TTL `user_state_ttl_s`;
+* ``user:{user_id}`` — the compact user record (`streams.record`), TTL `state.ttl_s`;
 * ``streams:offsets`` — hash ``{physical topic}:{partition}`` → last applied offset, plus
   ``stream_ts:{partition}`` → the label join's stream time;
 * ``streams:pending:{partition}`` — hash impression_id → pending impression of the label join.

@@ -56,7 +56,7 @@ def _drop_test_database(settings: Settings) -> None:
 
     from deploy.endpoints import clickhouse_database, url_endpoint
 
-    ep = url_endpoint(settings.clickhouse.url, "clickhouse_url", 9000)
+    ep = url_endpoint(settings.clickhouse.url, "clickhouse.url", 9000)
     try:
         client = Client(host=ep.host, port=ep.port, connect_timeout=2)
         client.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(settings.clickhouse.url)}")

@@ -78,7 +78,7 @@ def _rows(client: Any, table: str, limit: int | None, chunk: int) -> Iterator[Me
 
 def iter_events(source: Settings | str, limit: int | None = None, chunk: int = 50_000) -> Iterator[Message]:
     """Every event of the raw tables (at most `limit` per table), merged lazily in time order;
-    `source` is the settings (or only a `clickhouse_url`)."""
+    `source` is the settings (or only a `clickhouse.url`)."""
     client, database = _client(source)
     try:
         yield from heapq.merge(*(_rows(client, t, limit, chunk) for t in _QUERIES), key=lambda m: m.ts)

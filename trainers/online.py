@@ -7,7 +7,7 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
    training forward itself) and the frozen base's; both feed rolling AUC/log loss windows;
 2. takes one optimiser step on that adapter's LoRA tensors only (base frozen): Adam (`lr`) on
    the Linear targets, plain SGD (`embedding_lr`) on embedding targets (`emb.*`/`wide.*` id
-   tables, when `lora_targets` name them; see `AdapterOptimizer` for why);
+   tables, when `lora.targets` name them; see `AdapterOptimizer` for why);
    (groups smaller than `min_step_examples` wait for the next micro-batch);
 3. drops the step (restoring the adapter) if the loss, gradients or new weights are not finite
    or the step changed the adapter by more than `max_norm` — counted in `dropped`;

@@ -119,7 +119,7 @@ class TrainerService:
         redis: Any = None,
         retry: Backoff | None = None,
     ) -> None:
-        """`redis`: a `redis.asyncio.Redis`-like client to use instead of one from `redis_url`;
+        """`redis`: a `redis.asyncio.Redis`-like client to use instead of one from `redis.url`;
         `retry`: the Redis backoff instead of `settings.online.redis_backoff`."""
         self.s = settings
         self.trainer = trainer
@@ -278,7 +278,7 @@ class TrainerService:
     async def _collect(self, stop: asyncio.Event) -> list[Any]:
         """Up to `micro_batch` records within `micro_batch_s`, but never past the moment the
         oldest waiting example (or the first record of this call) has waited
-        `trainer_max_wait_s`: a click that arrives early in a quiet window is not held for the
+        `online.max_wait_s`: a click that arrives early in a quiet window is not held for the
         rest of it and then for the wait on top (freshness)."""
         assert self.consumer is not None
         deadline = collect_deadline(
@@ -350,7 +350,7 @@ class TrainerService:
     async def _learn(
         self, batch: Sequence[tuple[TrainingExample, tuple[int, int]]], features: RankerBatch | None = None
     ) -> None:
-        # room for this batch's new adapters first (LRU eviction, `trainer_max_adapters`): the
+        # room for this batch's new adapters first (LRU eviction, `online.max_adapters`): the
         # evicted ones' snapshots go to Redis before any of them could be restored again
         self.trainer.make_room(dict.fromkeys(ex.adapter_id for ex, _ in batch))
         await self._publish_all(self.trainer.take_pending())

@@ -72,7 +72,7 @@ AUC_GAIN = Gauge("adstream_trainers_rolling_auc_gain_mean", "Mean rolling AUC of
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
-    """Expose /metrics on `host:port` (0 = off); loopback unless told otherwise (`metrics_host`)."""
+    """Expose /metrics on `host:port` (0 = off); loopback unless told otherwise (`metrics.host`)."""
     if port:
         start_http_server(port, addr=host)
 

@@ -163,7 +163,7 @@ class Settings(BaseSettings):
 
 
 def clickhouse_connect_args(settings: Settings, database: str | None = None) -> dict[str, object]:
-    """clickhouse-driver `Client(**args)` for `settings.clickhouse_url` (bound to `database`, or to
+    """clickhouse-driver `Client(**args)` for `settings.clickhouse.url` (bound to `database`, or to
     `default` when None): every room that talks to ClickHouse connects the same way
     (`schemas.clients.clickhouse_args`, which adds the user, password and TLS settings)."""
     from schemas.clients import clickhouse_args
@@ -172,7 +172,7 @@ def clickhouse_connect_args(settings: Settings, database: str | None = None) -> 
 
 
 def clickhouse_database(settings: Settings | str) -> str:
-    """The database named in `clickhouse_url` (settings or the URL itself; default `adstream`);
+    """The database named in `clickhouse.url` (settings or the URL itself; default `adstream`);
     ConfigError if it is not a plain identifier (it is spliced into DDL)."""
     from urllib.parse import urlparse
 
@@ -221,7 +221,7 @@ def env_example() -> str:
 
 def _refuse_unknown_keywords(values: Mapping[str, Any]) -> None:
     """ConfigError for `Settings(...)` keywords that are no setting; a pre-nesting flat name is
-    told its nested name (`kafka_bootstrap` is `kafka.bootstrap`: `Settings(kafka={"bootstrap": …})`)."""
+    told its nested name (`kafka.bootstrap` is `kafka.bootstrap`: `Settings(kafka={"bootstrap": …})`)."""
     unknown = sorted(k for k in values if not k.startswith("_") and k not in Settings.model_fields)
     if unknown:
         from schemas.errors import ConfigError

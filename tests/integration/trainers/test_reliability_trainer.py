@@ -112,7 +112,7 @@ def test_a_re_delivered_batch_is_learned_once(deployment: Settings, redis_client
 def test_adapters_past_the_limit_evict_the_least_recent_and_come_back_from_redis(
     deployment: Settings, redis_client: Any
 ) -> None:
-    """`trainer_max_adapters` bounds what the trainer holds by evicting the least recently learned
+    """`online.max_adapters` bounds what the trainer holds by evicting the least recently learned
     adapter (its snapshot stored in Redis first), never by skipping examples: a new advertiser's
     clicks are learned, and an evicted adapter that returns resumes from its eviction snapshot."""
     s = deployment

@@ -352,7 +352,7 @@ def test_failed_snapshot_write_commits_nothing_and_a_restart_resumes(
 
 
 def _oversized(snap: AdapterDelta, svc: TrainerService) -> AdapterDelta:
-    """The same snapshot, B scaled so ΔW is twice `serve_adapter_max_norm` (declared norm correct)."""
+    """The same snapshot, B scaled so ΔW is twice `serving.adapter_max_norm` (declared norm correct)."""
     from trainers.delta import apply_delta, empty_state
 
     bank = svc.trainer.bank

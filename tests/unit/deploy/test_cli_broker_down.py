@@ -1,4 +1,4 @@
-"""A command that needs Kafka, started while nothing answers at `kafka_bootstrap`, ends with one
+"""A command that needs Kafka, started while nothing answers at `kafka.bootstrap`, ends with one
 clear line naming the broker and exit code 2, not a traceback (issue 17, item 3: `BrokerError`)."""
 
 from __future__ import annotations

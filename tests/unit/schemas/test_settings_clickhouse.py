@@ -1,4 +1,4 @@
-"""How every room connects to ClickHouse: one parse of `clickhouse_url`."""
+"""How every room connects to ClickHouse: one parse of `clickhouse.url`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The catalog file a replica loads at start (`serve_catalog_file`) (issue 14: L8)."""
+"""The catalog file a replica loads at start (`serving.catalog_file`) (issue 14: L8)."""
 
 from __future__ import annotations
 

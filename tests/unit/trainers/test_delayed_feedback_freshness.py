@@ -50,7 +50,7 @@ def test_replay_mode_claims_no_offsets() -> None:
 
 
 def test_collect_returns_when_the_oldest_waiting_example_is_due() -> None:
-    """A click collected at the start of a quiet window is learned `trainer_max_wait_s` after it
+    """A click collected at the start of a quiet window is learned `online.max_wait_s` after it
     arrived, not at the end of the window plus the wait (the trainer hop was 1.0 s at P50 with
     micro_batch_s = trainer_max_wait_s = 0.5)."""
     from trainers.service import collect_deadline
