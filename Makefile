@@ -38,6 +38,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(PACKAGES)
+	$(BIN)/mypy --explicit-package-bases benchmarks
 
 schemas: install
 	$(BIN)/python -m schemas.jsonschema

@@ -83,7 +83,8 @@ def synthetic_paths(n: int, channels: int, lo: int, hi: int, seed: int, nulls: b
     conv[(conv == 0) & (null == 0)] = 1.0
     return Paths(
         tuple(f"ch{i:02d}" for i in range(channels)), offsets, channel,
-        rng.integers(0, 2, touches).astype(np.uint8), rng.uniform(0, 7 * 86400, touches),
+        np.asarray(rng.integers(0, 2, touches), dtype=np.uint8),
+        np.asarray(rng.uniform(0, 7 * 86400, touches)),
         conv, conv * rng.uniform(10, 100, n), null,
     )  # fmt: skip
 

@@ -92,7 +92,11 @@ def core_step(
     logits = bank.train_logits(batch, "feed")
     assert batch.label is not None
     torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label).backward()
-    grads = [(a.grad, b.grad) for a, b in bank.lora_params("feed").values()]
+    grads = [
+        (a.grad, b.grad)
+        for a, b in bank.lora_params("feed").values()
+        if a.grad is not None and b.grad is not None
+    ]
     opt.step()
     t1 = time.perf_counter()
     mags = torch.stack([torch.sqrt(ga.pow(2).sum(1) + gb.pow(2).sum(0)) for ga, gb in grads]).cpu().numpy()
@@ -117,9 +121,9 @@ def service_batch(
     examples = [e for e in decoded if isinstance(e, TrainingExample)]
     assert len(examples) == len(raw), "the benchmark's records are all valid"
     features = featurize(examples, trainer.bank.config)  # `_featurizable`
-    ready, features = take_ready(None, list(zip(examples, offsets, strict=True)), features)
+    ready, ready_features = take_ready(None, list(zip(examples, offsets, strict=True)), features)
     before = dict(trainer.counts)
-    deltas = trainer.learn([e for e, _ in ready], [o for _, o in ready], features=features)
+    deltas = trainer.learn([e for e, _ in ready], [o for _, o in ready], features=ready_features)
     deltas += trainer.take_pending()
     telemetry.count_trainer(before, trainer.counts)
     telemetry.export(trainer.runs, per_adapter_labels=True)

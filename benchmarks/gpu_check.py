@@ -15,6 +15,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,7 +47,7 @@ def main() -> None:
     cfg = RankerConfig(state_dim=settings.state_dim)
     base = Ranker(cfg).eval()
     gen = torch.Generator().manual_seed(1)
-    weights = {}
+    weights: dict[str, Any] = {}
     for i in range(args.adapters):
         weights[f"adv:{i}"] = {}
     cpu = RankModel(copy.deepcopy(base), "check", settings, torch.device("cpu"))

@@ -150,7 +150,7 @@ def main() -> None:
         admin = {"Authorization": f"Bearer {settings.serving.admin_token.get_secret_value()}"}
         adapters = client.get("/v1/adapters", headers=admin).json()
     finally:
-        serve.shutdown()  # type: ignore[no-untyped-call]
+        serve.shutdown()
         ray.shutdown()
         r = redis.Redis.from_url(settings.redis.url)
         keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))

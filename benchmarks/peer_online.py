@@ -80,6 +80,7 @@ costs ~8 CPU-minutes.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -174,7 +175,8 @@ def vw_line(ns: dict[str, list[tuple[str, float]]], click: bool) -> str:
 def river_features(ns: dict[str, list[tuple[str, float]]], interactions: Sequence[str]) -> dict[str, float]:
     """The same features and quadratic terms as VW's `-q`, as one flat dict."""
     x = {f"{n}:{f}": v for n, feats in ns.items() for f, v in feats}
-    for a, b in interactions:
+    for pair in interactions:
+        a, b = pair[0], pair[1]
         for fa, va in ns[a]:
             for fb, vb in ns[b]:
                 x[f"{a}:{fa}*{b}:{fb}"] = va * vb
@@ -555,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 (
                     f"{sc}/seed {seed}",
                     {"kind": "simulator", "scenario": sc, "seed": seed},
-                    lambda sc=sc, seed=seed: simulator_stream(args, settings, sc, seed),
+                    functools.partial(simulator_stream, args, settings, sc, seed),
                     seed,
                 )
             )
@@ -564,12 +566,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             (
                 f"obd/{c}",
                 {"kind": "obd", "campaign": c},
-                lambda c=c: obd_stream(settings, c, args.obd_warm_share),
+                functools.partial(obd_stream, settings, c, args.obd_warm_share),
                 0,
             )
         )
     streams: dict[str, dict[str, Any]] = {}
-    ctx = {"args": args, "argv": argv, "spec": spec, "settings": settings, "load_start": load_start, "t0": t0}
+    ctx: dict[str, Any] = {
+        "args": args,
+        "argv": argv,
+        "spec": spec,
+        "settings": settings,
+        "load_start": load_start,
+        "t0": t0,
+    }
     for name, meta, build, seed in jobs:
         s = build()
         run = run_stream(

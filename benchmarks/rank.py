@@ -199,7 +199,7 @@ def main() -> None:
         out = torch.empty(rows.numel())
         for row in rows.unique().tolist():
             idx = (rows == row).nonzero().squeeze(1)
-            p = dict(params)
+            p: dict[str, torch.Tensor] = dict(params)
             for layer, (a, b) in bank.weights(by_row[row], CANDIDATE).items():
                 delta = b @ a  # [out, in]; an id table is stored [num_embeddings, dim]
                 if isinstance(base_model.get_submodule(layer), torch.nn.Embedding):
@@ -245,7 +245,7 @@ def main() -> None:
     # thread CPU time excludes the time other processes of a shared machine hold the core
     # (what a replica on its own core would see); only valid with one torch thread
     clock = "thread_cpu" if args.threads == 1 and device.type == "cpu" else "wall"
-    runs = []
+    runs: list[dict[str, Any]] = []
     for _ in range(args.runs):
         load_before = os.getloadavg()[0]
         wall, cpu = interleaved(cases, args.seconds)
@@ -271,7 +271,7 @@ def main() -> None:
 
     def cost(case: str, base: str = "base", key: str = "ms_per_batch") -> float:
         """Fraction of base throughput lost, per run, median over runs (same-run pairs)."""
-        return statistics.median(1 - r[key][base] / r[key][case] for r in runs)
+        return float(statistics.median(1 - r[key][base] / r[key][case] for r in runs))
 
     vecs = rng.normal(size=(10_000, settings.state_dim)).astype(np.float32)
     q = rng.normal(size=settings.state_dim).astype(np.float32)

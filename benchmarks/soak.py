@@ -158,7 +158,7 @@ async def soak(args: argparse.Namespace, demo: Any, url: str, samples: list[dict
             demo.check_children()
             keys, redis_mb = redis_usage(s)
             try:
-                lag = await consumer_lag(s, groups)
+                lag: dict[str, Any] = await consumer_lag(s, groups)
             except Exception as exc:  # the lag probe must not end the soak; recorded as missing
                 lag = {"error": str(exc)[:200]}
             sample = {
