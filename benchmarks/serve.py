@@ -508,13 +508,15 @@ def lb_ratios(cases: dict[str, dict[str, Any]]) -> str | None:
     second at saturation; P99 at 100 req/s), and to replica 0's own port in the same deployment;
     return the best case by capacity ratio (None without a direct case to compare with)."""
     direct = cases.get("direct_1", {})
+    if "capacity" not in direct:
+        return None
+    direct["capacity_ok_rps"] = ok_rps(direct["capacity"])
     best = None
     for name in ("haproxy_2", "serve_proxy_2"):
         c = cases.get(name, {})
-        if "capacity" not in c or "capacity" not in direct:
+        if "capacity" not in c:
             continue
         c["capacity_ok_rps"] = ok_rps(c["capacity"])
-        direct["capacity_ok_rps"] = ok_rps(direct["capacity"])
         c["capacity_ratio_to_direct"] = round(c["capacity_ok_rps"] / max(direct["capacity_ok_rps"], 0.1), 3)
         c["p99_ratio_to_direct_at_100"] = round(c["at_100"]["p99_ms"] / direct["at_100"]["p99_ms"], 3)
         same = c.get("same_deployment_direct")

@@ -156,7 +156,10 @@ def _clickhouse_transient(exc: BaseException) -> bool:
 
 
 def permanent(exc: BaseException) -> bool:
-    """Whether a write failed because of what it writes (retrying cannot help) rather than where."""
+    """Whether a write failed because of what it writes (retrying cannot help) rather than where.
+    Never one of our own errors: a ConfigError is a ValueError too, but it names a setting, not the data."""
+    if isinstance(exc, AdstreamError):
+        return False
     try:
         from aiokafka import errors as kafka_errors
     except ImportError:  # pragma: no cover

@@ -48,7 +48,6 @@ class Processor:
     """User state + label join of one co-partition (or of everything, offline)."""
 
     params: StateSettings
-    dim: int  # of the state vectors (settings.state_dim)
     window_s: float
     scheme: AdapterScheme
     catalog: AdVectors
@@ -71,13 +70,17 @@ class Processor:
         """The worker's core for `settings` (`label_mode`: settings.online.label_mode unless given)."""
         return cls(
             params=settings.state,
-            dim=settings.state_dim,
             window_s=settings.streams.attribution_window_s,
             scheme=settings.adapter_scheme,
             catalog=catalog or AdVectors(settings.state_dim),
             watermark_window=settings.streams.watermark_window,
             label_mode=label_mode or settings.online.label_mode,
         )
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the state vectors: the catalog's (settings.state_dim)."""
+        return self.catalog.dim
 
     def state_of(self, user_id: str) -> UserState:
         s = self.states.get(user_id)

@@ -245,3 +245,14 @@ def test_each_clients_own_errors_are_listed_and_a_bug_is_not() -> None:
     assert isinstance(kafka_exceptions.CommitFailedError(), kafka_errors())
     for errors in (clickhouse_errors(), kafka_errors(), redis_errors()):
         assert not isinstance(KeyError("bug"), errors) and not isinstance(TypeError("bug"), errors)
+
+
+def test_our_own_errors_are_never_content_errors() -> None:
+    """ConfigError is a ValueError too (a bad setting is a bad value); a write that fails with
+    one (a misconfigured store) must surface, not have its rows split out as refused content."""
+    from schemas.errors import ConfigError, StoreError
+
+    assert isinstance(ConfigError("x"), ValueError)
+    assert not permanent(ConfigError("clickhouse.url: database name 'a-b' must be ASCII letters"))
+    assert not permanent(StoreError("redis down"))
+    assert permanent(ValueError("the driver could not encode a value"))
