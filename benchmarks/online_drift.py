@@ -130,7 +130,7 @@ from deploy.machine import machine  # CPU model, cores, load: one definition for
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta, TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
-from streams.in_memory import training_examples
+from streams.in_memory import corrected_scores, training_examples
 from trainers.delta import AdapterState, apply_delta, empty_state, resolve_signing_key
 from trainers.features import featurize
 from trainers.lora import AdapterBank
@@ -145,10 +145,9 @@ from workloads import Market, MarketConfig
 OUT = Path(__file__).parent / "results" / "online_drift.json"
 LABEL_MODES = ("hold", "fn_weighted", "fn_calibrated")
 MODELS = (
-    "frozen", "online", "online_served", "online_default", *LABEL_MODES, "oracle", "category_bias",
-    "user_category_bias",
+    "frozen", "online", "online_feedback", "online_served", "online_default", *LABEL_MODES, "oracle",
+    "category_bias", "user_category_bias",
 )  # fmt: skip
-LEARNERS = tuple(m for m in MODELS if m != "oracle")
 TITLES = {
     "handover": "handover drift (the in-season categories change for everyone)",
     "trend": "trend drift (everyone's interest shifts in shared categories)",
@@ -233,6 +232,13 @@ def _market_stream(
         return b.oracle_pctr(iid) if iid.startswith("p-") else a.oracle_pctr(iid)
 
     return examples, drift_ts, oracle, {"shift": {k: str(v) for k, v in shifted.items()}}, events
+
+
+def headline_model(args: argparse.Namespace) -> str:
+    """The model the headline figures (`recovered_fraction`, `goal_met`, the CI) are of: what a
+    replica serves at the defaults — the online LoRA scores plus the per-user correction when
+    `state.feedback_lr` > 0 (`online_feedback`), else the online LoRA scores alone."""
+    return str(getattr(args, "headline_model", "online"))
 
 
 def _category_bias_scores(
@@ -436,6 +442,11 @@ def run_seed(args: argparse.Namespace, settings: Settings, scenario: str, seed: 
             main["frozen"], y, [(e.user_id, e.category) for e in stream], args.user_bias_lr
         ),
     }
+    if settings.state.feedback_lr > 0:
+        scores["online_feedback"] = corrected_scores(stream, main["online"], settings.state)
+    for lr in args.feedback_lrs:  # tuning variants (`--feedback-lrs`)
+        variant = settings.state.model_copy(update={"feedback_lr": lr})
+        scores[f"online_feedback_lr{lr:g}"] = corrected_scores(stream, main["online"], variant)
     extra: dict[str, Any] = {"online": counts}
     if args.default_targets:
         _, dflt, counts_d = _replay_online(stream, base, settings, settings.lora.targets, spec, served=False)
@@ -482,7 +493,9 @@ class Curves:
         self._cache: dict[tuple[str, int, int], float] = {}
 
     def models(self) -> list[str]:
-        return [m for m in MODELS if all(m in r.scores for r in self.runs)]
+        """The models every seed scored: `MODELS` in order, then extras (`--feedback-lrs` variants)."""
+        extra = sorted(m for m in self.runs[0].scores if m not in MODELS)
+        return [m for m in (*MODELS, *extra) if all(m in r.scores for r in self.runs)]
 
     def at(self, model: str, offset: int, window: int) -> float:
         """Mean over seeds of the AUC of the `window` examples ending `offset` after the drift."""
@@ -520,8 +533,9 @@ def figures(runs: Sequence[SeedRun], args: argparse.Namespace) -> dict[str, Any]
         res[f"auc_{m}_dip"] = min(c.at(m, o, w) for o in post)
         res[f"auc_{m}_after"] = c.at(m, h, w)
     hi = min(len(r.labels) - r.drift for r in runs)
-    for m in (x for x in LEARNERS if x in c.models()):
-        suffix = "" if m == "online" else f"_{m}"
+    head = headline_model(args)
+    for m in (x for x in c.models() if x != "oracle"):
+        suffix = "" if m == head else f"_{m}"
         res[f"auc_{m}_lost"] = res[f"auc_{m}_pre"] - res[f"auc_{m}_dip"]  # the fraction's denominator
         res[f"recovered_fraction{suffix}"] = _fraction(
             res[f"auc_{m}_pre"], res[f"auc_{m}_dip"], res[f"auc_{m}_after"]
@@ -537,20 +551,23 @@ def figures(runs: Sequence[SeedRun], args: argparse.Namespace) -> dict[str, Any]
         res[f"gap_{m}_pre"], res[f"gap_{m}_peak"], res[f"gap_{m}_after"] = gap[0], peak, gap[h]
         lost = peak - gap[0]
         res[f"recovered_fraction_vs_oracle_{m}"] = None if not lost > 0 else (peak - gap[h]) / lost
-    res["auc_gain_after"] = res["auc_online_after"] - res["auc_frozen_after"]
+    res["headline_model"] = head
+    res["auc_gain_after"] = res[f"auc_{head}_after"] - res["auc_frozen_after"]
 
     def recovers(frac: float | None, lost: float) -> bool:
         return lost <= 0 or (frac is not None and frac >= 0.8)
 
     etr = res["events_to_recover"]
     res["goal_met"] = bool(
-        recovers(res["recovered_fraction"], res["auc_online_lost"])
+        recovers(res["recovered_fraction"], res[f"auc_{head}_lost"])
         and etr is not None
         and etr <= h
         and not recovers(res["recovered_fraction_frozen"], res["auc_frozen_lost"])
     )
     res["goal_met_vs_oracle"] = bool(
-        recovers(res["recovered_fraction_vs_oracle_online"], res["gap_online_peak"] - res["gap_online_pre"])
+        recovers(
+            res[f"recovered_fraction_vs_oracle_{head}"], res[f"gap_{head}_peak"] - res[f"gap_{head}_pre"]
+        )
         and not recovers(
             res["recovered_fraction_vs_oracle_frozen"], res["gap_frozen_peak"] - res["gap_frozen_pre"]
         )
@@ -591,7 +608,7 @@ def recovery_ci(
 def scenario_result(runs: list[SeedRun], args: argparse.Namespace, scenario: str) -> dict[str, Any]:
     """Seed-mean figures, per-seed figures, spread and mean curves of one scenario."""
     res = figures(runs, args)
-    res |= recovery_ci(runs, args.window, args.horizon, boot=args.boot)
+    res |= recovery_ci(runs, args.window, args.horizon, model=headline_model(args), boot=args.boot)
     per_seed = {str(r.seed): figures([r], args) for r in runs}
     levels = [k for k in res if k.startswith("auc_") and not k.startswith("auc_gain")]
     spread = {
@@ -738,8 +755,16 @@ def main() -> None:
         "--window-s", type=float, default=None, help="attribution window of the label-mode replays"
     )
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples of the recovery CI")
+    ap.add_argument(
+        "--feedback-lrs",
+        type=lambda v: [float(x) for x in v.split(",") if x],
+        default=[],
+        help="also score the per-user correction at these state.feedback_lr values (tuning; "
+        "online_feedback_lr<x>); the default's is online_feedback",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    args.headline_model = "online_feedback" if settings.state.feedback_lr > 0 else "online"
     if args.horizon % max(1, args.window // 10):
         ap.error("--horizon must be a multiple of --window / 10")
     if bad := [m for m in args.label_modes if m not in LABEL_MODES]:
@@ -769,7 +794,10 @@ def main() -> None:
             "intent_half_life_s": settings.state.half_life_s,
             "evidence_half_life": settings.state.evidence_half_life,
             "evidence_surprise": settings.state.evidence_surprise,
+            "feedback_lr": settings.state.feedback_lr,
+            "feedback_max": settings.state.feedback_max,
         },
+        "headline_model": args.headline_model,
         "machine": machine()
         | {
             "load_avg_start": [round(x, 2) for x in load_start],
@@ -792,10 +820,14 @@ def _print(title: str, res: dict[str, Any]) -> None:
     )
     for col in ("model", "pre-drift", f"lowest in {h}", f"+{h} events", "lost", "recovered", "vs oracle"):
         table.add_column(col)
-    for m in MODELS:
+    head = res.get("headline_model", "online")
+    for m in (
+        *MODELS,
+        *sorted(k[4:-4] for k in res if k.startswith("auc_online_feedback_lr") and k.endswith("_pre")),
+    ):
         if f"auc_{m}_pre" not in res:
             continue
-        suffix = "" if m == "online" else f"_{m}"
+        suffix = "" if m == head else f"_{m}"
         sd = res["spread"]
         table.add_row(
             m,
@@ -827,7 +859,7 @@ def _print(title: str, res: dict[str, Any]) -> None:
             )
         console.print(t2)
     console.print(
-        f"events to recover (within 0.01 of pre-drift, windows of {res['recover_window']}): online "
+        f"events to recover (within 0.01 of pre-drift, windows of {res['recover_window']}): {head} "
         f"{res['events_to_recover']}, frozen {res['events_to_recover_frozen']}; goal met: "
         f"{res['goal_met']} (vs oracle: {res['goal_met_vs_oracle']}); seeds meeting it alone: "
         f"{res['seeds_meeting']}"
@@ -847,6 +879,7 @@ def _plot(panels: dict[str, dict[str, list[Any]]], path: Path, args: argparse.Na
     labels = {
         "oracle": ("k--", "oracle"),
         "online": ("C0-", f"online LoRA ({', '.join(args.targets)})"),
+        "online_feedback": ("C8-", "online LoRA + per-user correction (state.feedback_lr; served)"),
         "online_default": ("C9-", "online LoRA, default targets (served today)"),
         "frozen": ("C3-", "frozen base"),
         "category_bias": ("C2:", "frozen + online category bias (reference)"),

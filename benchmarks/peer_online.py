@@ -18,7 +18,9 @@ learns it (progressive validation) in stream order:
 
 - `adstream`: the online LoRA trainer with the settings' targets and spec (`adstream trainer
   --replay`'s configuration), replayed by online_drift's `_replay_online` (micro-batches of
-  `settings.online.micro_batch`: each micro-batch is scored, then learned); `frozen` is its base;
+  `settings.online.micro_batch`: each micro-batch is scored, then learned), with the streams
+  worker's per-user correction on top (`state.feedback_lr`; `streams.in_memory.corrected_scores`):
+  what a replica serves at the defaults; `adstream_lora` is the LoRA scores alone, `frozen` the base;
 - `vw`: Vowpal Wabbit, logistic loss and link, driven natively over a text file (`-d … -r …`:
   VW writes each example's raw prediction, the margin, before its update), `--vw-args`;
 - `river`: River's `LogisticRegression` (`--river-optimizer`, `--river-lr`), one example at a
@@ -106,13 +108,14 @@ from rich.table import Table
 
 from schemas.events import TrainingExample
 from schemas.settings import Settings
+from streams.in_memory import corrected_scores
 from trainers.offline import TrainSpec, train_ranker
 from trainers.quality import auc
 from trainers.ranker import RankerConfig
 
 OUT = Path(__file__).parent / "results" / "peer_online.json"
 SCENARIOS = ("handover", "redraw", "trend", "population")
-LEARNERS = ("adstream", "vw", "river", "frozen", "oracle")
+LEARNERS = ("adstream", "adstream_lora", "vw", "river", "frozen", "oracle")
 PEERS = ("vw", "river")
 INTERACTIONS = ("uk", "ik", "sp")
 VW_ARGS = "--loss_function logistic --link logistic -b 22 --learning_rate 1"
@@ -270,9 +273,13 @@ def run_adstream(
     spec = settings.online
     c0 = time.process_time()
     _, out, counts = OD._replay_online(stream, base, settings, settings.lora.targets, spec, served=False)
+    # what a replica serves at the defaults: the LoRA scores plus the worker's per-user correction
+    fb = settings.state.feedback_lr > 0
+    served = corrected_scores(stream, out["online"], settings.state) if fb else None
     cpu_s = time.process_time() - c0
     return {
-        "scores": out["online"],
+        "scores": out["online"] if served is None else served,
+        "lora_scores": out["online"],
         "frozen": out["frozen"],
         "labels": out["labels"],
         "learn_s": counts["replay_s"],
@@ -317,6 +324,8 @@ def run_stream(
     results = {"adstream": ada, "vw": run_vw(warm, stream, spec), "river": run_river(warm, stream, spec)}
     scores = {k: np.asarray(v["scores"], dtype=np.float64) for k, v in results.items()}
     scores["frozen"] = np.asarray(ada["frozen"], dtype=np.float64)
+    if settings.state.feedback_lr > 0:
+        scores["adstream_lora"] = np.asarray(ada["lora_scores"], dtype=np.float64)
     if oracle is not None:
         scores["oracle"] = np.asarray([oracle(e.impression_id) for e in stream])
     timing = {
@@ -633,6 +642,7 @@ def _result(
         "adstream": {
             "lora_targets": list(settings.lora.targets),
             "online_lr": settings.online.lr,
+            "feedback_lr": settings.state.feedback_lr,
             "micro_batch": settings.online.micro_batch,
             "base_epochs": 6,
         },

@@ -43,10 +43,14 @@ class StreamsUserCodec:
 
         from serving.pipeline import UserView
         from streams.record import decode_state, served_view
+        from streams.state import bias_at
 
+        state = decode_state(user_id, data)
         # every intent streams keeps (training saw all of them), not served_view's default top 8
-        vector, top = served_view(decode_state(user_id, data), now_ts, self.params, k=self.params.max_intents)
-        return UserView(np.asarray(vector, dtype=np.float32), dict(top))
+        vector, top = served_view(state, now_ts, self.params, k=self.params.max_intents)
+        # the per-user correction, unless turned off (state.feedback_lr = 0 stops using it too)
+        bias = bias_at(state, now_ts, self.params) if self.params.feedback_lr > 0 else {}
+        return UserView(np.asarray(vector, dtype=np.float32), dict(top), bias)
 
 
 @dataclass(frozen=True)

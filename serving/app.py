@@ -9,6 +9,7 @@ codec (every user cold); `deploy.serve_app:build` is the same builder with strea
 """
 
 import asyncio
+import dataclasses
 import gc
 import json
 import logging
@@ -307,7 +308,7 @@ class AdServer:
             inp = rec.rank_input
             if use:
                 bank_rows = self.pipe.adapter_rows(req.slot, ctx.rows, ctx.arm)
-                inp = RankInput(inp.dense, inp.ids, torch.from_numpy(bank_rows))
+                inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows))  # the offset stays
             ctx.pctr = await self._rank_batch((inp, use))
             ctx.stage_ms["rank"] = (time.perf_counter() - t) * 1000
             self.metrics.spent("rank", ctx.stage_ms["rank"] / 1000)

@@ -33,10 +33,13 @@ from serving.towers import TowerSpace
 
 @dataclass(frozen=True)
 class UserView:
-    """What serving reads of a user: the state vector and intent scores per category (decayed)."""
+    """What serving reads of a user: the state vector and intent scores per category (decayed),
+    and the per-user correction: a logit bias per category added to the ranker's logit
+    (`streams.state`, `state.feedback_lr`)."""
 
     vector: np.ndarray
     intents: Mapping[str, float]
+    bias: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -151,7 +154,7 @@ class AdPipeline:
         intents = dict(user.intents)
         for c, w in prior.intents.items():
             intents[c] = intents.get(c, 0.0) + w
-        return UserView(vec + prior.vector, intents)
+        return UserView(vec + prior.vector, intents, user.bias)
 
     def popular(self, k: int) -> np.ndarray:
         """Cached popular rows (refreshed when the catalog changed)."""
@@ -209,12 +212,20 @@ class AdPipeline:
         user = self.with_interests(user, req.interests)
         query = self.query(user, req.context, req.slot, hour)
         rows, scores = self.index.search(query, self.settings.recall.k, allowed)
-        intents = np.zeros(len(cat.codes["category"]), dtype=np.float32)
+        codes = cat.codes["category"]
+        intents = np.zeros(len(codes), dtype=np.float32)
+        bias = None
         if user is not None:
             for name, score in user.intents.items():
-                code = cat.codes["category"].get(name)
+                code = codes.get(name)
                 if code is not None:
                     intents[code] = score
+            if user.bias:
+                bias = np.zeros(len(codes), dtype=np.float32)
+                for name, b in user.bias.items():
+                    code = codes.get(name)
+                    if code is not None:
+                        bias[code] = b
         vec = user.vector if user is not None else np.zeros(self.settings.state_dim, dtype=np.float32)
         return (
             Recalled(rows, scores, None)
@@ -230,6 +241,7 @@ class AdPipeline:
                     req.slot,
                     hour,
                     self.settings.state_dim,
+                    bias,
                 ),
             )
         )

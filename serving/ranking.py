@@ -46,11 +46,13 @@ def load_ranker(settings: Settings, device: torch.device) -> tuple[Ranker, str]:
 
 @dataclass(frozen=True)
 class RankInput:
-    """One request's candidates as ranker tensors plus the bank row of each candidate's adapter."""
+    """One request's candidates as ranker tensors plus the bank row of each candidate's adapter,
+    and the per-user correction of each candidate's logit (None: none)."""
 
     dense: torch.Tensor
     ids: torch.Tensor
     rows: torch.Tensor
+    offset: torch.Tensor | None = None
 
 
 def build_input(
@@ -61,13 +63,16 @@ def build_input(
     slot: str,
     hour: int,
     state_dim: int,
+    bias_by_category: np.ndarray | None = None,
 ) -> RankInput:
     """Tensors for n candidates of one user, column for column as `trainers.features.featurize`
     builds them for the training example of the same impression (position 0: rank scores every
     candidate as if at the top). The recall-score columns stay "absent" (0, flag 0): training
     examples never carry a recall score (impressions do not record it), so a served one would be
     an input the model was never fitted to (tests/unit/serving/test_feature_parity.py). Bank rows
-    start at 0 (the base model); `AdPipeline.adapter_rows` fills them for the adapter rung."""
+    start at 0 (the base model); `AdPipeline.adapter_rows` fills them for the adapter rung.
+    `bias_by_category` (the user's per-category logit bias, `streams.state`) becomes each
+    candidate's logit offset."""
     n = cand_ids.shape[0]
     dense = np.zeros((n, state_dim + N_EXTRA_DENSE), dtype=np.float32)
     vec = np.asarray(user_vector, dtype=np.float32)[:state_dim]
@@ -78,7 +83,12 @@ def build_input(
     ids[:, 4] = SLOT_INDEX[slot]
     ids[:, 5] = 0
     ids[:, 6] = hour
-    return RankInput(torch.from_numpy(dense), torch.from_numpy(ids), torch.zeros(n, dtype=torch.int64))
+    offset = None
+    if bias_by_category is not None and bias_by_category.size:
+        offset = torch.from_numpy(np.ascontiguousarray(bias_by_category[cand_category], dtype=np.float32))
+    return RankInput(
+        torch.from_numpy(dense), torch.from_numpy(ids), torch.zeros(n, dtype=torch.int64), offset
+    )
 
 
 class RankModel:
@@ -135,6 +145,7 @@ class RankModel:
     def _forward(self, inputs: list[RankInput], use_adapters: bool) -> np.ndarray:
         dense = torch.cat([i.dense for i in inputs]) if len(inputs) > 1 else inputs[0].dense
         ids = torch.cat([i.ids for i in inputs]) if len(inputs) > 1 else inputs[0].ids
+        offset = self._offsets(inputs)
         rows = None
         order = None
         if use_adapters:
@@ -146,19 +157,39 @@ class RankModel:
                     ids.index_select(0, order),
                     rows.index_select(0, order),
                 )
+                if offset is not None:
+                    offset = offset.index_select(0, order)
         dense, ids = dense.to(self.device, non_blocking=True), ids.to(self.device, non_blocking=True)
         if rows is not None:
             rows = rows.to(self.device)
+        if offset is not None:
+            offset = offset.to(self.device, non_blocking=True)
         chunk = max(1, self.chunk) if self.device.type == "cpu" else max(1, dense.shape[0])
         parts = []
         for start in range(0, max(1, dense.shape[0]), chunk):
             sl = slice(start, start + chunk)
             with self.ctx.use(self.bank, None if rows is None else rows[sl]):
-                parts.append(torch.sigmoid(self.model(dense[sl], ids[sl])).float())
+                logit = self.model(dense[sl], ids[sl])
+                if offset is not None:
+                    logit = logit + offset[sl]
+                parts.append(torch.sigmoid(logit).float())
         p = (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu()
         if order is not None:
             p = torch.empty_like(p).index_copy_(0, order, p)
         return p.numpy()
+
+    @staticmethod
+    def _offsets(inputs: list[RankInput]) -> torch.Tensor | None:
+        """The candidates' logit offsets in input order (zeros for inputs without), or None
+        when no input has any."""
+        if all(i.offset is None for i in inputs):
+            return None
+        return torch.cat(
+            [
+                i.offset if i.offset is not None else torch.zeros(i.dense.shape[0], dtype=torch.float32)
+                for i in inputs
+            ]
+        )
 
     @staticmethod
     def _split(inputs: list[RankInput], p: np.ndarray) -> list[np.ndarray]:

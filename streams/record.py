@@ -9,12 +9,18 @@ One key per user, ``{redis_prefix}user:{user_id}``, written by the streams worke
     vector  dim × f32
     ids     n_ids × u32 (recent event-id hashes), n_clicks × u32 (clicked impression hashes)
     intents n_intents × (len u8, UTF-8 category, score f64), highest score first
+    bias    (format 2 only) n_bias u8, n_bias × (len u8, UTF-8 category, bias f64)
 
-Intents are stored highest first, so "top k intents" is a prefix of the record.
+Intents are stored highest first, so "top k intents" is a prefix of the record. Format 2 adds
+the per-user correction (`UserState.bias`, `state.feedback_lr`); a state without one is still
+written as format 1, so replicas of the previous release keep reading every user whose record
+has no bias (upgrade serving first: an older replica takes a format-2 user as cold). Both
+formats are read.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any, Final
 
@@ -25,7 +31,8 @@ from schemas.settings import StateSettings
 from streams.state import UserState, intent_scores, vector_at
 
 MAGIC: Final = b"US"
-FORMAT: Final = 1
+FORMAT: Final = 2
+FORMATS: Final = frozenset({1, 2})  # what decode_state reads
 _HEADER = struct.Struct("<2sBHBBBddIIIIIIQ")
 _SCORE = struct.Struct("<d")
 
@@ -38,10 +45,11 @@ def user_key(prefix: str, user_id: str) -> str:
 def encode_state(state: UserState) -> bytes:
     """The binary record of `state` (see the module docstring for the layout)."""
     intents = state.top_intents(255)
+    bias = sorted(state.bias.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:255]
     parts = [
         _HEADER.pack(
             MAGIC,
-            FORMAT,
+            FORMAT if bias else 1,
             state.dim,
             len(intents),
             len(state.recent_ids),
@@ -63,6 +71,11 @@ def encode_state(state: UserState) -> bytes:
     for cat, score in intents:
         name = cat.encode()[:255]
         parts.append(bytes((len(name),)) + name + _SCORE.pack(score))
+    if bias:
+        parts.append(bytes((len(bias),)))
+        for cat, b in bias:
+            name = cat.encode()[:255]
+            parts.append(bytes((len(name),)) + name + _SCORE.pack(b))
     return b"".join(parts)
 
 
@@ -71,7 +84,7 @@ def decode_state(user_id: str, data: bytes) -> UserState:
     try:
         (magic, fmt, dim, n_int, n_ids, n_clk, last_ts, start, sessions, sess_ev, events, imps,
          clicks, late, version) = _HEADER.unpack_from(data, 0)  # fmt: skip
-        if magic != MAGIC or fmt != FORMAT:
+        if magic != MAGIC or fmt not in FORMATS:
             raise StoreError(f"user record of {user_id!r}: bad magic/format {magic!r}/{fmt}")
         off = _HEADER.size
         vector = np.frombuffer(data, dtype="<f4", count=dim, offset=off).astype(np.float32)
@@ -80,13 +93,12 @@ def decode_state(user_id: str, data: bytes) -> UserState:
         off += 4 * n_ids
         clk = tuple(int(x) for x in np.frombuffer(data, dtype="<u4", count=n_clk, offset=off))
         off += 4 * n_clk
-        intents: dict[str, float] = {}
-        for _ in range(n_int):
-            n = data[off]
-            cat = data[off + 1 : off + 1 + n].decode()
-            (score,) = _SCORE.unpack_from(data, off + 1 + n)
-            intents[cat] = score
-            off += 1 + n + _SCORE.size
+        intents, off = _scores(data, off, n_int)
+        bias: dict[str, float] = {}
+        if fmt >= 2:
+            bias, off = _scores(data, off + 1, data[off])
+            if not all(math.isfinite(b) for b in bias.values()):
+                raise ValueError("non-finite bias")
     except (struct.error, ValueError, IndexError) as exc:
         raise StoreError(f"user record of {user_id!r} is truncated or corrupt: {exc}") from exc
     return UserState(
@@ -105,7 +117,20 @@ def decode_state(user_id: str, data: bytes) -> UserState:
         version=version,
         recent_ids=ids,
         recent_clicks=clk,
+        bias=bias,
     )
+
+
+def _scores(data: bytes, off: int, n: int) -> tuple[dict[str, float], int]:
+    """n (len u8, UTF-8 category, f64) entries from `off`, and the offset after them."""
+    out: dict[str, float] = {}
+    for _ in range(n):
+        size = data[off]
+        cat = data[off + 1 : off + 1 + size].decode()
+        (value,) = _SCORE.unpack_from(data, off + 1 + size)
+        out[cat] = value
+        off += 1 + size + _SCORE.size
+    return out, off
 
 
 def read_user_state(redis: Any, prefix: str, user_id: str) -> UserState | None:
@@ -123,7 +148,8 @@ async def aread_user_state(redis: Any, prefix: str, user_id: str) -> UserState |
 def served_view(
     state: UserState, now_ts: float, params: StateSettings, k: int = 8
 ) -> tuple[np.ndarray, list[tuple[str, float]]]:
-    """What serving uses: the vector and the top-k intents, lazily decayed to `now_ts`."""
+    """What serving uses: the vector and the top-k intents, lazily decayed to `now_ts`
+    (and `bias_at` for the per-user correction)."""
     scores = intent_scores(state, now_ts, params)
     top = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
     return vector_at(state, now_ts, params), top

@@ -20,6 +20,17 @@ contradiction threshold) negative evidence for the state vector, a conversion th
 An event older than `last_ts` (late or out of order) is folded in with its contribution decayed
 by its age instead of moving time backwards; it never opens a session. Duplicates (producer
 retries) are recognised by a bounded ring of recent event-id hashes and change nothing.
+
+The per-user correction (`bias`, `state.feedback_lr`): the state above moves only on positive
+evidence, so a user whose tastes change keeps being shown what they no longer click. Each
+(user, category) also keeps a logit bias that serving adds to the ranker's logit, learned by
+online SGD on log loss from every impression's outcome: the gradient y − p splits into −p at the
+impression (its `pctr` is what the replica served, the bias included) and +1 at its click, so the
+worker applies `−lr·pctr` when the impression arrives and `+lr` when the click does — no waiting
+for the attribution window to close. An impression without `pctr` (not served by adstream)
+teaches nothing, and a click moves only a category whose impressions did. The bias fades with
+the clock half-life (not the session discount: it corrects the model, it is not an intent),
+stays within ±`state.feedback_max`, and only the `state.max_intents` largest are kept.
 """
 
 from __future__ import annotations
@@ -77,6 +88,7 @@ class UserState:
     version: int = 0
     recent_ids: tuple[int, ...] = ()
     recent_clicks: tuple[int, ...] = ()
+    bias: Mapping[str, float] = field(default_factory=dict)  # per-category logit bias as of last_ts
 
     @classmethod
     def empty(cls, user_id: str, dim: int) -> UserState:
@@ -134,6 +146,56 @@ def vector_at(state: UserState, now_ts: float, params: StateSettings) -> np.ndar
     """The state vector decayed to `now_ts` (float32)."""
     f = decay_factor(state, now_ts, params)
     return state.vector if f == 1.0 else (state.vector * np.float32(f)).astype(np.float32)
+
+
+def bias_factor(state: UserState, now_ts: float, params: StateSettings) -> float:
+    """The factor the per-user bias of `state` is multiplied by when read at `now_ts`: the clock
+    half-life only (no session discount)."""
+    if state.events == 0 or now_ts <= state.last_ts:
+        return 1.0
+    return decay(1.0, now_ts - state.last_ts, params.half_life_s)
+
+
+def bias_at(state: UserState, now_ts: float, params: StateSettings) -> dict[str, float]:
+    """Lazy read: the per-(user, category) logit biases decayed to `now_ts`."""
+    f = bias_factor(state, now_ts, params)
+    return {c: b * f for c, b in state.bias.items()}
+
+
+def feedback_step(event: Message, params: StateSettings) -> float:
+    """The SGD step one event takes on its category's bias (0.0 when it takes none): −lr·pctr
+    for an impression served with a pctr, +lr for a click.
+
+    >>> from datetime import UTC, datetime
+    >>> imp = Impression(event_id="e", ts=datetime(2026, 1, 1, tzinfo=UTC), user_id="u", request_id="r",
+    ...     ad_id="a", campaign_id="c", advertiser_id="v", slot="feed", position=0, price=1.0, pctr=0.25)
+    >>> feedback_step(imp, StateSettings(feedback_lr=0.5))
+    -0.125
+    """
+    lr = params.feedback_lr
+    if lr <= 0:
+        return 0.0
+    if isinstance(event, Impression):
+        return -lr * event.pctr if event.pctr is not None else 0.0
+    if isinstance(event, Click):
+        return lr
+    return 0.0
+
+
+def _fold_bias(
+    bias: Mapping[str, float], category: str, step: float, clicked: bool, params: StateSettings
+) -> Mapping[str, float]:
+    """`bias` (already decayed to the event) after `step` on `category`: a click moves only a
+    category an impression moved (else its +lr would have no −p to balance); clamped to
+    ±`feedback_max`, the `max_intents` largest kept."""
+    if not step or (clicked and category not in bias):
+        return bias
+    out = dict(bias)
+    lim = params.feedback_max
+    out[category] = min(lim, max(-lim, out.get(category, 0.0) + step))
+    if len(out) > params.max_intents:
+        out = dict(sorted(out.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[: params.max_intents])
+    return out
 
 
 def evidence_forget(
@@ -222,12 +284,18 @@ def apply_event(
         state.session_start_ts,
         state.last_ts,
     )
+    step = feedback_step(event, params)
+    bias = state.bias
     if late:
         age = decay(1.0, state.last_ts - ts, params.half_life_s)
         vec_w *= age
         inc *= age
+        step *= age
         intents = dict(intents)
     else:
+        if bias and ts > state.last_ts and state.events > 0:
+            fb = decay(1.0, ts - state.last_ts, params.half_life_s)
+            bias = {c: b * fb for c, b in bias.items()}
         f = decay_factor(state, ts, params)
         if state.events == 0 or ts - state.last_ts > params.session_gap_s:
             sessions += 1
@@ -241,6 +309,7 @@ def apply_event(
         last_ts = ts
     if ad is not None:
         intents, vector = _fold(intents, vector, ad, (vec_w, inc, mult), params)
+        bias = _fold_bias(bias, ad.category, step, isinstance(event, Click), params)
     recent_clicks = state.recent_clicks
     if isinstance(event, Click):
         recent_clicks = (*recent_clicks, id_hash(event.impression_id))[-RECENT_CLICKS:]
@@ -260,6 +329,7 @@ def apply_event(
         state.version + 1,
         (*state.recent_ids, h)[-RECENT_IDS:],
         recent_clicks,
+        bias,
     )
 
 
@@ -273,7 +343,9 @@ def same_state(a: UserState, b: UserState, rtol: float = 1e-6, atol: float = 1e-
         b.user_id, b.dim, b.sessions, b.session_events, b.events, b.impressions, b.clicks,
         b.late, b.version, b.recent_ids, b.recent_clicks,
     )  # fmt: skip
-    if exact != other or set(a.intents) != set(b.intents):
+    if exact != other or set(a.intents) != set(b.intents) or set(a.bias) != set(b.bias):
+        return False
+    if not all(math.isclose(a.bias[c], b.bias[c], rel_tol=rtol, abs_tol=atol) for c in a.bias):
         return False
     if not math.isclose(a.last_ts, b.last_ts, rel_tol=0, abs_tol=1e-6):
         return False

@@ -48,6 +48,17 @@ class StateSettings(Group):
         description="User state: scale that forgetting by the evidence's surprise (1 − its category's share "
         "of the state's intent mass)",
     )
+    feedback_lr: float = Field(
+        1.0,
+        ge=0,
+        le=10,
+        allow_inf_nan=False,
+        description="Per-user correction: SGD step of each (user, category) logit bias on every impression's "
+        "outcome — minus this times the served pctr at the impression, plus this at its click (0: off)",
+    )
+    feedback_max: float = Field(
+        4.0, gt=0, le=20, allow_inf_nan=False, description="Per-user correction: the bias stays within ±this"
+    )
     ttl_s: int = Field(7 * 24 * 3600, gt=0, description="TTL of a user's Redis record")
     max_intents: int = Field(16, ge=1, description="Intent scores kept per user (the strongest)")
     weights: EngagementSettings = Field(

@@ -413,3 +413,51 @@ def test_warm_user_state_from_redis_steers_recall(
     warm = [category.get(a["ad_id"], "") for a in ads(server, "u-travel", k=10)["ads"]]
     cold = [category.get(a["ad_id"], "") for a in ads(server, "u-nobody", k=10)["ads"]]
     assert warm.count("travel") >= 6 and warm.count("travel") > cold.count("travel")
+
+
+def test_the_users_per_category_bias_moves_the_served_pctr_of_that_category_only(
+    server: httpx.Client, serve_settings: Settings, catalog: list[AdCreative]
+) -> None:
+    """The per-user correction streams keeps (`UserState.bias`, record format 2) is added to the
+    ranker's logit of each candidate of that category: the same user, ad and arm get
+    σ(logit + b) after the record gains the bias, other categories what they got before."""
+    import math
+
+    import numpy as np
+    import redis
+
+    from schemas.vectors import content_vector
+    from streams.record import encode_state, user_key
+    from streams.state import UserState
+
+    s = serve_settings
+    now = time.time()
+    vec = np.asarray(content_vector("travel", "travel offer", s.state_dim), dtype=np.float32)
+    r = redis.Redis.from_url(s.redis.url)
+
+    def served(bias: dict[str, float]) -> dict[str, float]:
+        state = UserState(
+            user_id="u-biased", dim=s.state_dim, vector=vec, intents={"travel": 3.0}, last_ts=now,
+            session_start_ts=now, events=1, bias=bias,
+        )  # fmt: skip
+        r.set(user_key(s.redis_prefix, "u-biased"), encode_state(state))
+        return {a["ad_id"]: a["pctr"] for a in ads(server, "u-biased", k=10)["ads"]}
+
+    try:
+        before = served({})
+        after = served({"travel": 2.0})
+    finally:
+        r.delete(user_key(s.redis_prefix, "u-biased"))
+        r.close()
+    category = {ad.ad_id: ad.category for ad in catalog}
+    both = [a for a in before if a in after]
+    travel = [a for a in both if category[a] == "travel"]
+    assert travel, (before, after)
+
+    def logit(p: float) -> float:
+        return math.log(p / (1 - p))
+
+    for a in travel:
+        assert logit(after[a]) - logit(before[a]) == pytest.approx(2.0, abs=1e-3)
+    for a in (a for a in both if category[a] != "travel"):
+        assert after[a] == pytest.approx(before[a], abs=1e-6)
