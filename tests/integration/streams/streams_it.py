@@ -97,8 +97,16 @@ def produce(s: Settings, records: list[tuple[str, bytes | None, bytes]]) -> None
     asyncio.run(go())
 
 
-def consume_all(s: Settings, base_topic: str, expect: int | None = None, idle_s: float = 3.0) -> list[Any]:
-    """Every record of a topic (all partitions, from the beginning) until idle."""
+def consume_all(
+    s: Settings,
+    base_topic: str,
+    expect: int | None = None,
+    idle_s: float = 3.0,
+    expect_within_s: float = 60.0,
+) -> list[Any]:
+    """Every record of a topic (all partitions, from the beginning) until idle; while fewer than
+    `expect` arrived, until `expect_within_s` passed (a worker still starting on a loaded
+    machine writes nothing for longer than `idle_s`)."""
     from aiokafka import AIOKafkaConsumer
 
     async def go() -> list[Any]:
@@ -112,7 +120,9 @@ def consume_all(s: Settings, base_topic: str, expect: int | None = None, idle_s:
         out: list[Any] = []
         try:
             last = time.monotonic()
-            while time.monotonic() - last < idle_s:
+            while time.monotonic() - last < (
+                expect_within_s if expect is not None and len(out) < expect else idle_s
+            ):
                 batch = await c.getmany(timeout_ms=300)
                 for recs in batch.values():
                     out += recs
