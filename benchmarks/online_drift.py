@@ -39,11 +39,20 @@ progressive validation, sparse ΔW, guards). Models scored on every example befo
   scores, progressively, with the state it holds when the micro-batch arrives;
 - `online_default`: the online trainer on `settings.lora.targets` only (the same as `online`
   unless `--targets` differs; `--no-default-targets` skips it);
+- `online_feedback`: what a replica serves at the defaults — the `online` scores with the streams
+  worker's per-user correction on top (`state.feedback_lr` > 0; a logit bias per (user,
+  category) learned from every impression's outcome, `streams.state`), replayed through the
+  worker's own `apply_event` (`streams.in_memory.corrected_scores`). When it is on, it is the
+  headline model (`headline_model`): `recovered_fraction`, `goal_met` and the CI are its figures,
+  and `online`'s carry the suffix `_online`. `--feedback-lrs` adds variants at other rates
+  (`online_feedback_lr<x>`; the default 1.0 was chosen on seeds 101–102,
+  `online_drift_feedback_tuning.json`);
 - `category_bias`: a reference — the frozen logit plus one online SGD bias per category;
 - `user_category_bias`: a reference per-user correction — the frozen logit plus one online SGD
   bias per (user, category) (`--user-bias-lr`): what learning from every impression's outcome
   (a non-click on an ad the model rates high moves the bias down) adds to the user state, which
-  moves only on clicks, dwell and conversions. Not served: serving has no per-user bias.
+  moves only on clicks, dwell and conversions. The reference the served `online_feedback` grew from
+  (on the frozen base, no decay, no clamp).
 
 Measurement (`--window` 10,000 examples: ~400–500 clicks, a bootstrap standard error of ~0.012
 on one window's AUC, ~0.02 for 5,000; the mean of five seeds ~0.005: one seed alone read from 68 %
