@@ -846,6 +846,13 @@ def main() -> None:
             result["ceiling_gap_defaults"] = mean["gap_ceiling_served"]
             result["ceiling_gap_defaults_ranker_alone"] = mean["gap_ceiling_ranker"]
             result["feedback_lr"] = settings.state.feedback_lr
+            result["figures"] = {  # what `adstream bench table` shows
+                "ceiling_gap_defaults": round(mean["gap_ceiling_served"], 4),
+                "ceiling_gap_defaults_ranker_alone": round(mean["gap_ceiling_ranker"], 4),
+                "auc_served": round(mean["auc_served"], 4),
+                "auc_ceiling": round(mean["auc_ceiling"], 4),
+                "seeds": len(result["sim"]["summary"]["default"]["seeds"]),
+            }
     if args.part in ("obd", "all"):
         result["obd"] = obd_run(args, settings)
     result["total_s"] = round(time.perf_counter() - t0, 1)

@@ -792,7 +792,13 @@ def main() -> None:
     # the headline (handover) scenario's seed-mean figures stay top-level; all under `scenarios`
     head = results["handover"]
     headline = {k: v for k, v in head.items() if k not in ("curves", "per_seed", "runs", "spread")}
+    figures = {"headline_model": args.headline_model}
+    for name in wanted:
+        r = results[name]
+        figures[f"{name}_recovered"] = _round(r["recovered_fraction"])
+        figures[f"{name}_ci_low"] = _round(r["recovered_ci_low"])
     out = headline | {
+        "figures": figures,  # what `adstream bench table` shows: each scenario's headline recovery
         "headline": "handover",
         "headline_reason": "the issue's interest drift in the form shared adapters can learn "
         "(a shift common to many users), without changing how hard clicks are to predict (the "
@@ -819,6 +825,10 @@ def main() -> None:
         json.dumps(out, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
         + "\n"
     )
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, 3)
 
 
 def _print(title: str, res: dict[str, Any]) -> None:
