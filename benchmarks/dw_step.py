@@ -1,6 +1,9 @@
 """Benchmark: one ΔW step of the online trainer for a micro-batch of 256 on this machine.
 
-Three figures per run, each over the same stream of micro-batches:
+Three figures per run, each over the same stream of micro-batches, the three loops interleaved
+step by step (learn() of batch i, then the core step of batch i, then the service batch i) so
+that all of them see the same load of a shared machine (run one after the other, a load that
+came or went between the loops moved the ratio by ±50 %):
 
 - `learn()` (`p50_ms`, `p99_ms`): `OnlineTrainer.learn` on one adapter's 256 decoded
   TrainingExamples, the live code path from contract objects on: featurize, the LoRA forward
@@ -10,21 +13,31 @@ Three figures per run, each over the same stream of micro-batches:
   gradient magnitudes, the adaptive per-module 95th-percentile threshold, and the signed
   safetensors `AdapterDelta`.
 - the core step (`core_*`): what any trainer of this model pays, on tensors built beforehand:
-  zero_grad, forward, log loss, backward, optimiser step. The goal ratio `learn_to_core_p50` is
-  learn() over it. `core_sparse_*` adds the gradient magnitudes, per-module thresholds, direction
-  selection and safetensors encoding (the core as this benchmark timed it before 2026-12-01).
+  zero_grad, forward, the loss learn() optimises (`trainers.online.click_loss` of the label
+  mode: log loss on final labels, the fake-negative loss on FN rows), backward, optimiser step.
+  The goal ratio `learn_to_core_p50` is learn() over it, both P50s of the same run.
+  `core_sparse_*` adds the gradient magnitudes, per-module thresholds, direction selection and
+  safetensors encoding (the core as this benchmark timed it before 2026-12-01).
 - the service batch (`service_*`): what `TrainerService.process` + `_learn` spend on one
   micro-batch once Kafka has handed over its raw records: decode and validate each JSON record
   against the contract (`trainers.intake.ExampleDecoder`), featurize (the service's validation
   of the batch; the step reuses these rows), learn, and the Prometheus export. Kafka, Redis and
   the producer are not in it.
 
+The stream is the one the live trainer learns in `--label-mode` (default: the settings' own,
+`fn_weighted`: each impression at once as a fake negative, its click later as a positive
+duplicate, dwell updates counted and skipped): a realistic click rate in every batch, so the
+rolling-AUC guard runs each step. `--label-mode hold` is the stream this benchmark used before
+2026-12-02; through the in-memory join it emits every click first and the never-clicked
+impressions at the end, so the timed batches held one class only and the AUC guard never ran.
+
 The headline figures use `settings.lora.targets`; `--also-targets` (default `wide.category`,
 the per-category bias table `benchmarks/online_drift.py` adds) is measured too, under
 `with_also_targets`, at the best thread count.
 
 Examples are built from a simulator stream (`workloads`) through the streams label join.
-Usage: `.venv/bin/python benchmarks/dw_step.py [--steps 300] [--threads 1 2] [--device cpu|cuda]`.
+Usage: `.venv/bin/python benchmarks/dw_step.py [--steps 300] [--threads 1 2] [--device cpu|cuda]
+[--label-mode hold|fn_weighted|fn_calibrated]`.
 Prints a table and writes `benchmarks/results/dw_step.json` (`p50_ms`, `p99_ms`, …).
 """
 
@@ -36,8 +49,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 # run as a script, this folder comes first on sys.path and its streams.py would shadow the package
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -52,12 +66,13 @@ from schemas import codec
 from schemas.events import TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
 from streams.in_memory import training_examples
+from streams.join import LabelMode
 from trainers import telemetry
 from trainers.delta import encode_delta, select_parts
 from trainers.features import RankerBatch, featurize
 from trainers.intake import ExampleDecoder, take_ready
 from trainers.lora import AdapterBank
-from trainers.online import AdapterOptimizer, OnlineTrainer, module_thresholds
+from trainers.online import AdapterOptimizer, OnlineTrainer, click_loss, module_thresholds
 from trainers.ranker import Ranker, RankerConfig
 from workloads import Market, MarketConfig
 
@@ -66,10 +81,28 @@ GOAL_P99_MS = 8.0  # learn() at micro-batch 256 on 2 cores
 GOAL_RATIO = 1.5  # learn() / core step (P50): featurize, guards, sparsify and encode cheap beside it
 
 
-def _examples(n: int) -> list[Any]:
+def _examples(n: int, label_mode: LabelMode = "hold") -> list[Any]:
+    """At least `n` training examples of one adapter: the simulator's `n` impressions (with their
+    clicks and dwells) through the label join in `label_mode`."""
     market = Market(MarketConfig(seed=11, drift_at=None, new_ads_at=None))
-    exs = list(training_examples(market.open_loop(n), Settings()))
+    exs = list(training_examples(market.open_loop(n), Settings(), label_mode=label_mode))
     return [e.model_copy(update={"adapter_id": "feed"}) for e in exs]
+
+
+@dataclass(frozen=True)
+class CoreBatch:
+    """What the core step of one micro-batch works on, built beforehand: the rows the step trains
+    (dwell updates are not click labels) and which of them are fake-negative-stream rows."""
+
+    rows: RankerBatch
+    fake: torch.Tensor | None  # None: every label is final (plain log loss)
+
+
+def _core_batch(examples: list[Any], config: RankerConfig, device: str) -> CoreBatch:
+    learned = [e for e in examples if e.label_kind != "dwell"]
+    fake = [e.label_kind != "final" for e in learned]
+    rows = featurize(learned, config).to(device)
+    return CoreBatch(rows, torch.tensor(fake, device=device) if any(fake) else None)
 
 
 def _pct(xs: list[float]) -> dict[str, float]:
@@ -83,15 +116,17 @@ def _pct(xs: list[float]) -> dict[str, float]:
 
 
 def core_step(
-    bank: AdapterBank, opt: AdapterOptimizer, batch: RankerBatch, window: list[np.ndarray]
+    bank: AdapterBank, opt: AdapterOptimizer, batch: CoreBatch, fn_loss: str, window: list[np.ndarray]
 ) -> tuple[float, float]:
-    """Seconds of (the step: zero_grad, forward, log loss, backward, optimiser; then gradient
-    magnitudes, per-module sliding percentiles, direction selection, safetensors encoding)."""
+    """Seconds of (the step: zero_grad, forward, the trainer's loss, backward, optimiser; then
+    gradient magnitudes, per-module sliding percentiles, direction selection, safetensors
+    encoding)."""
+    rows = batch.rows
+    assert rows.label is not None
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    logits = bank.train_logits(batch, "feed")
-    assert batch.label is not None
-    torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label).backward()
+    logits = bank.train_logits(rows, "feed")
+    click_loss(logits, rows.label, batch.fake, fn_loss).backward()
     grads = [
         (a.grad, b.grad)
         for a, b in bank.lora_params("feed").values()
@@ -135,51 +170,51 @@ def _trainer(args: argparse.Namespace, settings: Settings, targets: tuple[str, .
     base = Ranker(RankerConfig(state_dim=settings.state_dim))
     lora = LoraSettings(rank=settings.lora.rank, alpha=settings.lora.alpha, targets=targets)
     bank = AdapterBank(base.to(args.device), lora, "bench")
-    return OnlineTrainer(bank, OnlineSettings(min_step_examples=1))
+    return OnlineTrainer(bank, OnlineSettings(min_step_examples=1, label_mode=args.label_mode))
 
 
 def measure(
     threads: int, args: argparse.Namespace, exs: list[Any], settings: Settings, targets: tuple[str, ...]
 ) -> dict[str, Any]:
     """Time `learn()`, the core step and the service batch with `threads` torch threads, LoRA on
-    `targets` (each loop on a fresh trainer over the same micro-batches)."""
+    `targets` (each on a fresh trainer over the same micro-batches, interleaved step by step)."""
     torch.set_num_threads(threads)
     sync = torch.cuda.synchronize if args.device != "cpu" else (lambda: None)
     trainer = _trainer(args, settings, targets)
     bank, spec = trainer.bank, trainer.spec
     batches = [exs[i : i + args.batch] for i in range(0, len(exs), args.batch)]
     batches = [b for b in batches if len(b) == args.batch]
-    full, sizes = [], []
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        deltas = trainer.learn(batches[i % len(batches)])
-        sync()
-        if i >= args.warmup:
-            full.append(time.perf_counter() - t0)
-            sizes += [len(d.payload) for d in deltas]
     core_bank = _trainer(args, settings, targets).bank
     core_bank.ensure("feed")
     opt = AdapterOptimizer(core_bank, "feed", spec)
-    pre = [featurize(b, core_bank.config).to(args.device) for b in batches]
-    core: list[float] = []
-    core_sparse: list[float] = []
-    window: list[np.ndarray] = []
-    for i in range(args.warmup + args.steps):
-        step_s, total_s = core_step(core_bank, opt, pre[i % len(pre)], window)
-        sync()
-        if i >= args.warmup:
-            core.append(step_s)
-            core_sparse.append(total_s)
+    pre = [_core_batch(b, core_bank.config, args.device) for b in batches]
     served, decoder = _trainer(args, settings, targets), ExampleDecoder()
     raw = [[codec.encode(e) for e in b] for b in batches]
+    full: list[float] = []
+    sizes: list[int] = []
+    core: list[float] = []
+    core_sparse: list[float] = []
     service: list[float] = []
+    window: list[np.ndarray] = []
     for i in range(args.warmup + args.steps):
+        k = i % len(batches)
+        t0 = time.perf_counter()
+        deltas = trainer.learn(batches[k])
+        sync()
+        learn_s = time.perf_counter() - t0
+        step_s, total_s = core_step(core_bank, opt, pre[k], spec.fn_loss, window)
+        sync()
         offsets = [(0, i * args.batch + j) for j in range(args.batch)]
         t0 = time.perf_counter()
-        service_batch(served, decoder, raw[i % len(raw)], offsets)
+        service_batch(served, decoder, raw[k], offsets)
         sync()
+        service_s = time.perf_counter() - t0
         if i >= args.warmup:
-            service.append(time.perf_counter() - t0)
+            full.append(learn_s)
+            sizes += [len(d.payload) for d in deltas]
+            core.append(step_s)
+            core_sparse.append(total_s)
+            service.append(service_s)
     f, c, cs, sv = _pct(full), _pct(core), _pct(core_sparse), _pct(service)
     return {
         "threads": threads,
@@ -215,13 +250,20 @@ def main() -> None:
         default=("wide.category",),
         help="targets added to settings.lora.targets for a second measurement ('' skips)",
     )
+    ap.add_argument(
+        "--label-mode",
+        choices=get_args(LabelMode),
+        default=None,
+        help="the label join's mode, the stream learn() gets (default: settings.online.label_mode)",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     settings = Settings()
+    args.label_mode = args.label_mode or settings.online.label_mode
     # one pass over a stream long enough for every step: cycling a few batches would score each
     # impression's fake negative after learning its click, drive the rolling AUC below the base
     # and time adapter resets that the live path does not do
-    exs = _examples(args.batch * (args.warmup + args.steps))
+    exs = _examples(args.batch * (args.warmup + args.steps), args.label_mode)
     load_before = os.getloadavg()[0]
     targets = tuple(settings.lora.targets)
     runs = [
@@ -245,6 +287,8 @@ def main() -> None:
         "runs": runs,
         "with_also_targets": also,
         "micro_batch": args.batch,
+        "label_mode": args.label_mode,
+        "interleaved": True,
         "steps": args.steps,
         "device": args.device,
         "lora_rank": settings.lora.rank,
@@ -291,8 +335,9 @@ def main() -> None:
         )
     Console().print(table)
     Console().print(
-        "learn() = featurize + LoRA fwd (progressive score, base logit) + bwd + optimiser + guards + "
-        "sparsify + encode; core = zero_grad + fwd + bwd on LoRA + optimiser; core+sparse adds "
+        f"label mode {args.label_mode}; learn() = featurize + LoRA fwd (progressive score, base logit) + "
+        "loss + bwd + optimiser + guards + sparsify + encode; core = zero_grad + fwd + loss + bwd on "
+        "LoRA + optimiser, interleaved with learn() step by step; core+sparse adds "
         "magnitudes, thresholds, selection, encoding; service = decode raw JSON + featurize + learn() "
         "+ metrics export. "
         f"Goals: learn() P99 ≤ {GOAL_P99_MS:g} ms, learn()/core (P50) ≤ {GOAL_RATIO:g}: "

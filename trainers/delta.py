@@ -69,10 +69,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-import numpy as np
-import safetensors.numpy
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, TensorSpec, serialize
 from safetensors.torch import load
 
 from schemas.errors import AdapterError
@@ -105,18 +103,49 @@ def delta_mac(delta: AdapterDelta, key: bytes) -> str:
     the payload's SHA-256 and the epoch (ids and timestamps change nothing a replica applies).
     The epoch is appended only when set, so legacy signatures stay valid; a list one element
     longer cannot collide with a legacy one, so an epoch can be neither added nor stripped."""
+    return _mac(
+        key,
+        _signed_fields(
+            delta.adapter_id,
+            delta.base_version,
+            delta.seq,
+            delta.rank,
+            delta.snapshot,
+            delta.norm,
+            delta.payload,
+            delta.epoch,
+        ),
+    )
+
+
+def _signed_fields(
+    adapter_id: str,
+    base_version: str,
+    seq: int,
+    rank: int,
+    snapshot: bool,
+    norm: float,
+    payload: bytes,
+    epoch: int | None,
+) -> list[object]:
+    """What `delta_mac` covers, for a delta with these fields (`make_delta` signs before it builds
+    the message)."""
     fields: list[object] = [
         FORMAT,
-        delta.adapter_id,
-        delta.base_version,
-        delta.seq,
-        delta.rank,
-        delta.snapshot,
-        float(delta.norm).hex(),
-        hashlib.sha256(delta.payload).hexdigest(),
+        adapter_id,
+        base_version,
+        seq,
+        rank,
+        snapshot,
+        float(norm).hex(),
+        hashlib.sha256(payload).hexdigest(),
     ]
-    if delta.epoch is not None:
-        fields.append(delta.epoch)
+    if epoch is not None:
+        fields.append(epoch)
+    return fields
+
+
+def _mac(key: bytes, fields: list[object]) -> str:
     return hmac.new(key, json.dumps(fields).encode(), hashlib.sha256).hexdigest()
 
 
@@ -291,8 +320,9 @@ def select_parts(
         idx = torch.as_tensor(idx, dtype=torch.int64).flatten()
         if idx.numel() == 0:
             continue
-        a, b = tensors[f"{m}.lora_A"], tensors[f"{m}.lora_B"]
-        out[m] = DeltaPart(idx.clone(), a[idx].detach().clone(), b[:, idx].detach().clone())
+        a, b = tensors[f"{m}.lora_A"].detach(), tensors[f"{m}.lora_B"].detach()
+        # indexing with an index tensor copies: the parts never alias `tensors`
+        out[m] = DeltaPart(idx.clone(), a[idx], b[:, idx])
     return out
 
 
@@ -302,19 +332,35 @@ def full_parts(tensors: Mapping[str, torch.Tensor], rank: int) -> dict[str, Delt
     return select_parts(tensors, {m: torch.arange(rank) for m in modules})
 
 
+_TORCH_DTYPES = {
+    "dirs": (torch.int64, "int64"),
+    "lora_A": (torch.float32, "float32"),
+    "lora_B": (torch.float32, "float32"),
+}
+
+
 def encode_delta(parts: Mapping[str, DeltaPart]) -> bytes:
     """Safetensors bytes of the parts (tensor names as in the module docstring).
 
-    Through numpy views: the same bytes as `safetensors.torch.save`, at a third of its cost
-    (its storage-sharing checks are for model weights, not a dozen fresh tensors)."""
+    Straight to the library's serializer (`safetensors.serialize` over `TensorSpec`s of the
+    contiguous CPU tensors): the same bytes as `safetensors.torch.save` at a fraction of its
+    cost (its storage-sharing checks are for model weights, not a dozen fresh tensors; the
+    numpy path pays a `ctypes` object per tensor for its data pointer)."""
     if not parts:
         raise AdapterError("a delta must change at least one rank direction (got no parts)")
-    flat: dict[str, np.ndarray] = {}
+    alive: list[torch.Tensor] = []  # the buffers the specs point into, held until serialized
+    specs: dict[str, TensorSpec] = {}
     for m, part in parts.items():
-        flat[f"{m}.dirs"] = np.ascontiguousarray(part.dirs.detach().cpu().numpy(), dtype=np.int64)
-        flat[f"{m}.lora_A"] = np.ascontiguousarray(part.lora_A.detach().cpu().numpy(), dtype=np.float32)
-        flat[f"{m}.lora_B"] = np.ascontiguousarray(part.lora_B.detach().cpu().numpy(), dtype=np.float32)
-    return safetensors.numpy.save(flat, metadata={"format": FORMAT})
+        for name, tensor in (("dirs", part.dirs), ("lora_A", part.lora_A), ("lora_B", part.lora_B)):
+            dtype, dtype_name = _TORCH_DTYPES[name]
+            t = tensor.detach().to("cpu", dtype).contiguous()
+            alive.append(t)
+            specs[f"{m}.{name}"] = TensorSpec(
+                dtype=dtype_name, shape=tuple(t.shape), data_ptr=t.data_ptr(), data_len=t.nbytes
+            )
+    payload: bytes = serialize(specs, metadata={"format": FORMAT})
+    del alive
+    return payload
 
 
 def decode_delta(payload: bytes, modules: Sequence[str] | None = None) -> dict[str, DeltaPart]:
@@ -397,11 +443,16 @@ def values_norm(parts: Mapping[str, DeltaPart]) -> float:
 def merge_parts(
     tensors: Mapping[str, torch.Tensor], parts: Mapping[str, DeltaPart]
 ) -> dict[str, torch.Tensor]:
-    """New tensors with the listed directions replaced (inputs untouched)."""
-    out = {k: v.clone() for k, v in tensors.items()}
+    """New tensors with the listed directions replaced (inputs untouched). The tensors of modules
+    without parts are shared with `tensors`, not copied: states are never written in place (each
+    change goes through here, into copies), and the online trainer merges every step."""
+    out = dict(tensors)
     for m, p in parts.items():
-        out[f"{m}.lora_A"][p.dirs] = p.lora_A
-        out[f"{m}.lora_B"][:, p.dirs] = p.lora_B
+        key_a, key_b = f"{m}.lora_A", f"{m}.lora_B"
+        a, b = out[key_a].clone(), out[key_b].clone()
+        a[p.dirs] = p.lora_A
+        b[:, p.dirs] = p.lora_B
+        out[key_a], out[key_b] = a, b
     return out
 
 
@@ -414,25 +465,38 @@ def make_delta(
     event_id: str | None = None,
     now: datetime | None = None,
     key: bytes | None = None,
+    norm: float | None = None,
 ) -> AdapterDelta:
-    """The AdapterDelta message carrying `parts` (norm computed against `state`), in the state's
-    epoch, signed with `key` when given."""
+    """The AdapterDelta message carrying `parts` (norm computed against `state`, unless the
+    caller has it already: `norm`), in the state's epoch, signed with `key` when given."""
     now = now or datetime.now(UTC)
-    norm = values_norm(parts) if snapshot else change_norm(state.tensors, parts)
-    delta = AdapterDelta(
+    if norm is None:
+        norm = values_norm(parts) if snapshot else change_norm(state.tensors, parts)
+    payload = encode_delta(parts)
+    signature = (
+        None
+        if key is None
+        else _mac(
+            key,
+            _signed_fields(
+                state.adapter_id, state.base_version, seq, state.rank, snapshot, norm, payload, state.epoch
+            ),
+        )
+    )
+    return AdapterDelta(
         event_id=event_id or f"{state.adapter_id[:40]}:{seq}:{'s' if snapshot else 'd'}",
         ts=now,
         adapter_id=state.adapter_id,
         base_version=state.base_version,
         seq=seq,
         rank=state.rank,
-        payload=encode_delta(parts),
+        payload=payload,
         norm=norm,
         created_at=now,
         snapshot=snapshot,
         epoch=state.epoch,
+        signature=signature,
     )
-    return sign_delta(delta, key) if key is not None else delta
 
 
 def _check_order(state: AdapterState, delta: AdapterDelta) -> None:

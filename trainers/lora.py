@@ -49,6 +49,7 @@ from trainers.ranker import Ranker, additive_in_logit
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _PLACEHOLDER = "placeholder"  # PEFT needs one adapter at construction; it stays at B = 0
+_EMPTY = torch.empty(0)
 
 
 def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
@@ -117,6 +118,9 @@ class AdapterBank:
             p.requires_grad_(False)
         self.model.eval()
         self._ids: dict[str, str] = {}
+        # PEFT name → [(module, A, B)]: the live parameters, found once per adapter (each lookup
+        # walks nn.Module attribute chains; the trainer reads them several times a step)
+        self._pairs: dict[str, list[tuple[str, nn.Parameter, nn.Parameter]]] = {}
         self.a_init: dict[str, torch.Tensor] = {}  # module → lora_A of new adapters (init_from_inputs)
         self._training: str | None = None  # the adapter set up by the last train_logits
         kinds = dict(base.named_modules())
@@ -133,9 +137,17 @@ class AdapterBank:
                 layer.base_layer.register_forward_hook(self._catch(m, 1))
 
     def _catch(self, module: str, which: int) -> Any:
+        # the base layer's output (which=1) is held until its LoRA wrapper returns (which=0),
+        # then only their difference, the module's LoRA term, is kept: nothing runs between the
+        # two that could change the held output in place (PEFT's single-adapter forward adds
+        # out of place; the in-place mixed-batch path is never captured), so no copy is needed
         def hook(_mod: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
-            if self._capture is not None:  # a copy: a later in-place add must not reach it
-                self._capture[module][which] = output.detach().clone()
+            if self._capture is not None:
+                held = self._capture[module]
+                if which:
+                    held[1] = output.detach()
+                else:
+                    held[0] = output.detach() - held[1]
 
         return hook
 
@@ -202,6 +214,7 @@ class AdapterBank:
         """Delete an adapter (its PEFT layers and tensors)."""
         self._require(adapter_id)
         name = self._ids.pop(adapter_id)
+        self._pairs.pop(name, None)
         self.model.base_model.set_adapter(_PLACEHOLDER)
         self._training = None
         self.model.delete_adapter(name)
@@ -210,6 +223,7 @@ class AdapterBank:
         """Put an adapter back to its initial state (B = 0: scores equal the base model's)."""
         self._require(adapter_id)
         name = self._ids.pop(adapter_id)
+        self._pairs.pop(name, None)
         self.model.base_model.set_adapter(_PLACEHOLDER)
         self._training = None
         self.model.delete_adapter(name)
@@ -231,8 +245,13 @@ class AdapterBank:
 
     def lora_params(self, adapter_id: str) -> dict[str, tuple[nn.Parameter, nn.Parameter]]:
         """`{module: (A [r, in], B [out, r])}`: the live parameters of one adapter."""
-        name = self._require(adapter_id)
-        return {module: self._pair(module, name) for module in self.modules}
+        return {module: (a, b) for module, a, b in self._pairs_of(self._require(adapter_id))}
+
+    def _pairs_of(self, name: str) -> list[tuple[str, nn.Parameter, nn.Parameter]]:
+        pairs = self._pairs.get(name)
+        if pairs is None:
+            pairs = self._pairs[name] = [(m, *self._pair(m, name)) for m in self.modules]
+        return pairs
 
     def _pair(self, module: str, name: str) -> tuple[nn.Parameter, nn.Parameter]:
         layer = self._layers[module]
@@ -242,10 +261,8 @@ class AdapterBank:
 
     def get_state(self, adapter_id: str) -> dict[str, torch.Tensor]:
         """A detached copy of the adapter's weights as `{<module>.lora_A, <module>.lora_B}`."""
-        name = self._require(adapter_id)
         out: dict[str, torch.Tensor] = {}
-        for module in self.modules:
-            a, b = self._pair(module, name)
+        for module, a, b in self._pairs_of(self._require(adapter_id)):
             out[f"{module}.lora_A"] = a.detach().clone()
             out[f"{module}.lora_B"] = b.detach().clone()
         return out
@@ -253,10 +270,8 @@ class AdapterBank:
     def state_views(self, adapter_id: str) -> dict[str, torch.Tensor]:
         """`get_state` without the copies: the live weights, detached (they change with the next
         optimiser step or `set_state`; read them, keep a copy)."""
-        name = self._require(adapter_id)
         out: dict[str, torch.Tensor] = {}
-        for module in self.modules:
-            a, b = self._pair(module, name)
+        for module, a, b in self._pairs_of(self._require(adapter_id)):
             out[f"{module}.lora_A"] = a.detach()
             out[f"{module}.lora_B"] = b.detach()
         return out
@@ -317,13 +332,13 @@ class AdapterBank:
         if not self.base_from_lora_forward:
             return self.train_logits(batch, adapter_id), self.base_logits(batch)
         n = len(batch)
-        self._capture = {m: [torch.empty(0), torch.empty(0)] for m in self.modules}
+        self._capture = {m: [_EMPTY, _EMPTY] for m in self.modules}
         try:
             logits = self.train_logits(batch, adapter_id)
             captured = self._capture
         finally:
             self._capture = None
         base = logits.detach().clone()
-        for adapted, plain in captured.values():
-            base -= (adapted - plain).reshape(n)
+        for lora_term, _plain in captured.values():
+            base -= lora_term.reshape(n)
         return logits, base

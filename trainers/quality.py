@@ -91,17 +91,19 @@ class RollingMetrics:
         if n == 0:
             return
         self._auc = None
-        idx = (self._next + np.arange(n)) % self.window
+        # the slots written: `first` from `_next` on, the rest wrapped to the start of the ring
+        start = self._next
+        first = min(n, self.window - start)
         if self._count == self.window:  # full: the overwritten pairs leave the window
-            self._positives -= int(self._y[idx].sum())
-        else:
-            evicted = max(0, self._count + n - self.window)
-            if evicted:  # the first `evicted` slots written wrap onto the oldest pairs
-                self._positives -= int(self._y[idx[n - evicted :]].sum())
-        self._p[idx] = p
-        self._y[idx] = y
+            self._positives -= int(self._y[start : start + first].sum()) + int(self._y[: n - first].sum())
+        elif n > first:  # filling (then `_next == _count`): the wrapped slots hold the oldest pairs
+            self._positives -= int(self._y[: n - first].sum())
+        self._p[start : start + first] = p[:first]
+        self._y[start : start + first] = y[:first]
+        self._p[: n - first] = p[first:]
+        self._y[: n - first] = y[first:]
         self._positives += int(y.sum())
-        self._next = int((self._next + n) % self.window)
+        self._next = (start + n) % self.window
         self._count = min(self.window, self._count + n)
 
     @property
