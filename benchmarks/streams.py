@@ -296,7 +296,7 @@ OURS = ("streams", "schemas", "attribution", "deploy", "workloads")
 # frame prefixes (str.startswith takes a tuple) of our main steps, for their inclusive share
 STEPS: dict[str, str | tuple[str, ...]] = {
     "validate (pydantic decode + dead letters)": (
-        "FastDecoder.decode (streams/ingest.py",
+        "FastDecoder.decode_ts (streams/ingest.py",
         "validate (streams/ingest.py",
         "BaseModel.model_validate_json (pydantic/main.py",
     ),

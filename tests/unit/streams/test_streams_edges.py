@@ -336,3 +336,27 @@ def test_the_pipeline_judges_event_times_as_ahead_of_record_does() -> None:
             else:
                 assert isinstance(got, Invalid) and got.reason == "future_timestamp" == want.reason
                 assert got.dead_letter.event_id == want.dead_letter.event_id
+
+
+def test_the_faust_worker_runs_on_uvloop_as_the_aiokafka_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    from streams import app as app_mod
+
+    class Started(Exception):
+        pass
+
+    policies = []
+
+    def create_app(settings: Settings) -> None:
+        policies.append(asyncio.get_event_loop_policy())
+        raise Started
+
+    monkeypatch.setattr(app_mod, "create_app", create_app)
+    before = asyncio.get_event_loop_policy()
+    try:
+        with pytest.raises(Started):
+            app_mod.run_worker(Settings())
+    finally:
+        asyncio.set_event_loop_policy(before)
+    assert isinstance(policies[0], uvloop.EventLoopPolicy)
