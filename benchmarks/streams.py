@@ -13,7 +13,8 @@ On the running local stack (broker, Redis, ClickHouse), in one run:
    records: validation, time-ordered merge, user state, label join, ClickHouse sink, Redis commit.
    The rate is measured from 5 % to 100 % applied (the offsets the worker commits to Redis), so
    start-up and catalog load are excluded; py-spy samples the worker meanwhile and the profile is
-   summarised by package and by function (self time).
+   summarised by package and by function (self time). The records dead-lettered meanwhile are
+   counted: the events are all valid and signed with the key the worker checks, so none should be.
 
 Goals (issue 15), as ratios of the same run: the Faust engine ≥ 0.8 × the aiokafka engine, and
 both engines ≥ 0.15 × raw (stretch 0.25).
@@ -65,11 +66,14 @@ GOAL_RATIO_TO_RAW = 0.15
 STRETCH_RATIO_TO_RAW = 0.25
 
 
-def generate(n: int, seed: int) -> tuple[list[tuple[str, bytes, bytes]], list[tuple[str, bytes, bytes]]]:
+def generate(
+    n: int, seed: int, s: Settings
+) -> tuple[list[tuple[str, bytes, bytes]], list[tuple[str, bytes, bytes]]]:
     """(catalog records, user-event records) of about n user events, as (topic, key, value)."""
-    # signed with the stack's event key, as the worker verifies them (part of its cost)
+    # signed with the event key of the workers' settings `s` (their state dir's key file), as the
+    # worker verifies them (part of its cost); another key would make every one a dead letter
     market = Market(
-        MarketConfig(seed=seed, n_users=20_000, n_ads=2_000, rate=200.0), signing_key=event_key(Settings())
+        MarketConfig(seed=seed, n_users=20_000, n_ads=2_000, rate=200.0), signing_key=event_key(s)
     )
     catalog: list[tuple[str, bytes, bytes]] = []
     events: list[tuple[str, bytes, bytes]] = []
@@ -126,6 +130,22 @@ async def raw_consume(s: Settings, expect: int) -> dict[str, float]:
     finally:
         await c.stop()
     return {"events": n, "seconds": dt, "events_per_s": n / dt if dt else 0.0, "mb_per_s": nbytes / dt / 1e6}
+
+
+async def dead_letters_so_far(s: Settings) -> int:
+    """Records on the dead-letter topic (its end offsets summed): a worker run's dead letters
+    are the difference; the benchmark's events are all valid, so it should be none."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    name = topics.topic_name(topics.DLQ, s.topic_prefix)
+    n_parts = s.kafka.topic_partitions or topics.TOPICS_BY_NAME[topics.DLQ].partitions
+    c = AIOKafkaConsumer(bootstrap_servers=s.kafka.bootstrap, enable_auto_commit=False)
+    await c.start()
+    try:
+        ends = await c.end_offsets([TopicPartition(name, p) for p in range(n_parts)])
+    finally:
+        await c.stop()
+    return int(sum(ends.values()))
 
 
 def bare_faust_child(expect: int, out: Path) -> None:
@@ -276,7 +296,7 @@ OURS = ("streams", "schemas", "attribution", "deploy", "workloads")
 # frame prefixes (str.startswith takes a tuple) of our main steps, for their inclusive share
 STEPS: dict[str, str | tuple[str, ...]] = {
     "validate (pydantic decode + dead letters)": (
-        "FastDecoder.decode (streams/ingest.py",
+        "FastDecoder.decode_ts (streams/ingest.py",
         "validate (streams/ingest.py",
         "BaseModel.model_validate_json (pydantic/main.py",
     ),
@@ -404,7 +424,7 @@ def main() -> None:
     faust_floor: dict[str, float] | None = None
     load_start = machine()["load_avg_1m"]
     try:
-        catalog, events = generate(args.events, args.seed)
+        catalog, events = generate(args.events, args.seed, s)
         asyncio.run(produce(s, catalog))
         produce_s = asyncio.run(produce(s, events))
         console.print(f"produced {len(events)} user events ({len(catalog)} ads) in {produce_s:.1f}s")
@@ -416,7 +436,9 @@ def main() -> None:
             profile = None if args.no_profile else out_dir / f"streams-{tag}-{engine}.pyspy.txt"
             log = out_dir / f"streams-{tag}-{engine}.log"
             try:
+                dead_before = asyncio.run(dead_letters_so_far(s))
                 run = run_worker(es, len(events), profile, log, engine, args.profile_idle)
+                run["dead_letters"] = asyncio.run(dead_letters_so_far(s)) - dead_before
                 run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
                 runs[engine] = run
             finally:
@@ -495,7 +517,7 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
 
-    table = Table("path", "events", "seconds", "events/s", "÷ raw")
+    table = Table("path", "events", "seconds", "events/s", "÷ raw", "dead letters")
     table.add_row("floor: aiokafka getmany (median = raw)", str(len(events)), "", f"{raw_rate:,.0f}", "1")
     if faust_floor:
         table.add_row(
@@ -512,8 +534,14 @@ def main() -> None:
             f"{r['seconds']:.2f}",
             f"{r['events_per_s']:,.0f}",
             f"{ratio[e]:.3f}",
+            f"{r['dead_letters']:,}",
         )
     console.print(table)
+    for e, r in runs.items():
+        if r["dead_letters"]:
+            console.print(
+                f"[red]{e}: {r['dead_letters']:,} records dead-lettered: not the pipeline's rate[/red]"
+            )
     for name, g in goals.items():
         console.print(f"goal {name} ≥ {g['goal']}: {g['measured']} ({'met' if g['met'] else 'NOT met'})")
     m = result["machine"]

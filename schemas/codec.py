@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
@@ -127,3 +128,10 @@ def key_of(msg: Message) -> bytes:
 def encode(msg: BaseModel) -> bytes:
     """UTF-8 JSON bytes of a message, as it travels on Kafka."""
     return msg.model_dump_json().encode()
+
+
+def encoder(model: type[BaseModel]) -> Callable[[BaseModel], bytes]:
+    """`encode` for messages of exactly `model`, in one call of its serializer (the same bytes,
+    without `model_dump_json`'s str and its encoding: for a worker encoding thousands at once)."""
+    to_json: Callable[[BaseModel], bytes] = model.__pydantic_serializer__.to_json
+    return to_json

@@ -134,24 +134,29 @@ async def produce_all(
 
     `send_many`, when given, sends a whole round at once (in batches: far less work per message
     than one `send` each); `send` is used otherwise."""
-    todo = [(t, k, v, False) for t, k, v in messages]  # … and whether it is a stand-in already
+    todo: Sequence[tuple[str, bytes, bytes]] = messages
+    stand_ins: Sequence[bool] = [False] * len(todo)  # … whether each is a stand-in already
     replaced = 0
     waits = backoff.delays()  # never gives up: the worker pauses rather than lose a batch
     while todo:
         results: Sequence[Any]
         if send_many is not None:
-            results = await send_many([(t, k, v) for t, k, v, _ in todo])
+            results = await send_many(todo)
         else:
-            results = await asyncio.gather(*(send(t, k, v) for t, k, v, _ in todo), return_exceptions=True)
-        again: list[tuple[str, bytes, bytes, bool]] = []
+            results = await asyncio.gather(*(send(t, k, v) for t, k, v in todo), return_exceptions=True)
+        if not any(results):  # every one delivered (the common case)
+            break
+        again: list[tuple[str, bytes, bytes]] = []
+        again_stand_ins: list[bool] = []
         transient: BaseException | None = None
-        for (topic, key, value, stand_in), res in zip(todo, results, strict=True):
+        for (topic, key, value), stand_in, res in zip(todo, stand_ins, results, strict=True):
             if isinstance(res, asyncio.CancelledError):
                 raise res
             if not isinstance(res, BaseException):
                 continue
             if is_transient(res):
-                again.append((topic, key, value, stand_in))
+                again.append((topic, key, value))
+                again_stand_ins.append(stand_in)
                 transient = res
             elif not permanent(res):
                 raise res  # neither the broker's weather nor the message's content: a bug
@@ -162,11 +167,12 @@ async def produce_all(
                 replaced += 1
                 log.warning("message to %s can never be produced (%s): dead-lettered", topic, res)
                 letter = unsendable_letter(topic, value, f"{type(res).__name__}: {res}")
-                again.append((dlq_topic, topic.encode(), letter, True))
+                again.append((dlq_topic, topic.encode(), letter))
+                again_stand_ins.append(True)
         if transient is not None:
             wait = next(waits)
             m.RETRIES.labels(what).inc()
             log.warning("%s failed (%s); retrying %d message(s) in %.1fs", what, transient, len(again), wait)
             await asyncio.sleep(wait)
-        todo = again
+        todo, stand_ins = again, again_stand_ins
     return replaced

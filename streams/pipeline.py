@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import topics
-from schemas.codec import encode, key_of, model_for_topic
+from schemas.codec import encode, encoder, key_of, model_for_topic
 from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
@@ -57,6 +57,7 @@ from streams.store import Commit, RedisStateStore
 
 log = logging.getLogger(__name__)
 
+_EXAMPLE_JSON = encoder(TrainingExample)  # `encode` of a TrainingExample
 INPUTS: tuple[str, ...] = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
 
 __all__ = ["INPUTS", "Pipeline", "RawRecord", "retrying"]
@@ -98,7 +99,7 @@ class _Batch:
     raws: dict[str, list[bytes | None]] = field(default_factory=lambda: defaultdict(list))  # rows' records
     dead: list[DeadLetter] = field(default_factory=list)
     examples: list[TrainingExample] = field(default_factory=list)
-    offsets: dict[str, int] = field(default_factory=dict)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) → last
     parts: set[int] = field(default_factory=set)
     handles: list[Any] = field(default_factory=list)
     count: int = 0
@@ -137,6 +138,9 @@ class Pipeline:
         # impressions only replicas signed, clicks and dwells echoing a served ad's token (M10)
         verify = settings.streams.verify_impressions or settings.streams.verify_clicks
         self.event_key: bytes | None = event_key(settings) if verify else None
+        self.verify_impressions = settings.streams.verify_impressions
+        self.verify_clicks = settings.streams.verify_clicks
+        self.max_skew_s = settings.streams.max_event_skew_s
         self.parts: dict[int, _Part] = {}
         self.batch = _Batch()
         self.counts: Counter[str] = Counter()
@@ -178,6 +182,7 @@ class Pipeline:
             # here is retried; were it to escape, the merge would be as before this call)
             staged: list[tuple[_Part, Item]] = []
             latest: dict[tuple[int, str], int] = {}  # offsets staged in this call
+            now = time.time()
             for rec in records:
                 base = self.base_of.get(rec.topic)
                 if base is None:
@@ -199,7 +204,7 @@ class Pipeline:
                     part.redelivered.append((rec.topic, rec.offset, rec.handle))
                     continue
                 latest[key] = rec.offset
-                result = self._judge(base, rec)
+                result = self._judge(base, rec, now)
                 if isinstance(result, Invalid):
                     m.INVALID.labels(base, result.reason).inc()
                     self.counts[f"invalid:{result.reason}"] += 1
@@ -223,31 +228,39 @@ class Pipeline:
             if self._due():
                 await self._commit()
 
-    def _judge(self, base: str, rec: RawRecord) -> tuple[Message, float] | Invalid:
+    def _judge(self, base: str, rec: RawRecord, now: float) -> tuple[Message, float] | Invalid:
         """The record's event and its time (epoch seconds), or its dead letter (contract
-        violation, far-future time, an impression no replica signed, a click without its token)."""
+        violation, far-future time, an impression no replica signed, a click without its token).
+
+        `now` is the wall clock when the feed began: a record whose Kafka timestamp is no later
+        and whose event time is within the skew of it passes `ahead_of_record` whatever the
+        clock says now (it is only later), so only the others ask it."""
         # the common case, fast; anything else is decided by `validate`, which dead-letters it
-        result: Message | Invalid | None = self.fast_of[rec.topic].decode(rec.value)
-        if result is None:
+        fast = self.fast_of[rec.topic].decode_ts(rec.value)
+        if fast is None:
             result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
-        if not isinstance(result, Invalid):
-            ts = result.ts.timestamp()
+            if isinstance(result, Invalid):
+                return result
+            event, ts = result, result.ts.timestamp()
+        else:
+            event, ts = fast
+        written = rec.timestamp_ms / 1000
+        if not (0 < written <= now and ts <= written + self.max_skew_s):
             late = ahead_of_record(
-                result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
-                self.settings.streams.max_event_skew_s, event_ts=ts,
+                event, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
+                self.max_skew_s, event_ts=ts,
             )  # fmt: skip
             if late is not None:
                 return late
-            if self.event_key is not None:  # before the join, the state and the sink
-                forged = unvouched(
-                    result, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
-                    self.event_key, impressions=self.settings.streams.verify_impressions,
-                    clicks=self.settings.streams.verify_clicks,
-                )  # fmt: skip
-                if forged is not None:
-                    return forged
-            return result, ts
-        return result
+        if self.event_key is not None:  # before the join, the state and the sink
+            forged = unvouched(
+                event, rec.topic, rec.partition, rec.offset, rec.value or b"", rec.timestamp_ms,
+                self.event_key, impressions=self.verify_impressions, clicks=self.verify_clicks,
+                event_ts=ts,
+            )  # fmt: skip
+            if forged is not None:
+                return forged
+        return event, ts
 
     async def _load_users(self, part: _Part, uids: set[str]) -> None:
         """Read users from Redis into the partition's cache (retried while Redis fails)."""
@@ -342,7 +355,7 @@ class Pipeline:
             b.started = time.monotonic()
         b.count += 1
         b.parts.add(p)
-        b.offsets[f"{item.topic}:{p}"] = item.offset
+        b.offsets[item.topic, p] = item.offset
         part.applied[item.topic] = item.offset
         b.handles.append(item.handle)
         if item.event is None:
@@ -381,7 +394,7 @@ class Pipeline:
             self._trim_cache()
         b, self.batch = self.batch, _Batch()
         # everything the batch will write is fixed first, so a retry writes exactly the same
-        commit = Commit(offsets=b.offsets)
+        commit = Commit(offsets={f"{t}:{p}": off for (t, p), off in b.offsets.items()})
         for p in b.parts:
             proc = self.parts[p].proc
             commit.users += [proc.states[u] for u in proc.dirty_users]
@@ -396,7 +409,8 @@ class Pipeline:
             commit.stream_ts[p] = join.stream_ts
         messages = [(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
         # keyed by adapter_id, as `key_of` keys them (the contract's key of the topic)
-        messages += [(self.examples_topic, e.adapter_id.encode(), encode(e)) for e in b.examples]
+        topic, to_json = self.examples_topic, _EXAMPLE_JSON
+        messages += [(topic, e.adapter_id.encode(), to_json(e)) for e in b.examples]
         await self._settle()
         self._inflight = asyncio.create_task(self._finish(b, commit, messages))
 
@@ -411,9 +425,8 @@ class Pipeline:
         if b.examples:
             m.EVENTS_OUT.labels(topics.TRAINING_EXAMPLES).inc(len(b.examples))
         self.ack(b.handles)
-        for key, off in b.offsets.items():
-            topic, _, p_str = key.rpartition(":")
-            part = self.parts.get(int(p_str))
+        for (topic, p), off in b.offsets.items():
+            part = self.parts.get(p)
             if part is not None:
                 part.committed[topic] = off
         for p in b.parts:

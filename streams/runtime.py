@@ -14,7 +14,7 @@ import asyncio
 import gc
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -40,8 +40,23 @@ log = logging.getLogger(__name__)
 # the partition is assigned), or the broker's errors; a bug raises as itself
 NOT_ASSIGNED: tuple[type[BaseException], ...] = (AssertionError, *kafka_errors())
 
-GC_GEN0 = 50_000
+GC_GEN0 = 200_000
 LARGE_MESSAGE_BYTES = 64 * 1024  # a message this large goes through `send` (and its size checks)
+
+
+async def _ship(
+    sending: Awaitable[Any],
+    idx: list[int],
+    results: list[BaseException | None],
+    pending: list[tuple[Any, list[int]]],
+) -> None:
+    """Await the enqueueing of messages `idx`: their delivery future into `pending`, or the error
+    into `results` (handed to produce_all, which classifies it; a bug is raised there)."""
+    try:
+        pending.append((await sending, idx))
+    except Exception as exc:  # see above
+        for i in idx:
+            results[i] = exc
 
 
 class Runtime:
@@ -136,44 +151,62 @@ class Runtime:
         whose size checks raise the errors `produce_all` dead-letters on. A message appended to
         a batch costs a fraction of a `send` (no future, no partitioner, no accumulator wait).
         """
-        producer = self.producer
-        assert producer is not None
         results: list[BaseException | None] = [None] * len(messages)
         pending: list[tuple[Any, list[int]]] = []  # (delivery future, indices of its messages)
-        open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
-
-        async def ship(topic: str, p: int, batch: Any, idx: list[int]) -> None:
-            try:
-                pending.append((await producer.send_batch(batch, topic, partition=p), idx))
-            except Exception as exc:  # handed to produce_all, which classifies it (a bug is raised there)
-                for i in idx:
-                    results[i] = exc
-
         async with self._enqueue:
-            for i, (topic, key, value) in enumerate(messages):
-                try:
-                    p = await self._partition_of(topic, key)
-                    if len(value) + len(key) >= LARGE_MESSAGE_BYTES:
-                        pending.append((await producer.send(topic, value=value, key=key, partition=p), [i]))
-                        continue
-                except Exception as exc:  # as above: produce_all retries, dead-letters or raises it
-                    results[i] = exc
-                    continue
-                batch, idx = open_batches.get((topic, p)) or (producer.create_batch(), [])
-                if batch.append(key=key, value=value, timestamp=None) is None:  # full: ship it
-                    await ship(topic, p, batch, idx)
-                    batch, idx = producer.create_batch(), []
-                    batch.append(key=key, value=value, timestamp=None)
-                idx.append(i)
-                open_batches[topic, p] = (batch, idx)
-            for (topic, p), (batch, idx) in open_batches.items():
-                await ship(topic, p, batch, idx)
+            parts = await self._partitions_of(messages, results)
+            await self._enqueue_batches(messages, parts, results, pending)
         outcomes = await asyncio.gather(*(fut for fut, _ in pending), return_exceptions=True)
         for (_, idx), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 for i in idx:
                     results[i] = outcome
         return results
+
+    async def _enqueue_batches(
+        self,
+        messages: Sequence[tuple[str, bytes, bytes]],
+        parts: list[int | None],
+        results: list[BaseException | None],
+        pending: list[tuple[Any, list[int]]],
+    ) -> None:
+        """Append each message to its partition's open batch, shipping full ones (a large one
+        alone through `send`); their deliveries go to `pending`, errors to `results`."""
+        producer = self.producer
+        assert producer is not None
+        open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
+        for i, ((topic, key, value), p) in enumerate(zip(messages, parts, strict=True)):
+            if p is None:  # its partition is unknown: the error is in results[i]
+                continue
+            if len(value) + len(key) >= LARGE_MESSAGE_BYTES:
+                await _ship(producer.send(topic, value=value, key=key, partition=p), [i], results, pending)
+                continue
+            batch, idx = open_batches.get((topic, p)) or (producer.create_batch(), [])
+            if batch.append(key=key, value=value, timestamp=None) is None:  # full: ship it
+                await _ship(producer.send_batch(batch, topic, partition=p), idx, results, pending)
+                batch, idx = producer.create_batch(), []
+                batch.append(key=key, value=value, timestamp=None)
+            idx.append(i)
+            open_batches[topic, p] = (batch, idx)
+        for (topic, p), (batch, idx) in open_batches.items():
+            await _ship(producer.send_batch(batch, topic, partition=p), idx, results, pending)
+
+    async def _partitions_of(
+        self, messages: Sequence[tuple[str, bytes, bytes]], errors: list[BaseException | None]
+    ) -> list[int | None]:
+        """Per message its partition (`_partition_of`), or None with the error in `errors`;
+        keys seen before are looked up without a coroutine each."""
+        out: list[int | None] = []
+        for i, (topic, key, _) in enumerate(messages):
+            known = self._partitions.get(topic)
+            p = None if known is None else known[1].get(key)
+            if p is None:
+                try:
+                    p = await self._partition_of(topic, key)
+                except Exception as exc:  # handed to produce_all, which classifies it (a bug is raised there)
+                    errors[i] = exc
+            out.append(p)
+        return out
 
     async def _partition_of(self, topic: str, key: bytes) -> int:
         """The partition the producer's default partitioner picks for `key` (cached per key)."""

@@ -303,7 +303,9 @@ def test_malformed_catalog_record_is_dead_lettered(deployment: Settings, worker:
     produce(s, [(topics.CATALOG, b"bad-ad", broken)])
     produce_run(s, catalog, [(topic_of(e), key_of(e), encode(e)) for e in valid])
     worker.start()
-    dlq = [decode(DeadLetter, rec.value) for rec in consume_all(s, topics.DLQ, expect=1)]
+    # the worker starts after this begins waiting (seconds, on a loaded machine): it returns at the
+    # first dead letter, so only a failure waits the whole idle time
+    dlq = [decode(DeadLetter, rec.value) for rec in consume_all(s, topics.DLQ, expect=1, idle_s=30)]
     assert len(dlq) == 1
     d = dlq[0]
     assert isinstance(d, DeadLetter)

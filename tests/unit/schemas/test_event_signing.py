@@ -128,3 +128,21 @@ def test_the_event_key_is_resolved_like_the_delta_key(tmp_path: Path):
     assert event_key(Settings(state_dir=tmp_path, event_signing_key="z" * 40)) == b"z" * 40
     with pytest.raises(ConfigError, match="event_signing_key"):
         event_key(Settings(state_dir=tmp_path, event_signing_key="short"))
+
+
+def test_the_canonical_bytes_are_pinned_and_the_same_with_a_known_time():
+    # replicas sign with these bytes and workers of another version verify them: they never change
+    imp = served()
+    want = (
+        b"adstream-impression-v1|7:req-1/0|2:u1|5:req-1|3:ad7|2:c7|2:v7|feed|1795953600.123456|0"
+        b"|0.8125|0.031|9:ranker-v3|7:feed@12"
+    )
+    assert impression_bytes(imp) == want
+    assert impression_bytes(imp, imp.ts.timestamp()) == want
+    bare = served(pctr=None, model_version=None, adapter_version=None, price=2, user_id="ü|9:x")
+    assert impression_bytes(bare) == (
+        b"adstream-impression-v1|7:req-1/0|5:\xc3\xbc|9:x|5:req-1|3:ad7|2:c7|2:v7|feed|1795953600.123456|0"
+        b"|2.0|-|-|-"
+    )
+    sig = sign_impression(imp, KEY).sig
+    assert sig is not None and check_event(sign_impression(imp, KEY), KEY, ts=imp.ts.timestamp()) is None

@@ -153,3 +153,21 @@ def test_a_huge_intent_score_never_stops_the_join() -> None:
     out = proc.on_event(click("c1", 1, "i1"))
     assert len(out) == 1 and out[0].click
     assert abs(out[0].intent_score) <= MAX_FEATURE and max(map(abs, out[0].user_vector)) <= MAX_FEATURE
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in dot:RuntimeWarning")  # as the worker does
+def test_the_feature_bound_check_is_the_component_wise_one() -> None:
+
+    from streams.processor import within_bound
+
+    edge = np.nextafter(np.float32(MAX_FEATURE), np.float32(np.inf))  # the first float32 over it
+    rng = np.random.default_rng(0)
+    cases = [
+        [MAX_FEATURE], [edge], [-edge], [MAX_FEATURE, -MAX_FEATURE], [0.0] * 31 + [edge],
+        [9e5] * 32, [1e5] * 32, [np.nan], [np.inf], [-np.inf], [1e20], [3e19, 1.0], [],
+        *(rng.normal(0, scale, 32) for scale in (1.0, 3e5, 1e6, 1e7)),
+    ]  # fmt: skip
+    for values in cases:
+        vec = np.asarray(values, dtype=np.float32)
+        want = bool(np.abs(vec).max() <= MAX_FEATURE) if len(vec) else True
+        assert within_bound(vec) == want, values

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,52 @@ def test_the_worker_reads_its_fetch_sizes_from_the_settings(tmp_path: Path) -> N
     s = Settings(state_dir=tmp_path, streams={"fetch_records": 123, "fetch_bytes": 65_536})
     app = create_app(s)
     assert app.conf.broker_max_poll_records == 123 and app.conf.consumer_max_fetch_size == 65_536
+
+
+def test_the_pipeline_judges_event_times_as_ahead_of_record_does() -> None:
+    """The feed's shortcut (record time not after the feed began, event within the skew of it)
+    decides every record as `ahead_of_record` does, with its dead letter otherwise."""
+    import time
+
+    from streams.ingest import ahead_of_record
+
+    pipe = _pipeline(_Redis(ConnectionError(), times=0))
+    skew = pipe.max_skew_s
+    now = time.time()
+    for event_s in (now - 86400, now - 1, now, now + skew - 1, now + skew + 5, now + 3 * skew):
+        event = impression("i1", 0.0).model_copy(update={"ts": datetime.fromtimestamp(event_s, tz=UTC)})
+        raw = encode(event)
+        for record_s in (None, now - 2 * skew, now - 10, now - 0.001, now + 10, now + 2 * skew):
+            ts_ms = 0 if record_s is None else int(record_s * 1000)
+            rec = RawRecord(pipe.inputs[0], 0, 5, raw, ts_ms)
+            got = pipe._judge("ad.impressions", rec, now)
+            want = ahead_of_record(event, rec.topic, 0, 5, raw, ts_ms, skew)
+            if want is None:
+                assert not isinstance(got, Invalid) and got == (event, event.ts.timestamp())
+            else:
+                assert isinstance(got, Invalid) and got.reason == "future_timestamp" == want.reason
+                assert got.dead_letter.event_id == want.dead_letter.event_id
+
+
+def test_the_faust_worker_runs_on_uvloop_as_the_aiokafka_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    from streams import app as app_mod
+
+    class Started(Exception):
+        pass
+
+    policies = []
+
+    def create_app(settings: Settings) -> None:
+        policies.append(asyncio.get_event_loop_policy())
+        raise Started
+
+    monkeypatch.setattr(app_mod, "create_app", create_app)
+    before = asyncio.get_event_loop_policy()
+    try:
+        with pytest.raises(Started):
+            app_mod.run_worker(Settings())
+    finally:
+        asyncio.set_event_loop_policy(before)
+    assert isinstance(policies[0], uvloop.EventLoopPolicy)
