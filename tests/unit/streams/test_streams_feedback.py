@@ -168,3 +168,17 @@ def test_corrected_scores_replays_the_correction_progressively_per_user_and_cate
     assert got[3] == pytest.approx(0.2)  # another category
     assert got[4] < got[1]  # the non-click at 1 moved shoes down by lr · its served pctr
     np.testing.assert_allclose(corrected_scores(stream, raw, StateSettings(feedback_lr=0.0)), raw)
+
+
+def test_serving_reads_the_bias_decayed_and_clamped_and_not_at_all_when_turned_off() -> None:
+    from deploy.cli_serving import StreamsUserCodec
+    from schemas.settings import Settings
+
+    s = apply_event(UserState.empty("u1", DIM), impression("i1", 0.0), AD, P)
+    forged = UserState(**{**{f: getattr(s, f) for f in s.__slots__}, "bias": {"shoes": 9.0, "tech": -0.5}})  # type: ignore[arg-type]
+    data = encode_state(forged)
+    codec = StreamsUserCodec(Settings(state={"feedback_max": 4.0, "half_life_s": 10.0}))
+    view = codec.view("u1", data, forged.last_ts + 10.0)
+    assert view.bias == {"shoes": 4.0, "tech": pytest.approx(-0.25)}
+    off = StreamsUserCodec(Settings(state={"feedback_lr": 0.0}))
+    assert off.view("u1", data, forged.last_ts).bias == {}
