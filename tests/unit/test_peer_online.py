@@ -62,7 +62,16 @@ def test_every_learner_is_scored_on_the_same_examples(tiny: dict[str, Any]) -> N
     )
     assert run.impression_ids == [e.impression_id for e in stream]
     assert run.labels.tolist() == [float(e.click) for e in stream]
-    assert set(run.scores) == {"adstream", "vw", "river", "frozen", "oracle"}
+    # adstream is what a replica serves at the defaults (LoRA + the per-user correction); the
+    # LoRA's own scores sit beside it
+    assert set(run.scores) == {"adstream", "adstream_lora", "vw", "river", "frozen", "oracle"}
+    assert not np.allclose(run.scores["adstream"], run.scores["adstream_lora"])
+    off = po.run_stream(
+        "tiny", tiny["warm"], stream, Settings(state={"feedback_lr": 0.0}), po.PeerSpec(), seed=3,
+        drift=tiny["drift"], oracle=tiny["oracle"],
+    )  # fmt: skip
+    assert "adstream_lora" not in off.scores
+    np.testing.assert_allclose(off.scores["adstream"], run.scores["adstream_lora"])
     for name, s in run.scores.items():
         assert s.shape == run.labels.shape, name
         assert np.isfinite(s).all() and ((s >= 0) & (s <= 1)).all(), name
