@@ -293,8 +293,8 @@ def apply_event(
         step *= age
         intents = dict(intents)
     else:
-        if bias and ts > state.last_ts and state.events > 0:
-            fb = decay(1.0, ts - state.last_ts, params.half_life_s)
+        fb = bias_factor(state, ts, params)
+        if bias and fb != 1.0:
             bias = {c: b * fb for c, b in bias.items()}
         f = decay_factor(state, ts, params)
         if state.events == 0 or ts - state.last_ts > params.session_gap_s:

@@ -5,6 +5,7 @@ serving's use of it (the candidate's logit offset)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def test_a_duplicate_impression_steps_once() -> None:
 )
 def test_the_record_round_trips_the_bias(entries: list[tuple[str, float]]) -> None:
     s = UserState.empty("u1", DIM)
-    s = UserState(**{**{f: getattr(s, f) for f in s.__slots__}, "bias": dict(entries)})  # type: ignore[arg-type]
+    s = replace(s, bias=dict(entries))
     back = decode_state("u1", encode_state(s))
     assert same_state(back, s)
     assert encode_state(s)[2] == (2 if entries else 1)
@@ -97,13 +98,13 @@ def test_a_format_1_record_is_still_read_and_a_non_finite_bias_is_refused() -> N
     s = apply_event(UserState.empty("u1", DIM), impression("i1", 0.0), AD, StateSettings(feedback_lr=0))
     old = encode_state(s)
     assert old[2] == 1 and decode_state("u1", old).bias == {}
-    biased = UserState(**{**{f: getattr(s, f) for f in s.__slots__}, "bias": {"shoes": math.inf}})  # type: ignore[arg-type]
+    biased = replace(s, bias={"shoes": math.inf})
     with pytest.raises(StoreError, match="corrupt"):
         decode_state("u1", encode_state(biased))
     with pytest.raises(StoreError, match="corrupt"):
         decode_state(
             "u1",
-            encode_state(UserState(**{**{f: getattr(s, f) for f in s.__slots__}, "bias": {"x": 1.0}}))[:-3],
+            encode_state(replace(s, bias={"x": 1.0}))[:-3],
         )  # type: ignore[arg-type]
 
 
@@ -175,7 +176,7 @@ def test_serving_reads_the_bias_decayed_and_clamped_and_not_at_all_when_turned_o
     from schemas.settings import Settings
 
     s = apply_event(UserState.empty("u1", DIM), impression("i1", 0.0), AD, P)
-    forged = UserState(**{**{f: getattr(s, f) for f in s.__slots__}, "bias": {"shoes": 9.0, "tech": -0.5}})  # type: ignore[arg-type]
+    forged = replace(s, bias={"shoes": 9.0, "tech": -0.5})
     data = encode_state(forged)
     codec = StreamsUserCodec(Settings(state={"feedback_max": 4.0, "half_life_s": 10.0}))
     view = codec.view("u1", data, forged.last_ts + 10.0)
