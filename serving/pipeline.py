@@ -51,6 +51,17 @@ class Recalled:
     rank_input: RankInput | None
 
 
+def _by_code(by_name: Mapping[str, float], codes: Mapping[str, int]) -> np.ndarray:
+    """Per-category values as an array indexed by the catalog's category codes (0 elsewhere;
+    names the catalog does not know are left out)."""
+    out = np.zeros(len(codes), dtype=np.float32)
+    for name, value in by_name.items():
+        code = codes.get(name)
+        if code is not None:
+            out[code] = value
+    return out
+
+
 def content_vectorizer(dim: int) -> Callable[[AdCreative], np.ndarray]:
     """Ad vectors in the shared content space (`schemas.vectors`), used until an ad tower exists."""
 
@@ -213,19 +224,8 @@ class AdPipeline:
         query = self.query(user, req.context, req.slot, hour)
         rows, scores = self.index.search(query, self.settings.recall.k, allowed)
         codes = cat.codes["category"]
-        intents = np.zeros(len(codes), dtype=np.float32)
-        bias = None
-        if user is not None:
-            for name, score in user.intents.items():
-                code = codes.get(name)
-                if code is not None:
-                    intents[code] = score
-            if user.bias:
-                bias = np.zeros(len(codes), dtype=np.float32)
-                for name, b in user.bias.items():
-                    code = codes.get(name)
-                    if code is not None:
-                        bias[code] = b
+        intents = _by_code(user.intents if user is not None else {}, codes)
+        bias = _by_code(user.bias, codes) if user is not None and user.bias else None
         vec = user.vector if user is not None else np.zeros(self.settings.state_dim, dtype=np.float32)
         return (
             Recalled(rows, scores, None)
