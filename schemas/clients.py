@@ -77,6 +77,13 @@ def kafka_args(settings: Settings) -> dict[str, Any]:
     return args
 
 
+def group_args(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of an aiokafka consumer in a consumer group: the session timeout and
+    heartbeat period (`kafka.session_timeout_ms`, `kafka.heartbeat_interval_ms`)."""
+    k = settings.kafka
+    return {"session_timeout_ms": k.session_timeout_ms, "heartbeat_interval_ms": k.heartbeat_interval_ms}
+
+
 def kafka_tls_context(settings: Settings) -> ssl.SSLContext:
     """The TLS context for the Kafka brokers (CA, optional client certificate)."""
     s = settings
@@ -122,11 +129,14 @@ def require_kafka(settings: Settings) -> None:
 
 
 def faust_args(settings: Settings) -> dict[str, Any]:
-    """`faust.App(...)` keyword arguments: `broker` URLs and `broker_credentials` (None on PLAINTEXT)."""
+    """`faust.App(...)` keyword arguments: `broker` URLs, `broker_credentials` (None on PLAINTEXT),
+    and the consumer group's session timeout and heartbeat (`group_args`, in seconds)."""
     s = settings
     args: dict[str, Any] = {
         "broker": [f"kafka://{h.strip()}" for h in s.kafka.bootstrap.split(",") if h.strip()],
         "broker_credentials": None,
+        "broker_session_timeout": s.kafka.session_timeout_ms / 1000,
+        "broker_heartbeat_interval": s.kafka.heartbeat_interval_ms / 1000,
     }
     kafka = kafka_args(s)  # the same checks and TLS context as every aiokafka client
     proto = s.kafka.security_protocol

@@ -47,8 +47,6 @@ def create_app(settings: Settings) -> faust.App:
         web_enabled=False,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
-        broker_session_timeout=10,
-        broker_heartbeat_interval=1,
         broker_commit_interval=1.0,
         broker_max_poll_records=s.streams.fetch_records,
         consumer_max_fetch_size=s.streams.fetch_bytes,

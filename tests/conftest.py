@@ -16,6 +16,12 @@ from schemas.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 RUN_ID = uuid.uuid4().hex[:8]
 
+# Consumer groups on the local broker: Tansu answers a group join after half the session
+# timeout, so the default 10 s costs every worker and trainer start (and every kill -9 test's
+# wait for the dead member) 5 s. The tests, and the CLIs they start, run with 3 s.
+os.environ.setdefault("ADSTREAM_KAFKA__SESSION_TIMEOUT_MS", "3000")
+os.environ.setdefault("ADSTREAM_KAFKA__HEARTBEAT_INTERVAL_MS", "500")
+
 
 @pytest.fixture(scope="session")
 def settings() -> Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from schemas.settings.base import Group
 
@@ -33,6 +33,28 @@ class KafkaSettings(Group):
     topic_partitions: int | None = Field(
         None, ge=1, description="Override the contract's partition counts for every topic"
     )
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        le=300_000,
+        description="Consumer groups (streams workers, trainers): a member silent this long is dropped and "
+        "its partitions move to the others (Kafka brokers accept 6000 and up by default; the local Tansu "
+        "also waits half of it before answering a group join)",
+    )
+    heartbeat_interval_ms: int = Field(
+        1000,
+        ge=100,
+        description="Consumer groups: heartbeat period (under a third of kafka.session_timeout_ms)",
+    )
+
+    @model_validator(mode="after")
+    def _heartbeat_below_session(self) -> KafkaSettings:
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError(
+                f"kafka.heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at most a third of "
+                f"kafka.session_timeout_ms ({self.session_timeout_ms})"
+            )
+        return self
 
 
 class RedisSettings(Group):

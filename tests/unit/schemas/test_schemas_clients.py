@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from schemas.clients import clickhouse_args, faust_args, kafka_args, redis_args
+from schemas.clients import clickhouse_args, faust_args, group_args, kafka_args, redis_args
 from schemas.errors import ConfigError
 from schemas.settings import Settings
 
@@ -147,8 +147,15 @@ def test_faust_credentials_follow_the_kafka_settings(pki: dict[str, Path]) -> No
     from faust.auth import SASLCredentials, SSLCredentials
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    plain = faust_args(Settings(kafka={"bootstrap": "a:1, b:2"}))
-    assert plain == {"broker": ["kafka://a:1", "kafka://b:2"], "broker_credentials": None}
+    plain = faust_args(
+        Settings(kafka={"bootstrap": "a:1, b:2", "session_timeout_ms": 6000, "heartbeat_interval_ms": 2000})
+    )
+    assert plain == {
+        "broker": ["kafka://a:1", "kafka://b:2"],
+        "broker_credentials": None,
+        "broker_session_timeout": 6.0,
+        "broker_heartbeat_interval": 2.0,
+    }
     s = Settings(
         kafka={
             "security_protocol": "SASL_SSL",
@@ -241,3 +248,17 @@ def test_clickhouse_args_user_password_tls(pki: dict[str, Path]) -> None:
         clickhouse_args(Settings(clickhouse={"certfile": pki["cert"]}))
     with pytest.raises(ConfigError, match=r"clickhouse\.url: scheme 'http'"):
         clickhouse_args(Settings(clickhouse={"url": "http://ch:8123"}))
+
+
+def test_group_timeouts_come_from_the_settings_and_the_heartbeat_stays_under_a_third() -> None:
+    s = Settings(kafka={"session_timeout_ms": 45_000, "heartbeat_interval_ms": 3000})
+    assert group_args(s) == {"session_timeout_ms": 45_000, "heartbeat_interval_ms": 3000}
+    from aiokafka import AIOKafkaConsumer
+
+    async def build() -> Any:
+        return AIOKafkaConsumer(**kafka_args(s), **group_args(s), group_id="g")
+
+    consumer = asyncio.run(build())  # aiokafka checks heartbeat < session itself
+    assert (consumer._session_timeout_ms, consumer._heartbeat_interval_ms) == (45_000, 3000)
+    with pytest.raises(ValueError, match=r"kafka\.heartbeat_interval_ms \(4000\) must be at most a third"):
+        Settings(kafka={"session_timeout_ms": 10_000, "heartbeat_interval_ms": 4000})
