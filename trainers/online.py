@@ -418,7 +418,7 @@ class OnlineTrainer:
         logits, base_logits = self.bank.train_logits_and_base(batch, run.adapter_id)
         base_p = torch.sigmoid(base_logits)
         online_p = torch.sigmoid(logits.detach())
-        self._record(run, online_p, base_p, batch.label, examples)
+        self._record(run, online_p, base_p, batch.label, examples, kinds)
         if kinds.count("final") == len(kinds):
             fake = None
         else:
@@ -474,10 +474,30 @@ class OnlineTrainer:
         base: torch.Tensor,
         label: torch.Tensor,
         examples: Sequence[TrainingExample],
+        kinds: Sequence[str],
     ) -> None:
+        """Progressive validation: each impression one (score, label) pair in the rolling
+        windows. On the fake-negative stream that is its fake negative, scored before anything
+        was learned from it; its click's positive duplicate (learned, not scored) relabels that
+        pair positive — counting the duplicate as a pair of its own put the impression in both
+        classes, a tie for the frozen base but a loss for the model that had just learned the
+        fake negative. The log keeps every row as scored."""
         o, b, y = online.numpy(), base.numpy(), label.numpy()
-        run.online.extend(o, y)
-        run.base.extend(b, y)
+        if "click" not in kinds and "fake_negative" not in kinds:
+            run.online.extend(o, y)
+            run.base.extend(b, y)
+        else:
+            click = np.fromiter(map("click".__eq__, kinds), dtype=bool, count=len(kinds))
+            new = ~click
+            keys = [e.impression_id for e, c in zip(examples, click, strict=True) if not c]
+            run.online.extend(o[new], y[new], keys)
+            run.base.extend(b[new], y[new], keys)
+            if click.any():
+                clicked = [e.impression_id for e, c in zip(examples, click, strict=True) if c]
+                found = run.online.relabel(clicked)
+                run.base.relabel(clicked)
+                run.counts["clicks_unmatched"] += len(clicked) - found
+                self.counts["clicks_unmatched"] += len(clicked) - found
         if self.log is not None:
             self.log.online += o.tolist()
             self.log.base += b.tolist()

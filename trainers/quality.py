@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -62,6 +62,15 @@ class RollingMetrics:
     into Python lists (AUC does not depend on the order of the pairs, so the ring is never
     rotated back into arrival order). `auc()` is kept until the window changes: the guard and the
     metrics export both read it after a step.
+
+    Delayed labels: pairs added with `keys` (impression ids) can be made positive later by
+    `relabel(keys)`, when a click arrives for an impression scored earlier as a negative (the
+    fake-negative label modes): each impression is one pair, scored once, with its final label.
+
+    >>> m = RollingMetrics(4)
+    >>> m.extend([0.9, 0.2, 0.6], [0, 0, 0], keys=["i1", "i2", "i3"])
+    >>> m.relabel(["i1", "gone"]), m.positives, m.auc()
+    (1, 1, 1.0)
     """
 
     def __init__(self, window: int) -> None:
@@ -74,22 +83,34 @@ class RollingMetrics:
         self._count = 0
         self._positives = 0
         self._auc: float | None = None  # auc() of the window as it is, until the next change
+        self._keys: list[Hashable | None] | None = None  # each slot's key, once a key was given
+        self._slot_of: dict[Hashable, int] = {}  # key → its slot, while the pair is in the window
 
     def update(self, prob: float, label: int) -> None:
         """Add one scored example."""
         self.extend([prob], [label])
 
-    def extend(self, probs: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> None:
-        """Add many scored examples."""
+    def extend(
+        self,
+        probs: Sequence[float] | np.ndarray,
+        labels: Sequence[int] | np.ndarray,
+        keys: Sequence[Hashable] | None = None,
+    ) -> None:
+        """Add many scored examples (with `keys`, each pair can be `relabel`ed positive later)."""
         p = np.asarray(probs, dtype=np.float64).reshape(-1)
         y = (np.asarray(labels).reshape(-1) != 0).astype(np.int8)
         if p.shape != y.shape:
             raise ValueError(f"extend: {p.shape[0]} probabilities but {y.shape[0]} labels")
+        if keys is not None and len(keys) != len(p):
+            raise ValueError(f"extend: {len(p)} probabilities but {len(keys)} keys")
         if len(p) > self.window:  # only the newest `window` pairs survive
             p, y = p[-self.window :], y[-self.window :]
+            keys = None if keys is None else keys[-self.window :]
         n = len(p)
         if n == 0:
             return
+        if keys is not None or self._slot_of:
+            self._key_slots(self._next, n, keys)
         self._auc = None
         # the slots written: `first` from `_next` on, the rest wrapped to the start of the ring
         start = self._next
@@ -105,6 +126,35 @@ class RollingMetrics:
         self._positives += int(y.sum())
         self._next = (start + n) % self.window
         self._count = min(self.window, self._count + n)
+
+    def _key_slots(self, start: int, n: int, keys: Sequence[Hashable] | None) -> None:
+        """The keys of the `n` slots written from `start` on (wrapping): the keys they held leave."""
+        if self._keys is None:
+            self._keys = [None] * self.window
+        slots, slot_of = self._keys, self._slot_of
+        for j in range(n):
+            slot = (start + j) % self.window
+            old = slots[slot]
+            if old is not None and slot_of.get(old) == slot:
+                del slot_of[old]
+            new = None if keys is None else keys[j]
+            slots[slot] = new
+            if new is not None:
+                slot_of[new] = slot
+
+    def relabel(self, keys: Iterable[Hashable]) -> int:
+        """Make the pairs of `keys` positive (their clicks arrived); returns how many it changed
+        (a key that left the window, was never added or is positive already changes nothing)."""
+        found = 0
+        for key in keys:
+            slot = self._slot_of.get(key)
+            if slot is not None and not self._y[slot]:
+                self._y[slot] = 1
+                found += 1
+        if found:
+            self._positives += found
+            self._auc = None
+        return found
 
     @property
     def count(self) -> int:
@@ -137,3 +187,5 @@ class RollingMetrics:
         """Forget everything (after an adapter reset)."""
         self._next = self._count = self._positives = 0
         self._auc = None
+        self._keys = None
+        self._slot_of = {}

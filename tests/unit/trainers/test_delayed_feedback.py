@@ -3,6 +3,7 @@ from a stream where every impression is first a negative and each click a positi
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers_trainers import make_examples
@@ -12,6 +13,7 @@ from schemas.settings import LoraSettings, OnlineSettings, Settings
 from trainers.features import featurize
 from trainers.lora import AdapterBank
 from trainers.online import OnlineTrainer, click_loss
+from trainers.quality import rank_auc
 from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 
@@ -107,3 +109,28 @@ def test_dwell_updates_are_counted_not_learned() -> None:
 def test_spec_follows_the_label_mode() -> None:
     assert Settings(online={"label_mode": "fn_calibrated"}).online.fn_loss == "calibrated"
     assert Settings(online={"label_mode": "fn_weighted"}).online.fn_loss == "weighted"
+
+
+def test_progressive_validation_scores_each_impression_once_with_its_final_label() -> None:
+    """On the fake-negative stream a clicked impression arrives twice: as a negative, then as a
+    positive duplicate. Progressive validation must score it once, at its impression (before
+    anything was learned from it), against its final label: scoring the duplicate as a second
+    pair put a copy of the impression in each class, which the frozen base scores alike (a tie)
+    but the online model, having just learned the fake negative, scores lower at the click (a
+    misordered pair) — the online-vs-base comparison (the demo's table, the guard) was biased
+    against learning."""
+    exs = make_examples(600, dim=8, seed=5)
+    clicks = sum(e.click for e in exs)
+    tr = _trained(_fn_stream(exs), "weighted")  # two passes: 1,200 impressions scored
+    run = tr.runs["feed"]
+    for window in (run.online, run.base):
+        assert window.count == 2 * len(exs)  # one pair per impression, not one per row
+        assert window.positives == 2 * clicks  # the click labels its impression's pair
+    # the frozen base's window is exactly the base model's AUC on the impressions, final labels
+    batch = featurize(exs, CFG)
+    with torch.no_grad():
+        base_p = torch.sigmoid(tr.bank.base_logits(batch)).numpy()
+    y = np.array([e.click for e in exs])
+    assert run.base.auc() == pytest.approx(
+        rank_auc(np.concatenate([base_p, base_p]), np.concatenate([y, y])), abs=1e-9
+    )
