@@ -77,7 +77,7 @@ from trainers.delta import (
 )
 from trainers.features import RankerBatch, featurize
 from trainers.lora import AdapterBank
-from trainers.quality import RollingMetrics
+from trainers.quality import RollingMetrics, key_ids
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,7 @@ class ProgressiveLog:
 Clock = Callable[[], datetime]
 _ADAPTER_ID = attrgetter("adapter_id")
 _LABEL_KIND = attrgetter("label_kind")
+_IMPRESSION_ID = attrgetter("impression_id")
 
 
 def module_thresholds(window: Sequence[np.ndarray], percentile: float) -> np.ndarray:
@@ -487,17 +488,17 @@ class OnlineTrainer:
             run.online.extend(o, y)
             run.base.extend(b, y)
         else:
+            ids = key_ids(map(_IMPRESSION_ID, examples))
             click = np.fromiter(map("click".__eq__, kinds), dtype=bool, count=len(kinds))
             new = ~click
-            keys = [e.impression_id for e, c in zip(examples, click, strict=True) if not c]
-            run.online.extend(o[new], y[new], keys)
-            run.base.extend(b[new], y[new], keys)
+            run.online.extend(o[new], y[new], ids[new])
+            run.base.extend(b[new], y[new], ids[new])
             if click.any():
-                clicked = [e.impression_id for e, c in zip(examples, click, strict=True) if c]
-                found = run.online.relabel(clicked)
-                run.base.relabel(clicked)
-                run.counts["clicks_unmatched"] += len(clicked) - found
-                self.counts["clicks_unmatched"] += len(clicked) - found
+                found = run.online.relabel(ids[click])
+                run.base.relabel(ids[click])
+                missed = int(click.sum()) - found
+                run.counts["clicks_unmatched"] += missed
+                self.counts["clicks_unmatched"] += missed
         if self.log is not None:
             self.log.online += o.tolist()
             self.log.base += b.tolist()

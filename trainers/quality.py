@@ -54,6 +54,15 @@ def rank_auc(scores: np.ndarray, positive: np.ndarray) -> float:
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+_NO_KEY = np.iinfo(np.int64).min  # a slot written without a key
+
+
+def key_ids(keys: Iterable[Hashable]) -> np.ndarray:
+    """int64 ids of `keys` for `RollingMetrics` (Python's hash: stable within one process, which
+    is all a rolling window lives in)."""
+    return np.fromiter(map(hash, keys), np.int64)
+
+
 class RollingMetrics:
     """AUC and log loss over the last `window` (prediction, label) pairs.
 
@@ -68,8 +77,8 @@ class RollingMetrics:
     fake-negative label modes): each impression is one pair, scored once, with its final label.
 
     >>> m = RollingMetrics(4)
-    >>> m.extend([0.9, 0.2, 0.6], [0, 0, 0], keys=["i1", "i2", "i3"])
-    >>> m.relabel(["i1", "gone"]), m.positives, m.auc()
+    >>> m.extend([0.9, 0.2, 0.6], [0, 0, 0], keys=key_ids(["i1", "i2", "i3"]))
+    >>> m.relabel(key_ids(["i1", "gone"])), m.positives, m.auc()
     (1, 1, 1.0)
     """
 
@@ -83,8 +92,7 @@ class RollingMetrics:
         self._count = 0
         self._positives = 0
         self._auc: float | None = None  # auc() of the window as it is, until the next change
-        self._keys: list[Hashable | None] | None = None  # each slot's key, once a key was given
-        self._slot_of: dict[Hashable, int] = {}  # key → its slot, while the pair is in the window
+        self._keys: np.ndarray | None = None  # each slot's key hash, once a key was given
 
     def update(self, prob: float, label: int) -> None:
         """Add one scored example."""
@@ -94,9 +102,10 @@ class RollingMetrics:
         self,
         probs: Sequence[float] | np.ndarray,
         labels: Sequence[int] | np.ndarray,
-        keys: Sequence[Hashable] | None = None,
+        keys: np.ndarray | None = None,
     ) -> None:
-        """Add many scored examples (with `keys`, each pair can be `relabel`ed positive later)."""
+        """Add many scored examples (with `keys`, int64 ids such as `key_ids(impression_ids)`,
+        each pair can be `relabel`ed positive later)."""
         p = np.asarray(probs, dtype=np.float64).reshape(-1)
         y = (np.asarray(labels).reshape(-1) != 0).astype(np.int8)
         if p.shape != y.shape:
@@ -109,8 +118,8 @@ class RollingMetrics:
         n = len(p)
         if n == 0:
             return
-        if keys is not None or self._slot_of:
-            self._key_slots(self._next, n, keys)
+        if keys is not None or self._keys is not None:
+            self._write_keys(self._next, n, keys)
         self._auc = None
         # the slots written: `first` from `_next` on, the rest wrapped to the start of the ring
         start = self._next
@@ -127,31 +136,25 @@ class RollingMetrics:
         self._next = (start + n) % self.window
         self._count = min(self.window, self._count + n)
 
-    def _key_slots(self, start: int, n: int, keys: Sequence[Hashable] | None) -> None:
-        """The keys of the `n` slots written from `start` on (wrapping): the keys they held leave."""
+    def _write_keys(self, start: int, n: int, keys: np.ndarray | None) -> None:
+        """The keys of the `n` slots written from `start` on (wrapping; no key: none)."""
         if self._keys is None:
-            self._keys = [None] * self.window
-        slots, slot_of = self._keys, self._slot_of
-        for j in range(n):
-            slot = (start + j) % self.window
-            old = slots[slot]
-            if old is not None and slot_of.get(old) == slot:
-                del slot_of[old]
-            new = None if keys is None else keys[j]
-            slots[slot] = new
-            if new is not None:
-                slot_of[new] = slot
+            self._keys = np.full(self.window, _NO_KEY, dtype=np.int64)
+        h = np.full(n, _NO_KEY, dtype=np.int64) if keys is None else np.asarray(keys, dtype=np.int64)
+        first = min(n, self.window - start)
+        self._keys[start : start + first] = h[:first]
+        self._keys[: n - first] = h[first:]
 
-    def relabel(self, keys: Iterable[Hashable]) -> int:
+    def relabel(self, keys: np.ndarray) -> int:
         """Make the pairs of `keys` positive (their clicks arrived); returns how many it changed
         (a key that left the window, was never added or is positive already changes nothing)."""
-        found = 0
-        for key in keys:
-            slot = self._slot_of.get(key)
-            if slot is not None and not self._y[slot]:
-                self._y[slot] = 1
-                found += 1
+        if self._keys is None or len(keys) == 0:
+            return 0
+        n = self._count
+        hit = np.isin(self._keys[:n], keys) & (self._y[:n] == 0)
+        found = int(hit.sum())
         if found:
+            self._y[:n][hit] = 1
             self._positives += found
             self._auc = None
         return found
@@ -188,4 +191,3 @@ class RollingMetrics:
         self._next = self._count = self._positives = 0
         self._auc = None
         self._keys = None
-        self._slot_of = {}

@@ -12,7 +12,7 @@ from helpers_trainers import make_examples
 
 from schemas.stats import auc
 from trainers.features import featurize
-from trainers.quality import RollingMetrics, logloss, rank_auc
+from trainers.quality import RollingMetrics, key_ids, logloss, rank_auc
 from trainers.ranker import RankerConfig
 
 
@@ -149,12 +149,12 @@ def test_featurize_names_the_field_of_a_bad_value(update: dict[str, object], mes
 
 def test_a_relabelled_pair_is_one_positive_and_a_key_that_left_the_window_changes_nothing() -> None:
     m = RollingMetrics(3)
-    m.extend([0.1, 0.2, 0.3], [0, 0, 0], keys=["a", "b", "c"])
-    assert m.relabel(["b", "b"]) == 1 and m.positives == 1  # a re-delivered click counts once
+    m.extend([0.1, 0.2, 0.3], [0, 0, 0], keys=key_ids(["a", "b", "c"]))
+    assert m.relabel(key_ids(["b", "b"])) == 1 and m.positives == 1  # a re-delivered click counts once
     m.extend([0.4], [1])  # unkeyed: overwrites "a"'s slot, and "a" leaves with it
-    assert m.relabel(["a"]) == 0 and (m.count, m.positives) == (3, 2)
-    m.extend([0.5, 0.6], [0, 0], keys=["d", "e"])  # "b" (positive) and "c" leave
-    assert m.positives == 1 and m.relabel(["b", "c"]) == 0
-    assert m.relabel(["e"]) == 1 and m.auc() == 0.5  # positives 0.4, 0.6 around the negative 0.5
+    assert m.relabel(key_ids(["a"])) == 0 and (m.count, m.positives) == (3, 2)
+    m.extend([0.5, 0.6], [0, 0], keys=key_ids(["d", "e"]))  # "b" (positive) and "c" leave
+    assert m.positives == 1 and m.relabel(key_ids(["b", "c"])) == 0
+    assert m.relabel(key_ids(["e"])) == 1 and m.auc() == 0.5  # positives 0.4, 0.6 around the negative 0.5
     m.clear()
-    assert m.relabel(["d"]) == 0 and m.count == 0
+    assert m.relabel(key_ids(["d"])) == 0 and m.count == 0
