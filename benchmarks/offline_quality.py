@@ -883,6 +883,8 @@ def main() -> None:
         args.out.write_text(json.dumps(_plain(result), indent=2) + "\n")
         console.print(f"wrote {args.out} ({result['total_s']} s)")
         return
+    m = machine()  # where it ran (the figures compare models within a run)
+    result["machine"] = {"cpu": m["cpu"], "cores": m["cores"], "load_avg_1m": (m["loadavg"] or [None])[0]}
     if args.part in ("sim", "all"):
         seeds = [int(s) for s in args.seeds.split(",")]
         runs = [sim_run(name, seed, args, settings) for name in args.configs.split(",") for seed in seeds]
@@ -907,6 +909,7 @@ def main() -> None:
     if args.part in ("obd", "all"):
         result["obd"] = obd_run(args, settings)
     result["total_s"] = round(time.perf_counter() - t0, 1)
+    result["machine"]["load_avg_1m_end"] = (machine()["loadavg"] or [None])[0]
     print_tables(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result["impression_weight"] = (

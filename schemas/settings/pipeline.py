@@ -49,7 +49,7 @@ class StateSettings(Group):
         "of the state's intent mass)",
     )
     feedback_lr: float = Field(
-        1.0,
+        0.5,
         ge=0,
         le=10,
         allow_inf_nan=False,
