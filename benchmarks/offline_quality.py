@@ -98,6 +98,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from deploy.machine import machine as machine_record
 from schemas.events import AdCreative, Click, Impression, Message, TrainingExample
 from schemas.settings import EngagementSettings, Settings
 from streams.in_memory import corrected_scores, training_examples
@@ -481,8 +482,7 @@ def rank_cost(variants: Sequence[str], n: int, settings: Settings, reps: int = 3
                 int(key.split("_h")[1]),
             )
             rcfg = dataclasses.replace(rcfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
-            seq = UserSequences.empty(1, k)
-            seq = dataclasses.replace(seq, length=torch.full((1,), k), row=torch.zeros(n, dtype=torch.int64))
+            seq = UserSequences.one_full_request(n, k)
         torch.manual_seed(0)
         model = Ranker(rcfg).eval()
         ids = torch.stack([torch.randint(0, m, (n,), generator=gen) for m in rcfg.table_sizes.values()], 1)
@@ -883,8 +883,7 @@ def main() -> None:
         args.out.write_text(json.dumps(_plain(result), indent=2) + "\n")
         console.print(f"wrote {args.out} ({result['total_s']} s)")
         return
-    m = machine()  # where it ran (the figures compare models within a run)
-    result["machine"] = {"cpu": m["cpu"], "cores": m["cores"], "load_avg_1m": (m["loadavg"] or [None])[0]}
+    result["machine"] = machine_record()  # where it ran (the figures compare models within a run)
     if args.part in ("sim", "all"):
         seeds = [int(s) for s in args.seeds.split(",")]
         runs = [sim_run(name, seed, args, settings) for name in args.configs.split(",") for seed in seeds]
@@ -909,7 +908,7 @@ def main() -> None:
     if args.part in ("obd", "all"):
         result["obd"] = obd_run(args, settings)
     result["total_s"] = round(time.perf_counter() - t0, 1)
-    result["machine"]["load_avg_1m_end"] = (machine()["loadavg"] or [None])[0]
+    result["machine"]["load_avg_1m_end"] = machine_record()["load_avg_1m"]
     print_tables(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result["impression_weight"] = (

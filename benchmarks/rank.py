@@ -12,7 +12,10 @@ candidates, what one `@serve.batch` call scores); only the adapter of each candi
   the per-sample path), to show what merging the heavy adapters buys;
 - slot_adapters: three per-slot adapters (the default scheme), requests of mixed slots;
 - one_request_*: one request of `--candidates` alone;
-- with `--large R`: base and adapters_uniform for R requests (more candidates per adapter).
+- with `--large R`: base and adapters_uniform for R requests (more candidates per adapter);
+- one_request_plain_ranker / one_request_user_tower_*: issue 16's sequence user tower (the
+  variants `offline_quality.py --user-tower` trained; off by default, so not served) against the
+  plain ranker, one request with a full history, raw `Ranker.score` on both (`user_tower`).
 
 Cases run in interleaved rounds (medians per case), `--runs` times; the JSON keeps every run
 and the machine's load average. Before timing, the adapter cases' scores are checked against
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -36,6 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# the user-tower variants of `benchmarks/offline_quality.py --user-tower` (encoder, history, hidden)
+TOWERS = {"gru_k16_h32": ("gru", 16, 32), "pool_k128_h32": ("pool", 128, 32)}
 
 
 def timed(fn: Callable[[], object], seconds: float) -> float:
@@ -97,11 +103,14 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from deploy.machine import machine
     from schemas.settings import Settings
     from serving.adapters import CANDIDATE
     from serving.index import ExactIndex
     from serving.ranking import RankInput, RankModel
+    from trainers.features import RankerBatch
     from trainers.ranker import Ranker, RankerConfig, resolve_device
+    from trainers.user_tower import UserSequences
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -236,6 +245,21 @@ def main() -> None:
         "one_request_base": lambda: model.score(batches["uniform"][:1], use_adapters=False),
         "one_request_adapters_uniform": lambda: model.score(batches["uniform"][:1], use_adapters=True),
     }
+    # issue 16's user tower (off by default: it did not win offline) against the plain ranker, one
+    # request of `n` candidates with a full history, raw `Ranker.score` on both sides
+    one_dense, one_ids = feats[0]
+    plain = Ranker(cfg).eval()
+    cases["one_request_plain_ranker"] = lambda: plain.score(RankerBatch(one_dense, one_ids))
+
+    def tower_case(encoder: str, k: int, hidden: int) -> Callable[[], object]:
+        tower = Ranker(
+            dataclasses.replace(cfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
+        ).eval()
+        seq = UserSequences.one_full_request(n, k)
+        return lambda: tower.score(RankerBatch(one_dense, one_ids), seq)
+
+    for key, (encoder, k, hidden) in TOWERS.items():
+        cases[f"one_request_user_tower_{key}"] = tower_case(encoder, k, hidden)
     if large:
         cases["large_base"] = lambda: model.score(large, use_adapters=False)
         cases["large_adapters_uniform"] = lambda: model.score(large, use_adapters=True)
@@ -282,6 +306,9 @@ def main() -> None:
     # each adapter case against the base case of the same batch
     baseline = {name: "base" for name in cases if name != "base" and "base" not in name}
     baseline["one_request_adapters_uniform"] = "one_request_base"
+    baseline.pop("one_request_plain_ranker", None)
+    for key in TOWERS:
+        baseline[f"one_request_user_tower_{key}"] = "one_request_plain_ranker"
     if large:
         baseline["large_adapters_uniform"] = "large_base"
     costs = {name: cost(name, base) for name, base in baseline.items()}
@@ -308,6 +335,7 @@ def main() -> None:
     )
     out = {
         "benchmark": "rank",
+        "machine": machine(),
         "device": str(device),
         "torch_threads": args.threads,
         "cpus": os.cpu_count(),
@@ -340,6 +368,24 @@ def main() -> None:
         },
         "max_abs_diff_vs_reference": checks,
         "recall_exact_10k_ms": recall_ms,
+        "user_tower": {  # one request of `candidates`, full history; not served (not the default)
+            "candidates": n,
+            "plain_ranker_ms": results["one_request_plain_ranker"]["ms_per_batch"],
+            **{f"{key}_ms": results[f"one_request_user_tower_{key}"]["ms_per_batch"] for key in TOWERS},
+            **{
+                f"{key}_over_plain": round(
+                    float(
+                        statistics.median(
+                            r["ms_per_batch"][f"one_request_user_tower_{key}"]
+                            / r["ms_per_batch"]["one_request_plain_ranker"]
+                            for r in runs
+                        )
+                    ),
+                    2,
+                )
+                for key in TOWERS
+            },
+        },
         "cases": results,
         "runs": runs,
     }

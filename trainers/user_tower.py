@@ -36,6 +36,7 @@ dwell only once its own event has arrived (never the request's own outcome).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -96,6 +97,20 @@ class UserSequences:
             zeros, zeros.clone(), torch.zeros((rows, k)), zeros.clone(), torch.zeros((rows, k)),
             torch.zeros(rows, dtype=torch.int64), torch.arange(rows),
         )  # fmt: skip
+
+    @classmethod
+    def one_full_request(cls, candidates: int, k: int) -> UserSequences:
+        """One request whose user has a full history of `k` events, all `candidates` rows on it
+        (the shape one request's rank time is measured on; the values do not change the cost).
+
+        >>> s = UserSequences.one_full_request(500, 16)
+        >>> len(s), s.requests, int(s.length[0])
+        (500, 1, 16)
+        """
+        seq = cls.empty(1, k)
+        return dataclasses.replace(
+            seq, length=torch.full((1,), k, dtype=torch.int64), row=torch.zeros(candidates, dtype=torch.int64)
+        )
 
     def select(self, index: torch.Tensor) -> UserSequences:
         """The candidate rows at `index` with only the requests they use (renumbered)."""
