@@ -100,7 +100,7 @@ from rich.table import Table
 
 from deploy.machine import machine as machine_record
 from schemas.events import AdCreative, Click, Impression, Message, TrainingExample
-from schemas.settings import EngagementSettings, Settings
+from schemas.settings import EngagementSettings, Settings, StateSettings
 from streams.in_memory import corrected_scores, training_examples
 from streams.processor import Processor
 from trainers.baseline import auc_diff_ci, logistic_probs
@@ -272,28 +272,27 @@ def sim_run(name: str, seed: int, args: argparse.Namespace, settings: Settings) 
     t_ceiling = time.perf_counter() - t3
     lo, hi = auc_diff_ci(p_rank, p_lr, y, seed=seed)
     a_rank, a_lr, a_oracle, a_ceiling = (auc(p, y) for p in (p_rank, p_lr, p_oracle, p_ceiling))
-    # what a replica serves at the defaults: the ranker plus the worker's per-user correction,
-    # learned progressively from the holdout's own impressions and clicks (from zero at its start)
-    p_served = corrected_scores(hold, p_rank, settings.state) if settings.state.feedback_lr > 0 else p_rank
-    a_served = auc(p_served, y)
-    # the same, the correction also learned over the training rows first (as it is in the user
-    # state by the time the holdout is served; the ranker's scores there are in-sample)
-    p_warm = p_served
-    if settings.state.feedback_lr > 0:
-        p_all = np.concatenate([predict(ranker, train_b).numpy(), p_rank])
-        p_warm = corrected_scores([*train, *hold], p_all, settings.state)[len(train) :]
-    a_served_warm = auc(p_warm, y)
+    # what a replica serves: the ranker plus the worker's per-user correction, learned
+    # progressively from the holdout's own impressions and clicks (cold: from zero at its start),
+    # and the same learned over the training rows first (warm: as it is in the user state by the
+    # time the holdout is served; the ranker's scores there are in-sample)
+    p_all = np.concatenate([predict(ranker, train_b).numpy(), p_rank])
+
+    def served(params: StateSettings) -> tuple[np.ndarray, np.ndarray]:
+        if params.feedback_lr <= 0:
+            return p_rank, p_rank
+        cold = corrected_scores(hold, p_rank, params)
+        return cold, corrected_scores([*train, *hold], p_all, params)[len(train) :]
+
+    p_served, p_warm = served(settings.state)
+    a_served, a_served_warm = auc(p_served, y), auc(p_warm, y)
     variants: dict[str, dict[str, float]] = {}
-    if args.feedback_lrs:
-        p_all = np.concatenate([predict(ranker, train_b).numpy(), p_rank])
-        for lr in args.feedback_lrs:
-            params = settings.state.model_copy(update={"feedback_lr": lr})
-            cold = corrected_scores(hold, p_rank, params)
-            warm = corrected_scores([*train, *hold], p_all, params)[len(train) :]
-            variants[f"{lr:g}"] = {
-                "gap_ceiling_served": a_ceiling - auc(cold, y),
-                "gap_ceiling_served_warm": a_ceiling - auc(warm, y),
-            }
+    for lr in args.feedback_lrs:
+        cold, warm = served(settings.state.model_copy(update={"feedback_lr": lr}))
+        variants[f"{lr:g}"] = {
+            "gap_ceiling_served": a_ceiling - auc(cold, y),
+            "gap_ceiling_served_warm": a_ceiling - auc(warm, y),
+        }
     seconds = {"data": t_data, "ranker": t_rank, "lr": t_lr, "ceiling": t_ceiling}
     res: dict[str, Any] = {
         "config": name,

@@ -48,12 +48,8 @@ class StreamsUserCodec:
         state = decode_state(user_id, data)
         # every intent streams keeps (training saw all of them), not served_view's default top 8
         vector, top = served_view(state, now_ts, self.params, k=self.params.max_intents)
-        # the per-user correction, unless turned off (state.feedback_lr = 0 stops using it too);
-        # clamped again here: the record comes from Redis, whoever wrote it
-        bias: dict[str, float] = {}
-        if self.params.feedback_lr > 0:
-            lim = self.params.feedback_max
-            bias = {c: min(lim, max(-lim, b)) for c, b in bias_at(state, now_ts, self.params).items()}
+        # the per-user correction, unless turned off (state.feedback_lr = 0 stops using it too)
+        bias = bias_at(state, now_ts, self.params) if self.params.feedback_lr > 0 else {}
         return UserView(np.asarray(vector, dtype=np.float32), dict(top), bias)
 
 

@@ -148,8 +148,8 @@ async def aread_user_state(redis: Any, prefix: str, user_id: str) -> UserState |
 def served_view(
     state: UserState, now_ts: float, params: StateSettings, k: int = 8
 ) -> tuple[np.ndarray, list[tuple[str, float]]]:
-    """What serving uses: the vector and the top-k intents, lazily decayed to `now_ts`
-    (and `bias_at` for the per-user correction)."""
+    """What serving uses: the vector and the top-k intents, lazily decayed to `now_ts` (the
+    per-user correction is read by `streams.state.bias_at`)."""
     scores = intent_scores(state, now_ts, params)
     top = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
     return vector_at(state, now_ts, params), top

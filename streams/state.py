@@ -157,9 +157,12 @@ def bias_factor(state: UserState, now_ts: float, params: StateSettings) -> float
 
 
 def bias_at(state: UserState, now_ts: float, params: StateSettings) -> dict[str, float]:
-    """Lazy read: the per-(user, category) logit biases decayed to `now_ts`."""
+    """Lazy read: the per-(user, category) logit biases decayed to `now_ts`, within
+    ±`feedback_max` (the worker keeps them there; a state read from Redis is clamped again,
+    whoever wrote the record)."""
     f = bias_factor(state, now_ts, params)
-    return {c: b * f for c, b in state.bias.items()}
+    lim = params.feedback_max
+    return {c: min(lim, max(-lim, b * f)) for c, b in state.bias.items()}
 
 
 def feedback_step(event: Message, params: StateSettings) -> float:

@@ -63,6 +63,13 @@ def key_ids(keys: Iterable[Hashable]) -> np.ndarray:
     return np.fromiter(map(hash, keys), np.int64)
 
 
+def _ring_put(ring: np.ndarray, start: int, values: np.ndarray) -> None:
+    """`values` into `ring` from slot `start` on, wrapping to its start (len(values) <= len(ring))."""
+    first = min(len(values), len(ring) - start)
+    ring[start : start + first] = values[:first]
+    ring[: len(values) - first] = values[first:]
+
+
 class RollingMetrics:
     """AUC and log loss over the last `window` (prediction, label) pairs.
 
@@ -128,10 +135,8 @@ class RollingMetrics:
             self._positives -= int(self._y[start : start + first].sum()) + int(self._y[: n - first].sum())
         elif n > first:  # filling (then `_next == _count`): the wrapped slots hold the oldest pairs
             self._positives -= int(self._y[: n - first].sum())
-        self._p[start : start + first] = p[:first]
-        self._y[start : start + first] = y[:first]
-        self._p[: n - first] = p[first:]
-        self._y[: n - first] = y[first:]
+        _ring_put(self._p, start, p)
+        _ring_put(self._y, start, y)
         self._positives += int(y.sum())
         self._next = (start + n) % self.window
         self._count = min(self.window, self._count + n)
@@ -140,10 +145,7 @@ class RollingMetrics:
         """The keys of the `n` slots written from `start` on (wrapping; no key: none)."""
         if self._keys is None:
             self._keys = np.full(self.window, _NO_KEY, dtype=np.int64)
-        h = np.full(n, _NO_KEY, dtype=np.int64) if keys is None else np.asarray(keys, dtype=np.int64)
-        first = min(n, self.window - start)
-        self._keys[start : start + first] = h[:first]
-        self._keys[: n - first] = h[first:]
+        _ring_put(self._keys, start, np.full(n, _NO_KEY, dtype=np.int64) if keys is None else keys)
 
     def relabel(self, keys: np.ndarray) -> int:
         """Make the pairs of `keys` positive (their clicks arrived); returns how many it changed
