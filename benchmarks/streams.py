@@ -15,6 +15,9 @@ On the running local stack (broker, Redis, ClickHouse), in one run:
    start-up and catalog load are excluded; py-spy samples the worker meanwhile and the profile is
    summarised by package and by function (self time). The records dead-lettered meanwhile are
    counted: the events are all valid and signed with the key the worker checks, so none should be.
+   Over the same window: the worker's own CPU seconds (`worker_cpu_share`: 1.0 is one core all
+   the time, i.e. CPU-bound; `cpu_us_per_event`) and how busy the whole machine was
+   (`machine_busy_share`: broker, Redis and ClickHouse share its cores).
 
 Goals (issue 15), as ratios of the same run: the Faust engine ≥ 0.8 × the aiokafka engine, and
 both engines ≥ 0.15 × raw (stretch 0.25).
@@ -230,6 +233,20 @@ def applied_count(r: Any, s: Settings) -> int:
     return sum(int(v) + 1 for k, v in raw.items() if not k.startswith(b"stream_ts:"))
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, every core (Linux /proc/stat)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:8]) - idle) / hz, sum(ticks[:8]) / hz
+
+
 def run_worker(
     s: Settings, total: int, profile: Path | None, log: Path, engine: str, idle: bool = False
 ) -> dict[str, Any]:
@@ -258,6 +275,7 @@ def run_worker(
             samples.append((now - t_launch, n))
             if start is None and n >= total * 0.05:
                 start = (now, n)
+                cpu0, box0 = process_cpu_s(proc.pid), machine_cpu()
                 if profile is not None and shutil.which("py-spy", path=str(Path(sys.executable).parent)):
                     spy = subprocess.Popen(
                         [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(proc.pid),
@@ -269,6 +287,8 @@ def run_worker(
                 break
             time.sleep(0.1)
         end = (time.perf_counter(), applied_count(r, s))
+        if start is not None:
+            cpu1, box1 = process_cpu_s(proc.pid), machine_cpu()
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
@@ -288,6 +308,11 @@ def run_worker(
         "events_per_s": (end[1] - start[1]) / dt,
         "startup_to_5pct_s": start[0] - t_launch,
         "wall_s": end[0] - t_launch,
+        # where the measured window's time went: the worker's own CPU (1.0 = one core all the
+        # time: CPU-bound) and the whole machine's (broker, Redis, ClickHouse, py-spy included)
+        "worker_cpu_share": round((cpu1 - cpu0) / dt, 3),
+        "cpu_us_per_event": round((cpu1 - cpu0) / max(end[1] - start[1], 1) * 1e6, 1),
+        "machine_busy_share": round((box1[0] - box0[0]) / max(box1[1] - box0[1], 1e-9), 3),
     }
 
 
@@ -517,7 +542,17 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
 
-    table = Table("path", "events", "seconds", "events/s", "÷ raw", "dead letters")
+    table = Table(
+        "path",
+        "events",
+        "seconds",
+        "events/s",
+        "÷ raw",
+        "dead letters",
+        "worker CPU",
+        "CPU µs/event",
+        "box busy",
+    )
     table.add_row("floor: aiokafka getmany (median = raw)", str(len(events)), "", f"{raw_rate:,.0f}", "1")
     if faust_floor:
         table.add_row(
@@ -535,6 +570,9 @@ def main() -> None:
             f"{r['events_per_s']:,.0f}",
             f"{ratio[e]:.3f}",
             f"{r['dead_letters']:,}",
+            f"{r['worker_cpu_share']:.0%}",
+            f"{r['cpu_us_per_event']:.0f}",
+            f"{r['machine_busy_share']:.0%}",
         )
     console.print(table)
     for e, r in runs.items():

@@ -33,7 +33,7 @@ import heapq
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -55,8 +55,16 @@ def example_id(impression_id: str, label: str = "") -> str:
     return "te-" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
 
 
-def _dt(ts: float) -> datetime:
+def _dt(ts: float, given: datetime | None = None) -> datetime:
+    """`ts` as a UTC datetime: `given` itself when it is that (the event's own, decoded from
+    "…Z" text), else a new one (`datetime.fromtimestamp` was a twentieth of the worker's time:
+    one per training example)."""
+    if given is not None and given.utcoffset() == _ZERO:
+        return given  # ts == given.timestamp() (the caller's contract): the same instant and text
     return datetime.fromtimestamp(ts, tz=UTC)
+
+
+_ZERO: Final = timedelta(0)
 
 
 _EXAMPLE_FIELDS: Final = tuple(TrainingExample.model_fields)
@@ -186,14 +194,22 @@ class LabelJoin:
         self.removed.add(iid)
 
     def _example(
-        self, p: Pending, ts: float, click: bool, kind: LabelKind = "final", label: str = ""
+        self,
+        p: Pending,
+        ts: float,
+        click: bool,
+        kind: LabelKind = "final",
+        label: str = "",
+        at: datetime | None = None,
     ) -> TrainingExample:
+        """The example of `p` emitted at `ts` (`at`: the triggering event's own `ts`, whose
+        `timestamp()` is `ts`, reused as the example's time when it is UTC)."""
         imp = p.impression
         self.counts[kind if kind in ("fake_negative", "dwell") else "positive" if click else "negative"] += 1
         return unchecked_example(
             {  # TrainingExample's fields in declaration order (tests compare with the model)
                 "event_id": example_id(imp.event_id, label),
-                "ts": _dt(ts),
+                "ts": _dt(ts, at),
                 "kind": "training_example",
                 "adapter_id": adapter_id_for(imp.slot, imp.advertiser_id, self.scheme),
                 "impression_id": imp.event_id,
@@ -218,10 +234,10 @@ class LabelJoin:
             }
         )
 
-    def _positive(self, p: Pending, ts: float) -> TrainingExample:
+    def _positive(self, p: Pending, ts: float, at: datetime | None = None) -> TrainingExample:
         if self.fake_negatives:
-            return self._example(p, ts, True, "click", "click")
-        return self._example(p, ts, True)
+            return self._example(p, ts, True, "click", "click", at)
+        return self._example(p, ts, True, at=at)
 
     def on_impression(
         self,
@@ -250,7 +266,7 @@ class LabelJoin:
         if orphan is not None:
             p.dwell_ms = max(p.dwell_ms, orphan.dwell_ms)
         if self.fake_negatives:  # every impression is first learned as a negative, at once
-            out.append(self._example(p, ts, False, "fake_negative"))
+            out.append(self._example(p, ts, False, "fake_negative", at=imp.ts))
         if orphan is not None and orphan.click_ts is not None and orphan.click_ts <= p.deadline:
             p.clicked = True
             out.append(self._positive(p, max(orphan.click_ts, ts)))
@@ -292,7 +308,7 @@ class LabelJoin:
             return []
         p.clicked = True
         self.dirty.add(click.impression_id)
-        return [self._positive(p, ts)]
+        return [self._positive(p, ts, click.ts)]
 
     def on_dwell(self, dwell: Dwell, ts: float | None = None) -> list[TrainingExample]:
         """A dwell: remembered for the impression's example (if not emitted yet)."""
@@ -310,7 +326,7 @@ class LabelJoin:
             if dwell.dwell_ms > p.dwell_ms:
                 p.dwell_ms = dwell.dwell_ms
                 self.dirty.add(dwell.impression_id)
-                return [self._example(p, ts, p.clicked, "dwell", f"dwell:{p.dwell_ms}")]
+                return [self._example(p, ts, p.clicked, "dwell", f"dwell:{p.dwell_ms}", dwell.ts)]
             self.counts["dwell_repeat"] += 1
         elif p.clicked:
             self.counts["dwell_after_label"] += 1

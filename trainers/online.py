@@ -494,8 +494,7 @@ class OnlineTrainer:
             run.online.extend(o[new], y[new], ids[new])
             run.base.extend(b[new], y[new], ids[new])
             if click.any():
-                found = run.online.relabel(ids[click])
-                run.base.relabel(ids[click])
+                found = RollingMetrics.relabel_all((run.online, run.base), ids[click])
                 missed = int(click.sum()) - found
                 run.counts["clicks_unmatched"] += missed
                 self.counts["clicks_unmatched"] += missed

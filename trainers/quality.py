@@ -152,11 +152,36 @@ class RollingMetrics:
         (a key that left the window, was never added or is positive already changes nothing)."""
         if self._keys is None or len(keys) == 0:
             return 0
-        n = self._count
-        hit = np.isin(self._keys[:n], keys) & (self._y[:n] == 0)
+        return self._apply(np.isin(self._keys[: self._count], keys))
+
+    @staticmethod
+    def relabel_all(windows: Sequence[RollingMetrics], keys: np.ndarray) -> int:
+        """`relabel(keys)` on each window, the keys looked up once: windows extended together
+        (the online and the base scores of the same impressions) hold the same keys in the same
+        slots, so one `np.isin` finds them in all (a window whose keys differ looks on its own).
+        Returns how many pairs the first one changed."""
+        if not windows:
+            return 0
+        first = windows[0]
+        if first._keys is None or len(keys) == 0:
+            return 0
+        n = first._count
+        at = np.isin(first._keys[:n], keys)
+        found = first._apply(at)
+        for w in windows[1:]:
+            same = w._count == n and w._keys is not None and np.array_equal(w._keys[:n], first._keys[:n])
+            if same:
+                w._apply(at)
+            else:
+                w.relabel(keys)
+        return found
+
+    def _apply(self, at: np.ndarray) -> int:
+        """Make the negative pairs among the first `len(at)` slots marked in `at` positive."""
+        hit = at & (self._y[: len(at)] == 0)
         found = int(hit.sum())
         if found:
-            self._y[:n][hit] = 1
+            self._y[: len(at)][hit] = 1
             self._positives += found
             self._auc = None
         return found

@@ -82,3 +82,28 @@ def test_default_mode_learns_at_once() -> None:
     assert Settings().online.label_mode in ("fn_weighted", "fn_calibrated")
     with pytest.raises(ValueError, match="label_mode"):
         Settings(online={"label_mode": "later"})  # type: ignore[arg-type]
+
+
+def test_an_example_takes_its_event_s_own_utc_time_and_a_utc_copy_of_any_other_offset() -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from schemas.codec import decode, encode
+    from schemas.events import Click, Impression, TrainingExample
+
+    # decoded from the wire, as the worker has them ("Z", and an offset the producer chose)
+    utc = decode(Impression, encode(impression("iz", 0)))
+    east = impression("ie", 0.5).model_copy(
+        update={"ts": impression("ie", 0.5).ts.astimezone(timezone(timedelta(hours=2)))}
+    )
+    clk = decode(Click, encode(click("cz", 3.25, "iz")))
+    out = replay([creative(), utc, east, clk], FN).examples
+    by = {(e.impression_id, e.label_kind): e for e in out}
+    for (iid, kind), source in {("iz", "fake_negative"): utc, ("ie", "fake_negative"): east,
+                                ("iz", "click"): clk}.items():  # fmt: skip
+        ex = by[iid, kind]
+        fresh = datetime.fromtimestamp(source.ts.timestamp(), tz=UTC)
+        assert ex.ts == fresh and ex.ts.utcoffset() == timedelta(0)
+        # the bytes on the training topic are those of a freshly made UTC time
+        assert encode(ex) == encode(ex.model_copy(update={"ts": fresh}))
+        assert TrainingExample.model_validate(ex.model_dump()) == ex
+    assert by["ie", "fake_negative"].ts.tzinfo is UTC  # the +02:00 event's time, in UTC

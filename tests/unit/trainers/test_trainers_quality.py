@@ -158,3 +158,27 @@ def test_a_relabelled_pair_is_one_positive_and_a_key_that_left_the_window_change
     assert m.relabel(key_ids(["e"])) == 1 and m.auc() == 0.5  # positives 0.4, 0.6 around the negative 0.5
     m.clear()
     assert m.relabel(key_ids(["d"])) == 0 and m.count == 0
+
+
+def test_relabel_all_changes_each_window_as_its_own_relabel_would() -> None:
+    rng = np.random.default_rng(3)
+    keys = key_ids([f"i{i}" for i in range(40)])
+    together = [RollingMetrics(16), RollingMetrics(16)]
+    alone = [RollingMetrics(16), RollingMetrics(16)]
+    for start in range(0, 40, 8):  # the ring wraps; some keys leave the window
+        scores = [rng.random(8), rng.random(8)]
+        labels = (rng.random(8) < 0.2).astype(int)
+        for ws in (together, alone):
+            for w, p in zip(ws, scores, strict=True):
+                w.extend(p, labels, keys=keys[start : start + 8])
+        clicked = keys[rng.choice(start + 8, 5)]
+        found = RollingMetrics.relabel_all(together, clicked)
+        assert found == alone[0].relabel(clicked)
+        alone[1].relabel(clicked)
+        for a, b in zip(together, alone, strict=True):
+            assert (a.count, a.positives, a.auc()) == (b.count, b.positives, b.auc())
+    # windows with other keys in their slots each look their keys up on their own
+    other = RollingMetrics(16)
+    other.extend([0.3, 0.7], [0, 0], keys=key_ids(["x", "i39"]))
+    assert RollingMetrics.relabel_all([together[0], other], key_ids(["i39"])) in (0, 1)
+    assert other.positives == 1
