@@ -22,7 +22,7 @@ On the running local stack (broker, Redis, ClickHouse), in one run:
 Goals (issue 15), as ratios of the same run: the Faust engine ≥ 0.8 × the aiokafka engine, and
 both engines ≥ 0.15 × raw (stretch 0.25).
 
-Usage: `.venv/bin/python benchmarks/streams.py [--events 100000] [--no-profile]`.
+Usage: `.venv/bin/python benchmarks/streams.py [--events 100000] [--rounds 3] [--no-profile]`.
 Prints a table and writes `benchmarks/results/streams.json` (per engine `events_per_s` and
 `ratio_to_raw`; the floors; the machine: CPU model, cores, load).
 """
@@ -37,6 +37,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -233,6 +234,19 @@ def applied_count(r: Any, s: Settings) -> int:
     return sum(int(v) + 1 for k, v in raw.items() if not k.startswith(b"stream_ts:"))
 
 
+def combine_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's row from its rounds: the median rate (and CPU per event), every round's rate,
+    the dead letters of all of them, the first round's other fields (its profile)."""
+    if len(runs) == 1:
+        return {**runs[0], "rounds_events_per_s": [round(runs[0]["events_per_s"], 1)]}
+    out = dict(runs[0])
+    for key in ("events_per_s", "cpu_us_per_event", "worker_cpu_share", "machine_busy_share"):
+        out[key] = statistics.median(r[key] for r in runs)
+    out["rounds_events_per_s"] = [round(r["events_per_s"], 1) for r in runs]
+    out["dead_letters"] = sum(r["dead_letters"] for r in runs)
+    return out
+
+
 def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, every thread) the process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -420,6 +434,14 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--profile-idle", action="store_true", help="py-spy samples idle threads too")
     ap.add_argument("--no-bare-faust", action="store_true", help="skip the bare-Faust floor")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the engines this many times, interleaved (a shared machine swings ±20 %% between "
+        "runs): each engine's rate is the median, the Faust/aiokafka ratio the median of the "
+        "rounds' paired ratios; py-spy samples the first round only",
+    )
     ap.add_argument("--bare-faust-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -444,7 +466,7 @@ def main() -> None:
     out_dir = ROOT / ".adstream" / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     create_topics(s)
-    runs: dict[str, dict[str, Any]] = {}
+    rounds: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
     raws: list[dict[str, float]] = []
     faust_floor: dict[str, float] | None = None
     load_start = machine()["load_avg_1m"]
@@ -455,31 +477,38 @@ def main() -> None:
         console.print(f"produced {len(events)} user events ({len(catalog)} ads) in {produce_s:.1f}s")
         if not args.no_bare_faust:
             faust_floor = bare_faust(s, len(events), out_dir)
-        for engine in engines:
-            raws.append(asyncio.run(raw_consume(s, len(events))))
-            es = engine_settings(s, engine)
-            profile = None if args.no_profile else out_dir / f"streams-{tag}-{engine}.pyspy.txt"
-            log = out_dir / f"streams-{tag}-{engine}.log"
-            try:
-                dead_before = asyncio.run(dead_letters_so_far(s))
-                run = run_worker(es, len(events), profile, log, engine, args.profile_idle)
-                run["dead_letters"] = asyncio.run(dead_letters_so_far(s)) - dead_before
-                run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
-                runs[engine] = run
-            finally:
-                cleanup(es, topics_too=False)
+        for rnd in range(args.rounds):
+            for engine in engines:
+                raws.append(asyncio.run(raw_consume(s, len(events))))
+                es = engine_settings(s, engine)
+                profiled = not args.no_profile and rnd == 0
+                profile = out_dir / f"streams-{tag}-{engine}.pyspy.txt" if profiled else None
+                log = out_dir / f"streams-{tag}-{engine}.log"
+                try:
+                    dead_before = asyncio.run(dead_letters_so_far(s))
+                    run = run_worker(es, len(events), profile, log, engine, args.profile_idle)
+                    run["dead_letters"] = asyncio.run(dead_letters_so_far(s)) - dead_before
+                    run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
+                    rounds[engine].append(run)
+                finally:
+                    cleanup(es, topics_too=False)
         raws.append(asyncio.run(raw_consume(s, len(events))))
     finally:
         cleanup(s)
+    runs = {e: combine_rounds(rs) for e, rs in rounds.items()}
 
     raw_rates = sorted(r["events_per_s"] for r in raws)
     raw_rate = raw_rates[len(raw_rates) // 2]
     ratio = {e: r["events_per_s"] / raw_rate if raw_rate else 0.0 for e, r in runs.items()}
-    faust_vs = (
-        runs["faust"]["events_per_s"] / runs["aiokafka"]["events_per_s"]
-        if "faust" in runs and "aiokafka" in runs
-        else None
+    paired = (
+        [
+            f["events_per_s"] / a["events_per_s"]
+            for f, a in zip(rounds["faust"], rounds["aiokafka"], strict=True)
+        ]
+        if "faust" in rounds and "aiokafka" in rounds
+        else []
     )
+    faust_vs = statistics.median(paired) if paired else None
     goals: dict[str, dict[str, Any]] = {
         "faust_vs_aiokafka_engine": {"goal": GOAL_FAUST_VS_AIOKAFKA, "measured": _r(faust_vs)},
         **{
@@ -505,6 +534,8 @@ def main() -> None:
             for e, r in runs.items()
         },
         "faust_vs_aiokafka_engine": _r(faust_vs),
+        "faust_vs_aiokafka_rounds": [round(v, 4) for v in paired],
+        "rounds": args.rounds,
         "floors": {
             "aiokafka_getmany": {
                 "events_per_s": round(raw_rate, 1),
@@ -537,6 +568,7 @@ def main() -> None:
         },
         "machine": machine() | {"load_avg_1m_start": load_start, "python": platform.python_version()},
         "command": f".venv/bin/python benchmarks/streams.py --events {args.events} --engines {args.engines}"
+        + (f" --rounds {args.rounds}" if args.rounds > 1 else "")
         + (" --no-profile" if args.no_profile else ""),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -575,6 +607,10 @@ def main() -> None:
             f"{r['machine_busy_share']:.0%}",
         )
     console.print(table)
+    if args.rounds > 1:
+        for e, r in runs.items():
+            console.print(f"{e}: events/s per round {r['rounds_events_per_s']} (median in the table)")
+        console.print(f"faust / aiokafka per round: {result['faust_vs_aiokafka_rounds']}")
     for e, r in runs.items():
         if r["dead_letters"]:
             console.print(

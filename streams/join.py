@@ -33,10 +33,11 @@ import heapq
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 import numpy as np
+from pydantic_core import TzInfo
 
 from schemas.events import Click, Dwell, Impression, TrainingExample
 from schemas.ids import adapter_id_for
@@ -59,12 +60,14 @@ def _dt(ts: float, given: datetime | None = None) -> datetime:
     """`ts` as a UTC datetime: `given` itself when it is that (the event's own, decoded from
     "…Z" text), else a new one (`datetime.fromtimestamp` was a twentieth of the worker's time:
     one per training example)."""
-    if given is not None and given.utcoffset() == _ZERO:
+    if given is not None and given.tzinfo in _UTC_ZONES:
         return given  # ts == given.timestamp() (the caller's contract): the same instant and text
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
-_ZERO: Final = timedelta(0)
+# the UTC zones of decoded and of made times (a set lookup: a TzInfo's `utcoffset()` call cost
+# as much as making the datetime); any other zone, UTC or not, gets a fresh UTC datetime
+_UTC_ZONES: Final = frozenset({UTC, TzInfo(0)})
 
 
 _EXAMPLE_FIELDS: Final = tuple(TrainingExample.model_fields)

@@ -19,3 +19,32 @@ def test_generated_events_are_signed_with_the_key_of_the_workers_state_dir(tmp_p
     key = event_key(s)
     for topic, _, value in events:
         assert check_event(decode(model_for_topic(topic), value), key) is None
+
+
+def test_rounds_report_the_median_rate_and_keep_every_round() -> None:
+    bench = load_benchmark("streams")
+
+    def run(rate: float, dead: int = 0) -> dict[str, object]:
+        return {"events_per_s": rate, "cpu_us_per_event": 1e6 / rate, "worker_cpu_share": 0.9,
+                "machine_busy_share": 0.6, "dead_letters": dead, "profile": {"first": rate}}  # fmt: skip
+
+    row = bench.combine_rounds([run(9000.0), run(7000.0, dead=1), run(8000.0)])
+    assert row["events_per_s"] == 8000.0
+    assert row["rounds_events_per_s"] == [9000.0, 7000.0, 8000.0]
+    assert row["dead_letters"] == 1  # any round's dead letters show
+    assert row["profile"] == {"first": 9000.0}  # py-spy samples the first round
+    assert bench.combine_rounds([run(5000.0)])["rounds_events_per_s"] == [5000.0]
+
+
+def test_process_cpu_counts_this_process() -> None:
+    import os
+    import time
+
+    bench = load_benchmark("streams")
+    before = bench.process_cpu_s(os.getpid())
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # burn 0.3 s of CPU
+        pass
+    assert bench.process_cpu_s(os.getpid()) - before >= 0.2
+    busy, total = bench.machine_cpu()
+    assert 0 < busy <= total
