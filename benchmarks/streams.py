@@ -66,6 +66,7 @@ from workloads.market import Market  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "streams.json"
 USER_TOPICS = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
 GOAL_FAUST_VS_AIOKAFKA = 0.8
+STALL_S = 180.0  # a worker that has not applied 5 % by then is stuck (it takes ~20 s here)
 GOAL_RATIO_TO_RAW = 0.15
 STRETCH_RATIO_TO_RAW = 0.25
 
@@ -299,6 +300,8 @@ def run_worker(
                     )  # fmt: skip
             if n >= total:
                 break
+            if start is None and now - t_launch > STALL_S:
+                raise RuntimeError(f"worker applied {n} of {total} records after {STALL_S:.0f}s; see {log}")
             time.sleep(0.1)
         end = (time.perf_counter(), applied_count(r, s))
         if start is not None:
@@ -416,6 +419,17 @@ def cleanup(s: Settings, topics_too: bool = True) -> None:
         print(f"(could not delete bench topics: {exc})")
 
 
+def round_settings(s: Settings, rnd: int) -> Settings:
+    """Topics (and so consumer groups), Redis keys and ClickHouse database of round `rnd`."""
+    return s.model_copy(
+        update={
+            "topic_prefix": f"{s.topic_prefix}r{rnd}.",
+            "redis_prefix": f"{s.redis_prefix}r{rnd}:",
+            "clickhouse": s.clickhouse.model_copy(update={"url": f"{s.clickhouse.url}_r{rnd}"}),
+        }
+    )
+
+
 def engine_settings(s: Settings, engine: str) -> Settings:
     """Own Redis keys and ClickHouse database per engine run (same topics)."""
     return s.model_copy(
@@ -478,20 +492,31 @@ def main() -> None:
         if not args.no_bare_faust:
             faust_floor = bare_faust(s, len(events), out_dir)
         for rnd in range(args.rounds):
-            for engine in engines:
-                raws.append(asyncio.run(raw_consume(s, len(events))))
-                es = engine_settings(s, engine)
-                profiled = not args.no_profile and rnd == 0
-                profile = out_dir / f"streams-{tag}-{engine}.pyspy.txt" if profiled else None
-                log = out_dir / f"streams-{tag}-{engine}.log"
-                try:
-                    dead_before = asyncio.run(dead_letters_so_far(s))
-                    run = run_worker(es, len(events), profile, log, engine, args.profile_idle)
-                    run["dead_letters"] = asyncio.run(dead_letters_so_far(s)) - dead_before
-                    run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
-                    rounds[engine].append(run)
-                finally:
-                    cleanup(es, topics_too=False)
+            # a later round reads the same records from topics of its own: the engines' consumer
+            # groups are named after the topic prefix and would resume at the end of the old ones
+            sr = s if rnd == 0 else round_settings(s, rnd)
+            if rnd:
+                create_topics(sr)
+                asyncio.run(produce(sr, catalog))
+                asyncio.run(produce(sr, events))
+            try:
+                for engine in engines:
+                    raws.append(asyncio.run(raw_consume(sr, len(events))))
+                    es = engine_settings(sr, engine)
+                    profiled = not args.no_profile and rnd == 0
+                    profile = out_dir / f"streams-{tag}-{engine}.pyspy.txt" if profiled else None
+                    log = out_dir / f"streams-{tag}-{engine}.log"
+                    try:
+                        dead_before = asyncio.run(dead_letters_so_far(sr))
+                        run = run_worker(es, len(events), profile, log, engine, args.profile_idle)
+                        run["dead_letters"] = asyncio.run(dead_letters_so_far(sr)) - dead_before
+                        run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
+                        rounds[engine].append(run)
+                    finally:
+                        cleanup(es, topics_too=False)
+            finally:
+                if rnd:
+                    cleanup(sr)
         raws.append(asyncio.run(raw_consume(s, len(events))))
     finally:
         cleanup(s)
