@@ -45,6 +45,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -338,6 +339,26 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
     }
 
 
+# the settings that set the loop's pace, by their dotted names (`ADSTREAM_ONLINE__LABEL_MODE` …)
+PACE_SETTINGS = (
+    "online.label_mode",
+    "streams.attribution_window_s",
+    "sink.flush_s",
+    "sink.batch_size",
+    "online.micro_batch",
+    "online.micro_batch_s",
+    "online.max_wait_s",
+    "online.min_step_examples",
+    "online.snapshot_every_s",
+    "adapter_scheme",
+)
+
+
+def settings_summary(s: Settings) -> dict[str, Any]:
+    """The loop's pace settings of `s`, by dotted name (recorded with the result)."""
+    return {name: attrgetter(name)(s) for name in PACE_SETTINGS}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the loop, measure, stop it; returns (and writes) the result."""
     from deploy import stack
@@ -377,19 +398,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "click_after_s": args.click_after_s,
         "poll_ms": args.poll_ms,
         "arm": f"candidate (canary share {s.canary.share:.2f}); stable arm: the last promoted version",
-        "settings": {
-            k: getattr(s, k)
-            for k in (
-                "label_mode",
-                "attribution_window_s",
-                "sink_flush_s",
-                "micro_batch",
-                "micro_batch_s",
-                "trainer_max_wait_s",
-                "snapshot_every_s",
-                "adapter_scheme",
-            )
-        },
+        "settings": settings_summary(s),
         "per_trial": [
             {"user": t.user, "total_s": t.total_s, "seq": t.seq, "error": t.error, **t.hops}
             | ({"replica": t.replica} if t.replica else {})
