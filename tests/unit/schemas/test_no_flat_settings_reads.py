@@ -9,6 +9,7 @@ scan covers every Python file of the repository for the names `Settings` had bef
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from schemas.settings import RENAMED, Settings
@@ -39,3 +40,57 @@ def test_no_python_file_reads_a_setting_by_its_flat_name() -> None:
         and (hits := flat_reads(p.read_text(encoding="utf-8")))
     }
     assert not found, f"flat (pre-nesting) setting names read: {found}"
+
+
+# env names that are no setting on purpose: the README's example of a refused flat name, and
+# switches the fault-injection tests read themselves
+NOT_SETTINGS = {"ADSTREAM_ONLINE_LR", "ADSTREAM_FAULT_DEBUG", "ADSTREAM_KEEP_FAULT_RUN"}
+_ENV = re.compile(r"ADSTREAM_[A-Z0-9_]*[A-Z0-9](_\*)?")
+
+
+def unknown_env_names(text: str) -> list[str]:
+    """`ADSTREAM_…` names in `text` that name no setting (`NAME_*`: no setting starts so)."""
+    flat = {f"ADSTREAM_{p.upper().replace('.', '__')}" for p in _setting_paths(Settings)}
+    out = []
+    for m in _ENV.finditer(text):
+        name, glob = m.group(0).removesuffix("_*"), m.group(1)
+        known = any(f.startswith(name + "_") for f in flat) if glob else name in flat
+        if not known and name not in NOT_SETTINGS:
+            out.append(m.group(0))
+    return out
+
+
+def _setting_paths(model: type, prefix: str = "") -> list[str]:
+    from pydantic import BaseModel
+
+    paths = []
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        paths.append(prefix + name)
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            paths += _setting_paths(sub, f"{prefix}{name}.")
+    return paths
+
+
+def test_the_env_scan_finds_a_name_that_is_no_setting() -> None:
+    assert unknown_env_names("set ADSTREAM_RECALL_ANN_* or ADSTREAM_ONLINE__LABEL_MODE") == [
+        "ADSTREAM_RECALL_ANN_*"
+    ]
+    assert (
+        unknown_env_names("ADSTREAM_RECALL__ANN_* and ADSTREAM_KAFKA__BOOTSTRAP, ADSTREAM_TOPIC_PREFIX") == []
+    )
+
+
+def test_every_env_name_the_docs_and_deploy_files_give_is_a_setting() -> None:
+    # the README told users `ADSTREAM_RECALL_ANN_*` (the nested name is `ADSTREAM_RECALL__ANN_*`):
+    # pydantic-settings ignores an env name it does not know, so the knob silently did nothing
+    suffixes = (".md", ".yml", ".yaml", ".example", ".toml", ".sh", ".py", ".txt", ".json", ".lua")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    found = {
+        name: hits
+        for name in tracked.stdout.split()
+        if (name.endswith(suffixes) or Path(name).name in ("Makefile", "Dockerfile", "run"))
+        and not name.startswith(("tests/", "benchmarks/results/"))
+        and (hits := unknown_env_names((ROOT / name).read_text(encoding="utf-8", errors="replace")))
+    }
+    assert not found, f"ADSTREAM_ names that are no setting: {found}"
