@@ -7,13 +7,14 @@ merges each co-partition's inputs by event time (`streams.merge`), applies them 
 and the label join (`streams.processor`), and every `sink.batch_size` records or `sink.flush_s`
 seconds commits a batch in this order:
 
-1. rows → ClickHouse (idempotent: ReplacingMergeTree on event_id);
-2. dead letters and training examples → Kafka (deterministic ids: a replay re-sends the same);
-3. user states + pending labels + offsets → Redis in one MULTI/EXEC;
-4. the records are acked to the source (so Kafka's committed offset never passes Redis's).
+1. rows → ClickHouse (idempotent: ReplacingMergeTree on event_id) and, at the same time,
+   dead letters and training examples → Kafka (deterministic ids: a replay re-sends the same);
+   the dead letters of rows ClickHouse refuses for good follow;
+2. user states + pending labels + offsets → Redis in one MULTI/EXEC;
+3. the records are acked to the source (so Kafka's committed offset never passes Redis's).
 
-A crash before 3 replays the batch with no visible effect but re-sent duplicates downstream
-dedupes by id; a crash after 3 skips it on replay. State changes happen exactly once. A step
+A crash before 2 replays the batch with no visible effect but re-sent duplicates downstream
+dedupes by id; a crash after 2 skips it on replay. State changes happen exactly once. A step
 that fails for a while (a service down) is retried with backoff; one that can never succeed (a
 row the event store refuses, a message the broker cannot take) has those records split out and
 dead-lettered and the rest written (`streams.delivery`), so one record never stalls the stream.
@@ -442,24 +443,39 @@ class Pipeline:
         self._gauges()
 
     async def _write(self, b: _Batch, commit: Commit, messages: list[tuple[str, bytes, bytes]]) -> None:
-        """ClickHouse, then Kafka, then Redis: each step idempotent and retried while it fails for
-        a while; rows the store refuses for good and messages the broker can never take become
-        dead letters (sent before the offsets that pass them are committed)."""
+        """ClickHouse and Kafka at once, then Redis: each step idempotent and retried while it
+        fails for a while; rows the store refuses for good and messages the broker can never take
+        become dead letters (sent before the offsets that pass them are committed). The examples
+        reach the trainer without waiting for the event store's insert (freshness); both writes
+        come before the Redis commit, so a crash still replays the whole batch."""
         t0 = time.perf_counter()
-        refused = await write_rows(self.sink.write, b.rows, "batch sink", self.backoff)
-        m.SINK_LATENCY.observe(time.perf_counter() - t0)
-        for table, i, error in refused:
+
+        async def rows() -> list[tuple[str, int, str]]:
+            refused = await write_rows(self.sink.write, b.rows, "batch sink", self.backoff)
+            m.SINK_LATENCY.observe(time.perf_counter() - t0)
+            return refused
+
+        async def produce(batch: list[tuple[str, bytes, bytes]]) -> None:
+            if batch:
+                self.counts["unsendable"] += await produce_all(
+                    self.send, batch, "batch produce", self.dlq_topic, self.backoff, send_many=self.send_many
+                )
+
+        try:
+            async with asyncio.TaskGroup() as group:  # one failing for good cancels the other
+                inserted = group.create_task(rows())
+                group.create_task(produce(messages))
+        except BaseExceptionGroup as failed:  # the error itself, as a sequential write raised it
+            raise failed.exceptions[0] from None
+        letters = []
+        for table, i, error in inserted.result():
             row = b.rows[table][i]
             m.INVALID.labels(TABLE_TOPIC[table], "refused").inc()
             self.counts["invalid:refused"] += 1
             log.warning("%s row at offset %s refused by the event store: %s", table, row[-1], error)
             letter = refused_letter(self.prefix, table, row, b.raws[table][i], error)
-            messages.append((self.dlq_topic, key_of(letter), encode(letter)))
-        if messages:
-            replaced = await produce_all(
-                self.send, messages, "batch produce", self.dlq_topic, self.backoff, send_many=self.send_many
-            )
-            self.counts["unsendable"] += replaced
+            letters.append((self.dlq_topic, key_of(letter), encode(letter)))
+        await produce(letters)
         t1 = time.perf_counter()
         await retrying(lambda: self.store.commit(commit), "batch commit", self.backoff)
         m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
