@@ -84,6 +84,12 @@ def group_args(settings: Settings) -> dict[str, Any]:
     return {"session_timeout_ms": k.session_timeout_ms, "heartbeat_interval_ms": k.heartbeat_interval_ms}
 
 
+def fetch_args(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of every aiokafka consumer: how long a fetch may wait for new records
+    (`kafka.fetch_max_wait_ms`; a record produced meanwhile waits as long, at every hop)."""
+    return {"fetch_max_wait_ms": settings.kafka.fetch_max_wait_ms}
+
+
 def kafka_tls_context(settings: Settings) -> ssl.SSLContext:
     """The TLS context for the Kafka brokers (CA, optional client certificate)."""
     s = settings

@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from schemas import codec, topics
-from schemas.clients import kafka_args, redis_args
+from schemas.clients import fetch_args, kafka_args, redis_args
 from schemas.errors import AdstreamError, SchemaError
 from schemas.events import AdapterDelta, Impression, Message
 from schemas.retry import kafka_errors
@@ -445,6 +445,7 @@ async def follow(
         consumer = AIOKafkaConsumer(
             topic,
             **kafka_args(settings),
+            **fetch_args(settings),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest" if from_beginning else "latest",

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from schemas import topics
-from schemas.clients import group_args, kafka_args
+from schemas.clients import fetch_args, group_args, kafka_args
 from schemas.retry import kafka_errors
 from schemas.settings import Settings
 from streams.pipeline import INPUTS, Pipeline, RawRecord
@@ -59,6 +59,7 @@ async def run(settings: Settings) -> None:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         **group_args(s),
+        **fetch_args(s),
         max_partition_fetch_bytes=s.streams.fetch_bytes,
         # range keeps partition p of every input on one worker (co-partitioning for the merge)
         partition_assignment_strategy=(RangePartitionAssignor,),

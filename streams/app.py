@@ -28,7 +28,7 @@ from typing import Any
 import faust
 
 from schemas import topics
-from schemas.clients import faust_args
+from schemas.clients import faust_args, fetch_args
 from schemas.settings import Settings
 from streams.faust_intake import BatchConsumer, install
 from streams.runtime import Runtime
@@ -71,7 +71,7 @@ def create_app(settings: Settings) -> faust.App:
         partitions=parts,
     )
     app.topics.add(source)  # subscribed by Faust's conductor; read by the batch intake
-    install(app, rt.feed)
+    install(app, rt.feed, **fetch_args(s))
 
     @app.task  # type: ignore[untyped-decorator]
     async def catalog() -> None:

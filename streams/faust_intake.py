@@ -51,6 +51,20 @@ log = logging.getLogger(__name__)
 OnBatch = Callable[[list[RawRecord]], Awaitable[None]]
 
 
+class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, its aiokafka consumer fetching with the settings' wait
+    (`kafka.fetch_max_wait_ms`, from the transport). Faust hard-codes 1,500 ms: the local Tansu
+    answers a fetch with nothing new only about then, so a click sat in the broker for up to
+    ~0.75 s before the worker saw it (the loop's freshness P99 read 2.2 s on a 2-vCPU EPYC)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        wait_ms = getattr(transport, "fetch_max_wait_ms", None)
+        if wait_ms is not None:  # read by aiokafka's fetcher when the consumer starts
+            consumer._fetch_max_wait_ms = wait_ms
+        return consumer
+
+
 class BatchConsumer(faust_aiokafka.Consumer):
     """Faust's aiokafka consumer, delivering fetched batches to `on_batch` (see the module)."""
 
@@ -60,6 +74,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
         super().__init__(transport, *args, **kwargs)
 
     # -- acks and commits --------------------------------------------------------------------
+    def _new_consumer_thread(self) -> BatchConsumerThread:
+        return BatchConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
     def ack_through(self, handles: Iterable[Any]) -> None:
         """Ack `(tp, offset)` handles: all of `tp` up to `offset` is committed downstream."""
         done = self._done
@@ -177,13 +194,23 @@ class BatchTransport(faust_aiokafka.Transport):
 
     Consumer = BatchConsumer
 
-    def __init__(self, *args: Any, on_batch: OnBatch | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        on_batch: OnBatch | None = None,
+        fetch_max_wait_ms: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.on_batch = on_batch
+        self.fetch_max_wait_ms = fetch_max_wait_ms  # None: Faust's own (1,500 ms)
         super().__init__(*args, **kwargs)
 
 
-def install(app: faust.App, on_batch: OnBatch) -> None:
-    """Make `app` consume through a `BatchConsumer` that hands its batches to `on_batch`.
+def install(app: faust.App, on_batch: OnBatch, fetch_max_wait_ms: int | None = None) -> None:
+    """Make `app` consume through a `BatchConsumer` that hands its batches to `on_batch`, its
+    fetches waiting at most `fetch_max_wait_ms` (`schemas.clients.fetch_args`).
 
     Call before the app's consumer is first used (the worker creates it when it starts)."""
-    app.transport = BatchTransport(app.conf.broker_consumer, app, on_batch=on_batch)
+    app.transport = BatchTransport(
+        app.conf.broker_consumer, app, on_batch=on_batch, fetch_max_wait_ms=fetch_max_wait_ms
+    )

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from schemas import topics
-from schemas.clients import kafka_args, redis_args
+from schemas.clients import fetch_args, kafka_args, redis_args
 from schemas.codec import decode, encode, key_of
 from schemas.errors import SchemaError
 from schemas.events import AdCreative, DeadLetter
@@ -278,7 +278,7 @@ class Runtime:
         s = self.settings
         name = topics.topic_name(topics.CATALOG, s.topic_prefix)
         n_parts = s.kafka.topic_partitions or topics.TOPICS_BY_NAME[topics.CATALOG].partitions
-        consumer = AIOKafkaConsumer(**kafka_args(s), enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**kafka_args(s), **fetch_args(s), enable_auto_commit=False)
         await consumer.start()
         sink: ClickHouseSink | None = None
         try:

@@ -59,7 +59,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from pydantic import ValidationError
 
 from schemas import codec, topics
-from schemas.clients import group_args, kafka_args, redis_args
+from schemas.clients import fetch_args, group_args, kafka_args, redis_args
 from schemas.errors import SchemaError, StoreError
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample, dead_letter_fields
 from schemas.retry import Backoff
@@ -179,6 +179,7 @@ class TrainerService:
         self.consumer = AIOKafkaConsumer(
             **kafka_args(self.s),
             **group_args(self.s),
+            **fetch_args(self.s),
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
