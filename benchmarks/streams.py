@@ -419,25 +419,26 @@ def cleanup(s: Settings, topics_too: bool = True) -> None:
         print(f"(could not delete bench topics: {exc})")
 
 
+def scoped(s: Settings, suffix: str, *, topics_too: bool = False) -> Settings:
+    """`s` with Redis keys and a ClickHouse database of their own (`suffix`), and topics too
+    (then consumer groups, which are named after the topic prefix)."""
+    update: dict[str, Any] = {
+        "redis_prefix": f"{s.redis_prefix}{suffix}:",
+        "clickhouse": s.clickhouse.model_copy(update={"url": f"{s.clickhouse.url}_{suffix}"}),
+    }
+    if topics_too:
+        update["topic_prefix"] = f"{s.topic_prefix}{suffix}."
+    return s.model_copy(update=update)
+
+
 def round_settings(s: Settings, rnd: int) -> Settings:
     """Topics (and so consumer groups), Redis keys and ClickHouse database of round `rnd`."""
-    return s.model_copy(
-        update={
-            "topic_prefix": f"{s.topic_prefix}r{rnd}.",
-            "redis_prefix": f"{s.redis_prefix}r{rnd}:",
-            "clickhouse": s.clickhouse.model_copy(update={"url": f"{s.clickhouse.url}_r{rnd}"}),
-        }
-    )
+    return scoped(s, f"r{rnd}", topics_too=True)
 
 
 def engine_settings(s: Settings, engine: str) -> Settings:
     """Own Redis keys and ClickHouse database per engine run (same topics)."""
-    return s.model_copy(
-        update={
-            "redis_prefix": f"{s.redis_prefix}{engine}:",
-            "clickhouse": s.clickhouse.model_copy(update={"url": f"{s.clickhouse.url}_{engine}"}),
-        }
-    )
+    return scoped(s, engine)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from schemas.settings import RENAMED, Settings
+from schemas.settings import RENAMED, Settings, env_name, leaf_fields
 
 ROOT = Path(__file__).resolve().parents[3]
 # the names a settings object goes by in this code base
@@ -50,7 +50,7 @@ _ENV = re.compile(r"ADSTREAM_[A-Z0-9_]*[A-Z0-9](_\*)?")
 
 def unknown_env_names(text: str) -> list[str]:
     """`ADSTREAM_…` names in `text` that name no setting (`NAME_*`: no setting starts so)."""
-    flat = {f"ADSTREAM_{p.upper().replace('.', '__')}" for p in _setting_paths(Settings)}
+    flat = {env_name(dotted) for dotted in leaf_fields()}
     out = []
     for m in _ENV.finditer(text):
         name, glob = m.group(0).removesuffix("_*"), m.group(1)
@@ -58,18 +58,6 @@ def unknown_env_names(text: str) -> list[str]:
         if not known and name not in NOT_SETTINGS:
             out.append(m.group(0))
     return out
-
-
-def _setting_paths(model: type, prefix: str = "") -> list[str]:
-    from pydantic import BaseModel
-
-    paths = []
-    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
-        paths.append(prefix + name)
-        sub = field.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
-            paths += _setting_paths(sub, f"{prefix}{name}.")
-    return paths
 
 
 def test_the_env_scan_finds_a_name_that_is_no_setting() -> None:
