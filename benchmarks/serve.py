@@ -526,6 +526,17 @@ LB_HEADROOM = 1.25
 LB_GOALS = {"capacity_ratio_to_direct": 0.9, "p99_ratio_to_direct_at_100": 1.2}
 
 
+def share(text: str) -> float:
+    """argparse type: a share of capacity, 0 < share <= 1 (past 1 the direct replica saturates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1 (got {value})")
+    return value
+
+
 def lb_share_rate(direct: Mapping[str, Any], share: float) -> int:
     """The paced rate that is `share` of the direct replica's served capacity (at least 10/s): the
     same relative load on any machine, where a fixed 100 req/s may be past a slow one's capacity."""
@@ -668,7 +679,7 @@ def main() -> None:
     ap.add_argument("--lb-capacity-conns", type=int, default=32)
     ap.add_argument(
         "--lb-share",
-        type=float,
+        type=share,
         default=0.5,
         help="the relative rate of the load-balanced cases, a share of one replica's direct capacity",
     )

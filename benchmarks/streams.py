@@ -235,6 +235,17 @@ def applied_count(r: Any, s: Settings) -> int:
     return sum(int(v) + 1 for k, v in raw.items() if not k.startswith(b"stream_ts:"))
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an int of at least 1 (`--rounds 0` would measure nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
 def combine_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One engine's row from its rounds: the median rate (and CPU per event), every round's rate,
     the dead letters of all of them, the first round's other fields (its profile)."""
@@ -451,7 +462,7 @@ def main() -> None:
     ap.add_argument("--no-bare-faust", action="store_true", help="skip the bare-Faust floor")
     ap.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         default=1,
         help="run the engines this many times, interleaved (a shared machine swings ±20 %% between "
         "runs): each engine's rate is the median, the Faust/aiokafka ratio the median of the "

@@ -48,3 +48,15 @@ def test_process_cpu_counts_this_process() -> None:
     assert bench.process_cpu_s(os.getpid()) - before >= 0.2
     busy, total = bench.machine_cpu()
     assert 0 < busy <= total
+
+
+def test_rounds_must_be_at_least_one() -> None:
+    import argparse
+
+    import pytest
+
+    bench = load_benchmark("streams")
+    assert bench.positive_int("3") == 3
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.positive_int(bad)

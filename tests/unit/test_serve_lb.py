@@ -95,3 +95,12 @@ def test_the_relative_rate_ratio_compares_the_same_share_of_direct_capacity(serv
     serve.lb_ratios(cases)
     assert cases["haproxy_2"]["p99_ratio_to_direct_at_share"] == pytest.approx(1.1, abs=1e-3)
     assert serve.lb_share_rate(cases["direct_1"], 0.5) == 53
+
+
+def test_the_share_must_be_a_share_of_capacity(serve: Any) -> None:
+    import argparse
+
+    assert serve.share("0.5") == 0.5
+    for bad in ("0", "-0.2", "1.5", "nan", "half"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            serve.share(bad)
