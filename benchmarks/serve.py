@@ -410,10 +410,136 @@ def floor_run(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
         print(f"floor at 100/s: p99 {at_100['p99_ms']} ms")
         cap = capacity(url, args)
         print(f"floor capacity: {cap['capacity_rps']}/s (unpaced {cap['unpaced']['rps']}/s)")
+        profile = profile_replica(url, "floor", args.profile_rate, args) if args.profile_rate else None
     finally:
         serve.delete("floor")
         time.sleep(3)  # its direct-ingress port drains (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)
-    return {"url": url, "at_100": at_100, "capacity": cap}
+    return {"url": url, "at_100": at_100, "capacity": cap, "cpu_profile": profile}
+
+
+# -- where a request's CPU goes (issue 15): py-spy on the replica under a paced load -------------
+# Each sampled stack counts for the first part whose needle one of its frames contains (py-spy
+# names frames `function (package/module.py:line)`), so the order matters: our stages first,
+# then the libraries under them.
+REPLICA_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("rank (model forward, serve.batch)", ("RankModel.score", "AdServer._rank_batch")),
+    ("recall (query, index, rank input)", ("AdPipeline.recall",)),
+    ("rerank + response/impressions", ("AdPipeline.finish",)),
+    ("record (caps, spend, canary, metrics)", ("AdServer._finish",)),
+    ("user read (Redis)", ("RedisIO.read",)),
+    ("background: counter flushes", ("ReplicaLoops", "RedisIO.flush")),
+    ("background: impression produce", ("ImpressionSink", "aiokafka/")),
+    ("parse + respond (JSON)", ("serving/http.py", "model_dump_json", "model_validate_json")),
+    ("adstream handler, other", ("(serving/",)),
+    ("Ray Serve (replica, batching, metrics)", ("(ray/",)),
+    ("ASGI (uvicorn, starlette, fastapi)", ("(uvicorn/", "(starlette/", "(fastapi/")),
+    ("redis client", ("(redis/",)),
+    ("event loop (asyncio, uvloop)", ("(asyncio/", "Thread.run (threading.py")),
+)
+
+
+def cpu_parts(raw: str, rate_hz: int, requests: int) -> dict[str, float]:
+    """Milliseconds of sampled activity per request of each `REPLICA_PARTS` part (and `other`),
+    from py-spy's raw output (`frame;frame;… count` per line) sampled at `rate_hz`.
+
+    >>> raw = "t;AdServer.ads (serving/app.py:1);RankModel.score (serving/ranking.py:2) 30\\n"
+    >>> raw += "t;Replica.call (ray/serve/_private/replica.py:3) 10\\n"
+    >>> cpu_parts(raw, 100, 2)["rank (model forward, serve.batch)"], cpu_parts(raw, 100, 2)["other"]
+    (150.0, 0.0)
+    """
+    counts = dict.fromkeys([name for name, _ in REPLICA_PARTS] + ["other"], 0)
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        name = next((part for part, needles in REPLICA_PARTS if any(x in stack for x in needles)), "other")
+        counts[name] += int(n)
+    scale = 1000 / rate_hz / max(requests, 1)
+    return {name: round(n * scale, 3) for name, n in counts.items()}
+
+
+def replica_pid(app: str) -> int | None:
+    """The process of application `app`'s (first) Serve replica (Ray titles it
+    `ray::ServeReplica:<app>:<deployment>`), or None."""
+    out = subprocess.run(["pgrep", "-f", f"ServeReplica:{app}:"], capture_output=True, text=True).stdout
+    pids = [int(p) for p in out.split()]
+    return min(pids) if pids else None
+
+
+def profile_replica(url: str, app: str, rate: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One paced run at `rate` with the replica's CPU time (Linux /proc) and, when py-spy is
+    installed, its sampled stacks: CPU milliseconds per served request, and the sampled
+    activity per request of each part (`cpu_parts`). py-spy's own sampling slows the replica a
+    little; the CPU figure is the whole process (every thread), the parts what py-spy saw active."""
+    from deploy.machine import process_cpu_s
+
+    pid = replica_pid(app)
+    if pid is None:
+        return {"error": f"no ServeReplica process of app {app!r} found"}
+    spy_bin = Path(sys.executable).parent / "py-spy"
+    hz = 200
+    with tempfile.TemporaryDirectory() as tmp:
+        raw_path = Path(tmp) / "replica.txt"
+        spy = None
+        if args.profile_stacks and spy_bin.exists():
+            spy = subprocess.Popen(
+                [str(spy_bin), "record", "-p", str(pid), "-r", str(hz), "--format", "raw",
+                 "-o", str(raw_path), "--nonblocking", "-d", str(args.duration + 2)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)  # py-spy attaches
+        cpu0, t0 = process_cpu_s(pid), time.monotonic()
+        row = run_wrk(url, rate, args.duration, args.conns, args.users)
+        cpu_s, wall_s = process_cpu_s(pid) - cpu0, time.monotonic() - t0
+        raw = ""
+        if spy is not None:
+            spy.wait(timeout=args.duration + 30)
+            raw = raw_path.read_text() if raw_path.exists() else ""
+    served = int(row["codes"].get("200", 0))
+    out: dict[str, Any] = {
+        "rate": rate,
+        "rps": row["rps"],
+        "p50_ms": row["p50_ms"],
+        "p99_ms": row["p99_ms"],
+        "served": served,
+        "errors": row["errors"],
+        "cpu_ms_per_request": round(cpu_s / max(served, 1) * 1000, 3),
+        "cpu_share_of_a_core": round(cpu_s / wall_s, 3),
+        "stacks": "py-spy" if raw else None,
+    }
+    if raw:
+        # wrk's window is inside py-spy's: scale the samples to the served requests of the same
+        # seconds (py-spy ran duration + 2 s, so its extra seconds are idle or warm-up traffic)
+        parts = cpu_parts(raw, hz, served)
+        out["sampled_ms_per_request"] = round(sum(parts.values()), 3)
+        out["parts_ms_per_request"] = parts
+    return out
+
+
+def cpu_summary(floor: Mapping[str, Any] | None, served: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The floor's and the ad server's CPU per request at the same paced rate, their ratio, and
+    where the ad server's goes (`profile_replica` of each).
+
+    >>> floor, served = {"rate": 50, "cpu_ms_per_request": 2.0}, {"rate": 50, "cpu_ms_per_request": 9.0}
+    >>> cpu_summary(floor, served)["cpu_ratio_to_floor"]
+    4.5
+    """
+    if not floor or not served or "cpu_ms_per_request" not in served:
+        return None
+    base = floor.get("cpu_ms_per_request")
+    return {
+        "rate": served["rate"],
+        "cpu_ms_per_request": served["cpu_ms_per_request"],
+        "floor_cpu_ms_per_request": base,
+        "cpu_ratio_to_floor": round(served["cpu_ms_per_request"] / base, 2) if base else None,
+        "parts_ms_per_request": served.get("parts_ms_per_request"),
+        "floor_parts_ms_per_request": floor.get("parts_ms_per_request"),
+        "adstream": dict(served),
+        "floor": dict(floor),
+        "note": "cpu_ms_per_request: the replica process's CPU time (every thread, /proc) over the "
+        "requests it served in one paced wrk run; parts: py-spy's active samples per request (200 Hz), "
+        "each stack counted for the first part one of its frames matches (REPLICA_PARTS)",
+    }
 
 
 # -- load-balanced ingress (issue 13): each case in its own process, so Serve's env-read
@@ -707,6 +833,18 @@ def main() -> None:
     ap.add_argument("--capacity-steps", type=int, default=6, help="paced steps of a capacity search")
     ap.add_argument("--qos-duration", type=int, default=20, help="seconds of the mixed QoS run")
     ap.add_argument(
+        "--profile-rate",
+        type=int,
+        default=50,
+        help="paced rate of the CPU profile runs of the floor and the ad server (0 skips them)",
+    )
+    ap.add_argument(
+        "--no-profile-stacks",
+        dest="profile_stacks",
+        action="store_false",
+        help="measure the replicas' CPU per request without py-spy's stacks",
+    )
+    ap.add_argument(
         "--quick", action="store_true", help="development: 6 s runs, one repeat, the slot scheme only"
     )
     args = ap.parse_args()
@@ -815,6 +953,12 @@ def main() -> None:
                     print(f"{scheme}: qos at {qos_rate}/s: " + json.dumps({
                         c: (r.get("ok_p99_ms"), r["shed_share"]) for c, r in head["qos"]["classes"].items()
                     }))  # fmt: skip
+                if first and args.profile_rate:
+                    head["cpu_profile"] = profile_replica(url, "bench", args.profile_rate, args)
+                    shown = ("cpu_ms_per_request", "sampled_ms_per_request")
+                    print(f"{scheme}: CPU per request at {args.profile_rate}/s: " + json.dumps(
+                        {k: head["cpu_profile"].get(k) for k in shown}
+                    ))  # fmt: skip
                 if args.proxy_check and first and url != endpoints.proxy:
                     # the same load through Serve's proxy actor, for comparison (one run at the top rate)
                     top = max(int(r) for r in args.rates.split(","))
@@ -888,6 +1032,7 @@ def main() -> None:
         },
         "capacity_rule": f"highest paced rate: P99 <= {P99_LIMIT_MS} ms, no errors, >= 97 % delivered",
         "breakdown_ms": head.get("breakdown"),
+        "cpu_profile": cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile")),
         "qos": head.get("qos"),
         "floor": floor,
         "capacity": head["capacity"],
@@ -907,6 +1052,18 @@ def main() -> None:
         "via_proxy": first_scheme["via_proxy"],
         "by_scheme": by_scheme,
     }
+    cpu = cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile"))
+    if cpu is not None:
+        parts = Table(f"CPU of a request at {cpu['rate']} req/s", "adstream ms", "floor ms")
+        floor_parts = cpu["floor_parts_ms_per_request"] or {}
+        for name, ms in (cpu["parts_ms_per_request"] or {}).items():
+            parts.add_row(name, f"{ms:.2f}", f"{floor_parts.get(name, 0.0):.2f}")
+        parts.add_row(
+            "process CPU (/proc)",
+            f"{cpu['cpu_ms_per_request']:.2f}",
+            f"{cpu['floor_cpu_ms_per_request']:.2f}",
+        )
+        Console().print(parts)
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     if "load_balanced" in previous:  # written by --load-balanced; kept
         result["load_balanced"] = previous["load_balanced"]

@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from attribution.migrate import clickhouse_client, database_name  # noqa: E402
-from deploy.machine import machine  # noqa: E402
+from deploy.machine import machine, process_cpu_s  # noqa: E402
 from deploy.stack import create_topics, delete_topics_async  # noqa: E402
 from schemas import topics  # noqa: E402
 from schemas.codec import encode, key_of, topic_of  # noqa: E402
@@ -257,12 +257,6 @@ def combine_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["rounds_events_per_s"] = [round(r["events_per_s"], 1) for r in runs]
     out["dead_letters"] = sum(r["dead_letters"] for r in runs)
     return out
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) the process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_cpu() -> tuple[float, float]:

@@ -33,6 +33,16 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_1m": round(load, 2)}
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process `pid` has used so far (Linux `/proc`).
+
+    >>> process_cpu_s(os.getpid()) >= 0
+    True
+    """
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def describe(m: dict[str, Any] | None = None) -> str:
     """One line for a report: `Intel(R) Xeon(R) …, 2 cores, load 1.20`."""
     m = m or machine()

@@ -286,10 +286,13 @@ class RedisIO:
 class ImpressionSink:
     """Produces served impressions to `ad.impressions` without making the request wait.
 
-    `emit` puts impressions on a bounded queue (full: `dropped`); one task sends them and counts
-    each when the broker acknowledged it (`sent`, acks=all) or refused it (`failed`). Started
-    while Kafka is down, the producer keeps retrying in the background and what was queued
-    meanwhile goes out once it connects. `stop` drains the queue (bounded by `timeout_s`).
+    `emit` puts impressions on a bounded queue (full: `dropped`; the bound counts those handed to
+    the producer and not yet acknowledged too); one task hands them to the producer as they come
+    and counts each when the broker acknowledged it (`sent`, acks=all) or refused it (`failed`),
+    waiting for acknowledgements aside, so that every impression of a linger window
+    (`serving.impression_linger_ms`) shares one produce request. Started while Kafka is down, the
+    producer keeps retrying in the background and what was queued meanwhile goes out once it
+    connects. `stop` drains the queue (bounded by `timeout_s`).
     """
 
     def __init__(
@@ -305,6 +308,8 @@ class ImpressionSink:
         self.on_outcome = on_outcome
         self.limit = settings.serving.impressions_pending
         self._queue: deque[Impression] = deque()
+        self._inflight = 0  # handed to the producer, not acknowledged yet
+        self._acks: set[asyncio.Task[None]] = set()  # the tasks waiting for them
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -312,8 +317,8 @@ class ImpressionSink:
 
     @property
     def pending(self) -> int:
-        """Impressions queued and not yet sent."""
-        return len(self._queue)
+        """Impressions not sent yet: queued, or with the producer and not acknowledged."""
+        return len(self._queue) + self._inflight
 
     async def start(self) -> None:
         """Start the sender (it connects, retrying, in the background: start never waits for Kafka)."""
@@ -341,7 +346,9 @@ class ImpressionSink:
         delay = 0.5
         while self.producer is None and not self._stopping:
             self.connect_attempts += 1
-            producer = AIOKafkaProducer(**kafka_args(self.settings), linger_ms=5, acks="all")
+            producer = AIOKafkaProducer(
+                **kafka_args(self.settings), linger_ms=self.settings.serving.impression_linger_ms, acks="all"
+            )
             try:
                 await asyncio.wait_for(producer.start(), 10)
             except asyncio.CancelledError:
@@ -359,7 +366,7 @@ class ImpressionSink:
     def emit(self, imps: list[Impression]) -> None:
         if not imps:
             return
-        room = max(0, self.limit - len(self._queue))
+        room = max(0, self.limit - self.pending)
         if room < len(imps):
             self.on_outcome("dropped", len(imps) - room)
             imps = imps[:room]
@@ -375,8 +382,12 @@ class ImpressionSink:
                 continue
             batch = [self._queue.popleft() for _ in range(min(len(self._queue), 512))]
             await self._send(batch)
+        if self._acks:
+            await asyncio.gather(*self._acks, return_exceptions=True)
 
     async def _send(self, imps: list[Impression]) -> None:
+        """Hand `imps` to the producer (it waits only while the producer's buffer is full); their
+        acknowledgements are awaited by a task of their own."""
         futures = []
         t = time.perf_counter()
         try:
@@ -390,9 +401,20 @@ class ImpressionSink:
         except Exception:  # a bug: counted too, then raised (the sender restarts, see `_died`)
             self.on_outcome("failed", len(imps) - len(futures))
             raise
+        finally:  # what the producer took is counted when acknowledged, whatever happened after
+            if futures:
+                self._inflight += len(futures)
+                task = asyncio.get_running_loop().create_task(self._acked(futures))
+                self._acks.add(task)
+                task.add_done_callback(self._acks.discard)
         if self.on_sent is not None:
             self.on_sent(time.perf_counter() - t)
-        results = await asyncio.gather(*futures, return_exceptions=True)
+
+    async def _acked(self, futures: list[Any]) -> None:
+        try:
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        finally:
+            self._inflight -= len(futures)
         failed = sum(isinstance(r, BaseException) for r in results)
         if failed:
             log.warning("%d impression(s) not acknowledged by the broker: %r", failed, next(
@@ -415,8 +437,10 @@ class ImpressionSink:
             self.on_outcome("dropped", len(self._queue))
             self._queue.clear()
         if self.producer is not None:
-            await self.producer.stop()
+            await self.producer.stop()  # sends what it holds: every acknowledgement is settled
             self.producer = None
+        if self._acks:
+            await asyncio.gather(*self._acks, return_exceptions=True)
 
 
 async def follow(

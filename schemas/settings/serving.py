@@ -83,6 +83,14 @@ class ServingSettings(Group):
     impressions_pending: int = Field(
         10_000, ge=1, description="Impressions a replica buffers for Kafka before it drops (counted)"
     )
+    impression_linger_ms: int = Field(
+        50,
+        ge=0,
+        le=1000,
+        description="A replica's impression producer waits this long to fill a batch: one produce "
+        "request per batch costs the replica ~1 ms of CPU, so at 5 ms each request's impressions went "
+        "alone (benchmarks/serve.py cpu_profile)",
+    )
     title_cache_size: int = Field(100_000, ge=1, description="Titles whose MiniLM embedding is cached")
     counter_flush_s: float = Field(
         0.05,

@@ -104,3 +104,34 @@ def test_the_share_must_be_a_share_of_capacity(serve: Any) -> None:
     for bad in ("0", "-0.2", "1.5", "nan", "half"):
         with pytest.raises(argparse.ArgumentTypeError):
             serve.share(bad)
+
+
+def test_cpu_parts_count_each_stack_once_for_its_first_part(serve: Any) -> None:
+    """A stack under the rank stage that also passes through Ray Serve and asyncio counts for
+    rank only; per-request milliseconds are samples / rate / served requests."""
+    raw = "\n".join(
+        [
+            "t;Thread.run (threading.py:982);Replica.call (ray/serve/_private/replica.py:1);"
+            "AdServer._rank_batch (serving/app.py:175);RankModel.score (serving/ranking.py:143) 40",
+            "t;Thread.run (threading.py:982);Replica.call (ray/serve/_private/replica.py:1) 20",
+            "t;Thread.run (threading.py:982) 10",
+            "t;main (somewhere.py:1) 10",
+            "garbage line without a count",
+        ]
+    )
+    parts = serve.cpu_parts(raw, 200, 10)
+    assert parts["rank (model forward, serve.batch)"] == pytest.approx(40 / 200 / 10 * 1000)
+    assert parts["Ray Serve (replica, batching, metrics)"] == pytest.approx(10.0)
+    assert parts["event loop (asyncio, uvloop)"] == pytest.approx(5.0)
+    assert parts["other"] == pytest.approx(5.0)
+    assert sum(parts.values()) == pytest.approx(80 / 200 / 10 * 1000)
+
+
+def test_cpu_summary_needs_both_profiles(serve: Any) -> None:
+    floor = {"rate": 50, "cpu_ms_per_request": 1.5, "parts_ms_per_request": {"other": 1.5}}
+    served = {"rate": 50, "cpu_ms_per_request": 9.9, "parts_ms_per_request": {"other": 9.0}}
+    summary = serve.cpu_summary(floor, served)
+    assert summary["cpu_ratio_to_floor"] == pytest.approx(6.6)
+    assert summary["floor_parts_ms_per_request"] == {"other": 1.5}
+    assert serve.cpu_summary(None, served) is None
+    assert serve.cpu_summary(floor, {"error": "no ServeReplica process of app 'bench' found"}) is None
