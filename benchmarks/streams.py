@@ -9,7 +9,11 @@ On the running local stack (broker, Redis, ClickHouse), in one run:
    here, measured before each engine and at the end; the median is `raw`) and `faust agent` (a
    bare Faust agent iterating the records' events with acks on, in a child process: what Faust's
    per-record stream costs);
-3. `worker`: `adstream worker --engine faust|aiokafka` (a child process) processes the same
+3. `core` (a ceiling, not a floor): the worker's per-event core in this process over the same
+   records, without Kafka, Redis or ClickHouse (`core_floor`: judge, state + label join, row,
+   example encoding), as events per CPU second with the µs of each stage: no engine built on
+   this core can pass it on one core, so it says how far the goals are from the core itself;
+4. `worker`: `adstream worker --engine faust|aiokafka` (a child process) processes the same
    records: validation, time-ordered merge, user state, label join, ClickHouse sink, Redis commit.
    The rate is measured from 5 % to 100 % applied (the offsets the worker commits to Redis), so
    start-up and catalog load are excluded; py-spy samples the worker meanwhile and the profile is
@@ -56,7 +60,7 @@ from attribution.migrate import clickhouse_client, database_name  # noqa: E402
 from deploy.machine import machine, process_cpu_s  # noqa: E402
 from deploy.stack import create_topics, delete_topics_async  # noqa: E402
 from schemas import topics  # noqa: E402
-from schemas.codec import encode, key_of, topic_of  # noqa: E402
+from schemas.codec import decode, encode, key_of, model_for_topic, topic_of  # noqa: E402
 from schemas.events import AdCreative  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from schemas.signing import event_key  # noqa: E402
@@ -212,6 +216,60 @@ def bare_faust(s: Settings, expect: int, out_dir: Path, timeout_s: float = 900.0
     got = json.loads(out.read_text())
     dt = got["seconds"]
     return {"events": got["events"], "seconds": dt, "events_per_s": got["events"] / dt if dt else 0.0}
+
+
+def core_floor(
+    s: Settings, catalog: list[tuple[str, bytes, bytes]], events: list[tuple[str, bytes, bytes]]
+) -> dict[str, Any]:
+    """The worker's per-event core in this process, without Kafka, Redis or ClickHouse: each
+    record judged as the pipeline judges it (`Pipeline._judge`: decode, clock skew, signature),
+    applied to user state and the label join (`Processor.on_event`), turned into its ClickHouse
+    row (`row_of`), and its examples encoded as the commit encodes them. The rate is events per
+    second of this process's CPU time: what any engine built on this core can reach at most on
+    one core, whatever its client does."""
+    from streams.pipeline import _EXAMPLE_JSON, Pipeline, RawRecord
+    from streams.processor import Processor
+    from streams.sink import row_of
+
+    pipe = Pipeline(s, None, None, None, lambda handles: None)  # type: ignore[arg-type]  # _judge only
+    proc = Processor.from_settings(s)
+    physical = {t: topics.topic_name(t, s.topic_prefix) for t in USER_TOPICS}  # records: base topics
+    for topic, _, value in catalog:
+        proc.on_event(decode(model_for_topic(topic), value))
+    stages = dict.fromkeys(("judge", "state + join", "row", "encode examples"), 0.0)
+    now, clock = time.time(), time.perf_counter
+    written_ms = int(now * 1000) - 1000  # every record written a second ago, as the broker stamps it
+    examples = 0
+    cpu0 = time.process_time()
+    for offset, (topic, _, value) in enumerate(events):
+        t0 = clock()
+        judged = pipe._judge(topic, RawRecord(physical[topic], 0, offset, value, written_ms), now)
+        t1 = clock()
+        if not isinstance(judged, tuple):
+            raise RuntimeError(f"the core refused a valid record at {offset}: {judged}")
+        event, ts = judged
+        out = proc.on_event(event, value, ts)
+        t2 = clock()
+        row_of(event, 0, offset, ts)
+        t3 = clock()
+        for e in out:
+            _EXAMPLE_JSON(e)
+        t4 = clock()
+        examples += len(out)
+        stages["judge"] += t1 - t0
+        stages["state + join"] += t2 - t1
+        stages["row"] += t3 - t2
+        stages["encode examples"] += t4 - t3
+    cpu_s = time.process_time() - cpu0
+    n = max(len(events), 1)
+    return {
+        "events": len(events),
+        "examples": examples,
+        "cpu_s": round(cpu_s, 3),
+        "events_per_s": len(events) / cpu_s if cpu_s else 0.0,
+        "cpu_us_per_event": round(cpu_s / n * 1e6, 2),
+        "stage_us_per_event": {k: round(v / n * 1e6, 2) for k, v in stages.items()},
+    }
 
 
 def worker_env(s: Settings) -> dict[str, str]:
@@ -489,12 +547,15 @@ def main() -> None:
     rounds: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
     raws: list[dict[str, float]] = []
     faust_floor: dict[str, float] | None = None
+    core: dict[str, Any] = {}
     load_start = machine()["load_avg_1m"]
     try:
         catalog, events = generate(args.events, args.seed, s)
         asyncio.run(produce(s, catalog))
         produce_s = asyncio.run(produce(s, events))
         console.print(f"produced {len(events)} user events ({len(catalog)} ads) in {produce_s:.1f}s")
+        core = core_floor(s, catalog, events)
+        console.print(f"worker core in process: {core['events_per_s']:,.0f} events/s of CPU")
         if not args.no_bare_faust:
             faust_floor = bare_faust(s, len(events), out_dir)
         for rnd in range(args.rounds):
@@ -589,6 +650,16 @@ def main() -> None:
                 else {}
             ),
         },
+        "core": {
+            **core,
+            "events_per_s": round(core["events_per_s"], 1),
+            "ratio_to_raw": round(core["events_per_s"] / raw_rate, 4) if raw_rate else None,
+            "engines_ratio_to_core": {
+                e: round(r["events_per_s"] / core["events_per_s"], 3) for e, r in runs.items()
+            },
+            "what": "the worker's per-event core in one process, no I/O (core_floor): the most any "
+            "engine on it reaches on one core",
+        },
         "raw_consume_events_per_s": round(raw_rate, 1),
         "goals": goals,
         "settings": {
@@ -625,6 +696,16 @@ def main() -> None:
             f"{faust_floor['events_per_s']:,.0f}",
             f"{faust_floor['events_per_s'] / raw_rate:.3f}",
         )
+    table.add_row(
+        "ceiling: the worker's core, no I/O (CPU)",
+        str(core["events"]),
+        f"{core['cpu_s']:.2f}",
+        f"{core['events_per_s']:,.0f}",
+        f"{core['events_per_s'] / raw_rate:.3f}",
+        "",
+        "",
+        f"{core['cpu_us_per_event']:.0f}",
+    )
     for e, r in runs.items():
         table.add_row(
             f"adstream worker --engine {e}",

@@ -60,3 +60,26 @@ def test_rounds_must_be_at_least_one() -> None:
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.positive_int(bad)
+
+
+def test_core_floor_runs_the_worker_core_over_every_record_and_refuses_what_it_refuses(
+    tmp_path: Path,
+) -> None:
+    """The in-process ceiling (`core_floor`) takes the same records as the engines: all valid, so
+    all judged, applied and their examples encoded; a record the core refuses (forged) stops it,
+    rather than being counted as work done."""
+    import pytest
+
+    bench = load_benchmark("streams")
+    s = Settings(state_dir=tmp_path / "bench")
+    catalog, events = bench.generate(400, 3, s)
+    core = bench.core_floor(s, catalog, events)
+    assert core["events"] == len(events) == 400
+    assert core["examples"] >= 300  # every impression's fake negative at least (fn_weighted)
+    assert core["events_per_s"] > 0 and set(core["stage_us_per_event"]) == {
+        "judge", "state + join", "row", "encode examples"
+    }  # fmt: skip
+    forged = [(t, k, v.replace(b'"sig":"', b'"sig":"0')) if t == "ad.impressions" else (t, k, v)
+              for t, k, v in events]  # fmt: skip
+    with pytest.raises(RuntimeError, match="refused a valid record"):
+        bench.core_floor(s, catalog, forged)
