@@ -83,3 +83,10 @@ def test_core_floor_runs_the_worker_core_over_every_record_and_refuses_what_it_r
               for t, k, v in events]  # fmt: skip
     with pytest.raises(RuntimeError, match="refused a valid record"):
         bench.core_floor(s, catalog, forged)
+
+
+def test_core_child_measures_the_same_records_in_a_fresh_process(tmp_path: Path) -> None:
+    bench = load_benchmark("streams")
+    s = Settings(state_dir=tmp_path / "bench")
+    core = bench.core_child(s, 200, 3, tmp_path)
+    assert core["events"] == 200 and core["examples"] >= 150 and core["events_per_s"] > 0
