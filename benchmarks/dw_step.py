@@ -391,10 +391,10 @@ def main() -> None:
         )
     Console().print(table)
     split = Table(
-        f"learn() by part, median ms per micro-batch ({best['threads']} thread(s), a pass of its own)"
+        "part",
+        "ms",
+        title=f"learn() by part, median per micro-batch ({best['threads']} thread(s), a pass of its own)",
     )
-    split.add_column("part")
-    split.add_column("ms")
     for name, ms in parts.items():
         split.add_row(name, f"{ms:.3f}")
     Console().print(split)
