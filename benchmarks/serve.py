@@ -663,6 +663,17 @@ def share(text: str) -> float:
     return value
 
 
+def rate_or_zero(text: str) -> int:
+    """argparse type: a paced rate in requests/s, or 0 (skip)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of requests/s") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (skip) or a rate above 0 (got {value})")
+    return value
+
+
 def lb_share_rate(direct: Mapping[str, Any], share: float) -> int:
     """The paced rate that is `share` of the direct replica's served capacity (at least 10/s): the
     same relative load on any machine, where a fixed 100 req/s may be past a slow one's capacity."""
@@ -834,7 +845,7 @@ def main() -> None:
     ap.add_argument("--qos-duration", type=int, default=20, help="seconds of the mixed QoS run")
     ap.add_argument(
         "--profile-rate",
-        type=int,
+        type=rate_or_zero,
         default=50,
         help="paced rate of the CPU profile runs of the floor and the ad server (0 skips them)",
     )

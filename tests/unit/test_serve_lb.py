@@ -135,3 +135,14 @@ def test_cpu_summary_needs_both_profiles(serve: Any) -> None:
     assert summary["floor_parts_ms_per_request"] == {"other": 1.5}
     assert serve.cpu_summary(None, served) is None
     assert serve.cpu_summary(floor, {"error": "no ServeReplica process of app 'bench' found"}) is None
+
+
+def test_the_profile_rate_is_a_rate_or_zero(serve: Any) -> None:
+    """`--profile-rate -5` paced wrk at a negative rate; `0` skips the profile runs."""
+    import argparse
+
+    assert serve.rate_or_zero("0") == 0
+    assert serve.rate_or_zero("50") == 50
+    for bad in ("-5", "2.5", "fifty"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            serve.rate_or_zero(bad)
