@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
+from deploy.benchargs import int_at_least  # noqa: E402  # after the repository is on sys.path
+
 
 def make_catalog(path: Path, ads: int) -> None:
     cmd = [
@@ -663,15 +665,7 @@ def share(text: str) -> float:
     return value
 
 
-def rate_or_zero(text: str) -> int:
-    """argparse type: a paced rate in requests/s, or 0 (skip)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of requests/s") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (skip) or a rate above 0 (got {value})")
-    return value
+rate_or_zero = int_at_least(0)  # argparse type: a paced rate in requests/s, or 0 (skip)
 
 
 def lb_share_rate(direct: Mapping[str, Any], share: float) -> int:

@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from attribution.migrate import clickhouse_client, database_name  # noqa: E402
+from deploy.benchargs import int_at_least  # noqa: E402
 from deploy.machine import machine, process_cpu_s  # noqa: E402
 from deploy.stack import create_topics, delete_topics_async  # noqa: E402
 from schemas import topics  # noqa: E402
@@ -321,15 +322,7 @@ def applied_count(r: Any, s: Settings) -> int:
     return sum(int(v) + 1 for k, v in raw.items() if not k.startswith(b"stream_ts:"))
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an int of at least 1 (`--rounds 0` would measure nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
+positive_int = int_at_least(1)  # argparse type (`--rounds 0` would measure nothing)
 
 
 def combine_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
