@@ -105,6 +105,11 @@ def _core_batch(examples: list[Any], config: RankerConfig, device: str) -> CoreB
     return CoreBatch(rows, torch.tensor(fake, device=device) if any(fake) else None)
 
 
+def _batches(exs: list[Any], size: int) -> list[list[Any]]:
+    """`exs` in consecutive micro-batches of `size` (a short last one dropped)."""
+    return [exs[i : i + size] for i in range(0, len(exs) - size + 1, size)]
+
+
 def _pct(xs: list[float]) -> dict[str, float]:
     a = np.asarray(xs) * 1000
     return {
@@ -182,8 +187,7 @@ def measure(
     sync = torch.cuda.synchronize if args.device != "cpu" else (lambda: None)
     trainer = _trainer(args, settings, targets)
     bank, spec = trainer.bank, trainer.spec
-    batches = [exs[i : i + args.batch] for i in range(0, len(exs), args.batch)]
-    batches = [b for b in batches if len(b) == args.batch]
+    batches = _batches(exs, args.batch)
     core_bank = _trainer(args, settings, targets).bank
     core_bank.ensure("feed")
     opt = AdapterOptimizer(core_bank, "feed", spec)
@@ -268,8 +272,7 @@ def learn_parts(
     trainer._record = timed("progressive validation", trainer._record)  # type: ignore[method-assign]
     trainer._sparse_delta = timed("sparse ΔW + encode", trainer._sparse_delta)  # type: ignore[method-assign]
     trainer._guard = timed("guard (rolling AUC)", trainer._guard)  # type: ignore[method-assign]
-    batches = [exs[i : i + args.batch] for i in range(0, len(exs), args.batch)]
-    batches = [b for b in batches if len(b) == args.batch]
+    batches = _batches(exs, args.batch)
     rows: list[dict[str, float]] = []
     try:
         for name, part in (("featurize", "featurize"), ("click_loss", "loss")):

@@ -536,8 +536,7 @@ def cpu_summary(floor: Mapping[str, Any] | None, served: Mapping[str, Any] | Non
         "cpu_ratio_to_floor": round(served["cpu_ms_per_request"] / base, 2) if base else None,
         "parts_ms_per_request": served.get("parts_ms_per_request"),
         "floor_parts_ms_per_request": floor.get("parts_ms_per_request"),
-        "adstream": dict(served),
-        "floor": dict(floor),
+        "adstream": dict(served),  # the floor's whole profile is under floor.cpu_profile
         "note": "cpu_ms_per_request: the replica process's CPU time (every thread, /proc) over the "
         "requests it served in one paced wrk run; parts: py-spy's active samples per request (200 Hz), "
         "each stack counted for the first part one of its frames matches (REPLICA_PARTS)",
@@ -1020,6 +1019,7 @@ def main() -> None:
     null_cap, cap = floor["capacity"]["capacity_rps"], head["capacity"]["capacity_rps"]
     null_p99 = floor["at_100"]["p99_ms"]
     p99_100 = at_100["p99_ms"] if at_100 else None
+    cpu = cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile"))
     result = {
         "benchmark": "serve",
         "machine": machine_start,
@@ -1037,7 +1037,7 @@ def main() -> None:
         },
         "capacity_rule": f"highest paced rate: P99 <= {P99_LIMIT_MS} ms, no errors, >= 97 % delivered",
         "breakdown_ms": head.get("breakdown"),
-        "cpu_profile": cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile")),
+        "cpu_profile": cpu,
         "qos": head.get("qos"),
         "floor": floor,
         "capacity": head["capacity"],
@@ -1057,7 +1057,6 @@ def main() -> None:
         "via_proxy": first_scheme["via_proxy"],
         "by_scheme": by_scheme,
     }
-    cpu = cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile"))
     if cpu is not None:
         parts = Table(f"CPU of a request at {cpu['rate']} req/s", "adstream ms", "floor ms")
         floor_parts = cpu["floor_parts_ms_per_request"] or {}

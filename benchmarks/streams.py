@@ -73,6 +73,7 @@ from workloads.market import Market  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "streams.json"
 USER_TOPICS = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
 GOAL_FAUST_VS_AIOKAFKA = 0.8
+COMMITS_MEASURED = 4  # --events: at least this many worker commits (sink.batch_size records each)
 STALL_S = 180.0  # a worker that has not applied 5 % by then is stuck (it takes ~20 s here)
 GOAL_RATIO_TO_RAW = 0.15
 STRETCH_RATIO_TO_RAW = 0.25
@@ -199,24 +200,31 @@ def bare_faust_child(expect: int, out: Path) -> None:
     faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
 
 
+def run_child(s: Settings, flags: list[str], what: str, out_dir: Path, timeout_s: float) -> dict[str, Any]:
+    """This script in a child process with the worker's settings (`worker_env`), `flags` naming
+    its part (`--bare-faust-child N`, `--core-child N`); the JSON it writes to `--out`. Raises
+    RuntimeError naming `what` and the child's log when it fails, runs out of time or writes
+    nothing."""
+    out = out_dir / f"child-{uuid.uuid4().hex[:6]}.json"
+    log = out.with_suffix(".log")
+    with log.open("wb") as fh:
+        try:
+            proc = subprocess.run(
+                [sys.executable, __file__, *flags, "--out", str(out)],
+                cwd=ROOT, env=worker_env(s), stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:  # killed by `run`
+            raise RuntimeError(f"{what}: no result after {timeout_s:.0f}s; see {log}") from None
+    if proc.returncode or not out.exists():
+        raise RuntimeError(f"{what}: failed (exit {proc.returncode}); see {log}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
 def bare_faust(s: Settings, expect: int, out_dir: Path, timeout_s: float = 900.0) -> dict[str, float]:
     """The bare-Faust floor: `bare_faust_child` in a child process; its rate."""
-    out = out_dir / f"bare-faust-{uuid.uuid4().hex[:6]}.json"
-    log = out.with_suffix(".log")
-    env = worker_env(s)
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "--bare-faust-child", str(expect), "--out", str(out)],
-            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    if not out.exists():
-        raise RuntimeError(f"bare Faust agent did not count {expect} records; see {log}")
-    got = json.loads(out.read_text())
+    what = f"bare Faust agent counting {expect} records"
+    got = run_child(s, ["--bare-faust-child", str(expect)], what, out_dir, timeout_s)
     dt = got["seconds"]
     return {"events": got["events"], "seconds": dt, "events_per_s": got["events"] / dt if dt else 0.0}
 
@@ -288,17 +296,8 @@ def core_child(s: Settings, n: int, seed: int, out_dir: Path, timeout_s: float =
     """`core_floor` in a fresh child process with the worker's settings (as the engines run: a
     large benchmark process measured it 20 % slower than a fresh one), over the records
     `generate(n, seed)` gives (the same the engines read)."""
-    out = out_dir / f"core-{uuid.uuid4().hex[:6]}.json"
-    log = out.with_suffix(".log")
-    with log.open("wb") as fh:
-        proc = subprocess.run(
-            [sys.executable, __file__, "--core-child", str(n), "--seed", str(seed), "--out", str(out)],
-            cwd=ROOT, env=worker_env(s), stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
-        )  # fmt: skip
-    if proc.returncode or not out.exists():
-        raise RuntimeError(f"the core run failed ({proc.returncode}); see {log}")
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
+    flags = ["--core-child", str(n), "--seed", str(seed)]
+    return run_child(s, flags, "the worker core run", out_dir, timeout_s)
 
 
 def worker_env(s: Settings) -> dict[str, str]:
@@ -553,9 +552,16 @@ def main() -> None:
         args.out.write_text(json.dumps(core_floor(child, *generate(args.core_child, args.seed, child))))
         return
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    base = Settings()
+    if args.events < COMMITS_MEASURED * base.sink.batch_size:
+        # the rate is measured from 5 % applied on, in commits of up to sink.batch_size records:
+        # fewer events leave a window of one commit or none (a rate of 0, then a division by it)
+        ap.error(
+            f"--events must be at least {COMMITS_MEASURED} × sink.batch_size "
+            f"({COMMITS_MEASURED * base.sink.batch_size}) to measure a rate (got {args.events})"
+        )
 
     tag = uuid.uuid4().hex[:6]
-    base = Settings()
     s = base.model_copy(
         update={
             "topic_prefix": f"bench{tag}.",

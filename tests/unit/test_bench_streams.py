@@ -90,3 +90,17 @@ def test_core_child_measures_the_same_records_in_a_fresh_process(tmp_path: Path)
     s = Settings(state_dir=tmp_path / "bench")
     core = bench.core_child(s, 200, 3, tmp_path)
     assert core["events"] == 200 and core["examples"] >= 150 and core["events_per_s"] > 0
+
+
+def test_too_few_events_for_a_rate_are_an_argparse_error(monkeypatch: object) -> None:
+    """`--events 5000` with sink.batch_size 5000: the worker applied everything in one commit,
+    the measured window held no events and the run died dividing by its rate of 0."""
+    import sys
+
+    import pytest
+
+    bench = load_benchmark("streams")
+    monkeypatch.setattr(sys, "argv", ["streams.py", "--events", "5000"])  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2
