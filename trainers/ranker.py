@@ -202,6 +202,17 @@ class Ranker(nn.Module):
     ) -> torch.Tensor:
         """Click logits, shape [B], for dense features [B, state_dim+3] and ids [B, 7] (and,
         with the user tower, the requests' sequences; `seq.row` [B] maps rows to requests)."""
+        logit: torch.Tensor = self.head(self.head_input(dense, ids, seq)).squeeze(1)
+        for i, name in enumerate(ID_COLUMNS):
+            if name in self.wide:
+                logit = logit + self.wide[name](ids[:, i]).squeeze(1)
+        return logit
+
+    def head_input(
+        self, dense: torch.Tensor, ids: torch.Tensor, seq: UserSequences | None = None
+    ) -> torch.Tensor:
+        """What `head` reads, [B, input_dim + deep_hidden]: the cross and deep outputs side by
+        side. The logit is `head` of it plus the `wide` biases (`forward`)."""
         parts = [self.input_norm(dense)]
         if self.tower is not None:
             if seq is None or len(seq) != ids.shape[0]:
@@ -216,12 +227,7 @@ class Ranker(nn.Module):
         x = x0
         for layer in self.cross:
             x = x0 * layer(x) + x
-        deep = self.deep(x0)
-        logit: torch.Tensor = self.head(torch.cat([x, deep], dim=1)).squeeze(1)
-        for i, name in enumerate(ID_COLUMNS):
-            if name in self.wide:
-                logit = logit + self.wide[name](ids[:, i]).squeeze(1)
-        return logit
+        return torch.cat([x, self.deep(x0)], dim=1)
 
     @torch.no_grad()
     def score(self, batch: RankerBatch, seq: UserSequences | None = None) -> torch.Tensor:

@@ -192,6 +192,34 @@ def test_train_logits_and_base_equal_the_separate_forwards(
     assert all(p.grad is not None for p in bank.parameters_of("feed"))
 
 
+@pytest.mark.parametrize(
+    "targets",
+    [("head", "wide.category", "wide.slot", "wide.position"), ("head",), ("wide.category", "wide.hour")],
+)
+def test_additive_training_forward_equals_pefts_forward_and_gradients(targets: tuple[str, ...]) -> None:
+    """The training forward that adds the LoRA terms itself (every target additive in the logit)
+    gives PEFT's adapted logits, and the same gradients on the adapter's tensors."""
+    torch.manual_seed(3)
+    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=6, targets=targets), "ranker-v1")
+    assert bank.base_from_lora_forward
+    bank.ensure("feed")
+    state = bank.get_state("feed")
+    bank.set_state("feed", {k: torch.randn_like(v) * 0.5 for k, v in state.items()})
+    batch = featurize(make_examples(64, dim=8), CFG)
+    weights = torch.rand(64)
+    ours = bank.train_logits(batch, "feed")
+    (ours * weights).sum().backward()
+    ours_grads = [p.grad.clone() for p in bank.parameters_of("feed")]  # type: ignore[union-attr]
+    for p in bank.parameters_of("feed"):
+        p.grad = None
+    pefts = bank.model(batch.dense, batch.ids)  # the adapter is the active one
+    (pefts * weights).sum().backward()
+    assert torch.allclose(ours.detach(), pefts.detach(), atol=1e-5)
+    assert not torch.allclose(ours.detach(), bank.base_logits(batch), atol=1e-3)
+    for mine, theirs in zip(ours_grads, [p.grad for p in bank.parameters_of("feed")], strict=True):
+        assert theirs is not None and torch.allclose(mine, theirs, rtol=1e-4, atol=1e-6)
+
+
 def test_init_from_inputs_starts_new_adapters_on_the_principal_directions() -> None:
     torch.manual_seed(2)
     bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8), "ranker-v1")
