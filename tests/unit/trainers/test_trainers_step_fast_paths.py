@@ -166,3 +166,23 @@ def test_featurize_reads_training_examples_as_it_reads_any_object() -> None:
     assert torch.equal(fast.dense, plain.dense) and torch.equal(fast.ids, plain.ids)
     assert fast.label is not None and plain.label is not None and torch.equal(fast.label, plain.label)
     assert torch.equal(fast.dense, unlabelled.dense) and unlabelled.label is None
+
+
+def test_user_vectors_packed_as_doubles_equal_numpys_conversion() -> None:
+    """The packed path gives what `np.fromiter(..., float32)` gives, for floats beyond float32
+    (rounded, overflowing to inf), ints and numpy scalars; a value struct cannot pack falls back
+    to numpy's own conversion or its error."""
+    from itertools import chain
+
+    from trainers.features import _vectors
+
+    rng = np.random.default_rng(0)
+    vecs = [list(rng.normal(size=4) * 10.0 ** rng.integers(-40, 40)) for _ in range(50)]
+    vecs += [[1e39, -1e39, 1, 2], [np.float32(0.1), np.float64(1 / 3), True, 0]]
+    with np.errstate(over="ignore"):  # 1e39 is inf in float32, either way
+        want = np.fromiter(chain.from_iterable(vecs), dtype=np.float32).reshape(len(vecs), 4)
+        got = _vectors(vecs, 4)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert np.array_equal(_vectors([["0.5", 1.0]], 2), np.array([[0.5, 1.0]], dtype=np.float32))
+    with pytest.raises(ValueError, match="could not convert"):
+        _vectors([["x", 1.0]], 2)
