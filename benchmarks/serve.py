@@ -497,6 +497,9 @@ def profile_replica(url: str, app: str, rate: int, args: argparse.Namespace) -> 
         if spy is not None:
             spy.wait(timeout=args.duration + 30)
             raw = raw_path.read_text() if raw_path.exists() else ""
+            if raw and args.profile_raw is not None:  # kept for a closer look (py-spy's raw format)
+                args.profile_raw.mkdir(parents=True, exist_ok=True)
+                (args.profile_raw / f"{app}.txt").write_text(raw)
     served = int(row["codes"].get("200", 0))
     out: dict[str, Any] = {
         "rate": rate,
@@ -847,6 +850,11 @@ def main() -> None:
         dest="profile_stacks",
         action="store_false",
         help="measure the replicas' CPU per request without py-spy's stacks",
+    )
+    ap.add_argument(
+        "--profile-raw",
+        type=Path,
+        help="a folder to keep py-spy's raw stacks of the profiled replicas in (<app>.txt)",
     )
     ap.add_argument(
         "--quick", action="store_true", help="development: 6 s runs, one repeat, the slot scheme only"

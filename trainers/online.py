@@ -106,11 +106,17 @@ class AdapterOptimizer:
             self.optimizers.append(torch.optim.Adam(dense, lr=spec.lr, fused=True))
         if tables:
             self.optimizers.append(torch.optim.SGD(tables, lr=spec.embedding_lr, fused=True))
+        self.params: list[torch.Tensor] = [*dense, *tables]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients of every LoRA tensor of the adapter."""
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=set_to_none)
+        """Clear the gradients of every LoRA tensor of the adapter (set to None: directly, without
+        the optimisers' profiler records and per-group loops, a third of the cost)."""
+        if not set_to_none:
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=False)
+            return
+        for p in self.params:
+            p.grad = None
 
     def step(self) -> None:
         """One step of each optimiser."""

@@ -186,3 +186,25 @@ def test_user_vectors_packed_as_doubles_equal_numpys_conversion() -> None:
     assert np.array_equal(_vectors([["0.5", 1.0]], 2), np.array([[0.5, 1.0]], dtype=np.float32))
     with pytest.raises(ValueError, match="could not convert"):
         _vectors([["x", 1.0]], 2)
+
+
+def test_adapter_optimizer_zero_grad_clears_every_lora_tensor_of_both_optimisers() -> None:
+    """The direct `grad = None` covers what the optimisers' own `zero_grad` covers: the Adam
+    (head) and the SGD (tables) tensors alike; `set_to_none=False` still zeroes in place."""
+    from trainers.online import AdapterOptimizer
+
+    targets = ("head", "wide.category")
+    bank = AdapterBank(Ranker(RankerConfig(state_dim=8)), LoraSettings(rank=4, targets=targets), "v1")
+    bank.ensure("feed")
+    opt = AdapterOptimizer(bank, "feed", OnlineSettings())
+    assert len(opt.optimizers) == 2
+    owned = [p for o in opt.optimizers for g in o.param_groups for p in g["params"]]
+    assert (
+        {id(p) for p in opt.params} == {id(p) for p in owned} == {id(p) for p in bank.parameters_of("feed")}
+    )
+    for p in owned:
+        p.grad = torch.ones_like(p)
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in owned)
+    opt.zero_grad()
+    assert all(p.grad is None for p in owned)
