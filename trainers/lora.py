@@ -329,7 +329,8 @@ class AdapterBank:
         as PEFT computes it — `scaling · B(A(x))` for the head, `scaling · B·A[:, id]` for a
         wide table (`lora_dropout` is 0) — on the adapter's own parameters, so gradients reach
         them as through PEFT's forward (`tests/unit/trainers/test_trainers_lora.py` compares the
-        two). PEFT's wrappers cost ~40 % of the training forward on this model."""
+        two). Through PEFT's wrappers the training forward cost half as much again (830 against
+        560 µs at 256 rows)."""
         inner, ids = self._inner, batch.ids
         h = inner.head_input(batch.dense, ids)
         head = self._layers.get("head")
