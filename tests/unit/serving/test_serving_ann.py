@@ -253,6 +253,12 @@ def test_the_pipeline_recalls_through_the_ann_index_when_the_settings_say_so(bac
     ids = {pipes[backend].catalog.rows[r].ad_id for r in ann.rows}
     assert len(ids) == 40 and not ids & {"a1", "a6", "a11"}
     assert all(pipes[backend].catalog.rows[r].campaign_id != "c2" for r in ann.rows)
-    np.testing.assert_allclose(
-        ann.scores, got["exact"].scores, rtol=1e-5
-    )  # same scores: ties aside, same ads
+    # usearch builds the graph on every core (`upsert_many`): its shape, and so which of the
+    # near ties it misses, depends on the threads' timing (with two busy cores beside it, 1 run
+    # in 10 swapped one of the exact 40 for a lower one). Hence a recall bar, as for the index
+    # alone above, and no score above the exact top 40's, best first
+    exact = got["exact"].scores
+    assert np.sum(ann.scores >= exact[-1] - 1e-6) >= 0.95 * len(exact)
+    assert np.all(ann.scores <= exact + 1e-6) and np.all(np.diff(ann.scores) <= 0)
+    if backend == "ivf":  # deterministic (seeded k-means, one thread): the same scores
+        np.testing.assert_allclose(ann.scores, exact, rtol=1e-5)  # ties aside, the same ads
