@@ -132,6 +132,14 @@ class AdapterBank:
         self.base_from_lora_forward = all(additive_in_logit(m) for m in self.modules)
         self._inner: Ranker = model  # PEFT wraps its target layers in place
         self._wide_columns: dict[str, int] = {f"wide.{c}": i for i, c in enumerate(ID_COLUMNS)}
+        # the frozen layers the base logit adds up (a target's own layer under its LoRA wrapper),
+        # found once: PEFT wrapped them above and adapters come and go inside the wrappers
+        self._base_head: nn.Module = getattr(model.head, "base_layer", model.head)
+        self._base_wide: list[tuple[int, nn.Module]] = [
+            (i, getattr(model.wide[c], "base_layer", model.wide[c]))
+            for i, c in enumerate(ID_COLUMNS)
+            if c in model.wide
+        ]
 
     @property
     def adapters(self) -> list[str]:
@@ -305,11 +313,9 @@ class AdapterBank:
         When every target is additive in the logit (`ranker.additive_in_logit`: the head and the
         wide tables, the default targets) both come from one pass (`_additive_logits`; the base
         equal to `base_logits` up to float rounding); otherwise the base runs its own forward."""
-        name = self._train(adapter_id)
         if not self.base_from_lora_forward:
-            out: torch.Tensor = self.model(batch.dense, batch.ids)
-            return out, self.base_logits(batch)
-        return self._additive_logits(batch, name)
+            return self.train_logits(batch, adapter_id), self.base_logits(batch)
+        return self._additive_logits(batch, self._train(adapter_id))
 
     def _train(self, adapter_id: str) -> str:
         """The PEFT name of `adapter_id`, made the one adapter with gradients (once per switch)."""
@@ -331,15 +337,11 @@ class AdapterBank:
         them as through PEFT's forward (`tests/unit/trainers/test_trainers_lora.py` compares the
         two). Through PEFT's wrappers the training forward cost half as much again (830 against
         560 µs at 256 rows)."""
-        inner, ids = self._inner, batch.ids
-        h = inner.head_input(batch.dense, ids)
-        head = self._layers.get("head")
-        base = (inner.head if head is None else head.base_layer)(h)  # [n, 1] until the end
-        for table, column in self._wide_columns.items():
-            if table in inner.wide:
-                layer = self._layers.get(table)
-                plain = inner.wide[table[5:]] if layer is None else layer.base_layer
-                base = base + plain(ids[:, column])
+        ids = batch.ids
+        h = self._inner.head_input(batch.dense, ids)
+        base = self._base_head(h)  # [n, 1] until the end
+        for column, table in self._base_wide:
+            base = base + table(ids[:, column])
         # the terms summed per scaling before it is applied (one LoraConfig: one scaling), so
         # the graph has one multiply and one add for all of them (~8 % of forward + backward)
         terms: dict[float, torch.Tensor] = {}

@@ -167,6 +167,16 @@ def test_embedding_delta_moves_only_the_listed_ids_and_round_trips() -> None:
     assert torch.allclose(other.logits(batch, ["feed"] * 60), base + moved, atol=1e-6)
 
 
+def trained_ranker() -> Ranker:
+    """A ranker as training leaves it: a fresh one has all-zero wide biases, which hid a training
+    forward that left the wide tables out of the logit."""
+    ranker = Ranker(CFG)
+    with torch.no_grad():
+        for table in ranker.wide.values():
+            table.weight.normal_(0.0, 0.5)
+    return ranker
+
+
 @pytest.mark.parametrize(
     ("targets", "one_forward"),
     [(("head", "wide.category", "wide.slot", "wide.position"), True), (("cross", "wide.category"), False)],
@@ -177,7 +187,7 @@ def test_train_logits_and_base_equal_the_separate_forwards(
     """The base logit taken out of the adapted forward (additive targets) is the frozen base's,
     also once the adapter has moved away from the base; other targets run the base forward."""
     torch.manual_seed(1)
-    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=8, targets=targets), "ranker-v1")
+    bank = AdapterBank(trained_ranker(), LoraSettings(rank=4, alpha=8, targets=targets), "ranker-v1")
     assert bank.base_from_lora_forward is one_forward
     bank.ensure("feed")
     state = bank.get_state("feed")
@@ -200,7 +210,7 @@ def test_additive_training_forward_equals_pefts_forward_and_gradients(targets: t
     """The training forward that adds the LoRA terms itself (every target additive in the logit)
     gives PEFT's adapted logits, and the same gradients on the adapter's tensors."""
     torch.manual_seed(3)
-    bank = AdapterBank(Ranker(CFG), LoraSettings(rank=4, alpha=6, targets=targets), "ranker-v1")
+    bank = AdapterBank(trained_ranker(), LoraSettings(rank=4, alpha=6, targets=targets), "ranker-v1")
     assert bank.base_from_lora_forward
     bank.ensure("feed")
     state = bank.get_state("feed")
