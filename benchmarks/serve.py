@@ -15,6 +15,10 @@ In one run (→ `benchmarks/results/serve.json`, with the machine: CPU model, co
 - adstream: `capacity_rps` (the highest paced rate with P99 ≤ 50 ms and no errors: an unpaced
   probe, then paced steps down from it) and `p99_ms_at_100`; the goals are capacity ≥ 0.3 × the
   floor's and P99 at 100 req/s ≤ the floor's + 10 ms;
+- the model floor (`--model-floor`, on by default): the floor + the ad server's rank forward of
+  `recall.k` candidates per request, measured the same way; `model_bounds` says how far the model
+  alone lets a one-replica ad server go (`capacity_bound_ratio`: its capacity over the floor's)
+  and whether the goals leave room for it (`goal_reachable`);
 - `breakdown_ms`: where a request's milliseconds go, from the replica's own timers
   (`adstream_serving_request_part_seconds`) over the 100 req/s runs;
 - `qos`: a mixed load at 2 × capacity (Guaranteed / Burstable / BestEffort, one wrk per class):
@@ -394,29 +398,66 @@ def wait_ready(url: str, version: str | None = None) -> None:
     raise RuntimeError(f"{url} did not get ready")
 
 
-def floor_run(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    """Deploy the floor the way the ad server is deployed, measure it, take it down again."""
+def floor_run(settings: Settings, args: argparse.Namespace, model: bool = False) -> dict[str, Any]:
+    """Deploy the floor the way the ad server is deployed, measure it, take it down again
+    (`model`: the model floor, which also runs the ad server's rank forward per request)."""
     from ray import serve
 
     from deploy.cli_serving import start
-    from serving.floor import FLOOR_VERSION, build_floor_app
+    from serving.floor import FLOOR_VERSION, MODEL_FLOOR_VERSION, build_floor_app
 
-    endpoints = start(settings, name="floor", app=build_floor_app(settings))
+    name = "model_floor" if model else "floor"
+    endpoints = start(settings, name=name, app=build_floor_app(settings, model))
     url = endpoints.best
     try:
-        wait_ready(url, FLOOR_VERSION)
+        wait_ready(url, MODEL_FLOOR_VERSION if model else FLOOR_VERSION)
         run_wrk(url, 100, 3, args.conns, args.users)  # warm-up
         runs = [run_wrk(url, 100, args.duration, args.conns, args.users) for _ in range(args.repeats)]
         at_100 = summarize(runs)
         at_100["mean_ms"] = round(sum(r["mean_ms"] for r in runs) / len(runs), 3)
-        print(f"floor at 100/s: p99 {at_100['p99_ms']} ms")
+        print(f"{name} at 100/s: p99 {at_100['p99_ms']} ms")
         cap = capacity(url, args)
-        print(f"floor capacity: {cap['capacity_rps']}/s (unpaced {cap['unpaced']['rps']}/s)")
-        profile = profile_replica(url, "floor", args.profile_rate, args) if args.profile_rate else None
+        print(f"{name} capacity: {cap['capacity_rps']}/s (unpaced {cap['unpaced']['rps']}/s)")
+        profiled = args.profile_rate and not model
+        profile = profile_replica(url, name, args.profile_rate, args) if profiled else None
     finally:
-        serve.delete("floor")
+        serve.delete(name)
         time.sleep(3)  # its direct-ingress port drains (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)
     return {"url": url, "at_100": at_100, "capacity": cap, "cpu_profile": profile}
+
+
+def model_bounds(
+    null_cap: int, null_p99: float, model_floor: Mapping[str, Any] | None, cap: int, p99_at_100: float | None
+) -> dict[str, Any] | None:
+    """What the model floor (the floor + the rank forward of `recall.k` candidates, same run)
+    says of the goals: the highest capacity ratio to the floor any one-replica ad server with this
+    model could reach here (`capacity_bound_ratio`), the P99 at 100 req/s of the model's work alone,
+    and adstream against that bound.
+
+    >>> b = model_bounds(1500, 3.0, {"capacity": {"capacity_rps": 300}, "at_100": {"p99_ms": 9.0}}, 120, 20.0)
+    >>> b["capacity_bound_ratio"], b["capacity_ratio_to_model_floor"], b["goal_reachable"]
+    (0.2, 0.4, {'capacity': False, 'p99_at_100': True})
+    """
+    if not model_floor:
+        return None
+    model_cap = model_floor["capacity"]["capacity_rps"]
+    model_p99 = model_floor["at_100"]["p99_ms"]
+    return {
+        "model_floor_capacity_rps": model_cap,
+        "model_floor_p99_ms_at_100": model_p99,
+        "capacity_bound_ratio": round(model_cap / null_cap, 3) if null_cap else None,
+        "capacity_ratio_to_model_floor": round(cap / model_cap, 3) if model_cap else None,
+        "model_p99_over_null_ms_at_100": round(model_p99 - null_p99, 2),
+        "p99_over_model_floor_ms_at_100": None if p99_at_100 is None else round(p99_at_100 - model_p99, 2),
+        "goal_reachable": {
+            "capacity": bool(null_cap and model_cap >= 0.3 * null_cap),
+            "p99_at_100": bool(model_p99 <= null_p99 + 10),
+        },
+        "note": "the model floor answers like the floor after the ad server's rank forward of "
+        "recall.k candidates (its ranker, one torch thread, on the event loop); a one-replica ad "
+        "server does at least that much per request, so it cannot serve more than the model "
+        "floor: goal_reachable says whether the goals leave room for it on this machine",
+    }
 
 
 # -- where a request's CPU goes (issue 15): py-spy on the replica under a paced load -------------
@@ -830,6 +871,12 @@ def main() -> None:
         default=True,
         help="also run the top rate once through the Serve proxy (first scheme)",
     )
+    ap.add_argument(
+        "--model-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the model floor: the floor + the rank forward (`model_bounds`)",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="runs per rate; the median-p99 run is reported")
     ap.add_argument("--conns", type=int, default=10)
     ap.add_argument("--users", type=int, default=5000)
@@ -924,8 +971,10 @@ def main() -> None:
             first = not by_scheme
             warm_users(settings, args.users, catalog)
             n_adapters = write_adapters(settings, tmp / "models", catalog)
-            if first:  # the floor, in the same Ray cluster and run, just before the ad server
+            if first:  # the floors, in the same Ray cluster and run, just before the ad server
                 head["floor"] = floor_run(settings, args)
+                if args.model_floor:
+                    head["model_floor"] = floor_run(settings, args, model=True)
             t0 = time.monotonic()
             endpoints = start(settings, name="bench")
             url = endpoints.best
@@ -1028,6 +1077,7 @@ def main() -> None:
     null_p99 = floor["at_100"]["p99_ms"]
     p99_100 = at_100["p99_ms"] if at_100 else None
     cpu = cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile"))
+    bounds = model_bounds(null_cap, null_p99, head.get("model_floor"), cap, p99_100)
     result = {
         "benchmark": "serve",
         "machine": machine_start,
@@ -1044,10 +1094,12 @@ def main() -> None:
             "p99_at_100": bool(p99_100 is not None and p99_100 <= null_p99 + 10),
         },
         "capacity_rule": f"highest paced rate: P99 <= {P99_LIMIT_MS} ms, no errors, >= 97 % delivered",
+        "model_bounds": bounds,
         "breakdown_ms": head.get("breakdown"),
         "cpu_profile": cpu,
         "qos": head.get("qos"),
         "floor": floor,
+        "model_floor": head.get("model_floor"),
         "capacity": head["capacity"],
         "catalog_ads": first_scheme["catalog_ads"],
         "k": 10,
@@ -1082,7 +1134,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("null_capacity_rps", "null_p99_ms_at_100", "capacity_rps",
-                                              "p99_ms_at_100", "goal_met")}))  # fmt: skip
+                                              "p99_ms_at_100", "goal_met", "model_bounds")}))  # fmt: skip
     print(f"wrote {args.out}")
 
 

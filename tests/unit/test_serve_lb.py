@@ -146,3 +146,19 @@ def test_the_profile_rate_is_a_rate_or_zero(serve: Any) -> None:
     for bad in ("-5", "2.5", "fifty"):
         with pytest.raises(argparse.ArgumentTypeError):
             serve.rate_or_zero(bad)
+
+
+def test_model_bounds_say_whether_the_model_alone_leaves_room_for_the_goals(serve: Any) -> None:
+    """The model floor's capacity over the floor's bounds the ad server's capacity ratio: a goal
+    above that bound cannot be met by any one-replica server of this model on the machine."""
+    model = {"capacity": {"capacity_rps": 420}, "at_100": {"p99_ms": 6.5}}
+    b = serve.model_bounds(1750, 2.4, model, 100, 26.8)
+    assert b["capacity_bound_ratio"] == pytest.approx(0.24)
+    assert b["capacity_ratio_to_model_floor"] == pytest.approx(0.238, abs=1e-3)
+    assert b["p99_over_model_floor_ms_at_100"] == pytest.approx(20.3)
+    assert b["goal_reachable"] == {"capacity": False, "p99_at_100": True}
+    slow_model = {"capacity": {"capacity_rps": 300}, "at_100": {"p99_ms": 13.0}}
+    roomy = serve.model_bounds(1000, 2.0, slow_model, 1, None)
+    assert roomy["goal_reachable"] == {"capacity": True, "p99_at_100": False}
+    assert roomy["p99_over_model_floor_ms_at_100"] is None
+    assert serve.model_bounds(1750, 2.4, None, 100, 26.8) is None
