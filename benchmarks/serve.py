@@ -455,8 +455,9 @@ def model_bounds(
         },
         "note": "the model floor answers like the floor after the ad server's rank forward of "
         "recall.k candidates (its ranker, one torch thread, on the event loop); a one-replica ad "
-        "server does at least that much per request, so it cannot serve more than the model "
-        "floor: goal_reachable says whether the goals leave room for it on this machine",
+        "server that ranks every request with the model does at least that much per request, so "
+        "it cannot serve more than the model floor: goal_reachable says whether the goals leave "
+        "room for it on this machine",
     }
 
 

@@ -7,9 +7,11 @@ What the ad server costs beyond it is adstream's own work (recall, rank, rerank,
 
 The model floor (`build_floor_app(settings, model=True)`) adds one thing to it: the rank forward
 of `recall.k` candidates (the ad server's ranker, loaded and warmed the same way, one torch
-thread, on the event loop) before the fixed answer. No implementation of the ad server on one
-replica can serve more than it does, so its capacity over the floor's is the highest capacity
-ratio this model allows on the machine (`benchmarks/serve.py`: `capacity_bound_ratio`).
+thread, on the event loop) before the fixed answer. A one-replica server that ranks every request
+with this model on its event loop, as the ad server does by default, cannot serve more than it
+does; its capacity over the floor's is the highest capacity ratio the model allows on the machine
+(`benchmarks/serve.py`: `capacity_bound_ratio`). (The ad server's deadline ladder could serve
+more by skipping the model, from recall scores or popular ads: not the product being measured.)
 """
 
 import json
@@ -44,6 +46,8 @@ def fixed_response() -> AdResponse:
     )
 
 
+# defined before `FloorServer`: `@serve.ingress` freezes a copy of the class when it decorates it,
+# and the copy's methods see only the module names defined by then
 class ModelFloor:
     """The ad server's rank forward alone: its ranker (`serving.ranking.load_ranker`, the
     checkpoint under `model_dir`) in a `RankModel`, scoring `recall.k` fixed candidates (seeded
@@ -67,7 +71,8 @@ class ModelFloor:
         vector = rng.standard_normal(dim).astype(np.float32)
         intents = rng.random(MODEL_FLOOR_CATEGORIES).astype(np.float32)
         self.inputs: dict[str, RankInput] = {
-            slot: build_input(vector, intents, ids, category, slot, 12, dim) for slot in SLOTS
+            slot: build_input(vector, intents, ids, category, slot, 12, dim)
+            for slot in SLOTS  # at noon
         }
 
     def score(self, slot: str) -> np.ndarray:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from schemas.events import SLOTS
@@ -65,7 +66,6 @@ def test_both_floors_answer_the_fixed_response_and_the_model_floor_ranks_first(t
     """The deployment class itself (as Serve constructs it), not only its parts: a floor that
     failed to start would leave the benchmark without its bound."""
     import asyncio
-    import json
 
     from serving.floor import MODEL_FLOOR_VERSION, FloorServer, fixed_response
 
@@ -78,10 +78,50 @@ def test_both_floors_answer_the_fixed_response_and_the_model_floor_ranks_first(t
         calls: list[str] = []
         if model:
             assert server.version == MODEL_FLOOR_VERSION
-            score = server.ranker.score
-            server.ranker.score = lambda slot, score=score: calls.append(slot) or score(slot)
+            ranker = server.ranker
+
+            def counted(slot: str, score: Any = ranker.score, seen: list[str] = calls) -> Any:
+                seen.append(slot)
+                return score(slot)
+
+            ranker.score = counted
         resp = asyncio.run(server.ads(_request(b'{"user_id":"u1","slot":"search","k":10}')))
         answers[model] = (resp.status_code, resp.body)
         assert calls == (["search"] if model else [])
     body = fixed_response().model_dump_json().encode()
     assert answers == {False: (200, body), True: (200, body)}
+
+
+_ROUND_TRIP = """
+import importlib, sys
+from ray import cloudpickle
+module_name, class_name = sys.argv[1], sys.argv[2]
+module = importlib.import_module(module_name)
+wrapper = cloudpickle.loads(cloudpickle.dumps(getattr(module, class_name)))
+user = next(c for c in wrapper.__mro__[1:] if c.__name__ == class_name)
+missing = []
+for name, fn in vars(user).items():
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        continue
+    for ref in code.co_names:  # a module-level name the method reads, missing from its copy
+        if ref in vars(module) and ref not in fn.__globals__ and ref not in vars(__builtins__):
+            missing.append(f"{name}: {ref}")
+print(missing)
+"""
+
+
+@pytest.mark.parametrize(("module", "name"), [("serving.floor", "FloorServer"), ("serving.app", "AdServer")])
+def test_what_serve_ingress_freezes_sees_every_module_name_its_methods_read(module: str, name: str) -> None:
+    """`@serve.ingress` freezes a cloudpickle copy of the class when it decorates it, at import:
+    a method that reads a module name defined further down (the model floor's class, first
+    written below `FloorServer`) raised NameError in the replica, never in-process. Checked
+    the way the replica gets the class: a pickle round trip in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _ROUND_TRIP, module, name], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
