@@ -26,8 +26,6 @@ settings is used (a database of its own, dropped at the end).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 import uuid
@@ -48,7 +46,7 @@ from attribution.models.shapley import shapley  # noqa: E402
 from attribution.paths import Paths, Window, build_paths  # noqa: E402
 from attribution.sql import DriverBackend  # noqa: E402
 from attribution.truth import check_market  # noqa: E402
-from deploy.machine import machine  # noqa: E402
+from deploy.machine import machine, write_result  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from streams.sink import ClickHouseSink  # noqa: E402
 from workloads.attribution_market import (  # noqa: E402
@@ -218,10 +216,7 @@ def main() -> None:
     settings = Settings()
     sink_users = 20_000 if args.quick else 100_000
     n_models, n_shapley = (20_000, 100_000) if args.quick else (100_000, 1_000_000)
-    result: dict[str, Any] = {
-        "machine": machine(),
-        "command": " ".join(["benchmarks/attribution.py", *sys.argv[1:]]),
-    }
+    result: dict[str, Any] = {"machine": machine()}
     result["sink_and_paths"] = bench_sink_and_paths(settings, sink_users)
     result["models"] = bench_models(n_models)
     result["shapley"] = bench_shapley(n_shapley)
@@ -236,15 +231,12 @@ def main() -> None:
         k: {"goal": f"{op} {v}", "met": bool(figures[k] >= v if op == ">=" else figures[k] <= v)}
         for k, (op, v) in GOALS.items()
     }
-    result["machine"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     table = Table("figure", "value", "goal", "met")
     for k, v in figures.items():
         table.add_row(k, f"{v:,}", result["goals"][k]["goal"], "yes" if result["goals"][k]["met"] else "NO")
     console = Console()
     console.print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "attribution_quick.json" if args.quick else "attribution.json"
-    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS / ("attribution_quick.json" if args.quick else "attribution.json"), result)
     if args.skip_truth:
         return
     truth_result = {"machine": machine(), "markets": truth(settings, 10_000 if args.quick else 20_000)}
@@ -254,8 +246,8 @@ def main() -> None:
             t.add_row(market, model, f"{r['error']:.3f}", f"{r['retarget_share']:.3f}",
                       f"{r.get('budget_moves_true_conversions_delta', float('nan')):+.0f}")  # fmt: skip
     console.print(t)
-    (RESULTS / ("attribution_truth_quick.json" if args.quick else "attribution_truth.json")).write_text(
-        json.dumps(truth_result, indent=2) + "\n"
+    write_result(
+        RESULTS / ("attribution_truth_quick.json" if args.quick else "attribution_truth.json"), truth_result
     )
 
 

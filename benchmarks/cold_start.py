@@ -65,7 +65,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from deploy.machine import describe, machine
+from deploy.machine import describe, machine, write_result
 from schemas.api import AdRequest
 from schemas.events import SLOTS, AdCreative, Impression
 from schemas.ids import adapter_id_for
@@ -367,11 +367,10 @@ def main() -> None:
     if args.only == "new_users":
         old = json.loads(args.out.read_text()) if args.out.exists() else {}
         old.pop("new_user_note", None)
-        old.update(new_user_result)
-        old["new_users"]["machine"] = m0
-        old["new_users"]["wall_s"] = round(time.perf_counter() - t0, 1)
-        old["new_users"]["seeds"] = args.seeds
-        args.out.write_text(json.dumps(old, indent=2) + "\n")
+        old.update({k: v for k, v in new_user_result.items() if k != "new_users"})
+        part = {**new_user_result["new_users"], "machine": m0, "seeds": args.seeds}
+        part["wall_s"] = round(time.perf_counter() - t0, 1)
+        write_result(args.out, part, section="new_users", base=old)
         _print_new_users(nu, args.seeds, m0)
         return
     ads = [new_ads(seed, args, settings) for seed in args.seeds]
@@ -416,8 +415,7 @@ def main() -> None:
     table.add_row("new adapters, first examples: PCA init", f"{ai['pca_mean_auc']:.4f}", "")
     Console().print(table)
     _print_new_users(nu, args.seeds, m0)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
 
 
 def _print_new_users(nu: dict[str, Any], seeds: list[int], m0: dict[str, Any]) -> None:

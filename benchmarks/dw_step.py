@@ -46,7 +46,6 @@ Prints a table and writes `benchmarks/results/dw_step.json` (`p50_ms`, `p99_ms`,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -62,7 +61,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from deploy.machine import describe, machine
+from deploy.machine import describe, machine, write_result
 from schemas import codec
 from schemas.events import TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
@@ -425,8 +424,7 @@ def main() -> None:
         f"Goals: learn() P99 ≤ {GOAL_P99_MS:g} ms, learn()/core (P50) ≤ {GOAL_RATIO:g}: "
         f"{'met' if result['goal_met'] else 'NOT met'}."
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -111,7 +110,7 @@ async def replica_state(http: Any) -> dict[str, float]:
     return out
 
 
-from deploy.machine import machine  # CPU model, cores, load: one definition for every benchmark
+from deploy.machine import machine, write_result  # CPU model, cores, load: one definition for every benchmark
 
 
 def tracked_users(n: int, share: float) -> list[str]:
@@ -450,8 +449,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     res = run(args)
     print_table(res)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    write_result(args.out, res, argv=[__file__, *(sys.argv[1:] if argv is None else argv)], default=str)
     return res
 
 

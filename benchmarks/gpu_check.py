@@ -34,6 +34,7 @@ def main() -> None:
     import numpy as np
     import torch
 
+    from deploy.machine import write_result
     from schemas.settings import LoraSettings, Settings
     from serving.adapters import CANDIDATE
     from serving.ranking import RankInput, RankModel
@@ -129,8 +130,7 @@ def main() -> None:
         result[f"gpu_candidates_per_s_{name}"] = round(reps * n * args.requests / (time.perf_counter() - t))
     result["device"] = torch.cuda.get_device_name(0)
     print(json.dumps(result, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
 
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
 from benchmarks.serve import make_catalog, run_wrk, warm_users  # noqa: E402
+from deploy.machine import machine, write_result  # noqa: E402
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
@@ -102,6 +103,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8031)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/hotswap.json")
     args = ap.parse_args()
+    machine_start = machine()  # the load before this benchmark's own
 
     import httpx
     import ray
@@ -182,10 +184,10 @@ def main() -> None:
         },
         "latency_with_swaps": {k: result[k] for k in ("p50_ms", "p99_ms", "max_ms")},
         "latency_without_swaps": {k: baseline[k] for k in ("p50_ms", "p99_ms", "max_ms")},
+        "machine": machine_start,
     }
     print(json.dumps(out, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

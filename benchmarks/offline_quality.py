@@ -98,7 +98,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from deploy.machine import machine as machine_record
+from deploy.machine import machine, write_result
 from schemas.events import AdCreative, Click, Impression, Message, TrainingExample
 from schemas.settings import EngagementSettings, Settings, StateSettings
 from streams.in_memory import corrected_scores, training_examples
@@ -555,14 +555,6 @@ def print_tower(result: dict[str, Any]) -> None:
         )
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, core count and load, for the record (figures are only comparable within a run)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    return {"cpu": model, "cores": info.count("processor\t:"), "loadavg": [float(x) for x in load]}
-
-
 # -- Open Bandit Dataset -------------------------------------------------------------------
 def _file_events(policy: str, campaign: str) -> Iterator[Message]:
     """One OBD file's events with campaign-specific item ids (each campaign counts from 0)."""
@@ -878,11 +870,10 @@ def main() -> None:
     if args.user_tower:
         result["total_s"] = round(time.perf_counter() - t0, 1)
         print_tower(result["tower"])
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(_plain(result), indent=2) + "\n")
+        write_result(args.out, _plain(result))
         console.print(f"wrote {args.out} ({result['total_s']} s)")
         return
-    result["machine"] = machine_record()  # where it ran (the figures compare models within a run)
+    result["machine"] = machine()  # where it ran (the figures compare models within a run)
     if args.part in ("sim", "all"):
         seeds = [int(s) for s in args.seeds.split(",")]
         runs = [sim_run(name, seed, args, settings) for name in args.configs.split(",") for seed in seeds]
@@ -907,13 +898,11 @@ def main() -> None:
     if args.part in ("obd", "all"):
         result["obd"] = obd_run(args, settings)
     result["total_s"] = round(time.perf_counter() - t0, 1)
-    result["machine"]["load_avg_1m_end"] = machine_record()["load_avg_1m"]
     print_tables(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result["impression_weight"] = (
         args.impression_weight if args.impression_weight is not None else EngagementSettings().impression
     )
-    args.out.write_text(json.dumps(_plain(result), indent=2) + "\n")
+    write_result(args.out, _plain(result))
     console.print(f"wrote {args.out} ({result['total_s']} s)")
 
 

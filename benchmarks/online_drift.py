@@ -116,7 +116,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import math
 import os
 import sys
@@ -135,7 +134,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from deploy.machine import machine  # CPU model, cores, load: one definition for every benchmark
+from deploy.machine import machine, write_result  # CPU model, cores, load: one definition for every benchmark
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta, TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
@@ -818,13 +817,9 @@ def main() -> None:
             "load_avg_start": [round(x, 2) for x in load_start],
             "wall_s": round(time.perf_counter() - t_start, 1),
         },
-        "command": " ".join(sys.argv),
         "scenarios": results,
     }
-    args.out.write_text(
-        json.dumps(out, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
-        + "\n"
-    )
+    write_result(args.out, out, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
 
 
 def _round(x: float | None) -> float | None:

@@ -84,11 +84,9 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
-import json
 import math
 import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -106,6 +104,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from deploy.machine import machine, write_result
 from schemas.events import TrainingExample
 from schemas.settings import Settings
 from streams.in_memory import corrected_scores
@@ -432,19 +431,6 @@ def obd_stream(settings: Settings, campaign: str, warm_share: float) -> dict[str
     }
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, cores and load (the machine is shared: the load says how busy it was)."""
-    from deploy.machine import cpu_model
-
-    model = cpu_model()
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
 # -- main -------------------------------------------------------------------------------------
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return lambda v: [kind(x) for x in v.split(",") if x]
@@ -582,7 +568,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     streams: dict[str, dict[str, Any]] = {}
     ctx: dict[str, Any] = {
         "args": args,
-        "argv": argv,
         "spec": spec,
         "settings": settings,
         "load_start": load_start,
@@ -597,19 +582,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             meta | {"stream": s["info"]} | stream_figures(run, args.window, args.horizon, args.bootstrap)
         )
         _print(name, streams[name])
-        _write(args.out, _result(streams, complete=False, **ctx))  # a cut-short run keeps what it measured
+        _write(args.out, _result(streams, complete=False, **ctx), argv)  # a cut-short run keeps its figures
     out = _result(streams, complete=True, **ctx)
     Console().print(
         f"goal (adstream ≥ VW and River on every simulator stream): overall {out['goal_met']} "
         f"({out['streams_meeting']}/{out['simulator_streams']}), after the drift {out['goal_met_after']} "
         f"({out['streams_meeting_after']}/{out['simulator_streams']}); {out['total_s']} s"
     )
-    _write(args.out, out)
+    _write(args.out, out, argv)
 
 
-def _write(path: Path, out: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+def _write(path: Path, out: dict[str, Any], argv: Sequence[str] | None) -> None:
+    write_result(path, out, argv=[__file__, *(sys.argv[1:] if argv is None else argv)])
 
 
 def _result(
@@ -617,7 +601,6 @@ def _result(
     *,
     complete: bool,
     args: argparse.Namespace,
-    argv: Sequence[str] | None,
     spec: PeerSpec,
     settings: Settings,
     load_start: tuple[float, float, float],
@@ -653,12 +636,9 @@ def _result(
             "river": _version("river"),
             "torch": torch.__version__,
         },
-        "machine": machine(),
+        "machine": machine() | {"python": platform.python_version(), "platform": platform.platform()},
         "load_avg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
         "total_s": round(time.perf_counter() - t0, 1),
-        "command": shlex.join(
-            [".venv/bin/python", "benchmarks/peer_online.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
     }
 
 

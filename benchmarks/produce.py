@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import time
 import uuid
@@ -31,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from deploy.machine import machine, write_result
 from deploy.stack import create_topics
 from schemas.settings import Settings
 from schemas.signing import event_key
@@ -181,6 +181,7 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=16, help="batches awaited together (batch mode)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    start = machine()  # the load before this benchmark's own
 
     base = Settings()
     console = Console()
@@ -239,10 +240,9 @@ def main() -> None:
         "simulate_events_per_s": len(events) / encode_s,
         "read_back": best["read_back"],
         "broker": base.kafka.bootstrap,
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "machine": start | {"arch": platform.machine()},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS, result)
     console.print(f"wrote {RESULTS}")
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -103,7 +102,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from deploy.machine import machine
+    from deploy.machine import machine, write_result
     from schemas.settings import Settings
     from serving.adapters import CANDIDATE
     from serving.index import ExactIndex
@@ -389,8 +388,7 @@ def main() -> None:
         "cases": results,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

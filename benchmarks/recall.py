@@ -30,7 +30,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -62,13 +61,6 @@ def make_data(args: argparse.Namespace, rng: np.random.Generator) -> tuple[np.nd
     users = np.einsum("qk,qkd->qd", mix, centroids[pair])
     users += rng.normal(size=users.shape) * (args.spread / np.sqrt(d))
     return ads, unit(users)
-
-
-def machine() -> dict[str, Any]:
-    from deploy.machine import cpu_model
-
-    model = cpu_model()
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version()}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -155,6 +147,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from deploy.machine import machine, write_result
     from schemas.settings import Settings
     from serving.ann import UsearchIndex, exact_search
     from serving.ivf import IvfIndex
@@ -319,13 +312,11 @@ def main() -> None:
         },
         "variants": rows_out,
         "goal": {"recall_at_500": 0.95, "p99_ms": 2.0},
-        "machine": machine(),
+        "machine": machine() | {"python": platform.python_version()},
         "threads_per_request": 1,
         "load_avg_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
-        "command": " ".join(["python", "benchmarks/recall.py", *sys.argv[1:]]),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
 
 

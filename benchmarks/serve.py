@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
 from deploy.benchargs import int_at_least  # noqa: E402  # after the repository is on sys.path
+from deploy.machine import write_result  # noqa: E402
 
 
 def make_catalog(path: Path, ads: int) -> None:
@@ -931,9 +932,7 @@ def main() -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
-        data = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "serve"}
-        data["load_balanced"] = result
-        args.out.write_text(json.dumps(data, indent=2) + "\n")
+        write_result(args.out, result, section="load_balanced")
         print(f"wrote {args.out} (load_balanced)")
         return
 
@@ -1084,7 +1083,6 @@ def main() -> None:
     result = {
         "benchmark": "serve",
         "machine": machine_start,
-        "machine_end": machine(),
         "null_capacity_rps": null_cap,
         "null_p99_ms_at_100": null_p99,
         "capacity_rps": cap,
@@ -1132,10 +1130,9 @@ def main() -> None:
         )
         Console().print(parts)
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
-    if "load_balanced" in previous:  # written by --load-balanced; kept
+    if "load_balanced" in previous:  # written by --load-balanced (its own machine and command); kept
         result["load_balanced"] = previous["load_balanced"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps({k: result[k] for k in ("null_capacity_rps", "null_p99_ms_at_100", "capacity_rps",
                                               "p99_ms_at_100", "goal_met", "model_bounds")}))  # fmt: skip
     print(f"wrote {args.out}")

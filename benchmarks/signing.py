@@ -14,7 +14,6 @@ Usage: `.venv/bin/python benchmarks/signing.py [--records 10000]`. Prints a tabl
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import timeit
@@ -81,7 +80,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10_000, help="impressions to simulate")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    from deploy.machine import machine
+    from deploy.machine import machine, write_result
 
     start = machine()
     rows = measure(args.records, args.seed)
@@ -95,9 +94,8 @@ def main() -> None:
     Console().print(table)
     out = {
         "benchmark": "signing",
-        "machine": {**start, "load_avg_1m_end": machine()["load_avg_1m"]},
+        "machine": start,
         "python": platform.python_version(),
-        "command": f".venv/bin/python benchmarks/signing.py --records {args.records} --seed {args.seed}",
         # the headline `adstream bench table` shows: µs per record, verify in the worker, sign in a replica
         "figures": {
             **{f"{r['event'].lower()}_verify_us": round(r["verify_us"], 2) for r in rows},
@@ -105,8 +103,7 @@ def main() -> None:
         },
         "rows": rows,
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(RESULTS, out)
 
 
 if __name__ == "__main__":

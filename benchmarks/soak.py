@@ -42,7 +42,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from deploy.machine import machine
+from deploy.machine import machine, write_result
 from schemas import topics
 from schemas.settings import Settings
 
@@ -195,6 +195,7 @@ def main() -> None:
         help="the run's label-join window (pending impressions fill Redis for one window)",
     )  # fmt: skip
     args = ap.parse_args()
+    start = machine()  # the load before this benchmark's own
     # every child process of the run takes it from the environment, like any other setting
     os.environ["ADSTREAM_STREAMS__ATTRIBUTION_WINDOW_S"] = repr(args.attribution_window_s)
     args.warmup = max(args.warmup, min(0.8, (args.attribution_window_s + 60) / (args.minutes * 60)))
@@ -233,8 +234,7 @@ def main() -> None:
     }
     growths = {name: growth(vals, args.warmup) for name, vals in series.items()}
     result = {
-        "machine": machine(),
-        "command": " ".join(["benchmarks/soak.py", *sys.argv[1:]]),
+        "machine": start,
         "minutes": args.minutes,
         "rate": args.rate,
         "attribution_window_s": args.attribution_window_s,
@@ -247,8 +247,7 @@ def main() -> None:
         "goal_met": all(g == g and g < 0.10 for g in growths.values()),
         "samples": samples,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     table = Table(
         "series",
         "after warm-up: first → last",

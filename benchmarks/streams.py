@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from attribution.migrate import clickhouse_client, database_name  # noqa: E402
 from deploy.benchargs import int_at_least  # noqa: E402
-from deploy.machine import machine, process_cpu_s  # noqa: E402
+from deploy.machine import machine, process_cpu_s, write_result  # noqa: E402
 from deploy.stack import create_topics, delete_topics_async  # noqa: E402
 from schemas import topics  # noqa: E402
 from schemas.codec import decode, encode, key_of, model_for_topic, topic_of  # noqa: E402
@@ -703,12 +703,8 @@ def main() -> None:
             "label_mode": s.online.label_mode,
         },
         "machine": machine() | {"load_avg_1m_start": load_start, "python": platform.python_version()},
-        "command": f".venv/bin/python benchmarks/streams.py --events {args.events} --engines {args.engines}"
-        + (f" --rounds {args.rounds}" if args.rounds > 1 else "")
-        + (" --no-profile" if args.no_profile else ""),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS, result)
 
     table = Table(
         "path",
