@@ -43,12 +43,13 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
-async def publish(settings: Settings, model_dir: Path, swaps: int, seconds: float, slots: list[str]) -> float:
-    """Publish `swaps` deltas (round-robin over the slot adapters) spread over `seconds`."""
+def make_deltas(settings: Settings, model_dir: Path, swaps: int, slots: list[str]) -> list[tuple[str, bytes]]:
+    """`swaps` signed, encoded deltas in seq order, round-robin over the slot adapters: one rank
+    direction of every target each. Made before any load is timed (importing the trainers'
+    modules and making 100 deltas takes ~4 s of CPU here, a core's worth beside the replica)."""
     import torch
-    from aiokafka import AIOKafkaProducer
 
-    from schemas import codec, topics
+    from schemas import codec
     from trainers.delta import (
         AdapterState,
         empty_state,
@@ -65,7 +66,7 @@ async def publish(settings: Settings, model_dir: Path, swaps: int, seconds: floa
     states = {s: empty_state(s, version, shapes, settings.lora.rank) for s in slots}
     gen = torch.Generator().manual_seed(0)
     key = resolve_signing_key(settings)  # replicas apply only signed deltas
-    msgs = []  # made before the load, so that publishing costs the machine next to nothing
+    msgs = []
     for i in range(swaps):
         slot = slots[i % len(slots)]
         st = states[slot]
@@ -80,6 +81,16 @@ async def publish(settings: Settings, model_dir: Path, swaps: int, seconds: floa
         delta = make_delta(st, parts, st.seq + 1)
         msgs.append((slot, codec.encode(sign_delta(delta, key) if key else delta)))
         states[slot] = AdapterState(slot, version, st.rank, st.seq + 1, new)
+    return msgs
+
+
+async def publish(settings: Settings, msgs: list[tuple[str, bytes]], seconds: float) -> float:
+    """Publish the made deltas spread over `seconds` (sending them costs the machine next to nothing)."""
+    from aiokafka import AIOKafkaProducer
+
+    from schemas import topics
+
+    swaps = len(msgs)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     topic = topics.topic_name(topics.ADAPTER_DELTAS, settings.topic_prefix)
@@ -131,10 +142,11 @@ def main() -> None:
     )
     create_topics(settings)
     warm_users(settings, 5000, catalog)
+    slots = ["feed", "search", "splash"]
+    msgs = make_deltas(settings, tmp / "models", args.swaps, slots)  # before any load is timed
     endpoints = start(settings, name="hotswap")
     url = endpoints.best
     client = httpx.Client(base_url=url, timeout=10)
-    slots = ["feed", "search", "splash"]
     try:
         run_wrk(url, 50, 5, 10, 5000)  # warm-up
         baseline = run_wrk(url, args.rate, args.duration, 10, 5000)
@@ -145,7 +157,7 @@ def main() -> None:
 
         th = threading.Thread(target=load)
         th.start()
-        publish_s = asyncio.run(publish(settings, tmp / "models", args.swaps, args.duration - 4, slots))
+        publish_s = asyncio.run(publish(settings, msgs, args.duration - 4))
         th.join()
         time.sleep(1.0)
         metrics = client.get("/metrics").text
@@ -184,6 +196,9 @@ def main() -> None:
         },
         "latency_with_swaps": {k: result[k] for k in ("p50_ms", "p99_ms", "max_ms")},
         "latency_without_swaps": {k: baseline[k] for k in ("p50_ms", "p99_ms", "max_ms")},
+        "codes_with_swaps": result["codes"],
+        "codes_without_swaps": baseline["codes"],
+        "failed_requests_without_swaps": int(baseline["errors"]),
         "machine": machine_start,
     }
     print(json.dumps(out, indent=2))
