@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from deploy.machine import machine
+from deploy.machine import machine, write_result
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 # small sizes for `bench all --quick` (a smoke run of every benchmark, minutes in all)
@@ -166,6 +166,7 @@ def all_(
 
     console = Console()
     skipped = {s for s in skip.split(",") if s}
+    start = machine()  # before the first benchmark
     rows = []
     for name in benchmarks():
         if name in skipped:
@@ -184,7 +185,7 @@ def all_(
     out = BENCH_DIR / "results" / ("quick" if quick else "") / "bench_all.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(rows, quick))
-    (out.with_suffix(".json")).write_text(json.dumps({"machine": machine(), "runs": rows}, indent=2) + "\n")
+    write_result(out.with_suffix(".json"), {"machine": start, "runs": rows})
     console.print(out.read_text())
     if any(not str(r["status"]).startswith(("ok", "skipped")) for r in rows):
         raise typer.Exit(1)

@@ -19,7 +19,11 @@ import pytest
 from deploy.machine import command_line, write_result
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
+# every benchmark, and `adstream bench all`, which writes a summary of a run of all of them
+SCRIPTS = [
+    *sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_")),
+    BENCHMARKS.parent / "deploy/cli_bench.py",
+]
 
 
 def _indented_json_writes(tree: ast.AST) -> list[int]:
