@@ -396,7 +396,7 @@ def _replay_online(
         AdapterBank(base, lora, version), spec, signing_key=resolve_signing_key(settings), keep_log=True
     )
     replica = _Replica(base, lora, version, spec.delta_max_norm) if served else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     replay(
         stream,
         trainer,
@@ -404,7 +404,7 @@ def _replay_online(
         on_deltas=replica.apply if replica else None,
         before_learn=replica.score if replica else None,
     )
-    replay_s = time.perf_counter() - t0
+    replay_s, replay_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     lg = trainer.log
     assert lg is not None
     order = {iid: i for i, iid in enumerate(e.impression_id for e in stream)}
@@ -421,6 +421,7 @@ def _replay_online(
         "progressive_overall": rep["overall"],
         "trainer_counts": rep["counts"],
         "replay_s": round(replay_s, 2),
+        "replay_cpu_s": round(replay_cpu_s, 3),  # the same window's CPU (all threads)
         "modules": trainer.bank.modules,
     }
     if replica is not None:

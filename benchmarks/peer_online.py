@@ -55,8 +55,12 @@ Figures per stream (simulator windows as online_drift's, via its `Curves`: `--wi
 examples, `--horizon` 20,000): `overall` (every scored example), `pre` (the window ending at the
 drift), `dip` (the lowest window ending within the horizon), `after` (the window ending at the
 horizon); examples/s of each learner's progressive predict+learn (warm-up included for the
-peers; adstream's base training is `pretrain_s`); VW's `encode_s` is building its text lines in
-Python (`examples_per_s_with_encoding`), River's figures include building its dicts. `diff_*`:
+peers; adstream's base training is `pretrain_s`). Each learner is timed from its own input on:
+VW from its text lines, River from its feature dicts (building them is each one's `encode_s`;
+VW's `examples_per_s_with_encoding` adds it back), adstream from the contract's
+TrainingExamples: the trainer's replay (featurize included) plus the worker's per-user correction
+of the served score (`correction_cpu_s`), not building the trainer or reporting on its log
+(before 2026-12-02 adstream's CPU window held those, and River's held its dict building). `diff_*`:
 adstream − peer overall AUC with a paired bootstrap 95 % interval (`--bootstrap` resamples).
 The goal (issue 16): adstream's progressive AUC ≥ both peers on every simulator stream
 (`goal_met`, judged on `overall`; `goal_met_after` on the after-drift window). Throughput:
@@ -71,6 +75,13 @@ to −0.06 in the after-drift window: VW relearns its user-state × category wei
 adapters adapt only the head and bias tables), so the goal does not hold there. OBD: every
 learner within noise of 0.5 (54–69 clicks per scored stream). VW learns ~75,000 examples per
 CPU-second, adstream ~8,500 (micro-batches of 256), River ~5,000.
+
+Re-run 2026-12-02 on a 2-vCPU EPYC (load 1.0, the default command) with the windows above: the
+goal holds on all four simulator streams overall and after the drift (seed 7). Examples per
+CPU-second on the simulator streams: VW 82–124 k, River 15–17 k (its dicts built before its
+clock now), adstream 10.6–12.7 k. Of adstream's 6.3–7.6 CPU-seconds per 80,000 examples,
+2.6–3.0 are the worker's per-user correction (`correction_cpu_s`); the trainer alone is
+~17–22 k examples per CPU-second.
 
 Usage: `.venv/bin/python benchmarks/peer_online.py [--seeds 7,8,9] [--scenarios handover,redraw]`
 writes `benchmarks/results/peer_online.json` (after every stream, `complete` false until the
@@ -243,21 +254,30 @@ def _river_model(spec: PeerSpec) -> Any:
 def run_river(
     warm: Sequence[TrainingExample], stream: Sequence[TrainingExample], spec: PeerSpec
 ) -> dict[str, Any]:
-    """River logistic regression: learn `warm`, then predict-then-learn each example of `stream`."""
+    """River logistic regression: learn `warm`, then predict-then-learn each example of `stream`.
+    Its feature dicts are made before the clock starts (`encode_s`), as VW's lines are: each
+    peer is timed from its own input format on."""
     model = _river_model(spec)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0 = time.perf_counter()
+    warm_x = [
+        (river_features(ns, spec.interactions), e.click)
+        for ns, e in zip(_encode(warm, spec), warm, strict=True)
+    ]
+    xs = [river_features(ns, spec.interactions) for ns in _encode(stream, spec)]
+    encode_s = time.perf_counter() - t0
+    t1, c1 = time.perf_counter(), time.process_time()
     for _ in range(spec.warm_passes):
-        for ns, e in zip(_encode(warm, spec), warm, strict=True):
-            model.learn_one(river_features(ns, spec.interactions), e.click)
+        for x, y in warm_x:
+            model.learn_one(x, y)
     out = np.empty(len(stream))
-    for i, (ns, e) in enumerate(zip(_encode(stream, spec), stream, strict=True)):
-        x = river_features(ns, spec.interactions)
+    for i, (x, e) in enumerate(zip(xs, stream, strict=True)):
         out[i] = model.predict_proba_one(x).get(True, 0.0)
         model.learn_one(x, e.click)
     return {
         "scores": out,
-        "learn_s": time.perf_counter() - t0,
-        "cpu_s": time.process_time() - c0,
+        "learn_s": time.perf_counter() - t1,
+        "cpu_s": time.process_time() - c1,
+        "encode_s": encode_s,
         "learned": len(warm) * spec.warm_passes + len(stream),
     }
 
@@ -270,19 +290,23 @@ def run_adstream(
     base = train_ranker(warm, RankerConfig(state_dim=settings.state_dim), TrainSpec(epochs=6, seed=seed))
     pretrain_s = time.perf_counter() - t0
     spec = settings.online
-    c0 = time.process_time()
     _, out, counts = OD._replay_online(stream, base, settings, settings.lora.targets, spec, served=False)
-    # what a replica serves at the defaults: the LoRA scores plus the worker's per-user correction
+    # what a replica serves at the defaults: the LoRA scores plus the worker's per-user correction,
+    # timed on its own (the replay's window holds the trainer's work only: not building it, not
+    # ordering its log or reporting on it)
     fb = settings.state.feedback_lr > 0
+    t1, c1 = time.perf_counter(), time.process_time()
     served = corrected_scores(stream, out["online"], settings.state) if fb else None
-    cpu_s = time.process_time() - c0
+    correction_s, correction_cpu_s = time.perf_counter() - t1, time.process_time() - c1
     return {
         "scores": out["online"] if served is None else served,
         "lora_scores": out["online"],
         "frozen": out["frozen"],
         "labels": out["labels"],
-        "learn_s": counts["replay_s"],
-        "cpu_s": cpu_s,
+        "learn_s": counts["replay_s"] + correction_s,
+        "cpu_s": counts["replay_cpu_s"] + correction_cpu_s,
+        "correction_s": correction_s,
+        "correction_cpu_s": correction_cpu_s,
         "pretrain_s": round(pretrain_s, 2),
         "learned": len(stream),
         "trainer_counts": counts["trainer_counts"],
@@ -335,6 +359,7 @@ def run_stream(
             "examples_per_cpu_s": round(v["learned"] / v["cpu_s"], 1) if v["cpu_s"] > 0 else None,
             "learned": v["learned"],
             **({"encode_s": round(v["encode_s"], 3)} if "encode_s" in v else {}),
+            **({"correction_cpu_s": round(v["correction_cpu_s"], 3)} if "correction_cpu_s" in v else {}),
             **({"pretrain_s": v["pretrain_s"]} if "pretrain_s" in v else {}),
         }
         for k, v in results.items()

@@ -125,3 +125,26 @@ def test_encoding_is_the_same_for_both_peers(tiny: dict[str, Any]) -> None:
     assert parsed.get_feature_number() == len(x) + 1  # and adds its constant feature
     ws.finish_example(parsed)
     ws.finish()
+
+
+def test_each_learner_is_timed_from_its_own_input_and_river_learns_as_before(tiny: dict[str, Any]) -> None:
+    """River's clock starts after its feature dicts are built (as VW's after its lines), and the
+    scores are those of learning each dict as it comes; adstream's CPU window is its replay plus
+    the per-user correction, each reported."""
+    po = _peer_online()
+    warm, stream = tiny["warm"][:300], tiny["stream"][:300]
+    spec = po.PeerSpec()
+    r = po.run_river(warm, stream, spec)
+    assert r["encode_s"] > 0 and r["cpu_s"] > 0
+    model = po._river_model(spec)  # the loop as it was, building each dict inside it
+    for _ in range(spec.warm_passes):
+        for ns, e in zip(po._encode(warm, spec), warm, strict=True):
+            model.learn_one(po.river_features(ns, spec.interactions), e.click)
+    ref = []
+    for ns, e in zip(po._encode(stream, spec), stream, strict=True):
+        x = po.river_features(ns, spec.interactions)
+        ref.append(model.predict_proba_one(x).get(True, 0.0))
+        model.learn_one(x, e.click)
+    np.testing.assert_array_equal(r["scores"], np.asarray(ref))
+    a = po.run_adstream(warm, stream, Settings(), 0)
+    assert 0 <= a["correction_cpu_s"] <= a["cpu_s"] and 0 <= a["correction_s"] <= a["learn_s"]
