@@ -528,6 +528,13 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _mean_auc(values: list[float | None]) -> float | None:
+    """The mean over the seeds whose stream reached the window (a short stream's later windows
+    are None); None when none did."""
+    seen = [v for v in values if v is not None]
+    return _clean(float(np.mean(seen))) if seen else None
+
+
 def summarize(streams: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Mean over seeds per scenario, and whether the goal held on every simulator stream."""
     by: dict[str, list[dict[str, Any]]] = {}
@@ -536,10 +543,7 @@ def summarize(streams: dict[str, dict[str, Any]]) -> dict[str, Any]:
             by.setdefault(res["scenario"], []).append(res)
     means = {
         sc: {
-            m: {
-                k: _clean(float(np.mean([r["auc"][m][k] for r in rs])))
-                for k in ("overall", "pre", "dip", "after")
-            }
+            m: {k: _mean_auc([r["auc"][m][k] for r in rs]) for k in ("overall", "pre", "dip", "after")}
             for m in LEARNERS
             if all(m in r["auc"] for r in rs)
         }

@@ -148,3 +148,20 @@ def test_each_learner_is_timed_from_its_own_input_and_river_learns_as_before(tin
     np.testing.assert_array_equal(r["scores"], np.asarray(ref))
     a = po.run_adstream(warm, stream, Settings(), 0)
     assert 0 <= a["correction_cpu_s"] <= a["cpu_s"] and 0 <= a["correction_s"] <= a["learn_s"]
+
+
+def test_a_window_a_short_stream_does_not_reach_is_none_in_the_means_not_a_crash() -> None:
+    """`adstream bench all --quick` (20,000 impressions) failed with a TypeError: its streams end
+    before the after-drift window, whose AUC is None, and the per-scenario mean divided None."""
+    po = _peer_online()
+    auc = {"overall": 0.7, "pre": 0.72, "dip": 0.6, "after": None}
+
+    def stream(seed: int, after: float | None) -> dict[str, Any]:
+        aucs = {m: {**auc, "after": after} for m in po.LEARNERS}
+        return {"kind": "simulator", "scenario": "handover", "seed": seed, "auc": aucs,
+                "goal_met": True, "goal_met_after": False}  # fmt: skip
+
+    means = po.summarize({"a": stream(7, None), "b": stream(8, None)})["scenario_means"]["handover"]
+    assert means["adstream"] == {"overall": 0.7, "pre": 0.72, "dip": 0.6, "after": None}
+    both = po.summarize({"a": stream(7, None), "b": stream(8, 0.8)})["scenario_means"]["handover"]
+    assert both["vw"]["after"] == 0.8  # the mean of the seeds that reached the window
