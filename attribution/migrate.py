@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from attribution.sql import Backend, DriverBackend
-from schemas.clients import redacted_url
+from schemas.clients import clickhouse_client, clickhouse_database, redacted_url
 from schemas.errors import ConfigError, StoreError
 from schemas.retry import clickhouse_errors
-from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
+from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +37,6 @@ def statements(sql: str) -> list[str]:
     """The statements of a migration file: `--` comments dropped, split on `;`."""
     lines = [line for line in sql.splitlines() if not line.strip().startswith("--")]
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
-
-
-def clickhouse_client(settings: Settings, database: str | None = None) -> Any:
-    """A clickhouse-driver Client for the settings' URL (optionally bound to a database)."""
-    from clickhouse_driver import Client
-
-    return Client(**clickhouse_connect_args(settings, database))
-
-
-def database_name(settings: Settings) -> str:
-    """The database named in `clickhouse.url` (default `adstream`)."""
-    try:
-        return clickhouse_database(settings)
-    except ConfigError as exc:
-        raise StoreError(str(exc)) from exc
 
 
 def apply_migrations(backend: Backend, directory: Path = MIGRATIONS_DIR) -> list[str]:
@@ -75,7 +60,10 @@ def apply_migrations(backend: Backend, directory: Path = MIGRATIONS_DIR) -> list
 
 def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Create the database if needed and apply every migration not applied yet; return them."""
-    db = database_name(settings)
+    try:
+        db = clickhouse_database(settings)
+    except ConfigError as exc:
+        raise StoreError(str(exc)) from exc
     admin = clickhouse_client(settings)
     try:
         admin.execute(f"CREATE DATABASE IF NOT EXISTS {db}")

@@ -40,13 +40,14 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attribution.migrate import clickhouse_client, migrate  # noqa: E402
+from attribution.migrate import migrate
 from attribution.models import MODELS, ModelConfig, attribute  # noqa: E402
 from attribution.models.shapley import shapley  # noqa: E402
 from attribution.paths import Paths, Window, build_paths  # noqa: E402
 from attribution.sql import DriverBackend  # noqa: E402
 from attribution.truth import check_market  # noqa: E402
 from deploy.machine import machine, write_result  # noqa: E402
+from schemas.clients import clickhouse_client  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 from streams.sink import ClickHouseSink  # noqa: E402
 from workloads.attribution_market import (  # noqa: E402

@@ -29,7 +29,7 @@ validation: every example is scored before it is learned), on the same seeds for
    (`AdPipeline.recall`, every ad recalled) on the cold-start state serving builds from the
    interests (`AdPipeline.with_interests`, `settings.serving.interest_weight`); `zero_state` —
    the same without interests (a new user today); `*_trained_features` — those states
-   featurized as the ranker was trained (`trainers.features.featurize`: no recall score, while
+   featurized as the ranker was trained (`trainers.models.features.featurize`: no recall score, while
    serving adds the recall score and its flag, which training examples never carry);
    `popular` — serving's popular-ads fallback (`Catalog.popular`: (impressions + 1) × bid,
    impressions counted over the training stream); `popular_ctr` — a stronger popularity
@@ -75,11 +75,11 @@ from serving.catalog import Catalog
 from serving.pipeline import AdPipeline, UserView, content_vectorizer
 from serving.ranking import RankInput, RankModel
 from streams.in_memory import training_examples
-from trainers.features import featurize
-from trainers.lora import AdapterBank
+from trainers.models.features import featurize
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig, weights_version
 from trainers.offline import TrainSpec, train_ranker
 from trainers.online import OnlineTrainer
-from trainers.ranker import Ranker, RankerConfig, weights_version
 from trainers.replay import impression_order, replay
 from workloads import Market, MarketConfig
 
@@ -186,7 +186,7 @@ def adapter_init(seed: int, args: argparse.Namespace, settings: Settings) -> dic
 
 @dataclass(frozen=True)
 class _Candidate:
-    """One (new user, ad) pair as the ranker's featurizer reads it (`trainers.features.RankerInput`)."""
+    """One (new user, ad) pair as the ranker's featurizer reads it (`trainers.models.features.RankerInput`)."""
 
     user_vector: list[float]
     intent_score: float

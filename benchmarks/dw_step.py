@@ -63,17 +63,17 @@ from rich.table import Table
 
 from deploy.machine import describe, machine, write_result
 from schemas import codec
+from schemas.delta import encode_delta, select_parts
 from schemas.events import TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
 from streams.in_memory import training_examples
 from streams.join import LabelMode
 from trainers import telemetry
-from trainers.delta import encode_delta, select_parts
-from trainers.features import RankerBatch, featurize
 from trainers.intake import ExampleDecoder, take_ready
-from trainers.lora import AdapterBank
+from trainers.models.features import RankerBatch, featurize
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import AdapterOptimizer, OnlineTrainer, click_loss, module_thresholds
-from trainers.ranker import Ranker, RankerConfig
 from workloads import Market, MarketConfig
 
 OUT = Path(__file__).parent / "results" / "dw_step.json"

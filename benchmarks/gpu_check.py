@@ -38,9 +38,9 @@ def main() -> None:
     from schemas.settings import LoraSettings, Settings
     from serving.adapters import CANDIDATE
     from serving.ranking import RankInput, RankModel
-    from trainers.features import RankerBatch
-    from trainers.lora import AdapterBank as PeftBank
-    from trainers.ranker import Ranker, RankerConfig
+    from trainers.models.features import RankerBatch
+    from trainers.models.lora import AdapterBank as PeftBank
+    from trainers.models.ranker import Ranker, RankerConfig
 
     torch.set_num_threads(2)
     settings = Settings(serving={"adapter_capacity": args.adapters})

@@ -50,7 +50,7 @@ def make_deltas(settings: Settings, model_dir: Path, swaps: int, slots: list[str
     import torch
 
     from schemas import codec
-    from trainers.delta import (
+    from schemas.delta import (
         AdapterState,
         empty_state,
         make_delta,
@@ -58,8 +58,8 @@ def make_deltas(settings: Settings, model_dir: Path, swaps: int, slots: list[str
         select_parts,
         sign_delta,
     )
-    from trainers.lora import target_shapes
-    from trainers.ranker import load_checkpoint
+    from trainers.models.lora import target_shapes
+    from trainers.models.ranker import load_checkpoint
 
     model, version = load_checkpoint(model_dir / "ranker")
     shapes = target_shapes(model, settings.lora.targets)
@@ -125,7 +125,7 @@ def main() -> None:
     from deploy.cli_serving import start
     from deploy.stack import create_topics
     from schemas.settings import Settings
-    from trainers.ranker import Ranker, RankerConfig, save_checkpoint
+    from trainers.models.ranker import Ranker, RankerConfig, save_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="adstream-hotswap-"))
     run = uuid.uuid4().hex[:8]

@@ -104,12 +104,12 @@ from schemas.settings import EngagementSettings, Settings, StateSettings
 from streams.in_memory import corrected_scores, training_examples
 from streams.processor import Processor
 from trainers.baseline import auc_diff_ci, logistic_probs
-from trainers.features import RankerBatch, featurize
+from trainers.models.features import RankerBatch, featurize
+from trainers.models.ranker import Ranker, RankerConfig
+from trainers.models.user_tower import MODALITIES, UserSequences, build_sequences
 from trainers.offline import TrainSpec, predict, time_split, train_ranker
 from trainers.quality import auc
-from trainers.ranker import Ranker, RankerConfig
 from trainers.sequence_training import mean_gate, predict_with_sequences, train_tower_ranker
-from trainers.user_tower import MODALITIES, UserSequences, build_sequences
 from workloads import Market, MarketConfig
 from workloads.obd import CAMPAIGNS, POLICIES, replay_obd
 

@@ -35,7 +35,7 @@ progressive validation, sparse ΔW, guards). Models scored on every example befo
   `wide.category` if they lack it: the head and the per-category, per-slot and per-position
   bias tables, LoRA on `nn.Embedding`s), `--lr` (Adam, Linear targets) and `--embedding-lr`
   (SGD, id tables);
-- `online_served`: what a replica applying the published deltas (`trainers.delta.apply_delta`)
+- `online_served`: what a replica applying the published deltas (`schemas.delta.apply_delta`)
   scores, progressively, with the state it holds when the micro-batch arrives;
 - `online_default`: the online trainer on `settings.lora.targets` only (the same as `online`
   unless `--targets` differs; `--no-default-targets` skips it);
@@ -135,17 +135,17 @@ from rich.console import Console
 from rich.table import Table
 
 from deploy.machine import machine, write_result  # CPU model, cores, load: one definition for every benchmark
+from schemas.delta import AdapterState, apply_delta, empty_state, resolve_signing_key
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta, TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
 from streams.in_memory import corrected_scores, training_examples
-from trainers.delta import AdapterState, apply_delta, empty_state, resolve_signing_key
-from trainers.features import featurize
-from trainers.lora import AdapterBank
+from trainers.models.features import featurize
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig, weights_version
 from trainers.offline import TrainSpec, train_ranker
 from trainers.online import OnlineTrainer
 from trainers.quality import auc
-from trainers.ranker import Ranker, RankerConfig, weights_version
 from trainers.reorder import DelayBuffer
 from trainers.replay import impression_order, progressive_report, replay
 from workloads import Market, MarketConfig

@@ -28,7 +28,7 @@ learns it (progressive validation) in stream order:
   it learned ~60 examples/s here (pure Python), 30 minutes for one stream;
 - `oracle` (simulator): the true click probability, the ceiling.
 
-Feature encoding of the peers: the information adstream's featurizer (`trainers.features`) sees,
+Feature encoding of the peers: the information adstream's featurizer (`trainers.models.features`) sees,
 no more. Namespaces (VW) / feature-name prefixes (River):
 
 =====  ======================================================================================
@@ -119,9 +119,9 @@ from deploy.machine import machine, write_result
 from schemas.events import TrainingExample
 from schemas.settings import Settings
 from streams.in_memory import corrected_scores
+from trainers.models.ranker import RankerConfig
 from trainers.offline import TrainSpec, train_ranker
 from trainers.quality import auc
-from trainers.ranker import RankerConfig
 
 OUT = Path(__file__).parent / "results" / "peer_online.json"
 SCENARIOS = ("handover", "redraw", "trend", "population")

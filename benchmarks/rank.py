@@ -107,9 +107,9 @@ def main() -> None:
     from serving.adapters import CANDIDATE
     from serving.index import ExactIndex
     from serving.ranking import RankInput, RankModel
-    from trainers.features import RankerBatch
-    from trainers.ranker import Ranker, RankerConfig, resolve_device
-    from trainers.user_tower import UserSequences
+    from trainers.models.features import RankerBatch
+    from trainers.models.ranker import Ranker, RankerConfig, resolve_device
+    from trainers.models.user_tower import UserSequences
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

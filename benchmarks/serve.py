@@ -90,7 +90,7 @@ def make_model(model_dir: Path, settings_model_dir: Path) -> str:
         return f"trained checkpoint from {found}"
     import torch
 
-    from trainers.ranker import Ranker, RankerConfig, save_checkpoint
+    from trainers.models.ranker import Ranker, RankerConfig, save_checkpoint
 
     torch.manual_seed(0)
     save_checkpoint(Ranker(RankerConfig()), model_dir / "ranker")
@@ -131,10 +131,10 @@ def write_adapters(settings: Settings, model_dir: Path, catalog: Path) -> int:
     import torch
 
     from schemas import codec
+    from schemas.delta import AdapterState, empty_state, full_parts, make_delta, resolve_signing_key
     from schemas.ids import adapter_id_for
-    from trainers.delta import AdapterState, empty_state, full_parts, make_delta, resolve_signing_key
-    from trainers.lora import target_shapes
-    from trainers.ranker import load_checkpoint
+    from trainers.models.lora import target_shapes
+    from trainers.models.ranker import load_checkpoint
     from trainers.snapshots import snapshot_key
 
     model, version = load_checkpoint(model_dir / "ranker")

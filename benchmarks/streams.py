@@ -58,11 +58,11 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attribution.migrate import clickhouse_client, database_name  # noqa: E402
 from deploy.benchargs import int_at_least  # noqa: E402
 from deploy.machine import machine, process_cpu_s, write_result  # noqa: E402
 from deploy.stack import create_topics, delete_topics_async  # noqa: E402
 from schemas import topics  # noqa: E402
+from schemas.clients import clickhouse_client, clickhouse_database  # noqa: E402
 from schemas.codec import decode, encode, key_of, model_for_topic, topic_of  # noqa: E402
 from schemas.events import AdCreative  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
@@ -511,7 +511,7 @@ def cleanup(s: Settings, topics_too: bool = True) -> None:
         r.delete(*keys[i : i + 5000])
     r.close()
     c = clickhouse_client(s)
-    c.execute(f"DROP DATABASE IF EXISTS {database_name(s)}")
+    c.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(s)}")
     c.disconnect()
 
     if not topics_too:

@@ -15,6 +15,7 @@ from rich.table import Table
 from deploy import (
     cli_attribution,
     cli_bench,
+    cli_creatives,
     cli_dashboard,
     cli_demo,
     cli_serving,
@@ -128,6 +129,7 @@ app.add_typer(cli_attribution.app, name="attribution")
 app.add_typer(cli_dashboard.app)
 app.add_typer(cli_demo.app)
 app.add_typer(cli_bench.app, name="bench")
+app.add_typer(cli_creatives.app, name="creatives")
 
 
 def main() -> None:

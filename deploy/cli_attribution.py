@@ -45,13 +45,14 @@ def parse_bounds(items: list[str] | None) -> dict[str, tuple[float, float]]:
 
 
 def _backend() -> Any:
-    from attribution.migrate import clickhouse_client, database_name, migrate
+    from attribution.migrate import migrate
     from attribution.sql import DriverBackend
+    from schemas.clients import clickhouse_client, clickhouse_database
     from schemas.settings import Settings
 
     s = Settings()
     migrate(s)
-    return DriverBackend(clickhouse_client(s, database_name(s))), s
+    return DriverBackend(clickhouse_client(s, clickhouse_database(s))), s
 
 
 def _execute(models: list[str], by: Granularity, since: str | None, until: str | None,

@@ -91,8 +91,8 @@ def start(
     import ray
     from ray import serve
 
+    from schemas.delta import resolve_signing_key
     from serving.app import build_app
-    from trainers.delta import resolve_signing_key
 
     # the replicas read the delta signing key themselves (never from their init args): make sure
     # the stack's key file exists before they start, so trainer and replicas share one key

@@ -57,8 +57,8 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here")] = None,
     ) -> None:
         """Train the ranker and the two-tower model offline; report holdout AUC/log loss."""
+        from trainers.models.ranker import resolve_device
         from trainers.offline import TrainSpec
-        from trainers.ranker import resolve_device
         from trainers.train_all import set_threads, train_all
 
         settings = Settings()
@@ -125,9 +125,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the online LoRA trainer on `ad.training-examples` (or `--replay FILE --json OUT`)."""
-        from trainers.lora import AdapterBank
+        from trainers.models.lora import AdapterBank
+        from trainers.models.ranker import load_checkpoint
         from trainers.online import OnlineTrainer
-        from trainers.ranker import load_checkpoint
         from trainers.train_all import set_threads
 
         settings = Settings()

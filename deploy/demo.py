@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 
 from deploy.machine import describe
-from schemas.clients import clickhouse_args, redis_args
+from schemas.clients import clickhouse_client, clickhouse_database, redis_args
 from schemas.errors import StackError
 from schemas.settings import Settings
 
@@ -419,13 +419,9 @@ def explain(train: dict[str, Any], truth: dict[str, Any], quality: dict[str, Any
 
 def clickhouse_counts(settings: Settings) -> dict[str, int]:
     """Rows per raw event table (FINAL: duplicates collapsed)."""
-    from clickhouse_driver import Client
     from clickhouse_driver.errors import ServerException
 
-    from deploy.endpoints import clickhouse_database
-
-    db = clickhouse_database(settings.clickhouse.url)
-    client = Client(**clickhouse_args(settings, db))
+    client = clickhouse_client(settings, clickhouse_database(settings))
     counts = {}
     try:
         for table in ("impressions", "clicks", "dwell", "conversions"):

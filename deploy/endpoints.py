@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from schemas.errors import ConfigError
-from schemas.settings import clickhouse_database as settings_clickhouse_database
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -46,11 +45,6 @@ def url_endpoint(url: str, field: str, default_port: int) -> Endpoint:
     except ValueError as exc:
         raise ConfigError(f"{field}: bad port in {url!r}") from exc
     return Endpoint(parsed.hostname, port)
-
-
-def clickhouse_database(url: str) -> str:
-    """The database named in a ClickHouse URL's path (default `adstream`)."""
-    return settings_clickhouse_database(url)
 
 
 def port_open(ep: Endpoint, timeout: float = 0.5) -> bool:

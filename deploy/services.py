@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from deploy.endpoints import Endpoint, clickhouse_database, kafka_endpoint, url_endpoint
-from schemas.clients import clickhouse_args, kafka_args, redis_args
+from deploy.endpoints import Endpoint, kafka_endpoint, url_endpoint
+from schemas.clients import clickhouse_args, clickhouse_database, kafka_args, redis_args
 from schemas.errors import StackError
 from schemas.settings import Settings
 
@@ -191,7 +191,7 @@ def stack_services(settings: Settings) -> list[Service]:
     kafka_ep = kafka_endpoint(settings.kafka.bootstrap)
     redis_ep = url_endpoint(settings.redis.url, "redis.url", 6379)
     ch_ep = url_endpoint(settings.clickhouse.url, "clickhouse.url", 9000)
-    clickhouse_database(settings.clickhouse.url)  # validate early
+    clickhouse_database(settings)  # validate early
     return [
         Service(
             ServiceName.kafka.value,

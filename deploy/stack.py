@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.endpoints import clickhouse_database, port_open
+from deploy.endpoints import port_open
 from deploy.services import Probe, Service, stack_services
 from schemas import topics
-from schemas.clients import clickhouse_args, kafka_args
+from schemas.clients import clickhouse_client, clickhouse_database, kafka_args
 from schemas.errors import StackError
 from schemas.retry import kafka_errors
 from schemas.settings import Settings
@@ -179,11 +179,9 @@ def create_topics(settings: Settings) -> list[str]:
 
 def create_database(settings: Settings) -> None:
     """Create the ClickHouse database named in the URL (tables belong to their rooms)."""
-    from clickhouse_driver import Client
-
-    client = Client(**{**clickhouse_args(settings), "connect_timeout": 3})
+    client = clickhouse_client(settings, connect_timeout=3)
     try:
-        client.execute(f"CREATE DATABASE IF NOT EXISTS {clickhouse_database(settings.clickhouse.url)}")
+        client.execute(f"CREATE DATABASE IF NOT EXISTS {clickhouse_database(settings)}")
     finally:
         client.disconnect()
 

@@ -248,3 +248,31 @@ def clickhouse_args(settings: Settings, database: str | None = None) -> dict[str
             "clickhouse TLS files are set but TLS is off (set clickhouse.secure or use clickhouses://)"
         )
     return args
+
+
+def clickhouse_database(settings: Settings | str) -> str:
+    """The events database named in `clickhouse.url` (settings or the URL itself; default
+    `adstream`): the one place its name is read. ConfigError if it is not a plain identifier (it
+    is spliced into DDL).
+
+    >>> clickhouse_database("clickhouse://127.0.0.1:9000/ads_test")
+    'ads_test'
+    >>> clickhouse_database("clickhouse://127.0.0.1:9000")
+    'adstream'
+    """
+    url = settings if isinstance(settings, str) else settings.clickhouse.url
+    name = urlparse(url).path.strip("/") or "adstream"
+    # ASCII only: `str.isalnum` alone takes any script's letters and digits ("ads٣", "café")
+    if not (name.isascii() and name.replace("_", "").isalnum()):
+        raise ConfigError(f"clickhouse.url: database name {name!r} must be ASCII letters, digits or _")
+    return name
+
+
+def clickhouse_client(settings: Settings, database: str | None = None, **options: Any) -> Any:
+    """The one way every room connects to ClickHouse: a clickhouse-driver `Client` for the
+    settings' URL, user, password and TLS (`clickhouse_args`), bound to `database` (`default`
+    when None; the events database is `clickhouse_database(settings)`). `options` are the
+    driver's own (`settings={...}`, `send_receive_timeout`, a shorter `connect_timeout`)."""
+    from clickhouse_driver import Client
+
+    return Client(**{**clickhouse_args(settings, database), **options})

@@ -205,6 +205,29 @@ class Conversion(UserEvent):
     ad_id: Ident | None = None
 
 
+# A creative's assembled variants (`creatives`): parts of each, what each part may say, and how
+# many an ad may carry (a catalog message stays far below a producer's 1 MiB request limit).
+MAX_VARIANTS: Final = 64
+VariantText = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=TEXT_PATTERN)]
+# the slots a tone file's templates may name (`creatives.tone`); a variant's `emphasis` is the
+# first one its headline template fills (what the simulator's segments respond to)
+CREATIVE_SLOTS: Final[tuple[str, ...]] = ("name", "benefit", "feature", "price", "promotion", "cta")
+CreativeSlot: TypeAlias = Literal["name", "benefit", "feature", "price", "promotion", "cta"]
+
+
+class CreativeVariant(Contract):
+    """One assembled version of an ad's creative (headline × body × call to action), with the
+    disclosure it must carry; `variant_id` is stable while the tone file's templates keep their order."""
+
+    variant_id: Ident
+    locale: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-[A-Z]{2})?$")]
+    headline: VariantText
+    body: VariantText
+    cta: VariantText
+    disclosure: VariantText
+    emphasis: CreativeSlot | None = None
+
+
 class AdCreative(Message):
     """A catalog entry (keyed by `ad_id`): a creative of a campaign, its bid and daily budget."""
 
@@ -217,6 +240,10 @@ class AdCreative(Message):
     bid: Annotated[float, Field(gt=0, le=MAX_MONEY, allow_inf_nan=False)]
     daily_budget: Annotated[float, Field(gt=0, le=MAX_MONEY, allow_inf_nan=False)]
     active: bool
+    # assembled variants (`adstream creatives build`); empty: the ad is shown with its `title`
+    # (their ids are unique per ad by construction, `creatives.assemble`; a plain field, so the
+    # streams fast path validates it as the contract does)
+    variants: Annotated[tuple[CreativeVariant, ...], Field(max_length=MAX_VARIANTS)] = ()
 
 
 class DeadLetter(Message):
@@ -302,11 +329,11 @@ class AdapterDelta(Message):
     norm: NonNegFloat
     created_at: Timestamp
     snapshot: bool = False
-    # the seq lineage (`trainers.delta.new_epoch`: start time in ms << 11 | 11 random bits), made
+    # the seq lineage (`schemas.delta.new_epoch`: start time in ms << 11 | 11 random bits), made
     # when Redis holds no seq record of the adapter; seqs order messages within one epoch, and a
     # later epoch supersedes an earlier one. None: the legacy lineage (before epochs), the earliest
     epoch: Annotated[int, Field(ge=1, le=MAX_SEQ)] | None = None
-    # HMAC-SHA256 (hex) by the trainer over what the delta changes (`trainers.delta.delta_mac`);
+    # HMAC-SHA256 (hex) by the trainer over what the delta changes (`schemas.delta.delta_mac`);
     # replicas with a signing key apply only deltas whose signature checks out
     signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     # freshness: per partition of ad.training-examples, the last offset learned into the adapter

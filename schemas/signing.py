@@ -12,7 +12,7 @@ journey), so they carry neither.
 
 The key (`event_key`) is `settings.event_signing_key`, or else the key file
 `<state_dir>/event-signing.key` that the first process of a local stack creates; it is resolved
-like the adapter deltas' key (`resolve_key`, shared with `trainers.delta.resolve_signing_key`).
+like the adapter deltas' key (`resolve_key`, shared with `schemas.delta.resolve_signing_key`).
 The operator's own tools that make events on purpose (the simulator's history, `adstream
 produce`, benchmarks, tests) sign through `seal` with the same key.
 """

@@ -19,12 +19,12 @@ Modules, each a pure core or a thin shell:
 - `pipeline`  — per-request recall and rerank over the catalog (no Ray).
 - `catalog`   — ads as numpy columns (vectors, bids, budgets, spend, ranker id buckets).
 - `index`     — the recall index protocol and the exact numpy implementation.
-- `ranking`   — the base ranker with banked LoRA layers; features as `trainers.features`.
+- `ranking`   — the base ranker with banked LoRA layers; features as `trainers.models.features`.
 - `adapters`  — the adapter bank: stacked, double-buffered LoRA tensors (and the ΔW of narrow
                 layers), guarded writes, swap, rollback, promote.
 - `banked`    — the layers that add each sample's adapter (`BankedLinear`: merged weights /
                 per-sample embedding_bag / ΔW rows; `BankedEmbedding`) and the batch plan.
-- `hotswap`   — applying `AdapterDelta`s in seq order (`trainers.delta.apply_delta`), re-sync.
+- `hotswap`   — applying `AdapterDelta`s in seq order (`schemas.delta.apply_delta`), re-sync.
 - `rerank`    — eCPM, pacing, long-tail boost, diversity, GSP prices (pure).
 - `deadline`  — the request budget and the ladder adapter → base → recall score → popular (pure).
 - `canary`    — stable user buckets, online AUC per arm, the promote/rollback rule (pure).

@@ -28,6 +28,7 @@ from ray import serve
 from ray.serve.config import BackpressureConfig
 
 from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass
+from schemas.delta import resolve_signing_key
 from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
@@ -45,8 +46,7 @@ from serving.qos import Admission, class_of
 from serving.qos import policies as qos_policies
 from serving.ranking import RankInput, RankModel, load_ranker
 from serving.towers import TowerSpace
-from trainers.delta import resolve_signing_key
-from trainers.ranker import resolve_device
+from trainers.models.ranker import resolve_device
 
 log = logging.getLogger(__name__)
 api = FastAPI(

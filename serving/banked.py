@@ -296,7 +296,7 @@ class BankedEmbedding(_Banked):
 
 
 def _matches(name: str, targets: tuple[str, ...] | list[str]) -> bool:
-    # the trainers' rule (`trainers.lora.target_modules`): a name or a prefix, nothing else, so
+    # the trainers' rule (`trainers.models.lora.target_modules`): a name or a prefix, nothing else, so
     # a replica adapts exactly the modules the trainer publishes
     return any(name == t or name.startswith(f"{t}.") for t in targets)
 

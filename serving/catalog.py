@@ -19,8 +19,8 @@ import numpy as np
 
 from schemas.errors import SchemaError
 from schemas.events import AdCreative
-from trainers.features import stable_bucket
-from trainers.ranker import RankerConfig
+from trainers.models.features import stable_bucket
+from trainers.models.ranker import RankerConfig
 
 Vectorizer = Callable[[AdCreative], np.ndarray]
 

@@ -56,7 +56,7 @@ class ModelFloor:
 
     def __init__(self, settings: Settings, seed: int = 0) -> None:
         from serving.ranking import RankInput, RankModel, build_input, load_ranker
-        from trainers.ranker import resolve_device
+        from trainers.models.ranker import resolve_device
 
         torch.set_num_threads(1)  # as the ad server's replica
         device = resolve_device(settings.device)

@@ -1,4 +1,4 @@
-"""Adapter hot swap: apply `AdapterDelta`s in `seq` order (checked by `trainers.delta.apply_delta`)
+"""Adapter hot swap: apply `AdapterDelta`s in `seq` order (checked by `schemas.delta.apply_delta`)
 into the bank's inactive buffer and swap; re-sync from a snapshot on a gap; count everything.
 
 An admin rollback *pins* the adapter at the version it rolled back to: later deltas for it are
@@ -18,7 +18,7 @@ cannot walk it anywhere; a full bank evicts the least recently updated unpinned 
 shares the rolled-back weights with the pin (`pinned_snapshot`), so a replica that does not hold
 that seq installs exactly those weights.
 
-Epochs (`trainers.delta` "Epochs"): a trainer that lost its seqs in Redis starts a new epoch.
+Epochs (`schemas.delta` "Epochs"): a trainer that lost its seqs in Redis starts a new epoch.
 Messages of an earlier epoch than the state's are ignored (`stale_epoch`); a signed snapshot of a
 later epoch resets the adapter to it (under the same drift bound and canary arms as any update);
 an incremental delta of a later epoch is refused (`new_epoch`) and the adapter re-synced from its
@@ -38,10 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from schemas.api import AdapterInfo
-from schemas.errors import AdapterError
-from schemas.events import AdapterDelta
-from serving.adapters import CANDIDATE, STABLE, AdapterStack
-from trainers.delta import (
+from schemas.delta import (
     AdapterState,
     EpochChangeError,
     SeqGapError,
@@ -54,6 +51,9 @@ from trainers.delta import (
     make_delta,
     verify_delta,
 )
+from schemas.errors import AdapterError
+from schemas.events import AdapterDelta
+from serving.adapters import CANDIDATE, STABLE, AdapterStack
 
 log = logging.getLogger(__name__)
 SnapshotSource = Callable[[str], Awaitable[AdapterDelta | None]]

@@ -1,5 +1,5 @@
 """Rank: the base ranker with the adapter bank installed, scoring the candidates of many requests
-in one forward pass; features are built from catalog columns (same spec as `trainers.features`).
+in one forward pass; features are built from catalog columns (same spec as `trainers.models.features`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from schemas.events import SLOTS
 from schemas.settings import Settings
 from serving.adapters import AdapterStack
 from serving.banked import BankContext, install, target_layers
-from trainers.features import N_EXTRA_DENSE
-from trainers.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
+from trainers.models.features import N_EXTRA_DENSE
+from trainers.models.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
 
 log = logging.getLogger(__name__)
 SLOT_INDEX: dict[str, int] = {s: i for i, s in enumerate(SLOTS)}
@@ -65,7 +65,7 @@ def build_input(
     state_dim: int,
     bias_by_category: np.ndarray | None = None,
 ) -> RankInput:
-    """Tensors for n candidates of one user, column for column as `trainers.features.featurize`
+    """Tensors for n candidates of one user, column for column as `trainers.models.features.featurize`
     builds them for the training example of the same impression (position 0: rank scores every
     candidate as if at the top). The recall-score columns stay "absent" (0, flag 0): training
     examples never carry a recall score (impressions do not record it), so a served one would be

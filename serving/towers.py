@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from schemas.events import AdCreative
-from trainers.text import TitleEncoder
-from trainers.two_tower import TwoTower, ad_ids, load_ad_index, load_two_tower, user_features
+from trainers.models.text import TitleEncoder
+from trainers.models.two_tower import TwoTower, ad_ids, load_ad_index, load_two_tower, user_features
 
 log = logging.getLogger(__name__)
 

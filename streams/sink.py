@@ -106,13 +106,11 @@ class ClickHouseSink:
     """Batched inserts into the raw tables over the native protocol (in a worker thread)."""
 
     def __init__(self, settings: Settings) -> None:
-        from clickhouse_driver import Client
-
-        from schemas.settings import clickhouse_connect_args, clickhouse_database
+        from schemas.clients import clickhouse_client, clickhouse_database
 
         # the tables are attribution's (its migrations create them: `adstream migrate`, run by
         # `adstream worker` before it starts); streams only inserts into them
-        self._client = Client(**clickhouse_connect_args(settings, clickhouse_database(settings)))
+        self._client = clickhouse_client(settings, clickhouse_database(settings))
         self._lock = asyncio.Lock()
         self.max_months = settings.sink.max_partitions
 

@@ -60,7 +60,8 @@ def stack(settings: Settings) -> Iterator[Settings]:
 def _drop_test_database(settings: Settings) -> None:
     from clickhouse_driver import Client
 
-    from deploy.endpoints import clickhouse_database, url_endpoint
+    from deploy.endpoints import url_endpoint
+    from schemas.clients import clickhouse_database
 
     ep = url_endpoint(settings.clickhouse.url, "clickhouse.url", 9000)
     try:

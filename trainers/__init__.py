@@ -1,17 +1,17 @@
 """adstream trainers room: the ranker and recall models, LoRA adapters, offline and online training.
 
 Models
-- `trainers.features`: the ranker's batch feature spec (`RankerBatch`, pure `featurize`).
-- `trainers.ranker`: the DCN-v2 CTR ranker (`Ranker`, `RankerConfig`), safetensors checkpoints
+- `trainers.models.features`: the ranker's batch feature spec (`RankerBatch`, pure `featurize`).
+- `trainers.models.ranker`: the DCN-v2 CTR ranker (`Ranker`, `RankerConfig`), safetensors checkpoints
   (`save_checkpoint`, `load_checkpoint` → `(model, version)`).
-- `trainers.two_tower` + `trainers.text`: the two-tower recall model with MiniLM title vectors,
+- `trainers.models.two_tower` + `trainers.models.text`: the two-tower recall model with MiniLM title vectors,
   its checkpoint and the ad index (`ad_index.safetensors` + `ad_index.json`).
 
 Adapters and ΔW (what serving hot-swaps)
-- `trainers.lora`: `AdapterBank` (PEFT LoRA on the ranker's Linear layers, mixed-adapter
+- `trainers.models.lora`: `AdapterBank` (PEFT LoRA on the ranker's Linear layers, mixed-adapter
   batches), `LoraSettings` (adapter ids: `schemas.ids.adapter_id_for`, the ids streams writes into
   TrainingExamples).
-- `trainers.delta`: the `AdapterDelta` payload (safetensors; `<m>.dirs`/`.lora_A`/`.lora_B`),
+- `schemas.delta`: the `AdapterDelta` payload (safetensors; `<m>.dirs`/`.lora_A`/`.lora_B`),
   `encode_delta`, `decode_delta`, guarded `apply_delta` (`SeqGapError`, `StaleDeltaError`;
   epochs: `new_epoch`, `StaleEpochError`, `EpochChangeError`).
 - `trainers.snapshots`: the Redis key layout of adapter snapshots and seq reservations.

@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 
-from trainers.features import RankerBatch
+from trainers.models.features import RankerBatch
 from trainers.offline import EvalResult
 from trainers.quality import auc, logloss
 

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas.clients import clickhouse_args
+from schemas.clients import clickhouse_client, clickhouse_database
 from schemas.errors import StoreError
 from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
 from schemas.retry import clickhouse_errors
-from schemas.settings import Settings, clickhouse_database
+from schemas.settings import Settings
 
 _QUERIES: dict[str, tuple[str, str]] = {
     "ads": ("ad_id, campaign_id, advertiser_id, category, title, bid, daily_budget, active", "ad"),
@@ -44,11 +44,9 @@ def _client(source: Settings | str) -> tuple[Any, str]:
     """A client of the events database, connected as every room connects
     (`schemas.clients.clickhouse_args`: user, password and TLS from the settings, not only
     what the URL holds)."""
-    from clickhouse_driver import Client
-
     settings = source if isinstance(source, Settings) else Settings(clickhouse={"url": source})
     database = clickhouse_database(settings)
-    return Client(**clickhouse_args(settings, database)), database
+    return clickhouse_client(settings, database), database
 
 
 def _rows(client: Any, table: str, limit: int | None, chunk: int) -> Iterator[Message]:

@@ -47,7 +47,7 @@ from schemas.events import (
     _not_a_number,
     ids_fit,
 )
-from trainers.features import RankerBatch
+from trainers.models.features import RankerBatch
 from trainers.reorder import DelayBuffer, Position
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@
 `train_ranker(train, config, spec)` fits a fresh `Ranker` (Adam, mini-batches, early stopping
 on the last slice of the training data); `evaluate(model, examples)` gives AUC and log loss.
 
->>> from trainers.ranker import RankerConfig
+>>> from trainers.models.ranker import RankerConfig
 >>> spec = TrainSpec(epochs=1, seed=0)
 >>> spec.batch_size
 512
@@ -23,9 +23,9 @@ from torch.nn import functional as F
 
 from schemas.errors import ConfigError
 from schemas.events import TrainingExample
-from trainers.features import RankerBatch, featurize
+from trainers.models.features import RankerBatch, featurize
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.quality import auc, logloss
-from trainers.ranker import Ranker, RankerConfig
 
 log = logging.getLogger(__name__)
 

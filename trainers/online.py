@@ -20,7 +20,7 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
    percentile of that module's sliding window (its last `delta_window_steps` steps'
    magnitudes; per module because gradient scales differ by module — with one pooled
    percentile an id-table target took ~all published directions and the cross/deep layers'
-   learning never reached replicas) are published as an `AdapterDelta` (`trainers.delta`
+   learning never reached replicas) are published as an `AdapterDelta` (`schemas.delta`
    format) with the next `seq` — when none passes, the single strongest direction is, so every
    step's examples (its `learned_offsets`) reach replicas in that step's delta; the trainer
    keeps the `published` state replicas hold, so deltas chain exactly. A delta that would
@@ -61,10 +61,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from schemas.errors import ConfigError
-from schemas.events import AdapterDelta, TrainingExample
-from schemas.settings import OnlineSettings, Settings
-from trainers.delta import (
+from schemas.delta import (
     AdapterState,
     apply_delta,
     change_norm,
@@ -75,8 +72,11 @@ from trainers.delta import (
     resolve_signing_key,
     select_parts,
 )
-from trainers.features import RankerBatch, featurize
-from trainers.lora import AdapterBank
+from schemas.errors import ConfigError
+from schemas.events import AdapterDelta, TrainingExample
+from schemas.settings import OnlineSettings, Settings
+from trainers.models.features import RankerBatch, featurize
+from trainers.models.lora import AdapterBank
 from trainers.quality import RollingMetrics, key_ids
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class OnlineTrainer:
     ) -> None:
         self.bank = bank
         self.spec = spec
-        self.signing_key = signing_key  # signs every delta and snapshot (trainers.delta.resolve_signing_key)
+        self.signing_key = signing_key  # signs every delta and snapshot (schemas.delta.resolve_signing_key)
         self.runs: dict[str, AdapterRun] = {}
         self.log: ProgressiveLog | None = ProgressiveLog() if keep_log else None
         self.clock = clock

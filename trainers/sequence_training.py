@@ -18,11 +18,11 @@ import torch
 from torch.nn import functional as F
 
 from schemas.errors import ConfigError
-from trainers.features import RankerBatch
+from trainers.models.features import RankerBatch
+from trainers.models.ranker import Ranker, RankerConfig
+from trainers.models.user_tower import UserSequences
 from trainers.offline import TrainSpec
 from trainers.quality import logloss
-from trainers.ranker import Ranker, RankerConfig
-from trainers.user_tower import UserSequences
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ Restart: an adapter seen for the first time is restored from its Redis snapshot 
 highest reserved seq (a fresh snapshot re-aligns replicas when deltas were published after
 it); assigned partitions resume after the snapshotted offsets, so nothing is learned twice or
 skipped, and no seq is reused. An adapter without a seq record in Redis (new, or a Redis that
-lost it) starts a new epoch (`trainers.delta` "Epochs"); when a snapshot survived without its
+lost it) starts a new epoch (`schemas.delta` "Epochs"); when a snapshot survived without its
 record, that state is published at once as the new epoch's first snapshot (replicas reset to it).
 
 Bad input: a record that fails the contract (`trainers.intake.ExampleDecoder`: the contract's
@@ -60,14 +60,14 @@ from pydantic import ValidationError
 
 from schemas import codec, topics
 from schemas.clients import fetch_args, group_args, kafka_args, redis_args
+from schemas.delta import describe_epoch, new_epoch
 from schemas.errors import SchemaError, StoreError
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample, dead_letter_fields
 from schemas.retry import Backoff
 from schemas.settings import Settings
 from trainers import telemetry
-from trainers.delta import describe_epoch, new_epoch
-from trainers.features import RankerBatch, featurize
 from trainers.intake import ExampleDecoder, take_ready
+from trainers.models.features import RankerBatch, featurize
 from trainers.online import OnlineTrainer
 from trainers.reorder import DelayBuffer
 from trainers.snapshots import (

@@ -23,7 +23,7 @@ reuses one; snapshots, their metadata and the partition offsets are written in o
 
 The epoch lives in the same hash value as the seq, so the two are lost together: a Redis without
 an adapter's seq record (a wipe, a new Redis) makes its trainer start a new epoch
-(`trainers.delta.new_epoch`), which replicas take as a reset at its first snapshot, instead of
+(`schemas.delta.new_epoch`), which replicas take as a reset at its first snapshot, instead of
 seqs from 0 that replicas would refuse as replays (`Restored.seq_record`).
 
 Redis errors that can pass (connection refused or reset, timeouts, a server still loading:
@@ -50,10 +50,10 @@ from typing import Any, TypeVar
 import torch
 
 from schemas import codec
+from schemas.delta import apply_delta, empty_state
 from schemas.errors import AdapterError, ConfigError, SchemaError, StoreError
 from schemas.events import AdapterDelta
 from schemas.retry import Backoff, is_transient, redis_errors, retry
-from trainers.delta import apply_delta, empty_state
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -22,12 +22,10 @@ import torch
 from schemas.errors import ConfigError
 from schemas.events import AdCreative, TrainingExample
 from trainers.baseline import auc_diff_ci, logistic_probs
-from trainers.features import featurize
-from trainers.offline import TrainSpec, evaluate, predict, time_split, train_ranker
-from trainers.quality import auc, logloss
-from trainers.ranker import RankerConfig, save_checkpoint
-from trainers.text import TitleEncoder
-from trainers.two_tower import (
+from trainers.models.features import featurize
+from trainers.models.ranker import RankerConfig, save_checkpoint
+from trainers.models.text import TitleEncoder
+from trainers.models.two_tower import (
     TwoTowerConfig,
     build_ad_index,
     evaluate_two_tower,
@@ -36,6 +34,8 @@ from trainers.two_tower import (
     tower_batch,
     train_two_tower,
 )
+from trainers.offline import TrainSpec, evaluate, predict, time_split, train_ranker
+from trainers.quality import auc, logloss
 
 log = logging.getLogger(__name__)
 

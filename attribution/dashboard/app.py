@@ -23,8 +23,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from attribution.dashboard import panels
 from attribution.dashboard import queries as q
 from attribution.sql import Backend, DriverBackend
+from schemas.clients import clickhouse_args, clickhouse_client, clickhouse_database
 from schemas.errors import ConfigError, StoreError
-from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
+from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,10 @@ def clickhouse_backend(settings: Settings) -> Callable[[], Backend]:
     """A factory of read-only connections to the settings' ClickHouse database."""
 
     def connect() -> Backend:
-        from clickhouse_driver import Client
-
-        args = clickhouse_connect_args(settings, clickhouse_database(settings))
-        return DriverBackend(Client(**args, settings={"readonly": 2, "max_execution_time": 60}))
+        client = clickhouse_client(
+            settings, clickhouse_database(settings), settings={"readonly": 2, "max_execution_time": 60}
+        )
+        return DriverBackend(client)
 
     return connect
 
@@ -166,7 +167,7 @@ def _unavailable(settings: Settings, exc: BaseException) -> JSONResponse:
 
 def clickhouse_where(settings: Settings) -> str:
     """host:port/database of the ClickHouse URL, without credentials."""
-    args = clickhouse_connect_args(settings)
+    args = clickhouse_args(settings)
     return f"{args['host']}:{args['port']}/{clickhouse_database(settings)}"
 
 

@@ -54,8 +54,6 @@ __all__ = [
     "SinkSettings",
     "StateSettings",
     "StreamsSettings",
-    "clickhouse_connect_args",
-    "clickhouse_database",
     "env_example",
     "env_name",
     "get_settings",
@@ -160,30 +158,6 @@ class Settings(BaseSettings):
 
     def model_post_init(self, context: Any, /) -> None:
         _refuse_flat_env(os.environ)
-
-
-def clickhouse_connect_args(settings: Settings, database: str | None = None) -> dict[str, object]:
-    """clickhouse-driver `Client(**args)` for `settings.clickhouse.url` (bound to `database`, or to
-    `default` when None): every room that talks to ClickHouse connects the same way
-    (`schemas.clients.clickhouse_args`, which adds the user, password and TLS settings)."""
-    from schemas.clients import clickhouse_args
-
-    return clickhouse_args(settings, database)
-
-
-def clickhouse_database(settings: Settings | str) -> str:
-    """The database named in `clickhouse.url` (settings or the URL itself; default `adstream`);
-    ConfigError if it is not a plain identifier (it is spliced into DDL)."""
-    from urllib.parse import urlparse
-
-    from schemas.errors import ConfigError
-
-    url = settings if isinstance(settings, str) else settings.clickhouse.url
-    name = urlparse(url).path.strip("/") or "adstream"
-    # ASCII only: `str.isalnum` alone takes any script's letters and digits ("ads٣", "café")
-    if not (name.isascii() and name.replace("_", "").isalnum()):
-        raise ConfigError(f"clickhouse.url: database name {name!r} must be ASCII letters, digits or _")
-    return name
 
 
 @lru_cache(maxsize=1)

@@ -44,7 +44,7 @@ def _clean(run_dir: str, stack: Settings) -> None:
     from clickhouse_driver import Client
 
     from deploy.stack import delete_topics_async
-    from schemas.settings import clickhouse_connect_args, clickhouse_database
+    from schemas.clients import clickhouse_args, clickhouse_database
 
     run_id = run_dir.rstrip("/").rsplit("/", 1)[-1]
     s = Settings(
@@ -53,7 +53,7 @@ def _clean(run_dir: str, stack: Settings) -> None:
         clickhouse={"url": stack.clickhouse.url.rsplit("/", 1)[0] + f"/demo_{run_id}"},
     )
     asyncio.run(delete_topics_async(s))
-    admin = Client(**clickhouse_connect_args(s))
+    admin = Client(**clickhouse_args(s))
     admin.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(s)}")
     admin.disconnect()
     import redis

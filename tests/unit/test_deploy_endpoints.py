@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.endpoints import clickhouse_database, kafka_endpoint, url_endpoint
+from deploy.endpoints import kafka_endpoint, url_endpoint
 from deploy.services import _which
+from schemas.clients import clickhouse_database
 from schemas.errors import ConfigError, StackError
 
 

@@ -25,7 +25,7 @@ from schemas.settings import (
 from serving.canary import Canary
 from serving.rerank import rerank
 from streams.processor import Processor
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
 from trainers.online import AdapterOptimizer, OnlineTrainer
 
 
@@ -50,7 +50,7 @@ def test_rooms_take_the_settings_group_itself(owner: Callable[..., Any], argumen
         ("streams.state", "StateParams"),
         ("streams.state", "EngagementWeights"),
         ("trainers.online", "OnlineSpec"),
-        ("trainers.lora", "LoraSpec"),
+        ("trainers.models.lora", "LoraSpec"),
         ("serving.canary", "CanaryRule"),
         ("serving.rerank", "RerankParams"),
     ],

@@ -12,8 +12,9 @@ from urllib.parse import urlparse, urlunparse
 
 import pytest
 
-from attribution.migrate import clickhouse_client, migrate
+from attribution.migrate import migrate
 from attribution.sql import DriverBackend
+from schemas.clients import clickhouse_client
 from schemas.settings import Settings
 from workloads.attribution_market import AttributionMarketConfig, period, simulate, write_raw
 

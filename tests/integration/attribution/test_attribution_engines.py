@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from attribution import incrementality, paths, roi, rollups, runs
-from attribution.migrate import apply_migrations, clickhouse_client, migrate, migration_files
+from attribution.migrate import apply_migrations, migrate, migration_files
 from attribution.models import ModelConfig
 from attribution.paths import Window, build_paths
 from attribution.sql import Backend, ChdbBackend, DriverBackend
+from schemas.clients import clickhouse_client
 from schemas.holdout import HOLDOUT_AD_ID
 from schemas.settings import Settings
 from workloads.attribution_market import AttributionMarketConfig, period, simulate, write_raw

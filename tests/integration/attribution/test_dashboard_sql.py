@@ -119,10 +119,10 @@ def server_backend(settings: Settings) -> Iterator[DriverBackend]:
     from clickhouse_driver import Client
 
     from attribution.migrate import migrate
-    from schemas.settings import clickhouse_connect_args, clickhouse_database
+    from schemas.clients import clickhouse_args, clickhouse_database
 
     migrate(settings)
-    client = Client(**clickhouse_connect_args(settings, clickhouse_database(settings)))
+    client = Client(**clickhouse_args(settings, clickhouse_database(settings)))
     try:
         yield DriverBackend(client)
     finally:

@@ -11,9 +11,10 @@ from urllib.parse import urlparse, urlunparse
 
 import pytest
 
-from attribution.migrate import apply_migrations, clickhouse_client, migrate
+from attribution.migrate import apply_migrations, migrate
 from attribution.paths import CLICK, VIEW, Window, build_paths
 from attribution.sql import Backend, ChdbBackend, DriverBackend
+from schemas.clients import clickhouse_client
 from schemas.settings import Settings
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(120)]

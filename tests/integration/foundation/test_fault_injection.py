@@ -358,10 +358,10 @@ def _drain(sc: Scenario, records: dict[str, list[Any]]) -> str | None:
 def _clickhouse(s: Any, topic_ids: dict[str, set[str]]) -> dict[str, dict[str, Any]]:
     """Per table: count() FINAL, distinct and raw rows, the event ids (waits up to 60 s for the
     sink to hold every topic event)."""
-    from attribution.migrate import clickhouse_client, database_name
+    from schemas.clients import clickhouse_client, clickhouse_database
 
     def snapshot() -> dict[str, dict[str, Any]]:
-        c = clickhouse_client(s, database_name(s))
+        c = clickhouse_client(s, clickhouse_database(s))
         try:
             out = {}
             for base, table in TABLES.items():

@@ -42,7 +42,7 @@ def test_the_loop_closes(stack: Settings) -> None:
 
     from deploy.demo import DemoSpec, run_demo
     from deploy.stack import delete_topics_async
-    from schemas.settings import clickhouse_connect_args, clickhouse_database
+    from schemas.clients import clickhouse_args, clickhouse_database
 
     spec = DemoSpec(
         users=150,
@@ -70,7 +70,7 @@ def test_the_loop_closes(stack: Settings) -> None:
                 clickhouse={"url": stack.clickhouse.url.rsplit("/", 1)[0] + f"/demo_{run_id}"},
             )
             asyncio.run(delete_topics_async(s))
-            admin = Client(**clickhouse_connect_args(s))
+            admin = Client(**clickhouse_args(s))
             admin.execute(f"DROP DATABASE IF EXISTS {clickhouse_database(s)}")
             admin.disconnect()
             import redis

@@ -62,7 +62,7 @@ def catalog() -> list[AdCreative]:
 @pytest.fixture(scope="session")
 def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     from deploy.stack import create_topics
-    from trainers.ranker import Ranker, RankerConfig, save_checkpoint
+    from trainers.models.ranker import Ranker, RankerConfig, save_checkpoint
 
     tmp: Path = tmp_path_factory.mktemp("serving")
     torch.manual_seed(0)
@@ -102,9 +102,9 @@ def snapshot_delta(
     model_dir: Path, adapter_id: str, seq: int, seed: int, rank: int, targets: tuple[str, ...]
 ):  # type: ignore[no-untyped-def]
     """A full snapshot of a small random adapter for the test ranker (what the trainer stores)."""
-    from trainers.delta import AdapterState, empty_state, full_parts
-    from trainers.lora import target_shapes
-    from trainers.ranker import load_checkpoint
+    from schemas.delta import AdapterState, empty_state, full_parts
+    from trainers.models.lora import target_shapes
+    from trainers.models.ranker import load_checkpoint
 
     model, version = load_checkpoint(model_dir)
     shapes = target_shapes(model, targets)

@@ -14,7 +14,7 @@ STATE_DIR = Path(__file__).resolve().parents[3] / ".adstream" / "test"  # tests/
 
 def delta_key() -> bytes:
     """The delta signing key the test server reads (the stack key file in the tests' state dir)."""
-    from trainers.delta import resolve_signing_key
+    from schemas.delta import resolve_signing_key
 
     key = resolve_signing_key(Settings(state_dir=STATE_DIR, delta_signing_key=""))
     assert key is not None
@@ -22,15 +22,15 @@ def delta_key() -> bytes:
 
 
 def make_delta(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """`trainers.delta.make_delta`, signed like the trainer signs (replicas refuse unsigned deltas)."""
-    from trainers import delta
+    """`schemas.delta.make_delta`, signed like the trainer signs (replicas refuse unsigned deltas)."""
+    from schemas import delta
 
     return delta.make_delta(*args, key=delta_key(), **kwargs)
 
 
 def sign(d):  # type: ignore[no-untyped-def]
     """A hand-made (e.g. poisoned) delta signed with the stack key: only its content is bad."""
-    from trainers.delta import sign_delta
+    from schemas.delta import sign_delta
 
     return sign_delta(d, delta_key())
 

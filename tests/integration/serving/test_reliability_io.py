@@ -99,7 +99,7 @@ def test_partially_failed_exec_never_double_counts(stack: Settings, redis_client
 
 # -- M4: the pinned weights travel with the pin ----------------------------------------------
 def test_pin_carries_the_pinned_weights(stack: Settings) -> None:
-    from trainers.delta import empty_state, full_parts, make_delta
+    from schemas.delta import empty_state, full_parts, make_delta
 
     s = _isolated(stack)
     io = RedisIO(s, None)
@@ -362,7 +362,7 @@ def test_follow_resumes_where_it_left_off_and_deltas_replay_a_window_only(stack:
 def test_adapter_snapshots_expire_unless_rewritten(stack: Settings, redis_client: object) -> None:
     import redis.asyncio as aredis
 
-    from trainers.delta import empty_state, full_parts, make_delta
+    from schemas.delta import empty_state, full_parts, make_delta
     from trainers.snapshots import SnapshotStore, meta_key, seq_key, snapshot_key
 
     s = _isolated(stack)

@@ -12,10 +12,10 @@ from aiokafka import AIOKafkaProducer
 from helpers_serving import ADMIN, adapter_infos, make_delta
 
 from schemas import codec, topics
+from schemas.delta import AdapterState, empty_state, full_parts
 from schemas.settings import Settings
-from trainers.delta import AdapterState, empty_state, full_parts
-from trainers.lora import target_shapes
-from trainers.ranker import load_checkpoint
+from trainers.models.lora import target_shapes
+from trainers.models.ranker import load_checkpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka]
 
@@ -44,7 +44,7 @@ async def produce(s: Settings, deltas: list) -> None:  # type: ignore[type-arg]
 def _snapshot(s: Settings, adapter_id: str, seq: int, scale: float, *, signed: bool = True):  # type: ignore[no-untyped-def]
     import torch
 
-    from trainers.delta import make_delta as unsigned_make_delta
+    from schemas.delta import make_delta as unsigned_make_delta
 
     model, version = load_checkpoint(s.model_dir / "ranker")
     st = empty_state(adapter_id, version, target_shapes(model, s.lora.targets), s.lora.rank)

@@ -12,12 +12,12 @@ import redis
 import torch
 
 from schemas import codec
+from schemas.delta import AdapterState, empty_state, full_parts, make_delta, resolve_signing_key
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
 from serving.io import RedisIO
-from trainers.delta import AdapterState, empty_state, full_parts, make_delta, resolve_signing_key
-from trainers.lora import target_shapes
-from trainers.ranker import load_checkpoint
+from trainers.models.lora import target_shapes
+from trainers.models.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.timeout(180)]

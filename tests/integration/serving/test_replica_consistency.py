@@ -26,11 +26,11 @@ from aiokafka import AIOKafkaProducer
 from helpers_serving import ADMIN, adapter_infos, make_delta
 
 from schemas import codec, topics
+from schemas.delta import AdapterState, empty_state, full_parts, select_parts
 from schemas.events import AdapterDelta
 from schemas.settings import Settings
-from trainers.delta import AdapterState, empty_state, full_parts, select_parts
-from trainers.lora import target_shapes
-from trainers.ranker import load_checkpoint
+from trainers.models.lora import target_shapes
+from trainers.models.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka]

@@ -18,12 +18,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from helpers_serving import ADMIN, ADMIN_TOKEN, adapter_infos, make_delta, sign
 
 from schemas import codec, topics
+from schemas.delta import AdapterState, empty_state, encode_delta, full_parts, select_parts
 from schemas.events import AdapterDelta, AdCreative, Impression
 from schemas.ids import adapter_id_for
 from schemas.settings import Settings
-from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, select_parts
-from trainers.lora import target_shapes
-from trainers.ranker import load_checkpoint
+from trainers.models.lora import target_shapes
+from trainers.models.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka]
@@ -359,16 +359,16 @@ def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
     assert ads(server, "cold-splash", slot="splash")["adapter_version"] == "seq-4"
     # the trainer moves on to seq 6 (snapshot in Redis) and the replica only sees delta 7: a gap
     write_snapshot("splash", 6, 6)
-    from trainers.delta import AdapterState
-    from trainers.ranker import load_checkpoint
+    from schemas.delta import AdapterState
+    from trainers.models.ranker import load_checkpoint
 
     _, version = load_checkpoint(s.model_dir / "ranker")
     snap6 = codec.decode(
         AdapterDelta, __import__("redis").Redis.from_url(s.redis.url).get(f"{s.redis_prefix}adapter:splash")
     )
     assert isinstance(snap6, AdapterDelta) and snap6.seq == 6
-    from trainers.delta import apply_delta, empty_state
-    from trainers.lora import target_shapes
+    from schemas.delta import apply_delta, empty_state
+    from trainers.models.lora import target_shapes
 
     model, _ = load_checkpoint(s.model_dir / "ranker")
     shapes = target_shapes(model, s.lora.targets)

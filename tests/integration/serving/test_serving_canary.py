@@ -27,14 +27,14 @@ from helpers_serving import adapter_infos, make_delta
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import codec, topics
+from schemas.delta import AdapterState, empty_state, full_parts, select_parts
 from schemas.events import AdapterDelta, AdCreative, Click, Message
 from schemas.ids import impression_event_id
 from schemas.settings import Settings
 from serving.canary import auc, user_bucket
-from trainers.delta import AdapterState, empty_state, full_parts, select_parts
-from trainers.features import stable_bucket
-from trainers.lora import target_shapes
-from trainers.ranker import load_checkpoint
+from trainers.models.features import stable_bucket
+from trainers.models.lora import target_shapes
+from trainers.models.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka]

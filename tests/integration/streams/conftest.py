@@ -15,8 +15,8 @@ from schemas.settings import Settings
 @pytest.fixture
 def deployment(stack: Settings) -> Iterator[Settings]:
     """Settings with this test's own topics, Redis keys and ClickHouse database; cleaned after."""
-    from attribution.migrate import clickhouse_client
     from deploy.stack import create_topics
+    from schemas.clients import clickhouse_client
 
     tag = uuid.uuid4().hex[:6]
     base = stack.clickhouse.url.rsplit("/", 1)[0]

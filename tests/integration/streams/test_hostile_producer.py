@@ -21,8 +21,8 @@ import redis
 from streams_it import Worker, consume_all, wait_for
 from test_streams_worker import all_applied, end_offsets, simulate
 
-from attribution.migrate import clickhouse_client, database_name
 from schemas import topics
+from schemas.clients import clickhouse_client, clickhouse_database
 from schemas.codec import decode, encode, key_of, topic_of
 from schemas.events import Conversion, DeadLetter, Impression, Message
 from schemas.settings import Settings
@@ -99,7 +99,7 @@ def produce_all(s: Settings, records: list[tuple[str, bytes | None, bytes]]) -> 
 
 def stored_ids(s: Settings) -> dict[str, tuple[set[str], int]]:
     """Per table: the event ids read with FINAL, and the FINAL row count."""
-    c = clickhouse_client(s, database_name(s))
+    c = clickhouse_client(s, clickhouse_database(s))
     try:
         out = {}
         for table in TABLE.values():

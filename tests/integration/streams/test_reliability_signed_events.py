@@ -13,8 +13,8 @@ import redis
 from streams_it import Worker, consume_all, free_port, produce, scrape, wait_for
 from test_streams_worker import all_applied, end_offsets
 
-from attribution.migrate import clickhouse_client, database_name
 from schemas import topics
+from schemas.clients import clickhouse_client, clickhouse_database
 from schemas.codec import decode, encode, key_of, topic_of
 from schemas.events import Click, DeadLetter, Dwell, Impression, Message, TrainingExample
 from schemas.ids import impression_event_id
@@ -90,7 +90,7 @@ def test_forged_impressions_and_fabricated_clicks_are_dead_lettered(
         r = redis.Redis.from_url(s.redis.url)
         wait_for(lambda: all_applied(r, s, ends), 120, "every record applied", worker)
 
-        db = clickhouse_client(s, database_name(s))
+        db = clickhouse_client(s, clickhouse_database(s))
         try:
             final = db.execute(
                 "SELECT ad_id, campaign_id, price FROM impressions FINAL WHERE event_id = %(id)s", {"id": iid}

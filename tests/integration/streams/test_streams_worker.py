@@ -12,8 +12,8 @@ import pytest
 import redis
 from streams_it import Worker, consume_all, free_port, produce, scrape, wait_for
 
-from attribution.migrate import clickhouse_client, database_name
 from schemas import topics
+from schemas.clients import clickhouse_client, clickhouse_database
 from schemas.codec import decode, encode, key_of, topic_of
 from schemas.events import AdCreative, DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
@@ -111,7 +111,7 @@ def all_applied(r: redis.Redis, s: Settings, ends: dict[str, int]) -> bool:
 
 def ch_counts(s: Settings) -> dict[str, tuple[int, int, int]]:
     """Per table: rows read with FINAL, distinct event ids, raw rows."""
-    c = clickhouse_client(s, database_name(s))
+    c = clickhouse_client(s, clickhouse_database(s))
     try:
         out = {}
         for t in TABLE.values():

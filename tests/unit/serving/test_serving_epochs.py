@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import torch
 
+from schemas.delta import AdapterState, empty_state, full_parts, make_delta, new_epoch, select_parts
 from schemas.events import AdapterDelta
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
 from serving.hotswap import DeltaApplier
 from serving.ranking import RankModel
-from trainers.delta import AdapterState, empty_state, full_parts, make_delta, new_epoch, select_parts
-from trainers.ranker import Ranker, RankerConfig
+from trainers.models.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
     state_dim=8, emb_dim=4, ad_buckets=64, advertiser_buckets=16, campaign_buckets=32, category_buckets=8

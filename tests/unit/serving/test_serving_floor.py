@@ -15,7 +15,7 @@ from schemas.events import SLOTS
 from schemas.settings import Settings
 from serving.floor import ModelFloor
 from serving.ranking import RankModel
-from trainers.ranker import Ranker, RankerConfig, save_checkpoint
+from trainers.models.ranker import Ranker, RankerConfig, save_checkpoint
 
 
 def _settings(tmp_path: Path, k: int) -> Settings:

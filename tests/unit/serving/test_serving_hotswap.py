@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from schemas.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
 from schemas.settings import Settings
 from serving.hotswap import DeltaApplier
 from serving.ranking import RankModel
-from trainers.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
-from trainers.ranker import Ranker, RankerConfig
+from trainers.models.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
     state_dim=8,

@@ -16,7 +16,7 @@ from serving.catalog import Catalog
 from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.pipeline import AdPipeline, RequestContext, UserView, content_vectorizer
 from serving.ranking import RankModel
-from trainers.ranker import Ranker, RankerConfig
+from trainers.models.ranker import Ranker, RankerConfig
 
 DIM = 16
 TS = datetime(2026, 1, 1, 12, tzinfo=UTC)

@@ -16,8 +16,8 @@ from serving.catalog import Catalog
 from serving.index import ExactIndex
 from serving.pipeline import AdPipeline, RequestContext, UserView, content_vectorizer
 from serving.ranking import RankModel, build_input
-from trainers.features import featurize
-from trainers.ranker import Ranker, RankerConfig
+from trainers.models.features import featurize
+from trainers.models.ranker import Ranker, RankerConfig
 
 TS = datetime(2026, 1, 1, 12, tzinfo=UTC)
 CFG = RankerConfig(state_dim=16, emb_dim=4, deep_hidden=16)

@@ -15,7 +15,7 @@ from schemas.signing import check_event, click_token, event_key
 from serving.catalog import Catalog
 from serving.pipeline import AdPipeline, RequestContext, content_vectorizer
 from serving.ranking import RankModel
-from trainers.ranker import Ranker
+from trainers.models.ranker import Ranker
 
 KEY = "s" * 40
 

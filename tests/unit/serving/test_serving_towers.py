@@ -15,8 +15,8 @@ from serving.catalog import Catalog
 from serving.pipeline import AdPipeline, UserView
 from serving.ranking import RankModel
 from serving.towers import TowerSpace
-from trainers.ranker import Ranker, RankerConfig
-from trainers.two_tower import TwoTower, TwoTowerConfig, ad_ids, save_ad_index, save_two_tower
+from trainers.models.ranker import Ranker, RankerConfig
+from trainers.models.two_tower import TwoTower, TwoTowerConfig, ad_ids, save_ad_index, save_two_tower
 
 TS = datetime(2026, 1, 1, tzinfo=UTC)
 CFG = TwoTowerConfig(state_dim=16, out_dim=8, hidden=16, emb_dim=4, ad_buckets=256)

@@ -109,7 +109,7 @@ def test_a_format_1_record_is_still_read_and_a_non_finite_bias_is_refused() -> N
 
 
 def test_serving_adds_the_users_bias_of_each_candidates_category_to_its_logit() -> None:
-    from trainers.ranker import Ranker, RankerConfig
+    from trainers.models.ranker import Ranker, RankerConfig
 
     bias = np.asarray([0.0, 1.5, -2.0], dtype=np.float32)  # per category code
     cats = np.asarray([2, 0, 1, 1])

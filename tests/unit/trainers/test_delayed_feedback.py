@@ -10,11 +10,11 @@ from helpers_trainers import make_examples
 
 from schemas.events import TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
-from trainers.features import featurize
-from trainers.lora import AdapterBank
+from trainers.models.features import featurize
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import OnlineTrainer, click_loss
 from trainers.quality import rank_auc
-from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 
 CFG = RankerConfig(

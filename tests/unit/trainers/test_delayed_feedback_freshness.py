@@ -8,9 +8,9 @@ from helpers_trainers import make_examples
 from schemas import codec
 from schemas.events import AdapterDelta
 from schemas.settings import LoraSettings, OnlineSettings
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import OnlineTrainer
-from trainers.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
     state_dim=8, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8, deep_hidden=16

@@ -8,8 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from schemas.errors import AdapterError
-from trainers.delta import (
+from schemas.delta import (
     AdapterState,
     DeltaPart,
     SeqGapError,
@@ -22,6 +21,7 @@ from trainers.delta import (
     make_delta,
     select_parts,
 )
+from schemas.errors import AdapterError
 
 SHAPES = {"lin1": (10, 20), "lin2": (20, 2)}  # (in, out): the PEFT tiny model, Linear 10→20→2
 RANK = 4
@@ -220,7 +220,7 @@ def test_encode_delta_writes_the_bytes_safetensors_torch_writes() -> None:
     """The numpy path of `encode_delta` is the library's torch format byte for byte."""
     from safetensors.torch import save
 
-    from trainers.delta import FORMAT, DeltaPart, encode_delta
+    from schemas.delta import FORMAT, DeltaPart, encode_delta
 
     gen = torch.Generator().manual_seed(3)
     shapes = [("head", [0, 5], 155, 1), ("wide.category", [2], 256, 1), ("cross.0", [1, 3, 7], 38, 38)]

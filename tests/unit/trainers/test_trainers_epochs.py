@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from schemas import codec
-from schemas.errors import AdapterError
-from schemas.events import MAX_SEQ, AdapterDelta
-from trainers.delta import (
+from schemas.delta import (
     AdapterState,
     EpochChangeError,
     StaleDeltaError,
@@ -27,6 +25,8 @@ from trainers.delta import (
     select_parts,
     verify_delta,
 )
+from schemas.errors import AdapterError
+from schemas.events import MAX_SEQ, AdapterDelta
 from trainers.snapshots import parse_seq_record, seq_record
 
 SHAPES = {"lin1": (10, 20), "lin2": (20, 2)}  # the PEFT tiny model, Linear 10→20→2

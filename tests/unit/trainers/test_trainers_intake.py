@@ -11,9 +11,9 @@ from helpers_trainers import make_examples
 from schemas import codec
 from schemas.errors import SchemaError
 from schemas.events import TrainingExample
-from trainers.features import featurize
 from trainers.intake import ExampleDecoder, take_ready
-from trainers.ranker import RankerConfig
+from trainers.models.features import featurize
+from trainers.models.ranker import RankerConfig
 from trainers.reorder import DelayBuffer
 
 BASE = json.loads(codec.encode(make_examples(1, dim=4)[0]))

@@ -6,13 +6,13 @@ import pytest
 import torch
 from helpers_trainers import make_examples
 
+from schemas.delta import AdapterState, apply_delta, empty_state, full_parts, make_delta
 from schemas.errors import AdapterError, ConfigError
 from schemas.ids import adapter_id_for
 from schemas.settings import LoraSettings
-from trainers.delta import AdapterState, apply_delta, empty_state, full_parts, make_delta
-from trainers.features import featurize
-from trainers.lora import AdapterBank, target_modules
-from trainers.ranker import Ranker, RankerConfig
+from trainers.models.features import featurize
+from trainers.models.lora import AdapterBank, target_modules
+from trainers.models.ranker import Ranker, RankerConfig
 
 CFG = RankerConfig(
     state_dim=8, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8, deep_hidden=16

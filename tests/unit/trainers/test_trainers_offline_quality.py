@@ -11,8 +11,8 @@ from schemas.events import AdCreative, Click, Impression
 from schemas.settings import StateSettings
 from streams.state import AdInfo, UserState, apply_event
 from trainers.baseline import logistic_probs
-from trainers.features import RankerBatch, featurize
-from trainers.ranker import RankerConfig
+from trainers.models.features import RankerBatch, featurize
+from trainers.models.ranker import RankerConfig
 
 CFG = RankerConfig(
     state_dim=8, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8, deep_hidden=16

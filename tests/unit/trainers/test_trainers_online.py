@@ -9,12 +9,12 @@ import pytest
 import torch
 from helpers_trainers import make_examples
 
+from schemas.delta import apply_delta, decode_delta, empty_state
 from schemas.errors import ConfigError
 from schemas.settings import LoraSettings, OnlineSettings
-from trainers.delta import apply_delta, decode_delta, empty_state
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import OnlineTrainer, module_thresholds
-from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import impression_order, progressive_report, replay
 
 CFG = RankerConfig(
@@ -245,7 +245,7 @@ def test_learning_from_the_callers_features_equals_featurizing_in_the_step() -> 
     """`learn(features=featurize(examples))` (the service validates a batch by featurizing it)
     steps exactly as featurizing inside the step would, across buffered calls, several adapters
     and dwell label updates (which the step leaves out of the click loss)."""
-    from trainers.features import featurize
+    from trainers.models.features import featurize
 
     exs = make_examples(300, seed=5, adapters=("feed", "search"))
     exs = [e.model_copy(update={"label_kind": "dwell"}) if i % 7 == 3 else e for i, e in enumerate(exs)]

@@ -11,9 +11,9 @@ import pytest
 from helpers_trainers import make_examples
 
 from schemas.stats import auc
-from trainers.features import featurize
+from trainers.models.features import featurize
+from trainers.models.ranker import RankerConfig
 from trainers.quality import RollingMetrics, key_ids, logloss, rank_auc
-from trainers.ranker import RankerConfig
 
 
 @pytest.mark.parametrize("window", [1, 7, 64, 500])
@@ -95,7 +95,7 @@ def test_cached_auc_follows_every_change_of_the_window() -> None:
 def _reference_row(ex: object, cfg: RankerConfig) -> tuple[list[float], list[int]]:
     """One candidate by the module docstring's tables, written out row by row."""
     from schemas.events import SLOTS
-    from trainers.features import stable_bucket
+    from trainers.models.features import stable_bucket
 
     vec = [float(v) for v in list(ex.user_vector)[: cfg.state_dim]]  # type: ignore[attr-defined]
     vec += [0.0] * (cfg.state_dim - len(vec))

@@ -10,8 +10,8 @@ import torch
 from helpers_trainers import make_examples
 
 from schemas.errors import ConfigError, ModelError, SchemaError
-from trainers.features import RankerBatch, featurize, stable_bucket
-from trainers.ranker import Ranker, RankerConfig, load_checkpoint, save_checkpoint, weights_version
+from trainers.models.features import RankerBatch, featurize, stable_bucket
+from trainers.models.ranker import Ranker, RankerConfig, load_checkpoint, save_checkpoint, weights_version
 
 CFG = RankerConfig(
     state_dim=8, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8, deep_hidden=16

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers_trainers import make_examples
 
+from schemas.delta import AdapterState, full_parts, make_delta
 from schemas.errors import ConfigError
 from schemas.events import AdapterDelta
 from schemas.retry import Backoff
@@ -17,10 +18,9 @@ from schemas.settings import LoraSettings, OnlineSettings
 from serving.adapters import AdapterStack
 from serving.banked import target_layers
 from serving.hotswap import DeltaApplier
-from trainers.delta import AdapterState, full_parts, make_delta
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import OnlineTrainer
-from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 from trainers.snapshots import (
     ServeBound,

@@ -11,8 +11,7 @@ import torch
 from helpers_trainers import make_examples
 from safetensors.torch import save
 
-from schemas.settings import LoraSettings, OnlineSettings
-from trainers.delta import (
+from schemas.delta import (
     FORMAT,
     DeltaPart,
     change_norm,
@@ -23,10 +22,11 @@ from trainers.delta import (
     select_parts,
     verify_delta,
 )
-from trainers.features import featurize
-from trainers.lora import AdapterBank
+from schemas.settings import LoraSettings, OnlineSettings
+from trainers.models.features import featurize
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import OnlineTrainer, click_loss, module_thresholds
-from trainers.ranker import Ranker, RankerConfig
 
 
 def _window(rng: np.random.Generator, steps: int, modules: int, r: int, dtype: type) -> list[np.ndarray]:
@@ -174,7 +174,7 @@ def test_user_vectors_packed_as_doubles_equal_numpys_conversion() -> None:
     to numpy's own conversion or its error."""
     from itertools import chain
 
-    from trainers.features import _vectors
+    from trainers.models.features import _vectors
 
     rng = np.random.default_rng(0)
     vecs = [list(rng.normal(size=4) * 10.0 ** rng.integers(-40, 40)) for _ in range(50)]

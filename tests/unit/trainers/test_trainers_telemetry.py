@@ -8,9 +8,9 @@ from prometheus_client import REGISTRY
 
 from schemas.settings import LoraSettings, OnlineSettings
 from trainers import telemetry
-from trainers.lora import AdapterBank
+from trainers.models.lora import AdapterBank
+from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import OnlineTrainer
-from trainers.ranker import Ranker, RankerConfig
 from trainers.replay import replay
 
 CFG = RankerConfig(

@@ -9,8 +9,8 @@ from helpers_trainers import T0, make_examples
 
 from schemas.errors import ConfigError, ModelError
 from schemas.events import AdCreative
-from trainers.text import TEXT_DIM, TitleEncoder
-from trainers.two_tower import (
+from trainers.models.text import TEXT_DIM, TitleEncoder
+from trainers.models.two_tower import (
     TwoTowerConfig,
     build_ad_index,
     evaluate_two_tower,

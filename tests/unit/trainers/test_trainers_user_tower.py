@@ -14,11 +14,11 @@ from schemas.events import AdCreative, Click, Dwell, Impression, Message
 from schemas.settings import Settings
 from streams.in_memory import training_examples
 from tests.support.benchmarks import load_benchmark
-from trainers.features import featurize, stable_bucket
+from trainers.models.features import featurize, stable_bucket
+from trainers.models.ranker import Ranker, RankerConfig, load_checkpoint, save_checkpoint, weights_version
+from trainers.models.user_tower import UserSequences, build_sequences, dwell_bucket
 from trainers.offline import TrainSpec
-from trainers.ranker import Ranker, RankerConfig, load_checkpoint, save_checkpoint, weights_version
 from trainers.sequence_training import mean_gate, predict_with_sequences, train_tower_ranker
-from trainers.user_tower import UserSequences, build_sequences, dwell_bucket
 from workloads import Market, MarketConfig
 
 SMALL = dict(state_dim=4, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8)

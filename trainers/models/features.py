@@ -32,7 +32,7 @@ col    name          value
 `RankerBatch.label` is the click label (float32 0/1, shape [B]) when every input has `click`,
 else None.
 
->>> from trainers.ranker import RankerConfig
+>>> from trainers.models.ranker import RankerConfig
 >>> cfg = RankerConfig(state_dim=4)
 >>> class Ex:
 ...     user_vector = [0.5, 0.5, 0.0, 0.0]; intent_score = 1.5; recall_score = None
@@ -61,7 +61,7 @@ from schemas.errors import SchemaError
 from schemas.events import SLOTS, TrainingExample
 
 if TYPE_CHECKING:
-    from trainers.ranker import RankerConfig
+    from trainers.models.ranker import RankerConfig
 
 N_EXTRA_DENSE = 3
 ID_COLUMNS = ("ad", "advertiser", "campaign", "category", "slot", "position", "hour")

@@ -29,10 +29,10 @@ from torch.nn import functional as F
 
 from schemas.errors import ConfigError, ModelError
 from schemas.events import SLOTS, AdCreative, TrainingExample
-from trainers.features import stable_bucket
-from trainers.quality import auc
-from trainers.ranker import weights_version
-from trainers.text import TEXT_DIM, TitleEncoder
+from schemas.stats import auc
+from trainers.models.features import stable_bucket
+from trainers.models.ranker import weights_version
+from trainers.models.text import TEXT_DIM, TitleEncoder
 
 FORMAT = "adstream-two-tower"
 

@@ -1,6 +1,6 @@
 """The CTR ranker: a small DCN-v2 (cross network + deep tower) over user state and ad ids.
 
-Inputs are a `trainers.features.RankerBatch` (see that module for the column spec); build one
+Inputs are a `trainers.models.features.RankerBatch` (see that module for the column spec); build one
 with `featurize(examples, config)`. `Ranker.forward(dense, ids)` returns click logits [B];
 `Ranker.score(batch)` returns probabilities.
 
@@ -15,7 +15,7 @@ Layers (names matter: LoRA adapters target them through `settings.lora.targets`)
 - `wide.<column>` (`wide=True`): a scalar bias per id value added to the logit (the
   "LR on one-hot ids" part, which learns item/position effects from few clicks).
 - `tower.*` (`user_tower="gru"` or `"pool"`, off by default): a sequence user tower
-  (`trainers.user_tower`), once per request; its fused user vector (`state_dim` wide) joins x0
+  (`trainers.models.user_tower`), once per request; its fused user vector (`state_dim` wide) joins x0
   after the dense features, and `forward` then needs the requests' `UserSequences`. Off, the
   model is the one above, parameter for parameter.
 
@@ -42,8 +42,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from schemas.errors import ConfigError, ModelError
-from trainers.features import ID_COLUMNS, N_EXTRA_DENSE, RankerBatch
-from trainers.user_tower import UserSequences, UserTower
+from trainers.models.features import ID_COLUMNS, N_EXTRA_DENSE, RankerBatch
+from trainers.models.user_tower import UserSequences, UserTower
 
 FORMAT: Final = "adstream-ranker"
 FORMAT_VERSION: Final = 2  # 2: `wide` part (version-1 checkpoints load with wide=False)
@@ -76,7 +76,7 @@ class RankerConfig:
     cross_layers: int = 2
     deep_hidden: int = 64
     wide: bool = True
-    # the sequence user tower (trainers.user_tower): "none" (off), "gru" or "pool". Off by default
+    # the sequence user tower (trainers.models.user_tower): "none" (off), "gru" or "pool". Off by default
     # because it did not pay: at the simulator defaults, reporting seeds 0-2, +0.0003 (gru, K 16)
     # and +0.0004 (pool, K 128) holdout AUC over the decayed state alone, for 2-3x the rank time
     # (benchmarks/results/offline_quality_user_tower.json)

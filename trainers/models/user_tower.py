@@ -27,7 +27,7 @@ Everything here is per request, not per candidate: `UserSequences` holds one row
 contract event stream with no leakage: only impressions strictly before the request, a click or
 dwell only once its own event has arrived (never the request's own outcome).
 
->>> from trainers.ranker import RankerConfig
+>>> from trainers.models.ranker import RankerConfig
 >>> cfg = RankerConfig(state_dim=4, user_tower="gru", tower_seq_len=3, tower_hidden=5)
 >>> seqs = UserSequences.empty(2, cfg.tower_seq_len)
 >>> seqs.ad.shape, int(seqs.length.sum())
@@ -50,10 +50,10 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from schemas.errors import SchemaError
 from schemas.events import AdCreative, Click, Dwell, Impression, Message
-from trainers.features import stable_bucket
+from trainers.models.features import stable_bucket
 
 if TYPE_CHECKING:
-    from trainers.ranker import RankerConfig
+    from trainers.models.ranker import RankerConfig
 
 DWELL_EDGES_MS: Final = (2_000, 10_000, 30_000)  # bucket 1 … 4 (0: no dwell known yet)
 N_DWELL: Final = len(DWELL_EDGES_MS) + 2

@@ -15,7 +15,7 @@ The listed directions' values **replace** the current ones; unlisted ones are ke
 snapshot (`AdapterDelta.snapshot=True`) lists every direction of every module.
 
 Adapter state (`AdapterState.tensors`): `{"<m>.lora_A": [r, in], "<m>.lora_B": [out, r]}`,
-the layout of `trainers.lora.AdapterBank.get_state`. A replica with no state starts from
+the layout of `trainers.models.lora.AdapterBank.get_state`. A replica with no state starts from
 `empty_state(...)` (all zeros: the same scores as the base model) at `seq = -1`.
 
 `AdapterDelta.norm`: for an incremental delta, the L2 norm of the change it makes to A and B

@@ -22,7 +22,7 @@ the embedding targets.
   adapter).
 - `bank.get_state(id)` / `bank.set_state(id, tensors)` move an adapter's weights as a plain
   dict `{"<module>.lora_A": [r, in], "<module>.lora_B": [out, r]}` (float32) — the layout
-  `trainers.delta` encodes; the effective weight of a module is `W + (alpha / r) · B @ A`
+  `schemas.delta` encodes; the effective weight of a module is `W + (alpha / r) · B @ A`
   (for an embedding, in = num_embeddings, out = dim and the table is `W + (alpha / r) · (B @ A)ᵀ`).
 
 Adapter ids are `schemas.ids.adapter_id_for` (what streams writes into TrainingExamples):
@@ -45,8 +45,8 @@ from torch.nn import functional as F
 
 from schemas.errors import AdapterError, ConfigError
 from schemas.settings import LoraSettings
-from trainers.features import ID_COLUMNS, RankerBatch
-from trainers.ranker import Ranker, additive_in_logit
+from trainers.models.features import ID_COLUMNS, RankerBatch
+from trainers.models.ranker import Ranker, additive_in_logit
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _PLACEHOLDER = "placeholder"  # PEFT needs one adapter at construction; it stays at B = 0
