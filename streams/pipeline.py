@@ -43,13 +43,14 @@ from typing import Any
 
 from schemas import topics
 from schemas.codec import encode, encoder, key_of, model_for_topic
+from schemas.decode import BatchDecoder
 from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from schemas.signing import event_key
 from streams import metrics as m
 from streams.delivery import TABLE_TOPIC, SendMany, produce_all, refused_letter, retrying, write_rows
-from streams.ingest import FastDecoder, Invalid, ahead_of_record, unvouched, validate
+from streams.ingest import Invalid, ahead_of_record, unvouched, validate
 from streams.merge import Item, PartitionMerge
 from streams.processor import AdVectors, Processor
 from streams.sink import EventSink, empty_rows, row_of
@@ -133,7 +134,7 @@ class Pipeline:
         self.prefix = settings.topic_prefix
         self.inputs = tuple(topics.topic_name(t, self.prefix) for t in INPUTS)
         self.base_of = {topics.topic_name(t, self.prefix): t for t in INPUTS}
-        self.fast_of = {name: FastDecoder(model_for_topic(base)) for name, base in self.base_of.items()}
+        self.decoder_of = {name: BatchDecoder(model_for_topic(base)) for name, base in self.base_of.items()}
         self.dlq_topic = topics.topic_name(topics.DLQ, self.prefix)
         self.examples_topic = topics.topic_name(topics.TRAINING_EXAMPLES, self.prefix)
         # impressions only replicas signed, clicks and dwells echoing a served ad's token (M10)
@@ -176,13 +177,10 @@ class Pipeline:
         """Take consumed records; release what the merge allows; commit when a batch is due."""
         async with self.lock:
             self._check()
-            missing: dict[int, set[str]] = {}
             skipped = []
             seen: Counter[str] = Counter()
-            # nothing reaches the merge before every user it touches is loaded (a Redis error
-            # here is retried; were it to escape, the merge would be as before this call)
-            staged: list[tuple[_Part, Item]] = []
             latest: dict[tuple[int, str], int] = {}  # offsets staged in this call
+            fresh: list[tuple[_Part, RawRecord, str]] = []  # records to judge, in order
             now = time.time()
             for rec in records:
                 base = self.base_of.get(rec.topic)
@@ -205,22 +203,14 @@ class Pipeline:
                     part.redelivered.append((rec.topic, rec.offset, rec.handle))
                     continue
                 latest[key] = rec.offset
-                result = self._judge(base, rec, now)
-                if isinstance(result, Invalid):
-                    m.INVALID.labels(base, result.reason).inc()
-                    self.counts[f"invalid:{result.reason}"] += 1
-                    bad = Item(rec.topic, rec.offset, None, 0.0, rec.handle, result.dead_letter)
-                    staged.append((part, bad))
-                    continue
-                event, ts = result
-                staged.append((part, Item(rec.topic, rec.offset, event, ts, rec.handle, raw=rec.value)))
-                uid = getattr(event, "user_id", None)
-                if uid is not None and uid not in part.proc.states:
-                    missing.setdefault(rec.partition, set()).add(uid)
+                fresh.append((part, rec, base))
+            staged, missing = self._stage(fresh, now)
             for base, n in seen.items():
                 m.EVENTS_IN.labels(base).inc(n)
             if skipped:
                 self.ack(skipped)
+            # nothing reaches the merge before every user it touches is loaded (a Redis error
+            # here is retried; were it to escape, the merge would be as before this call)
             for p, uids in missing.items():
                 await self._load_users(self.parts[p], uids)
             for part, item in staged:
@@ -229,22 +219,60 @@ class Pipeline:
             if self._due():
                 await self._commit()
 
-    def _judge(self, base: str, rec: RawRecord, now: float) -> tuple[Message, float] | Invalid:
+    def _stage(
+        self, fresh: list[tuple[_Part, RawRecord, str]], now: float
+    ) -> tuple[list[tuple[_Part, Item]], dict[int, set[str]]]:
+        """The merge items of a fetch's new records (judged as a batch), and per partition the
+        users they touch that are not loaded yet."""
+        staged: list[tuple[_Part, Item]] = []
+        missing: dict[int, set[str]] = {}
+        for (part, rec, base), result in zip(fresh, self._judge_all(fresh, now), strict=True):
+            if isinstance(result, Invalid):
+                m.INVALID.labels(base, result.reason).inc()
+                self.counts[f"invalid:{result.reason}"] += 1
+                staged.append((part, Item(rec.topic, rec.offset, None, 0.0, rec.handle, result.dead_letter)))
+                continue
+            event, ts = result
+            staged.append((part, Item(rec.topic, rec.offset, event, ts, rec.handle, raw=rec.value)))
+            uid = getattr(event, "user_id", None)
+            if uid is not None and uid not in part.proc.states:
+                missing.setdefault(rec.partition, set()).add(uid)
+        return staged, missing
+
+    def _judge_all(
+        self, records: list[tuple[_Part, RawRecord, str]], now: float
+    ) -> list[tuple[Message, float] | Invalid]:
+        """`_judge` of a fetch: each input topic's records decoded as one batch."""
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for i, (_, rec, _) in enumerate(records):
+            by_topic[rec.topic].append(i)
+        decoded: list[Message | None] = [None] * len(records)
+        for topic, rows in by_topic.items():
+            events = self.decoder_of[topic].fast([records[i][1].value for i in rows])
+            for i, event in zip(rows, events, strict=True):
+                decoded[i] = event
+        return [
+            self._judge(base, rec, now, event) for (_, rec, base), event in zip(records, decoded, strict=True)
+        ]
+
+    def _judge(
+        self, base: str, rec: RawRecord, now: float, fast: Message | None = None
+    ) -> tuple[Message, float] | Invalid:
         """The record's event and its time (epoch seconds), or its dead letter (contract
         violation, far-future time, an impression no replica signed, a click without its token).
 
+        `fast` is the event the batch decoder's fast path made of it (None: the contract decides).
         `now` is the wall clock when the feed began: a record whose Kafka timestamp is no later
         and whose event time is within the skew of it passes `ahead_of_record` whatever the
         clock says now (it is only later), so only the others ask it."""
-        # the common case, fast; anything else is decided by `validate`, which dead-letters it
-        fast = self.fast_of[rec.topic].decode_ts(rec.value)
-        if fast is None:
+        if fast is None:  # anything unusual is decided by `validate`, which dead-letters it
             result = validate(base, rec.topic, rec.partition, rec.offset, rec.value, rec.timestamp_ms)
             if isinstance(result, Invalid):
                 return result
-            event, ts = result, result.ts.timestamp()
+            event = result
         else:
-            event, ts = fast
+            event = fast
+        ts = event.ts.timestamp()
         written = rec.timestamp_ms / 1000
         if not (0 < written <= now and ts <= written + self.max_skew_s):
             late = ahead_of_record(

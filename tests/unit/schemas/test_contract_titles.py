@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas.codec import decode, encode
+from schemas.decode import BatchDecoder
 from schemas.errors import SchemaError
 from schemas.events import AdCreative
-from streams.ingest import FastDecoder
 
 TS = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -33,7 +33,7 @@ def test_titles_refuse_control_and_bidi_characters(bad: str) -> None:
     raw = _ad_json(bad)
     with pytest.raises(SchemaError, match="title"):
         decode(AdCreative, raw)
-    assert FastDecoder(AdCreative).decode(raw) is None
+    assert BatchDecoder(AdCreative).fast([raw]) == [None]
 
 
 @pytest.mark.parametrize("ok", ["Red shoes -40%", "用户 最爱", "café crème", "👩‍👩‍👧 family pack", "a'b\"c"])

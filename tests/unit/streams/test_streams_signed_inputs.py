@@ -6,15 +6,16 @@ from streams_helpers import click, impression
 
 from schemas import topics
 from schemas.codec import encode
+from schemas.decode import BatchDecoder
 from schemas.events import Click, Impression
 from schemas.signing import seal
-from streams.ingest import FastDecoder, Invalid, unvouched, validate
+from streams.ingest import Invalid, unvouched, validate
 
 KEY = b"w" * 32
 
 
 def _judged(model: type, topic: str, value: bytes, fast: bool) -> Invalid | None:
-    event = FastDecoder(model).decode(value) if fast else validate(topic, topic, 0, 7, value, 0)
+    event = BatchDecoder(model).fast([value])[0] if fast else validate(topic, topic, 0, 7, value, 0)
     assert event is not None and not isinstance(event, Invalid)
     return unvouched(event, topic, 0, 7, value, 0, KEY)
 

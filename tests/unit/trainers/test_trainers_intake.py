@@ -149,7 +149,7 @@ def test_hostile_records_are_refused_by_the_contract_too() -> None:
 def test_plain_records_take_the_fast_path_and_a_batch_mixes_both() -> None:
     decoder = ExampleDecoder()
     plain = [codec.encode(e) for e in make_examples(50, dim=8)]
-    assert all(decoder._fast(v) is not None for v in plain)
+    assert all(e is not None for e in decoder.fast(plain))
     batch = [plain[0], HOSTILE[26], plain[1], HOSTILE[3], VALID[9], plain[2]]  # a bad vector among good
     got = decoder.decode(batch)
     assert [isinstance(g, TrainingExample) for g in got] == [True, False, True, False, True, True]
