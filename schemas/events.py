@@ -169,6 +169,10 @@ class Impression(UserEvent):
     pctr: Probability | None = None
     model_version: Version | None = None
     adapter_version: Version | None = None
+    # the creative variant shown (`AdCreative.variants`, chosen by `serving.variants`) and the
+    # probability it was chosen with, for off-policy evaluation of another selection policy
+    variant_id: Ident | None = None
+    variant_propensity: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     # the serving replica's HMAC over the other fields (`schemas.signing`); the streams worker
     # dead-letters impressions without a valid one (`streams.verify_impressions`)
     sig: Signature | None = None

@@ -129,7 +129,17 @@ def impression_bytes(imp: Impression, ts: float | None = None) -> bytes:
         f"|{ts!r}|{d['position']}|{float(d['price'])!r}"
         f"|{'-' if pctr is None else repr(float(pctr))}"
         f"|{'-' if mv is None else f'{len(mv)}:{mv}'}|{'-' if av is None else f'{len(av)}:{av}'}"
+        # the variant fields only when set: impressions without them keep their v1 bytes
+        + _variant_suffix(d.get("variant_id"), d.get("variant_propensity"))
     ).encode()
+
+
+def _variant_suffix(variant_id: str | None, propensity: float | None) -> str:
+    """The served variant and its selection probability in an impression's canonical bytes."""
+    if variant_id is None and propensity is None:
+        return ""
+    vid = "-" if variant_id is None else f"{len(variant_id)}:{variant_id}"
+    return f"|variant|{vid}|{'-' if propensity is None else repr(float(propensity))}"
 
 
 def impression_sig(imp: Impression, key: bytes, ts: float | None = None) -> str:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from schemas.errors import ConfigError
-from schemas.events import SLOTS
+from schemas.events import MAX_VARIANTS, SLOTS
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -102,6 +102,14 @@ class MarketConfig:
     trend_delta: float = 2.0
     new_ads_at: float | None = 0.5
     n_new_ads: int = 20
+    # -- creative variants (`workloads.variants`): each ad gets `n_variants` (0: none, as before);
+    # a variant's effect on the click logit is the lift of its emphasis in the user's segment
+    # (normal, sd `variant_effect_sd`) plus its own part (sd `variant_own_sd`); the open loop
+    # shows a uniformly random variant and records it with its propensity
+    n_variants: int = 0
+    n_segments: int = 4
+    variant_effect_sd: float = 0.8
+    variant_own_sd: float = 0.2
     # -- logging policy (open loop) --------------------------------------------------------
     policy: str = "random"  # random | popularity | epsilon
     epsilon: float = 0.1
@@ -113,6 +121,7 @@ class MarketConfig:
         self._check_drift()
         self._check_slots()
         self._check_policy()
+        self._check_variants()
 
     def _check_sizes(self) -> None:
         for name in ("n_users", "n_ads", "n_categories", "n_advertisers", "campaigns_per_advertiser"):
@@ -174,6 +183,16 @@ class MarketConfig:
             _fail("policy", self.policy, "must be random, popularity or epsilon")
         if not 0 <= self.epsilon <= 1:
             _fail("epsilon", self.epsilon, "must be in [0, 1]")
+
+    def _check_variants(self) -> None:
+        if not 0 <= self.n_variants <= MAX_VARIANTS:
+            _fail("n_variants", self.n_variants, f"must be in [0, {MAX_VARIANTS}]")
+        if self.n_segments < 1:
+            _fail("n_segments", self.n_segments, "must be >= 1")
+        for name in ("variant_effect_sd", "variant_own_sd"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                _fail(name, value, "must be a finite number >= 0")
 
     @property
     def prefix(self) -> str:

@@ -52,6 +52,13 @@ from workloads.config import MarketConfig, resolve_at
 from workloads.entities import Event, Request, UnknownEntityError, index_of
 from workloads.policy import make_policy
 from workloads.summary import Summary, summarize
+from workloads.variants import (
+    VariantWorld,
+    build_variant_world,
+    state_vectors,
+    variant_creatives,
+    variant_index,
+)
 from workloads.world import build_world
 
 __all__ = ["Event", "Market", "Request", "UnknownEntityError"]
@@ -66,6 +73,12 @@ class Market:
         # own, so its impressions are signed and its clicks carry their tokens, as served ones do
         self.signing_key = signing_key
         self.world = build_world(cfg)
+        self.variants: VariantWorld | None = None
+        if cfg.n_variants:
+            self.variants = build_variant_world(
+                cfg.seed, self.world.interests, len(self.world.ads.ad_ids), cfg.n_variants,
+                cfg.n_segments, cfg.variant_effect_sd, cfg.variant_own_sd,
+            )  # fmt: skip
         traffic, response = np.random.SeedSequence([cfg.seed, 1]).spawn(2)
         self._traffic = np.random.default_rng(traffic)
         self._resp = np.random.default_rng(response)
@@ -142,6 +155,7 @@ class Market:
             bid=float(a.bid[ad]),
             daily_budget=float(a.daily_budget[ad]),
             active=True,
+            variants=() if self.variants is None else variant_creatives(self.variants, ad, a.titles[ad]),
         )
 
     def ad_vector(self, ad_id: str, dim: int) -> list[float]:
@@ -156,11 +170,20 @@ class Market:
         return [self.creative(i) for i in range(n)]
 
     # -- truth ---------------------------------------------------------------------------
-    def _pctr(self, user: int, ad: int, slot: str, position: int, frozen: bool = False) -> float:
+    def _pctr(
+        self, user: int, ad: int, slot: str, position: int, frozen: bool = False, variant: int | None = None
+    ) -> float:
+        logit = self._logit(user, ad, slot, position, frozen)
+        if variant is not None and self.variants is not None:
+            logit += float(self.variants.effects(np.array([user]), np.array([ad]))[0, variant])
+        return truth.sigmoid(logit)
+
+    def _logit(self, user: int, ad: int, slot: str, position: int, frozen: bool = False) -> float:
+        """The true click logit of a user-ad pair without a variant's effect."""
         cfg, a = self.config, self.world.ads
         pos = self._pos_bias[min(position, len(self._pos_bias) - 1)]
         interest = self.world.interests if frozen else self._interest
-        logit = truth.click_logit(
+        return truth.click_logit(
             float(interest[user, int(a.category[ad])]),
             interest_scale=cfg.interest_scale,
             ad_quality=float(a.quality[ad]),
@@ -169,7 +192,6 @@ class Market:
             position_bias=float(pos),
             bias=cfg.bias,
         )
-        return truth.sigmoid(logit)
 
     def population_pctr(self, ad_id: str, slot: str, position: int) -> float:
         """The click probability of `ad_id` here for a user of average taste (the population's
@@ -190,11 +212,40 @@ class Market:
         )
         return truth.sigmoid(logit)
 
-    def true_pctr(self, user_id: str, ad_id: str, slot: str, position: int) -> float:
-        """The true click probability of showing `ad_id` to `user_id` now (after any drift)."""
+    def true_pctr(
+        self, user_id: str, ad_id: str, slot: str, position: int, variant_id: str | None = None
+    ) -> float:
+        """The true click probability of showing `ad_id` (its variant `variant_id`, when the
+        market has variants) to `user_id` now (after any drift)."""
         user = index_of(user_id, "u", self.config.n_users, "user")
         ad = index_of(ad_id, "ad", len(self.world.ads.ad_ids), "ad")
-        return self._pctr(user, ad, slot, position)
+        return self._pctr(user, ad, slot, position, variant=self._variant(variant_id))
+
+    def _variant(self, variant_id: str | None) -> int | None:
+        if variant_id is None:
+            return None
+        n = self.config.n_variants
+        v = variant_index(variant_id, n)
+        if v is None:
+            raise UnknownEntityError(f"variant {variant_id!r} is not one of this market's {n} variants (v0…)")
+        return v
+
+    def true_variant_pctrs(self, users: np.ndarray, ads: np.ndarray, slot: str, position: int) -> np.ndarray:
+        """The true click probability of every variant, (len(users), n_variants), for user-ad
+        index pairs now: the truth of a variant-selection policy (its regret, its value)."""
+        if self.variants is None:
+            raise AdstreamError("this market has no variants (MarketConfig.n_variants = 0)")
+        base = np.array(
+            [self._logit(int(u), int(a), slot, position) for u, a in zip(users, ads, strict=True)]
+        )
+        z = base[:, None] + self.variants.effects(users, ads)
+        out: np.ndarray = 1.0 / (1.0 + np.exp(-z))
+        return out
+
+    def user_states(self, dim: int) -> np.ndarray:
+        """Every user's state vector (n_users, dim) as the streams worker comes to hold it
+        (`workloads.variants.state_vectors`, from the tastes before any drift)."""
+        return state_vectors(self.world.interests, self.world.categories, dim)
 
     def oracle_pctr(self, impression: Impression | str) -> float:
         """The true click probability an emitted (or responded-to) impression had when shown."""
@@ -355,7 +406,8 @@ class Market:
         ad's (`ServedAd.click_token`). Records the impression's oracle pCTR."""
         user = index_of(impression.user_id, "u", self.config.n_users, "user")
         ad = index_of(impression.ad_id, "ad", len(self.world.ads.ad_ids), "ad")
-        p = self._pctr(user, ad, impression.slot, impression.position)
+        variant = self._variant(impression.variant_id)
+        p = self._pctr(user, ad, impression.slot, impression.position, variant=variant)
         self._foreign_oracle[impression.event_id] = p
         _, out = self._outcomes(impression, user, ad, p, click_token)
         for m in out:
@@ -375,7 +427,8 @@ class Market:
             yield creative
         heap: list[tuple[int, int, Event]] = []
         seq = 0
-        model_version = f"logging-{self.config.policy}"
+        cfg = self.config
+        model_version = f"logging-{cfg.policy}"
         key = self.signing_key
         while self.n_impressions < n_impressions:
             req = self.next_request()
@@ -390,13 +443,17 @@ class Market:
                 if pos:  # change points fall on their exact impression index
                     yield from self._advance(t)
                 ad = int(ad)
-                p = self._pctr(req.user, ad, req.slot, pos)
+                # variants: a uniformly random one, recorded with its propensity (off-policy logs)
+                variant = int(self._traffic.integers(cfg.n_variants)) if cfg.n_variants else None
+                p = self._pctr(req.user, ad, req.slot, pos, variant=variant)
                 imp = Impression(
                     event_id=self._event_id(p), ts=req.ts, user_id=req.user_id,
                     request_id=f"{self.config.prefix}r{self._requests - 1:09d}",
                     ad_id=self.world.ads.ad_ids[ad], campaign_id=self.campaign_id(ad),
                     advertiser_id=self.advertiser_id(ad), slot=req.slot, position=pos,
                     price=round(float(self.world.ads.bid[ad]) * 0.8, 4), model_version=model_version,
+                    variant_id=None if variant is None else f"v{variant}",
+                    variant_propensity=None if variant is None else 1.0 / cfg.n_variants,
                 )  # fmt: skip
                 token = None
                 if key is not None:

@@ -52,6 +52,7 @@ TAMPERED = [
         ("request_id", "req-2"), ("ad_id", "ad8"), ("campaign_id", "c8"), ("advertiser_id", "v8"),
         ("slot", "search"), ("position", 1), ("price", 0.8126), ("pctr", None), ("pctr", 0.5),
         ("model_version", None), ("model_version", "ranker-v4"), ("adapter_version", None),
+        ("variant_id", "zh-h0b1c0"), ("variant_propensity", 0.25),
 ]  # fmt: skip
 
 
