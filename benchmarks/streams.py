@@ -260,7 +260,8 @@ def core_floor(
     row (`row_of`), and its examples encoded as the commit encodes them. The rate is events per
     second of this process's CPU time: what any engine built on this core can reach at most on
     one core, whatever its client does."""
-    from streams.pipeline import _EXAMPLE_JSON, Pipeline, RawRecord
+    from schemas.codec import example_json
+    from streams.pipeline import Pipeline, RawRecord
     from streams.processor import Processor
     from streams.runtime import GC_GEN0
     from streams.sink import row_of
@@ -300,7 +301,7 @@ def core_floor(
             row_of(event, 0, rec.offset, ts)
             t3 = clock()
             for e in out:
-                _EXAMPLE_JSON(e)
+                example_json(e)
             t4 = clock()
             examples += len(out)
             stages["state + join"] += t2 - t1
@@ -449,7 +450,7 @@ OURS = ("streams", "schemas", "attribution", "deploy", "workloads")
 # frame prefixes (str.startswith takes a tuple) of our main steps, for their inclusive share
 STEPS: dict[str, str | tuple[str, ...]] = {
     "validate (pydantic decode + dead letters)": (
-        "FastDecoder.decode_ts (streams/ingest.py",
+        "BatchDecoder.fast (schemas/decode.py",
         "validate (streams/ingest.py",
         "BaseModel.model_validate_json (pydantic/main.py",
     ),

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+import msgspec
 from pydantic import BaseModel, ValidationError
 
 from schemas import topics
 from schemas.errors import SchemaError
 from schemas.events import (
+    MAX_FEATURE,
     AdapterDelta,
     AdCreative,
     Click,
@@ -135,3 +137,17 @@ def encoder(model: type[BaseModel]) -> Callable[[BaseModel], bytes]:
     without `model_dump_json`'s str and its encoding: for a worker encoding thousands at once)."""
     to_json: Callable[[BaseModel], bytes] = model.__pydantic_serializer__.to_json
     return to_json
+
+
+_JSON: Final = msgspec.json.Encoder()
+# msgspec and pydantic write a float the same way (shortest round-trip text) below 1e16; from
+# there pydantic writes `1e+16`, msgspec `1e16`. Every float of a TrainingExample is within
+# ±MAX_FEATURE (features, the vector) or [0, 1] (the served pCTR) by the contract.
+assert MAX_FEATURE < 1e16
+
+
+def example_json(example: TrainingExample) -> bytes:
+    """`encode(example)`: the same bytes (tests hold it, at the bounds too) at half the cost, for
+    a worker encoding one example per impression (fields in declaration order, as pydantic)."""
+    out: bytes = _JSON.encode(example.__dict__)
+    return out

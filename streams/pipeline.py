@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import topics
-from schemas.codec import encode, encoder, key_of, model_for_topic
+from schemas.codec import encode, example_json, key_of, model_for_topic
 from schemas.decode import BatchDecoder
 from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
@@ -59,7 +59,6 @@ from streams.store import Commit, RedisStateStore
 
 log = logging.getLogger(__name__)
 
-_EXAMPLE_JSON = encoder(TrainingExample)  # `encode` of a TrainingExample
 INPUTS: tuple[str, ...] = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
 
 __all__ = ["INPUTS", "Pipeline", "RawRecord", "retrying"]
@@ -438,7 +437,7 @@ class Pipeline:
             commit.stream_ts[p] = join.stream_ts
         messages = [(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
         # keyed by adapter_id, as `key_of` keys them (the contract's key of the topic)
-        topic, to_json = self.examples_topic, _EXAMPLE_JSON
+        topic, to_json = self.examples_topic, example_json
         messages += [(topic, e.adapter_id.encode(), to_json(e)) for e in b.examples]
         await self._settle()
         self._inflight = asyncio.create_task(self._finish(b, commit, messages))

@@ -53,7 +53,7 @@ def _chdb() -> Any:
 
 class ChdbClient:
     """What ClickHouseSink needs of clickhouse-driver's Client (`execute` of an INSERT … VALUES
-    with rows), run by chDB with the rows as JSONEachRow."""
+    with rows, or with columns when `columnar`), run by chDB with the rows as JSONEachRow."""
 
     INSERT = re.compile(r"INSERT INTO (\w+) \((.*)\) VALUES")
 
@@ -69,7 +69,9 @@ class ChdbClient:
         for c in constraints:
             self.sess.query(c)
 
-    def execute(self, sql: str, rows: list[tuple[Any, ...]], **_: Any) -> None:
+    def execute(self, sql: str, rows: list[tuple[Any, ...]], *, columnar: bool = False, **_: Any) -> None:
+        if columnar:
+            rows = list(zip(*rows, strict=True))
         found = self.INSERT.match(sql)
         assert found, sql
         table, cols = found.group(1), [c.strip() for c in found.group(2).split(",")]

@@ -213,3 +213,26 @@ def test_an_added_optional_field_is_read_and_its_default_kept() -> None:
     got = decoder.fast([plain, armed])
     assert got == [Wider.model_validate_json(plain), Wider.model_validate_json(armed)]
     assert got[0] is not None and got[0].model_fields_set == Wider.model_validate_json(plain).model_fields_set
+
+
+def test_the_examples_json_is_pydantics_at_the_contracts_bounds() -> None:
+    """`schemas.codec.example_json` (msgspec) writes the bytes `encode` (pydantic) writes, for
+    every float the contract lets a TrainingExample carry and text with control characters."""
+    from schemas.codec import example_json
+
+    base = TrainingExample.model_validate_json(
+        json.dumps(
+            {
+                "event_id": "te-1", "ts": "2026-01-01T00:00:00.5+02:00", "adapter_id": "feed",
+                "impression_id": "i1", "impression_ts": "2026-01-01T00:00:00Z", "user_id": "u1",
+                "ad_id": "a1", "campaign_id": "c1", "advertiser_id": "v1", "category": "shoes",
+                "slot": "feed", "position": 3, "hour": 0, "user_vector": [], "intent_score": 0.0,
+                "click": False, "model_version": "m\x01\n\u2028é\"\\",
+            }
+        )
+    )  # fmt: skip
+    floats = [0.0, -0.0, 1e6, -1e6, 999999.9999999999, 1e-7, 5e-324, 0.1, 1 / 3, 123456.789, 1e-300, 2.5e-5]
+    for x in floats:
+        ex = base.model_copy(update={"user_vector": floats, "intent_score": x, "recall_score": -x})
+        assert example_json(ex) == encode(ex)
+    assert example_json(base) == encode(base)
