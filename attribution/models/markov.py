@@ -35,22 +35,28 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import spsolve
 
-from attribution.paths import Paths
+from attribution.paths import AttributionInputError, Paths
 
 START, CONV, NULL = -3, -1, -2
 SMOOTHING = 0.1  # additive smoothing of held-out transition probabilities
+DIRECT_MAX = 5_000  # chains up to this many states fall back to a direct solve early
 Removal = Literal["redistribute", "null"]
 REMOVALS: tuple[str, ...] = ("redistribute", "null")
 
 
 @dataclass(frozen=True)
 class Transitions:
-    """Aggregated (src, dst) state-code transitions with weights."""
+    """Aggregated (src, dst) transitions between dense state ids, with weights."""
 
     src: np.ndarray
     dst: np.ndarray
     weight: np.ndarray
-    base: int  # codes are base-`base` digits (channel index + 1), 0 = before the journey
+    state_channels: np.ndarray  # (states, order): a state's channels, oldest first; -1 before the journey
+
+    @property
+    def last(self) -> np.ndarray:
+        """The channel each state ends in (the one whose removal takes the state out)."""
+        return np.asarray(self.state_channels[:, -1])
 
 
 def _collapsed(paths: Paths) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +83,7 @@ class Chain:
     slot_path: np.ndarray
     slot_kind: np.ndarray  # 0: weighted by the path's journeys, 1: by its conversions, 2: by nulls
     src_state: np.ndarray  # per distinct transition: index of its source among the distinct sources
-    base: int
+    state_channels: np.ndarray  # (states, order) per dense state id, oldest channel first, -1: none
 
     def weights(self, conversions: np.ndarray, nulls: np.ndarray) -> np.ndarray:
         """Weight of every distinct transition for per-path counts."""
@@ -86,21 +92,56 @@ class Chain:
         return np.bincount(self.inv, weights=w, minlength=self.src.shape[0])
 
 
+def _dense(key: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ids 0..n-1 of int64 keys (in key order) and n."""
+    uniq, inv = np.unique(key, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64), int(uniq.shape[0])
+
+
+def _pair(a: np.ndarray, n_a: int, b: np.ndarray, n_b: int, what: str) -> tuple[np.ndarray, int]:
+    """Dense ids of the pairs (a, b) with a < n_a, b < n_b: keys a·n_b + b, refused (never wrapped)
+    when n_a·n_b does not fit in int64."""
+    if n_a * n_b > np.iinfo(np.int64).max:  # Python ints: exact
+        raise AttributionInputError(
+            f"markov: {n_a:,} × {n_b:,} {what} do not fit a 64-bit key; use a lower order or fewer channels"
+        )
+    return _dense(a * np.int64(n_b) + b)
+
+
+def state_ids(ch: np.ndarray, pos: np.ndarray, order: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each touch's order-`order` state as a dense id, and each id's channels (oldest first, −1
+    before the journey's start).
+
+    A state is a tuple of up to `order` channels; it is numbered one channel at a time (the id of
+    the tuple so far paired with the next channel, re-densified), so every key stays below
+    touches × (channels + 1) whatever the channel count and order: no base**order code.
+    """
+    n_ch = int(ch.max()) + 2 if ch.shape[0] else 1  # channel + 1, 0 = before the journey
+    ids, n_ids = _dense(ch + 1)
+    cols = [ch]
+    for m in range(1, order):
+        prev = np.full(ch.shape[0], -1, dtype=np.int64)
+        prev[m:] = ch[:-m]
+        prev = np.where(pos >= m, prev, -1)
+        cols.append(prev)
+        ids, n_ids = _pair(ids, n_ids, prev + 1, n_ch, "states")
+    _, first = np.unique(ids, return_index=True)
+    table = np.stack(cols[::-1], axis=1)[first] if ch.shape[0] else np.zeros((0, order), np.int64)
+    return ids, table
+
+
 def chain(paths: Paths, order: int) -> Chain:
     """The structure of the order-`order` chain of `paths` (consecutive repeats merged)."""
+    if order < 1:
+        raise AttributionInputError(f"markov order {order} must be at least 1")
     ch, pid = _collapsed(paths)
-    base = len(paths.channels) + 1
     n = ch.shape[0]
     first = np.ones(n, dtype=bool)
     first[1:] = pid[1:] != pid[:-1]
     last = np.ones(n, dtype=bool)
     last[:-1] = pid[1:] != pid[:-1]
     pos = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    code = ch + 1
-    for m in range(1, order):
-        prev = np.zeros(n, dtype=np.int64)
-        prev[m:] = ch[:-m] + 1
-        code = code + np.where(pos >= m, prev, 0) * base**m
+    code, table = state_ids(ch, pos, order)
     nxt = np.roll(code, -1)
     n_first, n_last = int(first.sum()), int(last.sum())
     src = np.concatenate([np.full(n_first, START), code[~last], code[last], code[last]])
@@ -113,11 +154,14 @@ def chain(paths: Paths, order: int) -> Chain:
             np.full(n_last, 2, np.int8),
         ]
     )
-    mult = np.int64(base**3 + 8)
-    uniq, inv = np.unique((src + 3) * mult + (dst + 3), return_inverse=True)
-    usrc, udst = uniq // mult - 3, uniq % mult - 3
+    # START, CONV, NULL are −3…−1: shifted by 3 every id is in [0, states + 3)
+    span = table.shape[0] + 3
+    inv, _ = _pair(src + 3, span, dst + 3, span, "transitions")
+    at = np.zeros(int(inv.max()) + 1 if inv.shape[0] else 0, dtype=np.int64)
+    at[inv] = np.arange(inv.shape[0])
+    usrc, udst = src[at], dst[at]
     _, src_state = np.unique(usrc, return_inverse=True)
-    return Chain(usrc, udst, inv, slot_path, slot_kind, src_state, base)
+    return Chain(usrc, udst, inv, slot_path, slot_kind, src_state.reshape(-1), table)
 
 
 def transitions(
@@ -127,7 +171,7 @@ def transitions(
     c = structure or chain(paths, order)
     w = c.weights(conversions, nulls)
     keep = w > 0
-    return Transitions(c.src[keep], c.dst[keep], w[keep], c.base)
+    return Transitions(c.src[keep], c.dst[keep], w[keep], c.state_channels)
 
 
 @dataclass(frozen=True)
@@ -139,7 +183,7 @@ class Absorbing:
     r: np.ndarray
     start_w: np.ndarray
     start_i: np.ndarray
-    base: int
+    last: np.ndarray  # per state: the channel it ends in
 
     @classmethod
     def of(cls, t: Transitions) -> Absorbing:
@@ -155,7 +199,7 @@ class Absorbing:
         ci = np.searchsorted(states, t.src[conv])
         r = np.bincount(ci, weights=t.weight[conv] / out[ci], minlength=n)
         st = t.src == START
-        return cls(states, q, r, t.weight[st], np.searchsorted(states, t.dst[st]), t.base)
+        return cls(states, q, r, t.weight[st], np.searchsorted(states, t.dst[st]), t.last[states])
 
     def probability(
         self, removed: int | None = None, start: np.ndarray | None = None, removal: Removal = "null"
@@ -166,7 +210,7 @@ class Absorbing:
             x = solve_absorbing(self.q, self.r, start=start)
             weights, firsts = self.start_w, self.start_i
         else:
-            keep = (self.states % self.base) != removed + 1
+            keep = self.last != removed
             if removal == "null":
                 x = solve_absorbing(self.q, self.r, keep=keep, start=start)
                 weights, firsts = self.start_w, self.start_i
@@ -201,13 +245,17 @@ def solve_absorbing(
     (x = 0); float weights also rescale each kept state's row (a renormalised chain).
 
     The iteration is the Neumann series of (I − DQ)⁻¹ and converges geometrically (every state
-    reaches absorption); it is iterated to a change below `tol`, i.e. to the exact solution in
-    floating point, without LU fill-in (a direct sparse LU of an order-3 chain over 15
-    channels takes seconds). `start` is a first guess (e.g. the solution without removal).
-    A direct solve is the fallback if it has not converged.
+    reaches absorption); it is
+    iterated to a change below `tol`, i.e. to the exact solution in floating point, without LU
+    fill-in (a direct sparse LU of an order-3 chain over 15 channels takes seconds). `start` is
+    a first guess (e.g. the solution without removal). A direct solve is the fallback if it has
+    not converged (after 50 iterations on a chain of at most `DIRECT_MAX` states, where loops
+    that journeys rarely leave mix slowly and an LU takes milliseconds).
     """
     mask = np.ones(r.shape[0]) if keep is None else keep.astype(float)
     x = (r if start is None else start) * mask
+    if r.shape[0] <= DIRECT_MAX:  # a small chain's LU takes milliseconds: do not wait on slow mixing
+        max_iter = min(max_iter, 50)
     for _ in range(max_iter):
         nxt = mask * (r + q @ x)
         if np.max(np.abs(nxt - x)) <= tol * max(1.0, float(np.max(np.abs(nxt)))):
