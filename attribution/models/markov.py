@@ -28,12 +28,14 @@ split of each path's counts, seeded) unless given.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.linalg import spsolve
+from scipy.sparse.csgraph import breadth_first_order
+from scipy.sparse.linalg import MatrixRankWarning, spsolve
 
 from attribution.paths import AttributionInputError, Paths
 
@@ -220,11 +222,38 @@ class Absorbing:
                 # transition went into c has nowhere to go: NULL)
                 into = self.q @ (~keep).astype(float)
                 scale = np.where(keep & (into < 1 - 1e-12), 1.0 / np.maximum(1 - into, 1e-12), 0.0)
+                scale[never_ends(self.q, keep, scale)] = 0.0
                 x = solve_absorbing(self.q, self.r, keep=scale, start=start)
                 entered = keep[self.start_i]
                 weights, firsts = self.start_w[entered], self.start_i[entered]
         total = weights.sum()
         return (float((weights * x[firsts]).sum() / total) if total > 0 else 0.0), x
+
+
+def never_ends(q: sp.csr_matrix, keep: np.ndarray, scale: np.ndarray, tol: float = 1e-12) -> np.ndarray:
+    """The states of a renormalised chain (`scale` > 0 on its live rows, transitions only into
+    `keep`) from which no journey ends: they only lead to each other (a closed class).
+
+    Without c, journeys that went on only through c may loop among the other states for ever
+    (feed ⇄ search when every journey ended after splash): such a class makes I − Q singular,
+    and its journeys never convert, so they go to NULL (x = 0). Every other state reaches
+    CONV or NULL, and the solve is well-posed.
+    """
+    live = scale > 0
+    stay = (q @ (keep & live).astype(float)) * scale
+    ends = live & (stay < 1 - tol)  # some of its mass leaves: to CONV, NULL, or a NULL row
+    ends |= keep & ~live  # a state with nowhere else to go is itself NULL: an end
+    if not np.any(live & ~ends):  # the common case, one product
+        return np.zeros(q.shape[0], dtype=bool)
+    # the states that reach an end: breadth-first from a sink over reversed transitions
+    n = q.shape[0]
+    coo = (sp.diags(live.astype(float)) @ q @ sp.diags((keep & live).astype(float))).tocoo()
+    rows = np.concatenate([coo.col[coo.data > 0], np.full(int(ends.sum()), n)])
+    cols = np.concatenate([coo.row[coo.data > 0], np.flatnonzero(ends)])
+    graph = sp.csr_matrix((np.ones(rows.shape[0]), (rows, cols)), shape=(n + 1, n + 1))
+    reached = np.zeros(n + 1, dtype=bool)
+    reached[breadth_first_order(graph, n, directed=True, return_predecessors=False)] = True
+    return np.asarray(live & ~reached[:n])
 
 
 def conversion_probability(t: Transitions, removed: int | None = None, removal: Removal = "null") -> float:
@@ -244,13 +273,14 @@ def solve_absorbing(
     fixed point of x = D(r + Qx). A boolean `keep` absorbs the states outside it into NULL
     (x = 0); float weights also rescale each kept state's row (a renormalised chain).
 
-    The iteration is the Neumann series of (I − DQ)⁻¹ and converges geometrically (every state
-    reaches absorption); it is
+    The iteration is the Neumann series of (I − DQ)⁻¹ and converges geometrically when every
+    state reaches absorption (callers take closed classes out first: `never_ends`); it is
     iterated to a change below `tol`, i.e. to the exact solution in floating point, without LU
     fill-in (a direct sparse LU of an order-3 chain over 15 channels takes seconds). `start` is
     a first guess (e.g. the solution without removal). A direct solve is the fallback if it has
     not converged (after 50 iterations on a chain of at most `DIRECT_MAX` states, where loops
-    that journeys rarely leave mix slowly and an LU takes milliseconds).
+    that journeys rarely leave mix slowly and an LU takes milliseconds); a singular system is
+    an `AttributionInputError`, never a warning and NaNs.
     """
     mask = np.ones(r.shape[0]) if keep is None else keep.astype(float)
     x = (r if start is None else start) * mask
@@ -263,7 +293,18 @@ def solve_absorbing(
         x = nxt
     n = q.shape[0]
     dq = sp.diags(mask) @ q
-    return np.atleast_1d(spsolve((sp.identity(n, format="csc") - dq).tocsc(), mask * r))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MatrixRankWarning)
+        try:
+            x = np.atleast_1d(spsolve((sp.identity(n, format="csc") - dq).tocsc(), mask * r))
+        except MatrixRankWarning:
+            x = np.full(n, np.nan)
+    if not np.all(np.isfinite(x)):
+        raise AttributionInputError(
+            f"markov: the absorbing chain over {n:,} states has no solution (some states never reach "
+            f"CONV or NULL); not converged after {max_iter:,} iterations"
+        )
+    return np.asarray(x, dtype=np.float64)
 
 
 def removal_effects(t: Transitions, n_channels: int, removal: Removal = "null") -> tuple[float, np.ndarray]:
