@@ -1,0 +1,324 @@
+"""Per-arm business metrics of the live A/B (learning, correction-only, control), with intervals.
+
+Users are the unit of randomisation (the arm is a stable hash of the user), so every interval
+treats users as the independent draws: the input is one row per user of an arm, with that
+user's requests, impressions, clicks and revenue (the price of clicked impressions) over the
+range. Each metric is a ratio of sums over the arm's users:
+
+- CTR = Σ clicks / Σ impressions, clicks per request = Σ clicks / Σ requests, revenue per
+  request = Σ revenue / Σ requests; impressions are the arm's total.
+
+Intervals (95 % by default) come from either
+- `bootstrap` (default): the arm's users resampled with replacement (vectorised over `n_boot`
+  resamples, seeded), percentile interval; a resample whose denominator is 0 is left out; or
+- `delta`: the linearised ratio, var(R) ≈ var(y − R·x) / (n · x̄²), normal interval.
+
+A relative lift of arm A over arm B is R_A / R_B − 1 with arms resampled independently
+(bootstrap) or the delta method on log R (var = var(R_A)/R_A² + var(R_B)/R_B²), so the interval
+stays above −1 and is asymmetric as a ratio's is. An arm without users or a zero denominator
+(no impressions, no requests, a baseline whose metric is 0) is an `EstimationError` naming the
+arm and the metric, never a division by zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from attribution.ope import Estimate, EstimationError, z_value
+
+Array = NDArray[np.float64]
+Method = Literal["bootstrap", "delta"]
+
+# ratio metrics: (numerator column, denominator column)
+RATIOS: dict[str, tuple[str, str]] = {
+    "ctr": ("clicks", "impressions"),
+    "clicks_per_request": ("clicks", "requests"),
+    "revenue_per_request": ("revenue", "requests"),
+}
+METRICS = ("impressions", *RATIOS)
+COLUMNS = ("requests", "impressions", "clicks", "revenue")
+DEFAULT_PAIRS = (("learning", "control"), ("learning", "correction"))
+# bound on the elements of one resample block (users × resamples): keeps memory flat
+_BLOCK = 2_000_000
+
+
+@dataclass(frozen=True)
+class ArmData:
+    """One arm's per-user aggregates over a range: arrays with one entry per user."""
+
+    arm: str
+    requests: Array
+    impressions: Array
+    clicks: Array
+    revenue: Array
+
+    @classmethod
+    def of(
+        cls,
+        arm: str,
+        requests: ArrayLike,
+        impressions: ArrayLike,
+        clicks: ArrayLike,
+        revenue: ArrayLike,
+    ) -> ArmData:
+        """Checked arrays: one-dimensional, equal lengths, finite, non-negative, clicks ≤ impressions."""
+        cols = {}
+        for name, values in zip(COLUMNS, (requests, impressions, clicks, revenue), strict=True):
+            arr = np.asarray(values, dtype=np.float64)
+            if arr.ndim != 1:
+                raise EstimationError(f"arm {arm!r}: {name} must be one-dimensional, got shape {arr.shape}")
+            bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+            if bad.size:
+                raise EstimationError(
+                    f"arm {arm!r}: {name}[{bad[0]}] = {float(arr[bad[0]])!r} is not a finite count ≥ 0"
+                )
+            cols[name] = arr
+        lengths = {name: a.shape[0] for name, a in cols.items()}
+        if len(set(lengths.values())) != 1:
+            raise EstimationError(f"arm {arm!r}: columns differ in length {lengths}")
+        over = np.flatnonzero(cols["clicks"] > cols["impressions"])
+        if over.size:
+            raise EstimationError(f"arm {arm!r}: user {over[0]} has more clicks than impressions")
+        return cls(arm, cols["requests"], cols["impressions"], cols["clicks"], cols["revenue"])
+
+    @property
+    def users(self) -> int:
+        return int(self.requests.shape[0])
+
+    def column(self, name: str) -> Array:
+        arr: Array = getattr(self, name)
+        return arr
+
+    def matrix(self) -> Array:
+        """Users × (requests, impressions, clicks, revenue)."""
+        return np.column_stack([self.column(c) for c in COLUMNS])
+
+
+@dataclass(frozen=True)
+class ArmMetrics:
+    """One arm's metrics, each an `Estimate` (n = the arm's users)."""
+
+    arm: str
+    users: int
+    requests: int
+    impressions: Estimate
+    ctr: Estimate
+    clicks_per_request: Estimate
+    revenue_per_request: Estimate
+
+    def metric(self, name: str) -> Estimate:
+        est: Estimate = getattr(self, name)
+        return est
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"arm": self.arm, "users": self.users, "requests": self.requests}
+        out.update({m: self.metric(m).as_dict() for m in METRICS})
+        return out
+
+
+@dataclass(frozen=True)
+class Lift:
+    """The relative lift of `arm` over `baseline` in one metric (0.05 = 5 % higher)."""
+
+    arm: str
+    baseline: str
+    metric: str
+    estimate: Estimate
+
+    def as_dict(self) -> dict[str, object]:
+        return {"arm": self.arm, "baseline": self.baseline, "metric": self.metric, **self.estimate.as_dict()}
+
+
+@dataclass(frozen=True)
+class ABReport:
+    """Every arm's metrics and the lifts asked for, with how the intervals were made."""
+
+    arms: dict[str, ArmMetrics]
+    lifts: list[Lift]
+    method: Method
+    alpha: float
+    n_boot: int = 0
+    seed: int = 0
+    skipped_pairs: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "method": self.method, "alpha": self.alpha, "n_boot": self.n_boot, "seed": self.seed,
+            "arms": {name: m.as_dict() for name, m in self.arms.items()},
+            "lifts": [lift.as_dict() for lift in self.lifts],
+            "skipped_pairs": self.skipped_pairs,
+        }  # fmt: skip
+
+
+def _require_users(data: ArmData) -> None:
+    if data.users == 0:
+        raise EstimationError(f"arm {data.arm!r} has no traffic (no users) in the range")
+
+
+def ratio(data: ArmData, metric: str) -> float:
+    """The point value of a ratio metric (Σ numerator / Σ denominator over the arm's users)."""
+    _require_users(data)
+    num, den = RATIOS[metric]
+    total = float(data.column(den).sum())
+    if total == 0.0:
+        raise EstimationError(f"arm {data.arm!r}: {metric} is undefined, the arm has no {den}")
+    return float(data.column(num).sum()) / total
+
+
+def _delta_var(data: ArmData, metric: str) -> float:
+    """Delta-method variance of a ratio of sums over i.i.d. users (0 with a single user)."""
+    num, den = RATIOS[metric]
+    r = ratio(data, metric)
+    x, y = data.column(den), data.column(num)
+    n = data.users
+    if n < 2:
+        return math.inf
+    return float((y - r * x).var(ddof=1)) / (n * float(x.mean()) ** 2)
+
+
+def _resample_sums(matrix: Array, n_boot: int, rng: np.random.Generator) -> Array:
+    """n_boot × columns: column sums of resamples of the rows with replacement (in blocks)."""
+    n = matrix.shape[0]
+    out = np.empty((n_boot, matrix.shape[1]))
+    step = max(1, _BLOCK // max(n, 1))
+    for start in range(0, n_boot, step):
+        stop = min(n_boot, start + step)
+        idx = rng.integers(0, n, size=(stop - start, n))
+        out[start:stop] = matrix[idx].sum(axis=1)
+    return out
+
+
+def _boot_values(sums: Array, metric: str) -> Array:
+    """Per-resample value of a metric from resampled column sums (NaN where a denominator is 0)."""
+    if metric == "impressions":
+        return sums[:, COLUMNS.index("impressions")]
+    num, den = RATIOS[metric]
+    d = sums[:, COLUMNS.index(den)]
+    out = np.full(d.shape, np.nan)
+    np.divide(sums[:, COLUMNS.index(num)], d, out=out, where=d > 0)
+    return out
+
+
+def _percentiles(values: Array, point: float, n: int, alpha: float, what: str) -> Estimate:
+    ok = values[np.isfinite(values)]
+    if ok.size == 0:
+        raise EstimationError(f"{what}: no bootstrap resample has a defined value")
+    lo, hi = np.quantile(ok, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return Estimate(point, float(lo), float(hi), n)
+
+
+def arm_metrics(
+    data: ArmData,
+    method: Method = "bootstrap",
+    *,
+    alpha: float = 0.05,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> ArmMetrics:
+    """Impressions, CTR, clicks and revenue per request of one arm, each with its interval.
+
+    >>> d = ArmData.of("control", requests=[2, 2], impressions=[4, 6], clicks=[1, 0], revenue=[0.5, 0])
+    >>> m = arm_metrics(d, "delta")
+    >>> m.ctr.value, m.clicks_per_request.value, m.revenue_per_request.value, m.impressions.value
+    (0.1, 0.25, 0.125, 10.0)
+    """
+    _require_users(data)
+    points = {metric: ratio(data, metric) for metric in RATIOS}
+    n = data.users
+    total_imps = float(data.impressions.sum())
+    out: dict[str, Estimate] = {}
+    if method == "delta":
+        z = z_value(alpha)
+        sd = float(data.impressions.std(ddof=1)) * math.sqrt(n) if n > 1 else math.inf
+        out["impressions"] = Estimate(total_imps, total_imps - z * sd, total_imps + z * sd, n)
+        for metric, value in points.items():
+            half = z * math.sqrt(_delta_var(data, metric))
+            out[metric] = Estimate(value, value - half, value + half, n)
+    elif method == "bootstrap":
+        sums = _resample_sums(data.matrix(), n_boot, np.random.default_rng(seed))
+        for metric, value in {"impressions": total_imps, **points}.items():
+            what = f"arm {data.arm!r}: {metric}"
+            out[metric] = _percentiles(_boot_values(sums, metric), value, n, alpha, what)
+    else:
+        raise EstimationError(f"interval method {method!r} is not one of bootstrap, delta")
+    return ArmMetrics(data.arm, n, int(data.requests.sum()), **out)
+
+
+def lift(
+    arm: ArmData,
+    baseline: ArmData,
+    metric: str,
+    method: Method = "bootstrap",
+    *,
+    alpha: float = 0.05,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> Lift:
+    """The relative lift of `arm` over `baseline` in a ratio metric, with its interval.
+
+    >>> a = ArmData.of("learning", [1, 1], [10, 10], [2, 2], [1, 1])
+    >>> b = ArmData.of("control", [1, 1], [10, 10], [1, 1], [1, 1])
+    >>> round(lift(a, b, "ctr", "delta").estimate.value, 12)
+    1.0
+    """
+    if metric not in RATIOS:
+        raise EstimationError(f"lift of {metric!r}: choose a ratio metric ({', '.join(RATIOS)})")
+    r_a, r_b = ratio(arm, metric), ratio(baseline, metric)
+    if r_b == 0.0:
+        raise EstimationError(
+            f"lift over arm {baseline.arm!r} is undefined: its {metric} is 0 (no clicks or revenue)"
+        )
+    point = r_a / r_b - 1.0
+    n = arm.users + baseline.users
+    if method == "delta":
+        if r_a == 0.0:  # no log scale: the linear delta method, var(R_A) / R_B²
+            half = z_value(alpha) * math.sqrt(_delta_var(arm, metric)) / r_b
+            return Lift(arm.arm, baseline.arm, metric, Estimate(point, point - half, point + half, n))
+        se = math.sqrt(_delta_var(arm, metric) / r_a**2 + _delta_var(baseline, metric) / r_b**2)
+        half = z_value(alpha) * se
+        log_ratio = math.log(r_a / r_b)
+        est = Estimate(point, math.exp(log_ratio - half) - 1.0, math.exp(log_ratio + half) - 1.0, n)
+        return Lift(arm.arm, baseline.arm, metric, est)
+    if method != "bootstrap":
+        raise EstimationError(f"interval method {method!r} is not one of bootstrap, delta")
+    rng_a, rng_b = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    va = _boot_values(_resample_sums(arm.matrix(), n_boot, rng_a), metric)
+    vb = _boot_values(_resample_sums(baseline.matrix(), n_boot, rng_b), metric)
+    rel = np.full(va.shape, np.nan)
+    np.divide(va, vb, out=rel, where=np.isfinite(vb) & (vb > 0))
+    what = f"lift of arm {arm.arm!r} over {baseline.arm!r} in {metric}"
+    return Lift(arm.arm, baseline.arm, metric, _percentiles(rel - 1.0, point, n, alpha, what))
+
+
+def compare(
+    arms: Mapping[str, ArmData],
+    pairs: Sequence[tuple[str, str]] = DEFAULT_PAIRS,
+    method: Method = "bootstrap",
+    *,
+    alpha: float = 0.05,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> ABReport:
+    """Every arm's metrics and each pair's lifts in every ratio metric.
+
+    Every arm given must have traffic (the error names the one that has none); a pair that names
+    an arm not given at all is skipped and listed in `skipped_pairs` (an arm switched off).
+    """
+    metrics = {
+        name: arm_metrics(data, method, alpha=alpha, n_boot=n_boot, seed=seed) for name, data in arms.items()
+    }
+    lifts: list[Lift] = []
+    skipped: list[str] = []
+    for a, b in pairs:
+        if a not in arms or b not in arms:
+            skipped.append(f"{a} vs {b}: arm {(b if a in arms else a)!r} has no rows in the range")
+            continue
+        for metric in RATIOS:
+            lifts.append(lift(arms[a], arms[b], metric, method, alpha=alpha, n_boot=n_boot, seed=seed))
+    return ABReport(metrics, lifts, method, alpha, n_boot if method == "bootstrap" else 0, seed, skipped)
