@@ -296,15 +296,17 @@ class Paths:
         """Only the paths with at least one conversion."""
         return self.select(self.conversions > 0)
 
+    def touched(self) -> Paths:
+        """Only the paths with at least one touch (an empty path is a conversion or journey no
+        touchpoint preceded: no channel can be credited with it)."""
+        return self if bool(np.all(self.lengths > 0)) else self.select(self.lengths > 0)
+
     def select(self, mask: np.ndarray) -> Paths:
         idx = np.flatnonzero(mask)
         lengths = self.lengths[idx]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        touch = (
-            np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in idx])
-            if idx.size
-            else (np.zeros(0, dtype=np.int64))
-        )
+        # each kept touch: its path's old start plus its position in the path (empty paths: none)
+        touch = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(int(offsets[-1]))
         return Paths(
             self.channels, offsets, self.channel[touch], self.kind[touch], self.age_s[touch],
             self.conversions[idx], self.value[idx], self.nulls[idx],

@@ -3,9 +3,10 @@
 Models: first_click, last_click, last_non_view, linear, position_based, time_decay,
 simplified_shapley (linear over distinct channels), markov (order 1–3, removal effect,
 analytic), shapley (per journey, exact up to a cap, sampled above). Every model's credits sum
-to the converting paths' conversions and value; with `bootstrap > 0` the journeys are
-resampled (Poisson bootstrap of each distinct path's counts, seeded) and the 2.5/97.5 %
-percentiles of each channel's credit are the CI.
+to the converting paths' conversions and value (an empty path's, a conversion no touchpoint
+preceded, are reported in `meta["unattributed_conversions"]`, never credited); with
+`bootstrap > 0` the journeys are resampled (Poisson bootstrap of each distinct path's counts,
+seeded) and the 2.5/97.5 % percentiles of each channel's credit are the CI.
 """
 
 from __future__ import annotations
@@ -132,8 +133,20 @@ def attribute(name: str, paths: Paths, cfg: ModelConfig | None = None) -> Attrib
     """Run model `name` on `paths` (converting and null), with bootstrap CIs if configured."""
     check_model(name)
     cfg = cfg or ModelConfig()
+    # an empty path is a conversion (or journey) no touchpoint preceded: reported, never credited
+    empty = paths.lengths == 0
+    unattributed = {
+        "unattributed_conversions": float(paths.conversions[empty].sum()),
+        "unattributed_value": float(paths.value[empty].sum()),
+    }
+    paths = paths.touched()
     if paths.n == 0 or paths.conversions.sum() <= 0:
-        raise AttributionInputError("no conversion paths in the selected range: nothing to attribute")
+        why = (
+            f" ({unattributed['unattributed_conversions']:g} conversions had no touchpoint)"
+            if unattributed["unattributed_conversions"] > 0
+            else ""
+        )
+        raise AttributionInputError(f"no conversion paths in the selected range{why}: nothing to attribute")
     run = MODELS[name]
     conv, value, meta = run(paths, cfg)
     lo = hi = vlo = vhi = np.full(len(paths.channels), np.nan)
@@ -161,5 +174,5 @@ def attribute(name: str, paths: Paths, cfg: ModelConfig | None = None) -> Attrib
             lo, hi = np.percentile(np.array(reps_c), [2.5, 97.5], axis=0)
             vlo, vhi = np.percentile(np.array(reps_v), [2.5, 97.5], axis=0)
         meta = {**meta, "bootstrap": len(reps_c)}
-    meta = {k: v for k, v in meta.items() if not k.startswith("_")}
+    meta = {**{k: v for k, v in meta.items() if not k.startswith("_")}, **unattributed}
     return AttributionResult(name, paths.channels, conv, value, lo, hi, vlo, vhi, meta)

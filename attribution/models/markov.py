@@ -375,4 +375,5 @@ def markov(
     total = effects.sum()
     share = effects / total if total > 0 else np.zeros_like(effects)
     meta = {"p_conversion": p, "removal_used": used}
-    return share * paths.conversions.sum(), share * paths.value.sum(), meta
+    touched = paths.lengths > 0  # an empty path is no journey through the chain: not credited
+    return share * paths.conversions[touched].sum(), share * paths.value[touched].sum(), meta

@@ -33,13 +33,19 @@ DENSE_MAX = 20  # up to this many channels v is tabulated over all 2^n coalition
 
 
 def channel_masks(paths: Paths) -> np.ndarray:
-    """Bitmask of each path's distinct channels (paths must be non-empty)."""
+    """Bitmask of each path's distinct channels (0 for an empty path)."""
     if len(paths.channels) > MAX_CHANNELS:
         raise AttributionInputError(
             f"shapley supports at most {MAX_CHANNELS} channels; these paths have {len(paths.channels)}"
         )
     bits = np.left_shift(np.uint64(1), paths.channel.astype(np.uint64))
-    return np.bitwise_or.reduceat(bits, paths.offsets[:-1]) if paths.n else np.zeros(0, np.uint64)
+    out = np.zeros(paths.n, np.uint64)
+    full = paths.lengths > 0
+    # reduceat over the non-empty paths' starts only: an empty segment would yield the next
+    # path's first touch (or index past the end when last)
+    if np.any(full):
+        out[full] = np.bitwise_or.reduceat(bits, paths.offsets[:-1][full])
+    return out
 
 
 class CoalitionValue:
@@ -176,7 +182,9 @@ def _sampled(mask: np.uint64, value: CoalitionValue, permutations: int, rng: np.
 
 def shapley(paths: Paths, exact_max: int, permutations: int, seed: int,
             prior_journeys: float = 5.0) -> tuple[np.ndarray, np.ndarray, dict[str, object]]:  # fmt: skip
-    """Credits (conversions, value) and meta (standard errors, how many sets were sampled)."""
+    """Credits (conversions, value) and meta (standard errors, how many sets were sampled).
+    Empty paths (no touchpoint) are no coalition's journeys: they are left out."""
+    paths = paths.touched()
     n_ch = len(paths.channels)
     masks = channel_masks(paths)
     sets, inv = np.unique(masks, return_inverse=True)

@@ -228,3 +228,47 @@ def test_dividend_shapley_equals_subset_enumeration(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(shapley_mod, "DENSE_MAX", 0)  # no table: enumerate each set's subsets
     enumerated, _, _ = shapley_mod.shapley(p, 12, 50, 0)
     assert dense == pytest.approx(enumerated, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("at", [0, 2, 5])
+def test_a_conversion_without_touchpoint_is_not_credited_to_any_channel(model: str, at: int) -> None:
+    # an empty path (a conversion no touch preceded) shifted its conversions onto the next path,
+    # was dropped by the rules but scaled into Markov's total, and made Shapley's reduceat read
+    # past the end (IndexError) when last. It is reported, as the path build reports direct
+    # conversions, and every channel's credit is that of the same paths without it
+    rng = np.random.default_rng(5)
+    names = ["a", "b", "c", "d"]
+    paths = [list(rng.choice(names, size=rng.integers(1, 4))) for _ in range(5)]
+    conv, value, nulls = [2.0, 1.0, 0.0, 3.0, 1.0], [20.0, 5.0, 0.0, 9.0, 4.0], [1.0, 2.0, 3.0, 0.0, 1.0]
+    cfg = ModelConfig(seed=1, markov_order=1, bootstrap=10)
+    want = attribute(model, paths_from_lists(paths, conv, value=value, nulls=nulls), cfg)
+    with_empty = paths_from_lists(
+        [*paths[:at], [], *paths[at:]], [*conv[:at], 4.0, *conv[at:]],
+        value=[*value[:at], 40.0, *value[at:]], nulls=[*nulls[:at], 2.0, *nulls[at:]],
+    )  # fmt: skip
+    got = attribute(model, with_empty, cfg)
+    assert got.channels == want.channels
+    assert got.conversions == pytest.approx(want.conversions)
+    assert got.value == pytest.approx(want.value)
+    assert got.meta["unattributed_conversions"] == 4.0 and got.meta["unattributed_value"] == 40.0
+
+
+def test_only_empty_paths_are_refused_by_name() -> None:
+    with pytest.raises(AttributionInputError, match="no touchpoint"):
+        attribute("linear", paths_from_lists([[], []], [1, 2]))
+
+
+def test_shapley_masks_skip_empty_segments() -> None:
+    p = paths_from_lists([["a"], [], ["b", "a"], []], [1, 1, 1, 1])
+    assert channel_masks(p).tolist() == [1, 0, 3, 0]
+
+
+def test_markov_and_shapley_called_directly_leave_empty_paths_out() -> None:
+    from attribution.models.markov import markov
+    from attribution.models.shapley import shapley
+
+    p = paths_from_lists([["a", "b"], [], ["b"]], [1, 5, 2], nulls=[1, 1, 1])
+    q = paths_from_lists([["a", "b"], ["b"]], [1, 2], nulls=[1, 1])
+    assert markov(p, 1)[0] == pytest.approx(markov(q, 1)[0]) and markov(p, 1)[0].sum() == pytest.approx(3)
+    assert shapley(p, 12, 10, 0)[0] == pytest.approx(shapley(q, 12, 10, 0)[0])
