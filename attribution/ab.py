@@ -304,11 +304,14 @@ def compare(
     alpha: float = 0.05,
     n_boot: int = 2000,
     seed: int = 0,
+    strict: bool = False,
 ) -> ABReport:
     """Every arm's metrics and each pair's lifts in every ratio metric.
 
-    Every arm given must have traffic (the error names the one that has none); a pair that names
-    an arm not given at all is skipped and listed in `skipped_pairs` (an arm switched off).
+    Every arm given must have traffic (the error names the one that has none). A pair whose arm
+    is not given at all (an arm switched off), or whose lift is undefined (a baseline without
+    clicks), is skipped and listed in `skipped_pairs` with the reason; with `strict` (pairs the
+    user asked for by name) it is an `EstimationError` instead.
     """
     metrics = {
         name: arm_metrics(data, method, alpha=alpha, n_boot=n_boot, seed=seed) for name, data in arms.items()
@@ -316,9 +319,15 @@ def compare(
     lifts: list[Lift] = []
     skipped: list[str] = []
     for a, b in pairs:
-        if a not in arms or b not in arms:
-            skipped.append(f"{a} vs {b}: arm {(b if a in arms else a)!r} has no rows in the range")
-            continue
-        for metric in RATIOS:
-            lifts.append(lift(arms[a], arms[b], metric, method, alpha=alpha, n_boot=n_boot, seed=seed))
+        try:
+            if a not in arms or b not in arms:
+                raise EstimationError(f"arm {(b if a in arms else a)!r} has no traffic in the range")
+            lifts.extend(
+                lift(arms[a], arms[b], metric, method, alpha=alpha, n_boot=n_boot, seed=seed)
+                for metric in RATIOS
+            )
+        except EstimationError as exc:
+            if strict:
+                raise EstimationError(f"{a} vs {b}: {exc}") from None
+            skipped.append(f"{a} vs {b}: {exc}")
     return ABReport(metrics, lifts, method, alpha, n_boot if method == "bootstrap" else 0, seed, skipped)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from deploy import (
+    cli_ab,
     cli_attribution,
     cli_bench,
     cli_creatives,
@@ -126,6 +127,7 @@ app.add_typer(cli_streams.app)
 app.add_typer(cli_trainers.app)
 app.add_typer(cli_serving.app)
 app.add_typer(cli_attribution.app, name="attribution")
+app.add_typer(cli_ab.app)  # `adstream ab`, `adstream evaluate`
 app.add_typer(cli_dashboard.app)
 app.add_typer(cli_demo.app)
 app.add_typer(cli_bench.app, name="bench")

@@ -92,7 +92,15 @@ def test_compare_lists_every_arm_and_pair() -> None:
     assert r.as_dict()["method"] == "delta"
     partial = compare({k: arms[k] for k in ("learning", "control")}, method="delta")
     assert len(partial.lifts) == 3 and partial.skipped_pairs == [
-        "learning vs correction: arm 'correction' has no rows in the range"
+        "learning vs correction: arm 'correction' has no traffic in the range"
+    ]
+    with pytest.raises(EstimationError, match="learning vs correction: arm 'correction' has no traffic"):
+        compare({k: arms[k] for k in ("learning", "control")}, method="delta", strict=True)
+    no_clicks = {**arms, "control": ArmData.of("control", [1], [5], [0], [0])}
+    r = compare(no_clicks, method="delta")
+    assert [x.baseline for x in r.lifts] == ["correction"] * 3
+    assert r.skipped_pairs == [
+        "learning vs control: lift over arm 'control' is undefined: its ctr is 0 (no clicks or revenue)"
     ]
 
 
