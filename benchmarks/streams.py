@@ -255,8 +255,8 @@ def core_floor(
 ) -> dict[str, Any]:
     """The worker's per-event core in this process, without Kafka, Redis or ClickHouse: each
     fetch (`streams.fetch_records` records) judged as the pipeline judges it (`Pipeline._judge_all`:
-    one batch decode, then clock skew and signature per record),
-    applied to user state and the label join (`Processor.on_event`), turned into its ClickHouse
+    one batch decode, then clock skew and signature per record), folded into user state and
+    the label join (`Processor.on_batch`), each event turned into its ClickHouse
     row (`row_of`), and its examples encoded as the commit encodes them. The rate is events per
     second of this process's CPU time: what any engine built on this core can reach at most on
     one core, whatever its client does."""
@@ -291,22 +291,24 @@ def core_floor(
         ]
         judged = pipe._judge_all(chunk, now)  # type: ignore[arg-type]  # no partition state needed
         stages["judge"] += clock() - t0
+        batch = []
         for (_, rec, _), verdict in zip(chunk, judged, strict=True):
             if not isinstance(verdict, tuple):
                 raise RuntimeError(f"the core refused a valid record at {rec.offset}: {verdict}")
-            event, ts = verdict
-            t1 = clock()
-            out = proc.on_event(event, rec.value, ts)
-            t2 = clock()
-            row_of(event, 0, rec.offset, ts)
-            t3 = clock()
-            for e in out:
-                example_json(e)
-            t4 = clock()
-            examples += len(out)
-            stages["state + join"] += t2 - t1
-            stages["row"] += t3 - t2
-            stages["encode examples"] += t4 - t3
+            batch.append((verdict[0], rec.value, verdict[1]))
+        t1 = clock()
+        out = proc.on_batch(batch)  # as `Pipeline._process` folds what the merge releases
+        t2 = clock()
+        for offset, (event, _, ts) in enumerate(batch, start):
+            row_of(event, 0, offset, ts)
+        t3 = clock()
+        for e in out:
+            example_json(e)
+        t4 = clock()
+        examples += len(out)
+        stages["state + join"] += t2 - t1
+        stages["row"] += t3 - t2
+        stages["encode examples"] += t4 - t3
     cpu_s = time.process_time() - cpu0
     gc.set_threshold(*saved)
     gc.unfreeze()

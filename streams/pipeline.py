@@ -359,14 +359,17 @@ class Pipeline:
             while more:
                 more = False
                 forced = part.merge.forced
+                room, items = self._room(), []
                 for item in part.merge.release(caught_up, self.inputs, time.monotonic()):
-                    self._process(p, part, item)
-                    if self._full():
-                        # keep batches bounded even when a long-blocked merge releases a backlog;
-                        # then ask the merge afresh (the broker may have answered meanwhile)
-                        await self._commit()
-                        more = True
+                    items.append(item)
+                    if len(items) >= room:
                         break
+                self._process(p, part, items)
+                if items and self._full():
+                    # keep batches bounded even when a long-blocked merge releases a backlog;
+                    # then ask the merge afresh (the broker may have answered meanwhile)
+                    await self._commit()
+                    more = True
                 if part.merge.forced != forced:
                     m.MERGE_FORCED.inc(part.merge.forced - forced)
                     log.warning(
@@ -377,25 +380,36 @@ class Pipeline:
                         part.merge.buffered(),
                     )  # fmt: skip
 
-    def _process(self, p: int, part: _Part, item: Item) -> None:
+    def _room(self) -> int:
+        """How many records the open batch takes before it is `_full` (at least one)."""
+        size = self.settings.sink.batch_size
+        limit = self.settings.streams.backlog * size if self._writing() else size
+        return max(1, limit - self.batch.count)
+
+    def _process(self, p: int, part: _Part, items: list[Item]) -> None:
+        """Released records into the open batch: rows, dead letters, and the events folded into
+        user state and the label join as one batch (`Processor.on_batch`)."""
+        if not items:
+            return
         b = self.batch
         if not b.count:
             b.started = time.monotonic()
-        b.count += 1
+        b.count += len(items)
         b.parts.add(p)
-        b.offsets[item.topic, p] = item.offset
-        part.applied[item.topic] = item.offset
-        b.handles.append(item.handle)
-        if item.event is None:
-            b.dead.append(item.dead)
-            return
-        event: Message = item.event
-        table, row = row_of(event, p, item.offset, item.ts)
-        b.rows[table].append(row)
-        b.raws[table].append(item.raw)
-        examples = part.proc.on_event(event, item.raw, item.ts)
-        if examples:
-            b.examples += examples
+        events: list[tuple[Message, bytes | None, float]] = []
+        for item in items:
+            b.offsets[item.topic, p] = item.offset
+            part.applied[item.topic] = item.offset
+            b.handles.append(item.handle)
+            if item.event is None:
+                b.dead.append(item.dead)
+                continue
+            table, row = row_of(item.event, p, item.offset, item.ts)
+            b.rows[table].append(row)
+            b.raws[table].append(item.raw)
+            events.append((item.event, item.raw, item.ts))
+        if events:
+            b.examples += part.proc.on_batch(events)
 
     def _check(self) -> None:
         """Refuse to go on after a batch write failed with a non-transient error (a bug, a store

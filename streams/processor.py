@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +17,7 @@ import numpy as np
 from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample
 from schemas.settings import Settings, StateSettings
 from schemas.watermark import DEFAULT_WINDOW
+from streams.fold import fold_batch
 from streams.join import AdapterScheme, LabelJoin, LabelMode
 from streams.state import (
     USER_EVENTS,
@@ -137,6 +138,55 @@ class Processor:
         closed = join.advance(ts)
         if closed:
             out += closed
+        return out
+
+    def on_batch(self, items: Sequence[tuple[Message, bytes | None, float]]) -> list[TrainingExample]:
+        """`on_event` of each (event, raw, ts) in order, the same states, examples and counts,
+        with the user states folded per user and their vectors stepped as arrays
+        (`streams.fold`); then the label join, in order, on the features the fold gave."""
+        users: list[tuple[Message, AdInfo | None, float, str | None]] = []
+        kept: list[tuple[Message, bytes | None, float, str]] = []  # the user events, in order
+        for event, raw, ts in items:
+            if isinstance(event, AdCreative):  # in order: later events of the batch see it
+                self.catalog.update(event)
+            elif isinstance(event, USER_EVENTS):
+                ad_id = event.ad_id
+                ad = self.catalog.get(ad_id) if ad_id is not None else None
+                if ad is None and ad_id is not None:
+                    self.counts["unknown_ad"] += 1
+                category = (
+                    (ad.category if ad is not None else UNKNOWN_CATEGORY)
+                    if isinstance(event, Impression)
+                    else None
+                )
+                users.append((event, ad, ts, category))
+                kept.append((event, raw, ts, category or ""))
+        folded = fold_batch(self.states, users, self.params, self.dim)
+        self.states.update(folded.states)
+        self.dirty_users.update(folded.states)
+        out: list[TrainingExample] = []
+        features, scores = folded.features, folded.scores
+        bounded = ~(np.abs(features).max(axis=1, initial=0.0) <= MAX_FEATURE) if len(features) else features
+        join = self.join
+        for (event, raw, ts, category), applied, row in zip(
+            kept, folded.applied, folded.feature_row, strict=True
+        ):
+            if not applied:
+                self.counts["duplicate"] += 1
+                continue
+            self.counts["applied"] += 1
+            if row >= 0:
+                vec, score = features[row], scores[row]
+                if not -MAX_FEATURE <= score <= MAX_FEATURE or bounded[row]:
+                    score, vec = _bounded(score, vec)
+                out += join.on_impression(event, category, vec, score, raw, ts)  # type: ignore[arg-type]
+            elif isinstance(event, Click):
+                out += join.on_click(event, ts)
+            elif isinstance(event, Dwell):
+                out += join.on_dwell(event, ts)
+            closed = join.advance(ts)
+            if closed:
+                out += closed
         return out
 
 

@@ -40,7 +40,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def decay(score: float, dt_s: float, half_life_s: float) -> float:
     return score * math.pow(0.5, dt_s / half_life_s)
 
 
-def decay_factor(state: UserState, now_ts: float, params: StateSettings) -> float:
+def decay_factor(state: Timed, now_ts: float, params: StateSettings) -> float:
     """The factor every score of `state` is multiplied by when read (or updated) at `now_ts`."""
     if state.events == 0 or now_ts <= state.last_ts:
         return 1.0
@@ -148,7 +148,7 @@ def vector_at(state: UserState, now_ts: float, params: StateSettings) -> np.ndar
     return state.vector if f == 1.0 else (state.vector * np.float32(f)).astype(np.float32)
 
 
-def bias_factor(state: UserState, now_ts: float, params: StateSettings) -> float:
+def bias_factor(state: Timed, now_ts: float, params: StateSettings) -> float:
     """The factor the per-user bias of `state` is multiplied by when read at `now_ts`: the clock
     half-life only (no session discount)."""
     if state.events == 0 or now_ts <= state.last_ts:
@@ -219,7 +219,9 @@ def evidence_forget(
     return math.pow(0.5, units / params.evidence_half_life)
 
 
-def _evidence(event: Message, state: UserState, params: StateSettings) -> tuple[float, float, float]:
+def _evidence(
+    event: Message, state: UserState | Folding, params: StateSettings
+) -> tuple[float, float, float]:
     """(vector weight, intent increment, intent factor) of one event for its ad's category."""
     w = params.weights
     if isinstance(event, Impression):
@@ -237,29 +239,124 @@ def _evidence(event: Message, state: UserState, params: StateSettings) -> tuple[
     return 0.0, 0.0, 1.0
 
 
-def _fold(
-    intents: dict[str, float],
-    vector: np.ndarray,
-    ad: AdInfo,
-    evidence: tuple[float, float, float],
-    params: StateSettings,
-) -> tuple[dict[str, float], np.ndarray]:
-    """Intents (a fresh dict the caller owns, mutated here) and vector after one event's
-    `_evidence` on `ad`, the old state forgotten first when `evidence_forget` says so."""
+class Timed(Protocol):
+    """What the decay factors read of a state: `UserState`, or a `Folding` one."""
+
+    @property
+    def events(self) -> int: ...
+    @property
+    def last_ts(self) -> float: ...
+
+
+@dataclass(slots=True, eq=False)
+class Folding:
+    """A user's state while events are folded into it: the scalars of `UserState`, mutable and
+    owned by the fold (its `intents` a copy), without the vector, whose steps `fold_event`
+    returns to the caller (`apply_event` applies them to one vector, `streams.fold` to a
+    batch's users at once). `freeze(vector)` gives the UserState."""
+
+    user_id: str
+    dim: int
+    intents: dict[str, float]
+    last_ts: float
+    session_start_ts: float
+    sessions: int
+    session_events: int
+    events: int
+    impressions: int
+    clicks: int
+    late: int
+    version: int
+    recent_ids: tuple[int, ...]
+    recent_clicks: tuple[int, ...]
+    bias: Mapping[str, float]  # replaced, never mutated: it may be the state's own
+
+    @classmethod
+    def of(cls, s: UserState) -> Folding:
+        return cls(
+            s.user_id, s.dim, dict(s.intents), s.last_ts, s.session_start_ts, s.sessions,
+            s.session_events, s.events, s.impressions, s.clicks, s.late, s.version, s.recent_ids,
+            s.recent_clicks, s.bias,
+        )  # fmt: skip
+
+    def freeze(self, vector: np.ndarray) -> UserState:
+        return UserState(  # positional: the hot path of the worker (dataclasses.replace is slower)
+            self.user_id, self.dim, vector, self.intents, self.last_ts, self.session_start_ts,
+            self.sessions, self.session_events, self.events, self.impressions, self.clicks,
+            self.late, self.version, self.recent_ids, self.recent_clicks, self.bias,
+        )  # fmt: skip
+
+
+def _scale(scores: dict[str, float], factor: float) -> None:
+    for c, v in scores.items():  # values replaced, keys and their order kept
+        scores[c] = v * factor
+
+
+def _fold_intents(
+    w: Folding, ad: AdInfo, evidence: tuple[float, float, float], params: StateSettings
+) -> float:
+    """Intents after one event's `_evidence` on `ad`, the old state forgotten first when
+    `evidence_forget` says so; returns that forgetting factor (the vector's, too)."""
     vec_w, inc, mult = evidence
     cat = ad.category
-    forget = evidence_forget(intents, cat, vec_w, params)
+    forget = evidence_forget(w.intents, cat, vec_w, params)
     if forget != 1.0:
-        intents = {c: v * forget for c, v in intents.items()}
-        vector = vector * np.float32(forget)
+        _scale(w.intents, forget)
     if inc or mult != 1.0:
-        intents[cat] = intents.get(cat, 0.0) * mult + inc
-    if vec_w:
-        vector = vector + np.float32(vec_w) * ad.vector
-    if len(intents) > params.max_intents:
-        keep = sorted(intents.items(), key=lambda kv: (-kv[1], kv[0]))[: params.max_intents]
-        intents = dict(keep)
-    return intents, vector
+        w.intents[cat] = w.intents.get(cat, 0.0) * mult + inc
+    if len(w.intents) > params.max_intents:
+        keep = sorted(w.intents.items(), key=lambda kv: (-kv[1], kv[0]))[: params.max_intents]
+        w.intents = dict(keep)
+    return forget
+
+
+def fold_event(
+    w: Folding, event: Message, ad: AdInfo | None, params: StateSettings, ts: float
+) -> tuple[float, float, float] | None:
+    """Fold one user event into `w`'s scalars; return the vector's steps, (decay, forget,
+    weight): the vector becomes `v·f32(decay)` (when ≠ 1: the features an impression is served
+    with), then `·f32(forget)` (when ≠ 1) and `+ f32(weight)·ad.vector` (when ≠ 0), in float32;
+    None for a duplicate (nothing changes). The one definition of a state step (`apply_event`)."""
+    h = id_hash(event.event_id)
+    if h in w.recent_ids:
+        return None
+    vec_w, inc, mult = _evidence(event, w, params)
+    late = ts < w.last_ts and w.events > 0
+    step = feedback_step(event, params)
+    f = 1.0
+    if late:
+        age = decay(1.0, w.last_ts - ts, params.half_life_s)
+        vec_w *= age
+        inc *= age
+        step *= age
+    else:
+        fb = bias_factor(w, ts, params)
+        if w.bias and fb != 1.0:
+            w.bias = {c: b * fb for c, b in w.bias.items()}
+        f = decay_factor(w, ts, params)
+        if w.events == 0 or ts - w.last_ts > params.session_gap_s:
+            w.sessions += 1
+            w.session_events = 0
+            w.session_start_ts = ts
+        if f != 1.0:
+            _scale(w.intents, f)
+        w.last_ts = ts
+    forget = 1.0
+    if ad is not None:
+        forget = _fold_intents(w, ad, (vec_w, inc, mult), params)
+        w.bias = _fold_bias(w.bias, ad.category, step, isinstance(event, Click), params)
+    else:
+        vec_w = 0.0
+    if isinstance(event, Click):
+        w.recent_clicks = (*w.recent_clicks, id_hash(event.impression_id))[-RECENT_CLICKS:]
+    w.session_events += 1
+    w.events += 1
+    w.impressions += isinstance(event, Impression)
+    w.clicks += isinstance(event, Click)
+    w.late += late
+    w.version += 1
+    w.recent_ids = (*w.recent_ids, h)[-RECENT_IDS:]
+    return f, forget, vec_w
 
 
 def apply_event(
@@ -270,70 +367,21 @@ def apply_event(
     Returns `state` itself (the same object) for a duplicate or a non-user event, so callers can
     tell "nothing changed" by identity. `ts` is `event.ts.timestamp()` when the caller has it.
     """
-    if not isinstance(event, USER_EVENTS):
+    if not isinstance(event, USER_EVENTS) or id_hash(event.event_id) in state.recent_ids:
         return state
-    h = id_hash(event.event_id)
-    if h in state.recent_ids:
-        return state
-    if ts is None:
-        ts = event.ts.timestamp()
-    vec_w, inc, mult = _evidence(event, state, params)
-    intents = state.intents
+    w = Folding.of(state)
+    steps = fold_event(w, event, ad, params, event.ts.timestamp() if ts is None else ts)
+    assert steps is not None  # not a duplicate: checked above
+    f, forget, vec_w = steps
     vector = state.vector
-    late = ts < state.last_ts and state.events > 0
-    sessions, session_events, session_start, last_ts = (
-        state.sessions,
-        state.session_events,
-        state.session_start_ts,
-        state.last_ts,
-    )
-    step = feedback_step(event, params)
-    bias = state.bias
-    if late:
-        age = decay(1.0, state.last_ts - ts, params.half_life_s)
-        vec_w *= age
-        inc *= age
-        step *= age
-        intents = dict(intents)
-    else:
-        fb = bias_factor(state, ts, params)
-        if bias and fb != 1.0:
-            bias = {c: b * fb for c, b in bias.items()}
-        f = decay_factor(state, ts, params)
-        if state.events == 0 or ts - state.last_ts > params.session_gap_s:
-            sessions += 1
-            session_events = 0
-            session_start = ts
-        if f != 1.0:
-            intents = {c: s * f for c, s in intents.items()}
-            vector = vector * np.float32(f)  # float32 × float32 scalar stays float32
-        else:
-            intents = dict(intents)
-        last_ts = ts
-    if ad is not None:
-        intents, vector = _fold(intents, vector, ad, (vec_w, inc, mult), params)
-        bias = _fold_bias(bias, ad.category, step, isinstance(event, Click), params)
-    recent_clicks = state.recent_clicks
-    if isinstance(event, Click):
-        recent_clicks = (*recent_clicks, id_hash(event.impression_id))[-RECENT_CLICKS:]
-    return UserState(  # positional: the hot path of the worker (dataclasses.replace is slower)
-        state.user_id,
-        state.dim,
-        vector,
-        intents,
-        last_ts,
-        session_start,
-        sessions,
-        session_events + 1,
-        state.events + 1,
-        state.impressions + isinstance(event, Impression),
-        state.clicks + isinstance(event, Click),
-        state.late + late,
-        state.version + 1,
-        (*state.recent_ids, h)[-RECENT_IDS:],
-        recent_clicks,
-        bias,
-    )
+    if f != 1.0:
+        vector = vector * np.float32(f)  # float32 × float32 scalar stays float32
+    if forget != 1.0:
+        vector = vector * np.float32(forget)
+    if vec_w:
+        assert ad is not None
+        vector = vector + np.float32(vec_w) * ad.vector
+    return w.freeze(vector)
 
 
 def same_state(a: UserState, b: UserState, rtol: float = 1e-6, atol: float = 1e-9) -> bool:
