@@ -457,7 +457,10 @@ STEPS: dict[str, str | tuple[str, ...]] = {
         "BaseModel.model_validate_json (pydantic/main.py",
     ),
     "merge (time-ordered release)": "PartitionMerge.release (streams/merge.py",
-    "state + label join": "Processor.on_event (streams/processor.py",
+    "state + label join": (
+        "Processor.on_batch (streams/processor.py",
+        "Processor.on_event (streams/processor.py",
+    ),
     "ClickHouse insert": "ClickHouseSink._insert (streams/sink.py",
     "Redis MULTI/EXEC": "RedisStateStore.commit (streams/store.py",
     "encode user records": "encode_state (streams/record.py",
