@@ -1,9 +1,10 @@
 """Conversion paths built in ClickHouse, aggregated to distinct paths × counts for the models.
 
 Per user and advertiser, the touchpoints are the advertiser's impressions (kind 0, a view) and
-the clicks on them (kind 1), ordered by time. Each conversion takes the touches after the
-user's previous conversion (a path resets after each one) that lie inside their kind's
-lookback (click 7 d, view 1 d by default; per advertiser through
+the clicks on them (kind 1), and the touches on outside channels (`Touch`: source / medium /
+campaign, a click or a view; `OUTSIDE_SQL` names them), ordered by time. Each conversion takes
+the touches after the user's previous conversion (a path resets after each one) that lie inside
+their kind's lookback (click 7 d, view 1 d by default; per advertiser through
 `attribution.lookback_by_advertiser`). A journey without conversion is closed once no touch
 or conversion follows its last touch within `attribution.journey_gap_s` (for the last touch:
 before `until`); its touches since the previous event form a *null path*, and a later
@@ -53,6 +54,16 @@ CHANNEL_KEY_SQL: dict[str, str] = {
     "slot_campaign": "cityHash64(campaign_id, slot)",
 }
 
+# An outside channel (a `Touch`: source / medium / campaign, UTM style) at each granularity: the
+# source and medium at `slot` (the kind of channel), with the campaign at the campaign levels.
+# Its key hashes a marker with the name, so it never equals an own channel's key.
+_OUTSIDE_CAMPAIGN = "if(ifNull(campaign, '') = '', '', concat('/', ifNull(campaign, '')))"
+OUTSIDE_SQL: dict[str, str] = {
+    "slot": "concat(source, '/', medium)",
+    "campaign": f"concat(source, '/', medium, {_OUTSIDE_CAMPAIGN})",
+    "slot_campaign": f"concat(source, '/', medium, {_OUTSIDE_CAMPAIGN})",
+}
+
 VIEW, CLICK = 0, 1
 
 
@@ -76,26 +87,46 @@ def channel_key_sql(by: str) -> str:
     return CHANNEL_KEY_SQL[by]
 
 
+def outside_sql(by: str) -> str:
+    """The SQL expression of an outside touch's channel name (over `touches` or `outside_spend`)."""
+    channel_sql(by)
+    return OUTSIDE_SQL[by]
+
+
+def outside_key_sql(by: str) -> str:
+    """The 64-bit key of an outside touch's channel for granularity `by`."""
+    return f"cityHash64('outside', {outside_sql(by)})"
+
+
 # The touches of every (user, advertiser) in [lo, until), sorted by (time, kind, channel): one
 # pass over the impressions (from a day before `lo`, so that a click in range on an earlier
 # impression is found), each a view when it lies in range, plus a click at the time of its first
 # click in range (a click's channel is its impression's). The clicks are a small hash table, keyed
 # by impression; the first click keeps it deterministic on every engine, and a second click on
-# the same impression is the same touchpoint.
+# the same impression is the same touchpoint. The outside touches (`touches`) join them as a
+# view (t) or a click (tc) each, the other time 0 (out of range, as an unclicked impression's tc).
 _TOUCHES = """
 SELECT user_id, advertiser_id,
        arraySort(arrayConcat(groupArrayIf((t, toUInt8(0), ch), t >= %(lo)s),
                              groupArrayIf((tc, toUInt8(1), ch), tc >= %(lo)s))) AS tt,
        arrayMap(x -> x.1, tt) AS t_ts, arrayMap(x -> x.2, tt) AS t_kind, arrayMap(x -> x.3, tt) AS t_ch
 FROM (
-    SELECT user_id, advertiser_id, toUInt32(ts) AS t, {key} AS ch, event_id
-    FROM impressions FINAL
-    WHERE ts >= toDateTime(%(imp_lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
-) AS i ANY LEFT JOIN (
-    SELECT impression_id AS event_id, min(toUInt32(ts)) AS tc FROM clicks FINAL
+    SELECT user_id, advertiser_id, t, ch, tc
+    FROM (
+        SELECT user_id, advertiser_id, toUInt32(ts) AS t, {key} AS ch, event_id
+        FROM impressions FINAL
+        WHERE ts >= toDateTime(%(imp_lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+    ) AS i ANY LEFT JOIN (
+        SELECT impression_id AS event_id, min(toUInt32(ts)) AS tc FROM clicks FINAL
+        WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
+        GROUP BY impression_id
+    ) AS c USING event_id
+    UNION ALL
+    SELECT user_id, advertiser_id, if(interaction = 'view', toUInt32(ts), toUInt32(0)) AS t,
+           {outside_key} AS ch, if(interaction = 'view', toUInt32(0), toUInt32(ts)) AS tc
+    FROM touches FINAL
     WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
-    GROUP BY impression_id
-) AS c USING event_id
+)
 GROUP BY user_id, advertiser_id
 HAVING notEmpty(tt)
 """
@@ -104,10 +135,19 @@ HAVING notEmpty(tt)
 # strings); this names them. Distinct (campaign, slot) pairs first: a re-inserted row adds no
 # pair, so no FINAL is needed, and the name is built once per pair, not per impression.
 CHANNEL_NAMES_SQL = """
-SELECT {key} AS h, any({ch}) AS name
+SELECT h, any(name) AS name
 FROM (
-    SELECT DISTINCT campaign_id, slot FROM impressions
-    WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+    SELECT {key} AS h, {ch} AS name
+    FROM (
+        SELECT DISTINCT campaign_id, slot FROM impressions
+        WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+    )
+    UNION ALL
+    SELECT {outside_key} AS h, {outside} AS name
+    FROM (
+        SELECT DISTINCT source, medium, campaign FROM touches
+        WHERE ts >= toDateTime(%(lo)s) AND ts < toDateTime(%(until)s)
+    )
 )
 GROUP BY h
 """
@@ -228,7 +268,8 @@ def check_range(since: int, until: int) -> None:
 
 def paths_query(by: str) -> str:
     """The full path-building SQL at granularity `by` (placeholders as in `path_params`)."""
-    return PATHS_SQL.format(touches=_TOUCHES.format(key=channel_key_sql(by)), conversions=_CONVERSIONS)
+    touches = _TOUCHES.format(key=channel_key_sql(by), outside_key=outside_key_sql(by))
+    return PATHS_SQL.format(touches=touches, conversions=_CONVERSIONS)
 
 
 def flat_paths_query(by: str) -> str:
@@ -238,7 +279,9 @@ def flat_paths_query(by: str) -> str:
 
 def channel_names_query(by: str) -> str:
     """Channel hash → name at granularity `by` (same placeholders as `paths_query`)."""
-    return CHANNEL_NAMES_SQL.format(ch=channel_sql(by), key=channel_key_sql(by))
+    return CHANNEL_NAMES_SQL.format(
+        ch=channel_sql(by), key=channel_key_sql(by), outside=outside_sql(by), outside_key=outside_key_sql(by)
+    )
 
 
 def path_params(since: int, until: int, window: Window) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Spend, ROI and CPA per channel under a model, and a budget reallocation with its expected uplift.
 
-Spend is the sum of the served impressions' prices per channel (holdouts cost nothing). The
+Spend is the sum of the served impressions' prices per own channel (holdouts cost nothing) and
+the imported daily spend per outside channel (`adstream spend import`). The
 reallocation keeps the total budget fixed, moves each channel within its bounds (default
 ±`max_change` of its spend), and assumes diminishing returns: a channel's credited value scales
 as (spend'/spend)^elasticity. It maximises the total value (a concave problem: KKT water-filling,
@@ -11,31 +12,58 @@ interval overlaps the interval of any channel moved the other way (or has no int
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 
 from attribution.models.result import AttributionResult
-from attribution.paths import AttributionInputError, channel_sql
+from attribution.paths import AttributionInputError, channel_sql, outside_sql
 from attribution.sql import Backend
 from schemas.holdout import HOLDOUT_AD_ID
 
+# Own channels: the served impressions' prices; outside channels: the imported daily spend
+# (`attribution.spend`) of the days that lie in the range (a day counts when it starts in it).
 SPEND_SQL = """
-SELECT {ch} AS channel, sum(price) AS spend, count() AS impressions
-FROM impressions FINAL
-WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+SELECT channel, sum(spend) AS spend, sum(impressions) AS impressions
+FROM (
+    SELECT {ch} AS channel, sum(price) AS spend, count() AS impressions
+    FROM impressions FINAL
+    WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+    GROUP BY channel
+    UNION ALL
+    SELECT {outside} AS channel, sum(spend) AS spend, toUInt64(0) AS impressions
+    FROM outside_spend FINAL
+    WHERE day >= toDate(%(since_day)s) AND day < toDate(%(until_day)s)
+    GROUP BY channel
+)
 GROUP BY channel
 ORDER BY channel
 """
 
 
 def spend_query(by: str) -> str:
-    """Spend and impressions per channel at granularity `by` (params: since, until, holdout)."""
-    return SPEND_SQL.format(ch=channel_sql(by))
+    """Spend and impressions per channel at granularity `by` (params: `spend_params`)."""
+    return SPEND_SQL.format(ch=channel_sql(by), outside=outside_sql(by))
+
+
+def spend_params(since: int, until: int) -> dict[str, Any]:
+    """Bound parameters of `spend_query` for [since, until) (days: those starting in it, UTC)."""
+    first = datetime.fromtimestamp(since, UTC).date()
+    if datetime.fromtimestamp(since, UTC).time() != datetime.min.time():
+        first += timedelta(days=1)
+    last = datetime.fromtimestamp(until, UTC).date()
+    if datetime.fromtimestamp(until, UTC).time() != datetime.min.time():
+        last += timedelta(days=1)
+    return {
+        "since": since, "until": until, "holdout": HOLDOUT_AD_ID,
+        "since_day": first.isoformat(), "until_day": last.isoformat(),
+    }  # fmt: skip
 
 
 def channel_spend(backend: Backend, by: str, since: int, until: int) -> dict[str, float]:
-    """Spend per channel in [since, until)."""
-    rows = backend.execute(spend_query(by), {"since": since, "until": until, "holdout": HOLDOUT_AD_ID})
+    """Spend per channel in [since, until), own and outside."""
+    rows = backend.execute(spend_query(by), spend_params(since, until))
     return {str(ch): float(spend) for ch, spend, _ in rows}
 
 

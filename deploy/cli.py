@@ -20,6 +20,7 @@ from deploy import (
     cli_dashboard,
     cli_demo,
     cli_serving,
+    cli_spend,
     cli_streams,
     cli_trainers,
     cli_workloads,
@@ -127,6 +128,7 @@ app.add_typer(cli_streams.app)
 app.add_typer(cli_trainers.app)
 app.add_typer(cli_serving.app)
 app.add_typer(cli_attribution.app, name="attribution")
+app.add_typer(cli_spend.app, name="spend")  # `adstream spend import FILE.csv`
 app.add_typer(cli_ab.app)  # `adstream ab`, `adstream evaluate`
 app.add_typer(cli_dashboard.app)
 app.add_typer(cli_demo.app)

@@ -21,6 +21,7 @@ from schemas.events import (
     Impression,
     Message,
     Slot,
+    Touch,
     TrainingExample,
     UserEvent,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "StackError",
     "StageMs",
     "StoreError",
+    "Touch",
     "TrainingExample",
     "UserEvent",
     "get_settings",

@@ -20,6 +20,7 @@ from schemas.events import (
     Dwell,
     Impression,
     Message,
+    Touch,
     TrainingExample,
 )
 
@@ -28,6 +29,7 @@ MODEL_BY_TOPIC: Final[dict[str, type[Message]]] = {
     topics.CLICKS: Click,
     topics.DWELL: Dwell,
     topics.CONVERSIONS: Conversion,
+    topics.TOUCHES: Touch,
     topics.CATALOG: AdCreative,
     topics.DLQ: DeadLetter,
     topics.TRAINING_EXAMPLES: TrainingExample,

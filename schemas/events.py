@@ -209,6 +209,20 @@ class Conversion(UserEvent):
     ad_id: Ident | None = None
 
 
+class Touch(UserEvent):
+    """A touchpoint on a channel outside adstream (another search engine, social, email, an
+    affiliate), named UTM-style by source / medium / campaign, for cross-channel attribution;
+    `cost` when the advertiser knows what this touch cost (daily spend is imported apart)."""
+
+    kind: Literal["touch"] = "touch"
+    advertiser_id: Ident
+    source: Ident  # utm_source: google, newsletter, partner-x
+    medium: Ident  # utm_medium: cpc, email, social, affiliate
+    campaign: Ident | None = None  # utm_campaign
+    interaction: Literal["click", "view"] = "click"  # a visit from a link, or an ad seen elsewhere
+    cost: Money | None = None
+
+
 # A creative's assembled variants (`creatives`): parts of each, what each part may say, and how
 # many an ad may carry (a catalog message stays far below a producer's 1 MiB request limit).
 MAX_VARIANTS: Final = 64
@@ -356,6 +370,7 @@ EVENT_MODELS: Final[dict[str, type[Message]]] = {
     "Click": Click,
     "Dwell": Dwell,
     "Conversion": Conversion,
+    "Touch": Touch,
     "AdCreative": AdCreative,
     "DeadLetter": DeadLetter,
     "TrainingExample": TrainingExample,

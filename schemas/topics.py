@@ -19,6 +19,7 @@ IMPRESSIONS: Final = "ad.impressions"
 CLICKS: Final = "ad.clicks"
 DWELL: Final = "ad.dwell"
 CONVERSIONS: Final = "ad.conversions"
+TOUCHES: Final = "ad.touches"  # touchpoints on channels outside adstream (`Touch`)
 CATALOG: Final = "ad.catalog"
 DLQ: Final = "ad.dlq"
 TRAINING_EXAMPLES: Final = "ad.training-examples"
@@ -31,6 +32,7 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
     TopicSpec(CLICKS, "user_id", 8),
     TopicSpec(DWELL, "user_id", 8),
     TopicSpec(CONVERSIONS, "user_id", 8),
+    TopicSpec(TOUCHES, "user_id", 8),
     TopicSpec(CATALOG, "ad_id", 1),
     TopicSpec(DLQ, "source_topic", 1),
     TopicSpec(TRAINING_EXAMPLES, "adapter_id", 4),
@@ -38,6 +40,10 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
 )
 
 TOPICS_BY_NAME: Final[dict[str, TopicSpec]] = {t.name: t for t in TOPICS}
+
+# The co-partitioned user topics the streams worker consumes, in merge tie-break order (an
+# impression before its click, …): what `streams.pipeline.INPUTS` reads.
+USER_INPUTS: Final[tuple[str, ...]] = (IMPRESSIONS, CLICKS, DWELL, CONVERSIONS, TOUCHES)
 
 
 def topic_name(base: str, prefix: str = "") -> str:

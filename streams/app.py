@@ -62,10 +62,7 @@ def create_app(settings: Settings) -> faust.App:
     app.runtime = rt  # type: ignore[attr-defined]
     parts = s.kafka.topic_partitions or topics.TOPICS_BY_NAME[topics.IMPRESSIONS].partitions
     source = app.topic(
-        *(
-            topics.topic_name(t, s.topic_prefix)
-            for t in (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
-        ),
+        *(topics.topic_name(t, s.topic_prefix) for t in topics.USER_INPUTS),
         value_serializer="raw",
         key_serializer="raw",
         partitions=parts,

@@ -42,6 +42,7 @@ TABLE_TOPIC = {
     "clicks": topics.CLICKS,
     "dwell": topics.DWELL,
     "conversions": topics.CONVERSIONS,
+    "touches": topics.TOUCHES,
     "ads": topics.CATALOG,
 }
 

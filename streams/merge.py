@@ -1,7 +1,7 @@
 """Timestamp-synchronised merge of one co-partition's input topics (pure, no I/O).
 
-Partition p of impressions, clicks, dwell and conversions holds the same users. Each input is
-consumed in offset order; among the inputs' heads the one with the smallest event time goes next
+Partition p of impressions, clicks, dwell, conversions and touches holds the same users. Each
+input is consumed in offset order; among the inputs' heads the one with the smallest event time goes next
 (Kafka Streams' rule). An input with nothing buffered holds the merge back unless it is caught up
 (the caller says so, from the broker's high watermark), so the order — and therefore every user
 state and label — is the same on every run and after a restart, whatever the fetch interleaving.
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from schemas import topics
 from schemas.events import Message
 
-TOPIC_RANK = {"ad.impressions": 0, "ad.clicks": 1, "ad.dwell": 2, "ad.conversions": 3}
+TOPIC_RANK = {base: rank for rank, base in enumerate(topics.USER_INPUTS)}
 
 
 @lru_cache(maxsize=256)

@@ -59,7 +59,7 @@ from streams.store import Commit, RedisStateStore
 
 log = logging.getLogger(__name__)
 
-INPUTS: tuple[str, ...] = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
+INPUTS: tuple[str, ...] = topics.USER_INPUTS  # touches (outside channels) are only sunk
 
 __all__ = ["INPUTS", "Pipeline", "RawRecord", "retrying"]
 

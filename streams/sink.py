@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, Protocol
 
-from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
+from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message, Touch
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,11 @@ COLUMNS: dict[type[Message], tuple[str, tuple[str, ...]]] = {
     Conversion: (
         "conversions",
         ("event_id", "ts", "ts_ms", "user_id", "campaign_id", "advertiser_id", "value", "ad_id"),
+    ),
+    Touch: (
+        "touches",
+        ("event_id", "ts", "ts_ms", "user_id", "advertiser_id", "source", "medium", "campaign",
+         "interaction", "cost"),
     ),
     AdCreative: (
         "ads",

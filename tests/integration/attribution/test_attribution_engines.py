@@ -56,9 +56,48 @@ def engines(stack: Settings) -> Iterator[dict[str, Backend]]:
     data = simulate(CFG)
     for backend in (server, chdb):
         write_raw(backend, data)
+        write_outside(backend, data)
     yield {"clickhouse": server, "chdb": chdb}
     client.execute(f"DROP DATABASE IF EXISTS {urlparse(s.clickhouse.url).path.lstrip('/')}")
     client.disconnect()
+
+
+OUTSIDE = (("google", "cpc", "brand", "click"), ("newsletter", "email", None, "view"),
+           ("facebook", "social", None, "click"))  # fmt: skip
+OUTSIDE_SPEND = 3 * 14 * 5.0  # three channels, every day of the period, 5.0 a day
+
+
+def write_outside(backend: Backend, data: Any) -> None:
+    """Outside touches (`Touch`, as the streams sink writes them) before some conversions and at
+    random times (null journeys), and their daily spend, imported as `adstream spend import` does."""
+    from datetime import UTC, datetime, timedelta
+
+    from attribution.spend import SpendRow, import_spend
+    from schemas.events import Touch
+    from streams.sink import COLUMNS, row_of
+
+    rng = np.random.default_rng(4)
+    conv_users, conv_t = data.conv["user"], data.conv["t"]
+    n = conv_t.shape[0]
+    users = np.concatenate([conv_users, rng.integers(0, CFG.n_users, 200)])
+    times = np.concatenate([conv_t - rng.uniform(60, 20 * 3600, n), rng.uniform(0, CFG.days * 86400, 200)])
+    touches = []
+    for i, (u, t) in enumerate(zip(users.tolist(), times.tolist(), strict=True)):
+        source, medium, campaign, interaction = OUTSIDE[i % len(OUTSIDE)]
+        touches.append(Touch(
+            event_id=f"ot{i}", ts=datetime.fromtimestamp(CFG.start + max(t, 0.0), UTC), user_id=f"u{u:06d}",
+            advertiser_id=CFG.advertiser_id, source=source, medium=medium, campaign=campaign,
+            interaction=interaction,  # type: ignore[arg-type]
+        ))  # fmt: skip
+    table, cols = COLUMNS[Touch]
+    backend.insert(
+        table, (*cols, "kafka_partition", "kafka_offset"), [row_of(t, 0, i)[1] for i, t in enumerate(touches)]
+    )
+    first = datetime.fromtimestamp(CFG.start, UTC).date()
+    import_spend(backend, [
+        SpendRow(first + timedelta(days=d), CFG.advertiser_id, source, medium, campaign or "", 5.0)
+        for d in range(int(CFG.days)) for source, medium, campaign, _ in OUTSIDE
+    ], version=1)  # fmt: skip
 
 
 def normal(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -88,7 +127,15 @@ def test_path_building_agrees_on_both_engines(engines: dict[str, Backend], by: s
     since, until = period(CFG)
     rows = both(engines, paths.paths_query(by), paths.path_params(since, until, WINDOW))
     assert rows and sum(r[3] for r in rows) > 0 and sum(r[5] for r in rows) > 0  # conversions and nulls
+    names = both(engines, paths.channel_names_query(by), paths.path_params(since, until, WINDOW))
+    outside = {"slot": {"google/cpc", "newsletter/email", "facebook/social"}}.get(
+        by, {"google/cpc/brand", "newsletter/email", "facebook/social"}
+    )
+    assert outside <= {r[1] for r in names}
     built = build_paths(engines["chdb"], by, since, until, WINDOW)
+    # outside touches sit on converting paths beside own channels
+    conv = built.paths.conversions[built.paths.path_of_touch] > 0
+    assert outside <= {built.paths.channels[c] for c in built.paths.channel[conv]}
     assert built.paths.conversions.sum() + built.direct_conversions == pytest.approx(
         built.conversions_in_range
     )
@@ -136,8 +183,9 @@ def test_rollups_and_paths_survive_a_reinserted_batch(engines: dict[str, Backend
 def test_spend_lift_and_runs_agree_and_round_trip(engines: dict[str, Backend]) -> None:
     since, until = period(CFG)
     params = {"since": since, "until": until, "holdout": HOLDOUT_AD_ID}
-    spend = both(engines, roi.spend_query("slot_campaign"), params)
-    assert sum(r[1] for r in spend) == pytest.approx(float(simulate(CFG).spend().sum()))
+    spend = both(engines, roi.spend_query("slot_campaign"), roi.spend_params(since, until))
+    assert sum(r[1] for r in spend) == pytest.approx(float(simulate(CFG).spend().sum()) + OUTSIDE_SPEND)
+    assert {r[0] for r in spend} >= {"google/cpc/brand", "newsletter/email", "facebook/social"}
     lift = both(engines, incrementality.LIFT_SQL, {**params, "window": 7 * 86400})
     assert {r[1] for r in lift} == {0, 1}
     for backend in engines.values():
