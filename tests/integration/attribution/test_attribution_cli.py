@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 import pytest
@@ -117,3 +118,41 @@ def test_bad_input_exits_2_naming_the_value(
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     assert needle in err and "Traceback" not in err
+
+
+def test_spend_import_then_roi_shows_the_outside_channel(
+    db: tuple[dict[str, str], str],
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deploy.cli import main
+
+    env, name = db
+    monkeypatch.setenv("ADSTREAM_CLICKHOUSE__URL", env["ADSTREAM_CLICKHOUSE__URL"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("date,advertiser_id,source,medium,campaign,spend\n2026-11-01,adv_attr,google,cpc,,x\n")
+    monkeypatch.setattr(sys, "argv", ["adstream", "spend", "import", str(bad)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "line 2: spend 'x'" in err and "Traceback" not in err
+    client = clickhouse_client(Settings(clickhouse={"url": env["ADSTREAM_CLICKHOUSE__URL"]}), name)
+    assert client.execute("SELECT count() FROM outside_spend")[0][0] == 0  # nothing partial
+    good = tmp_path / "good.csv"
+    good.write_text("date,advertiser_id,source,medium,campaign,spend\n2026-11-02,adv_attr,google,cpc,,40\n")
+    monkeypatch.setattr(sys, "argv", ["adstream", "spend", "import", str(good)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code in (0, None)
+    assert "1 rows imported" in " ".join(capsys.readouterr().out.split())
+    since, until = period(CFG)
+    out = cli(env, "--model", "linear", "--by", "campaign", "--since", str(since), "--until", str(until),
+              "--no-store", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    budget = {c["channel"]: c for c in json.loads(out.stdout)["budget"]["linear"]["channels"]}
+    # no touch on it in this market: a channel is a channel of the paths (no tracked touch is no
+    # evidence of no effect), so the plan leaves it alone; its spend waits for its touches
+    assert client.execute("SELECT sum(spend) FROM outside_spend FINAL")[0][0] == pytest.approx(40.0)
+    assert "cmp_search" in budget
+    client.disconnect()
