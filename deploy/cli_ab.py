@@ -130,11 +130,11 @@ def ab(
 
             raise AttributionInputError(f"--slot {slot!r} is not a slot (choose from {', '.join(SLOTS)})")
         t_since, t_until = _range(since, until)
+        pairs = parse_pairs(pair)
         backend = _backend()
         if refresh:
             refresh_ab_rollups(backend, t_since, t_until)
         arms = read_arms(backend, t_since, t_until, slot)
-        pairs = parse_pairs(pair)
         # pairs asked for by name must be comparable; the default ones are skipped with the reason
         report = compare(
             arms, pairs or DEFAULT_PAIRS, method=method.value, n_boot=n_boot, seed=seed, strict=bool(pairs)
