@@ -36,7 +36,7 @@ test-all: install
 # Gates in CI (.ci/run): lint, format, complexity/argument-count rules, types of every package.
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(PACKAGES)
 	$(BIN)/mypy --explicit-package-bases benchmarks

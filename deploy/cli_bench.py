@@ -191,11 +191,28 @@ def all_(
         raise typer.Exit(1)
 
 
-@app.command("table", help="The committed results as one markdown table (runs nothing)")
+TABLE_START, TABLE_END = "<!-- table:start -->", "<!-- table:end -->"
+
+
+def with_table(page: str, table: str) -> str:
+    r"""`page` (benchmarks/RESULTS.md) with the text between its table markers replaced by `table`.
+
+    >>> with_table("a\n<!-- table:start -->\nold\n<!-- table:end -->\nb\n", "| new |\n")
+    'a\n<!-- table:start -->\n| new |\n<!-- table:end -->\nb\n'
+    """
+    head, sep, rest = page.partition(TABLE_START)
+    _, sep_end, tail = rest.partition(TABLE_END)
+    if not (sep and sep_end):
+        raise typer.BadParameter(f"the results page lacks its markers {TABLE_START} … {TABLE_END}")
+    return f"{head}{TABLE_START}\n{table}{TABLE_END}{tail}"
+
+
+@app.command("table", help="The committed results as a table in benchmarks/RESULTS.md (runs nothing)")
 def table() -> None:
-    out = BENCH_DIR / "results" / "results_table.md"
-    out.write_text(results_table())
-    print(out.read_text(), end="")
+    page = BENCH_DIR / "RESULTS.md"
+    rows = results_table()
+    page.write_text(with_table(page.read_text(), rows))
+    print(rows, end="")
 
 
 def _one(name: str) -> None:
