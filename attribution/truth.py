@@ -1,10 +1,12 @@
 """The truth check: every model against the simulator's exact causal credit.
 
 A market (`workloads.attribution_market`) is simulated and written into the raw tables; paths
-are built in ClickHouse at slot × campaign granularity; each model's credit shares are compared
-with the true shares (total-variation distance). Each model's budget plan is then re-simulated
-(the same market with channel budgets scaled as the plan says) and the true caused conversions
-and value are compared with the unchanged market. With holdouts in the market, the calibrated
+are built in ClickHouse at slot × campaign granularity (with the outside channels' touches when
+the market has them: `OutsideChannel`); each model's credit shares are compared with the true
+shares (total-variation distance; the outside channels' total share beside it). Each model's
+budget plan is then re-simulated (the same market with channel budgets scaled as the plan says,
+outside channels' daily spend included) and the true caused conversions and value are compared
+with the unchanged market. With holdouts in the market, the calibrated
 variant of each model is checked too.
 """
 
@@ -42,9 +44,14 @@ class ModelTruth:
     model_share: dict[str, float]
     plan_true_conversions_delta: float | None = None
     plan_true_value_delta: float | None = None
+    outside_share: float | None = None  # the model's share of the outside channels (None: none)
+    true_outside_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"error": round(self.error, 4), "retarget_share": round(self.retarget_share, 4)}
+        if self.outside_share is not None:
+            out["outside_share"] = round(self.outside_share, 4)
+            out["true_outside_share"] = round(float(self.true_outside_share or 0.0), 4)
         if self.plan_true_conversions_delta is not None:
             out["budget_moves_true_conversions_delta"] = round(self.plan_true_conversions_delta, 2)
             out["budget_moves_true_value_delta"] = round(float(self.plan_true_value_delta or 0.0), 2)
@@ -104,6 +111,7 @@ def check_market(
             cal = calibrate(results[m], lifts, "slot_campaign")
             results[cal.model] = cal
     spend = dict(zip(data.channels, data.spend(), strict=True))
+    outside_names = {o.name for o in cfg.outside}
     base_conv, base_value = data.true_credit()
     out: dict[str, ModelTruth] = {}
     for name, result in results.items():
@@ -114,8 +122,15 @@ def check_market(
             moved = simulate(replace(cfg, spend_multiplier=mult))
             conv, value = moved.true_credit()
             delta_c, delta_v = float(conv.sum() - base_conv.sum()), float(value.sum() - base_value.sum())
+        outside = np.array([c in outside_names for c in paths.channels], dtype=bool)
+        shares = (
+            (float(result.share[outside].sum()), float(truth[outside].sum() / max(truth.sum(), 1e-12)))
+            if outside_names
+            else (None, None)
+        )
         out[name] = ModelTruth(
             name, tv_distance(result.conversions, truth), _retarget(result),
             _shares(truth, paths.channels), _shares(result.conversions, paths.channels), delta_c, delta_v,
+            *shares,
         )  # fmt: skip
     return out, data

@@ -17,6 +17,10 @@
    textbook null removal, `markov_null_removal`, beside the default redistribution): TV distance of
    credit shares against the exact causal credit, and the true change in caused conversions
    and value when each model's budget plan is re-simulated → `results/attribution_truth.json`.
+   A third market, `outside`, is the confounded one plus three channels outside adstream
+   (`Touch` touchpoints and imported daily spend) whose effect has a known adstock and Hill
+   saturation; each model's total share of them is reported beside the true share
+   (`--truth-only outside` runs just that market).
 
 Run: `.venv/bin/python benchmarks/attribution.py` (`--quick` for a smaller run while developing).
 Prints a table; writes `benchmarks/results/attribution.json`. The ClickHouse server of the
@@ -29,6 +33,7 @@ import argparse
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
@@ -40,7 +45,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attribution.migrate import migrate
+from attribution.migrate import migrate  # noqa: E402
 from attribution.models import MODELS, ModelConfig, attribute  # noqa: E402
 from attribution.models.shapley import shapley  # noqa: E402
 from attribution.paths import Paths, Window, build_paths  # noqa: E402
@@ -52,6 +57,7 @@ from schemas.settings import Settings  # noqa: E402
 from streams.sink import ClickHouseSink  # noqa: E402
 from workloads.attribution_market import (  # noqa: E402
     AttributionMarketConfig,
+    default_outside,
     period,
     raw_columns,
     simulate,
@@ -172,13 +178,23 @@ def bench_shapley(n: int) -> dict[str, Any]:
             "sampled_sets": meta["sampled_sets"]}  # fmt: skip
 
 
-def truth(settings: Settings, users: int) -> dict[str, Any]:
+def markets(users: int) -> dict[str, AttributionMarketConfig]:
+    """The truth check's markets: unconfounded, confounded (with holdouts), and the confounded one
+    with three outside channels of known adstock and saturation (`default_outside`)."""
+    confounded = AttributionMarketConfig(seed=1, n_users=2 * users, confounded=True, holdout_share=0.3)
+    return {
+        "unconfounded": AttributionMarketConfig(seed=1, n_users=users),
+        "confounded": confounded,
+        "outside": replace(confounded, outside=default_outside()),
+    }
+
+
+def truth(settings: Settings, users: int, only: list[str] | None = None) -> dict[str, Any]:
     url = urlparse(settings.clickhouse.url)
     out: dict[str, Any] = {}
-    for market, cfg in {
-        "unconfounded": AttributionMarketConfig(seed=1, n_users=users),
-        "confounded": AttributionMarketConfig(seed=1, n_users=2 * users, confounded=True, holdout_share=0.3),
-    }.items():
+    for market, cfg in markets(users).items():
+        if only and market not in only:
+            continue
         name = f"adstream_bench_truth_{uuid.uuid4().hex[:6]}"
         s = settings.model_copy(
             update={
@@ -206,6 +222,14 @@ def truth(settings: Settings, users: int) -> dict[str, Any]:
             "models": {m: r.to_dict() for m, r in res.items()},
             "true_share": next(iter(res.values())).true_share,
         }
+        if cfg.outside:
+            out[market]["outside_channels"] = {
+                o.name: {"daily_spend": o.daily_spend, "cost_per_touch": o.cost_per_touch, "beta": o.beta,
+                         "half_saturation": o.half_saturation, "shape": o.shape, "adstock_decay": o.decay,
+                         "interaction": o.interaction,
+                         "caused_conversions": float(true_conv[data.channels.index(o.name)])}
+                for o in cfg.outside
+            }  # fmt: skip
     return out
 
 
@@ -213,8 +237,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (development)")
     ap.add_argument("--skip-truth", action="store_true")
+    ap.add_argument("--truth-only", nargs="*", metavar="MARKET", default=None,
+                    help=f"only the truth check, of these markets (default all: {', '.join(markets(1))}); "
+                    "writes attribution_truth_<markets>.json")  # fmt: skip
     args = ap.parse_args()
     settings = Settings()
+    if args.truth_only is not None:
+        truth_table(settings, args.quick, args.truth_only or None)
+        return
     sink_users = 20_000 if args.quick else 100_000
     n_models, n_shapley = (20_000, 100_000) if args.quick else (100_000, 1_000_000)
     result: dict[str, Any] = {"machine": machine()}
@@ -240,16 +270,24 @@ def main() -> None:
     write_result(RESULTS / ("attribution_quick.json" if args.quick else "attribution.json"), result)
     if args.skip_truth:
         return
-    truth_result = {"machine": machine(), "markets": truth(settings, 10_000 if args.quick else 20_000)}
-    t = Table("market", "model", "TV error", "retarget share", "Δ true conv. of budget moves")
+    truth_table(settings, args.quick, None)
+
+
+def truth_table(settings: Settings, quick: bool, only: list[str] | None) -> None:
+    """Run the truth check, print its table and write its result file."""
+    truth_result = {"machine": machine(), "markets": truth(settings, 10_000 if quick else 20_000, only)}
+    t = Table("market", "model", "TV error", "retarget share", "outside share (true)",
+              "Δ true conv. of budget moves")  # fmt: skip
     for market, body in truth_result["markets"].items():
         for model, r in body["models"].items():
-            t.add_row(market, model, f"{r['error']:.3f}", f"{r['retarget_share']:.3f}",
+            outside = (
+                f"{r['outside_share']:.3f} ({r['true_outside_share']:.3f})" if "outside_share" in r else ""
+            )
+            t.add_row(market, model, f"{r['error']:.3f}", f"{r['retarget_share']:.3f}", outside,
                       f"{r.get('budget_moves_true_conversions_delta', float('nan')):+.0f}")  # fmt: skip
-    console.print(t)
-    write_result(
-        RESULTS / ("attribution_truth_quick.json" if args.quick else "attribution_truth.json"), truth_result
-    )
+    Console().print(t)
+    stem = "attribution_truth" + (f"_{'_'.join(only)}" if only else "") + ("_quick" if quick else "")
+    write_result(RESULTS / f"{stem}.json", truth_result)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ value caused by each channel, inside the simulated period). Users held out by
 `schemas.holdout.is_holdout` get holdout impressions (no ad: no click, no effect, price 0).
 `spend_multiplier` scales a channel's impressions (its budget), for re-simulating budget moves.
 Events are written into the raw ClickHouse tables exactly as the streams sink writes them.
+
+Channels outside adstream (`OutsideChannel`, `config.outside`) add touches (`Touch` rows) whose
+effect has a known adstock and saturation (a media-mix model's shape), their daily spend (the
+`outside_spend` rows `adstream spend import` writes), and the conversions they cause.
 """
 
 from __future__ import annotations
@@ -80,6 +84,54 @@ def default_campaigns() -> tuple[Campaign, ...]:
 
 
 @dataclass(frozen=True)
+class OutsideChannel:
+    """A channel outside adstream (UTM source / medium / campaign) with known adstock and saturation.
+
+    It spends `daily_spend` a day (times a seeded day-to-day factor, mean 1, and the channel's
+    `spend_multiplier`) and buys touches at `cost_per_touch`, each landing on a user active that
+    day at a uniform time (a click or a view: `interaction`). Its effect follows a media-mix
+    model's shape exactly: adstock A_d = s_d + `decay`·A_{d−1} (geometric carry-over of spend)
+    and a Hill saturation, so the conversions it causes on day d are Poisson with mean
+    `beta` · A_dᵃ / (A_dᵃ + Kᵃ) (a = `shape`, K = `half_saturation`). Each caused conversion goes
+    to the user of one of its touches, drawn with the adstock's weights (a touch k days old
+    weighs decay^k), at a uniform time after the touch within day d: causal credit to this channel.
+    """
+
+    source: str
+    medium: str
+    campaign: str | None
+    daily_spend: float
+    cost_per_touch: float
+    beta: float  # caused conversions a day at full saturation
+    half_saturation: float  # adstocked spend at half of beta
+    shape: float = 1.0
+    decay: float = 0.5
+    interaction: str = "click"
+    spend_jitter: float = 0.3  # day-to-day spend factor: lognormal with this sigma (mean 1)
+
+    @property
+    def name(self) -> str:
+        """The channel's name as attribution gives it at campaign granularity (`OUTSIDE_SQL`)."""
+        tail = f"/{self.campaign}" if self.campaign else ""
+        return f"{self.source}/{self.medium}{tail}"
+
+    def response(self, adstock: np.ndarray) -> np.ndarray:
+        """Expected caused conversions a day at adstocked spend `adstock` (the true curve)."""
+        a = np.power(np.maximum(adstock, 0.0), self.shape)
+        return np.asarray(self.beta * a / (a + self.half_saturation**self.shape), dtype=np.float64)
+
+
+def default_outside() -> tuple[OutsideChannel, ...]:
+    """Three outside channels: paid search near saturation, email cheap and unsaturated with a
+    long carry-over, social views with a weak effect."""
+    return (
+        OutsideChannel("google", "cpc", "brand", 60.0, 0.05, 9.0, 40.0, 1.5, 0.3),
+        OutsideChannel("newsletter", "email", None, 8.0, 0.004, 4.0, 40.0, 1.0, 0.7),
+        OutsideChannel("facebook", "social", "spring", 30.0, 0.01, 1.5, 30.0, 1.0, 0.5, "view"),
+    )
+
+
+@dataclass(frozen=True)
 class AttributionMarketConfig:
     """The market's knobs; the defaults give ~15 channels and a few thousand conversions."""
 
@@ -105,6 +157,7 @@ class AttributionMarketConfig:
     holdout_salt: str = "adstream-holdout"
     spend_multiplier: dict[str, float] = field(default_factory=dict)  # channel "cmp:slot" → factor
     campaigns: tuple[Campaign, ...] = field(default_factory=default_campaigns)
+    outside: tuple[OutsideChannel, ...] = ()  # channels outside adstream (`default_outside()`)
     advertiser_id: str = "adv_attr"
     prefix: str = "am"
 
@@ -119,6 +172,11 @@ class MarketData:
     conv: dict[str, np.ndarray]  # user, t, value, cause (channel index, -1 organic, -2 synergy)
     synergy_channels: np.ndarray  # (n_conv, 2): the two channels of a synergy conversion, else -1
     config: AttributionMarketConfig
+    # outside touches: user, t, channel (index into `channels`, after the own ones); and per
+    # outside channel its daily spend and adstock (rows: channels of `config.outside`)
+    touch: dict[str, np.ndarray] = field(default_factory=dict)
+    outside_spend: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    outside_adstock: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     def true_credit(self) -> tuple[np.ndarray, np.ndarray]:
         """Conversions and value caused by each channel (synergy split 50/50), in-period only."""
@@ -136,20 +194,75 @@ class MarketData:
         return credit, value
 
     def spend(self) -> np.ndarray:
-        """Spend per channel (served impressions × price)."""
+        """Spend per channel (served impressions × price; an outside channel's daily spend)."""
         price = np.array([c.price for c in self.config.campaigns for _ in SLOTS])
         served = ~self.imp["holdout"]
-        counts = np.bincount(self.imp["channel"][served], minlength=len(self.channels))
-        return np.asarray(counts * price, dtype=np.float64)
+        n_own = price.shape[0]
+        counts = np.bincount(self.imp["channel"][served], minlength=n_own)
+        own = np.asarray(counts * price, dtype=np.float64)
+        return np.concatenate([own, self.outside_spend.sum(axis=1) if self.outside_spend.size else []])
 
     @property
     def n_events(self) -> int:
-        return int(self.imp["t"].shape[0] + self.clk["t"].shape[0] + self.conv["t"].shape[0])
+        touches = self.touch["t"].shape[0] if self.touch else 0
+        return int(self.imp["t"].shape[0] + self.clk["t"].shape[0] + self.conv["t"].shape[0] + touches)
 
 
 def channel_names(cfg: AttributionMarketConfig) -> tuple[str, ...]:
-    """The channels in slot_campaign form (`campaign:slot`), as attribution names them."""
-    return tuple(f"{c.campaign_id}:{s}" for c in cfg.campaigns for s in SLOTS)
+    """The channels in slot_campaign form (`campaign:slot`), as attribution names them, then the
+    outside channels (`source/medium[/campaign]`)."""
+    own = tuple(f"{c.campaign_id}:{s}" for c in cfg.campaigns for s in SLOTS)
+    return own + tuple(o.name for o in cfg.outside)
+
+
+def _cat(xs: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype)
+
+
+def _outside(
+    cfg: AttributionMarketConfig, rng: np.random.Generator, span: tuple[np.ndarray, np.ndarray], first: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """The outside channels' touches, caused conversions (user, t, cause), daily spend, adstock."""
+    days = int(np.ceil(cfg.days))
+    start, end = span
+    spend = np.zeros((len(cfg.outside), days))
+    adstock = np.zeros((len(cfg.outside), days))
+    tu, tt, tc, cu, ct, cc = [], [], [], [], [], []
+    for j, o in enumerate(cfg.outside):
+        mult = cfg.spend_multiplier.get(o.name, 1.0)
+        jitter = rng.lognormal(-0.5 * o.spend_jitter**2, o.spend_jitter, days)
+        spend[j] = o.daily_spend * jitter * mult
+        carry = 0.0
+        t_all, u_all, d_all = [], [], []
+        for d in range(days):
+            carry = spend[j, d] + o.decay * carry
+            adstock[j, d] = carry
+            lo, hi = d * 86400.0, min((d + 1) * 86400.0, cfg.days * 86400.0)
+            active = np.flatnonzero((start < hi) & (end > lo))
+            n = rng.poisson(spend[j, d] / o.cost_per_touch) if active.size else 0
+            users = active[rng.integers(0, active.size, n)] if n else np.zeros(0, np.int64)
+            a, b = np.maximum(start[users], lo), np.minimum(end[users], hi)
+            t_all.append(a + rng.random(n) * (b - a))
+            u_all.append(users)
+            d_all.append(np.full(n, d))
+            # the day's caused conversions, each on one touch so far (weights decay^age in days)
+            caused = rng.poisson(float(o.response(adstock[j, d : d + 1])[0]))
+            done_t, done_u, done_d = np.concatenate(t_all), np.concatenate(u_all), np.concatenate(d_all)
+            if caused and done_t.size:
+                w = o.decay ** (d - done_d).astype(float)
+                pick = rng.choice(done_t.size, caused, p=w / w.sum())
+                t0 = np.maximum(done_t[pick], lo)
+                cu.append(done_u[pick])
+                ct.append(t0 + rng.random(caused) * (hi - t0))
+                cc.append(np.full(caused, first + j))
+        tu += u_all
+        tt += t_all
+        tc.append(np.full(sum(x.size for x in u_all), first + j))
+    touch = {"user": _cat(tu, np.int64), "t": _cat(tt, np.float64), "channel": _cat(tc, np.int64)}
+    order = np.lexsort((touch["t"], touch["user"]))
+    touch = {k: v[order] for k, v in touch.items()}
+    conv = {"user": _cat(cu, np.int64), "t": _cat(ct, np.float64), "cause": _cat(cc, np.int64)}
+    return touch, conv, spend, adstock
 
 
 def simulate(cfg: AttributionMarketConfig) -> MarketData:
@@ -238,15 +351,24 @@ def simulate(cfg: AttributionMarketConfig) -> MarketData:
     )
     syn_ch = np.stack([ich[first_a[syn_hit]], ich[first_b[syn_hit]]], axis=1)
 
-    conv_user = np.concatenate([org_user, iu[view_hit], iu[ck_idx[click_hit]], syn_hit])
-    conv_t = np.concatenate([org_t, vc_t, cc_t, syn_t])
+    # outside channels draw from their own generator: the own market's draws stay as they were
+    out_rng = np.random.default_rng([cfg.seed, 21])
+    touch, oc, o_spend, o_adstock = _outside(
+        cfg, out_rng, (span_start, span_end), len(SLOTS) * len(cfg.campaigns)
+    )
+    conv_user = np.concatenate([org_user, iu[view_hit], iu[ck_idx[click_hit]], oc["user"], syn_hit])
+    conv_t = np.concatenate([org_t, vc_t, cc_t, oc["t"], syn_t])
     cause = np.concatenate([
-        np.full(org_user.shape[0], -1), ich[view_hit], ich[ck_idx[click_hit]], np.full(syn_hit.shape[0], -2),
+        np.full(org_user.shape[0], -1), ich[view_hit], ich[ck_idx[click_hit]], oc["cause"],
+        np.full(syn_hit.shape[0], -2),
     ])  # fmt: skip
     syn_pairs = np.full((conv_user.shape[0], 2), -1, dtype=np.int64)
     syn_pairs[conv_user.shape[0] - syn_hit.shape[0] :] = syn_ch
     keep = conv_t < T
-    value = rng.lognormal(np.log(cfg.value_mean) - 0.125, 0.5, conv_user.shape[0])
+    value = rng.lognormal(np.log(cfg.value_mean) - 0.125, 0.5, conv_user.shape[0] - oc["user"].shape[0])
+    # the outside conversions' values from their own generator (the own draws stay as they were)
+    at = org_user.shape[0] + iu[view_hit].shape[0] + ck_idx[click_hit].shape[0]
+    value = np.insert(value, at, out_rng.lognormal(np.log(cfg.value_mean) - 0.125, 0.5, oc["user"].shape[0]))
     order = np.argsort(conv_t[keep], kind="stable")
     return MarketData(
         names,
@@ -258,6 +380,9 @@ def simulate(cfg: AttributionMarketConfig) -> MarketData:
         },
         syn_pairs[keep][order],
         cfg,
+        touch,
+        o_spend,
+        o_adstock,
     )  # fmt: skip
 
 
@@ -279,6 +404,9 @@ IMPRESSION_COLUMNS = (
 )  # fmt: skip
 CLICK_COLUMNS = ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "campaign_id",
                  "kafka_partition", "kafka_offset")  # fmt: skip
+TOUCH_COLUMNS = ("event_id", "ts", "ts_ms", "user_id", "advertiser_id", "source", "medium", "campaign",
+                 "interaction", "cost", "kafka_partition", "kafka_offset")  # fmt: skip
+SPEND_COLUMNS = ("day", "advertiser_id", "source", "medium", "campaign", "spend", "version")
 CONVERSION_COLUMNS = ("event_id", "ts", "ts_ms", "user_id", "campaign_id", "advertiser_id", "value",
                       "kafka_partition", "kafka_offset")  # fmt: skip
 
@@ -318,11 +446,40 @@ def raw_columns(data: MarketData) -> dict[str, tuple[tuple[str, ...], list[list[
         users[conv["user"]].tolist(), ["cmp_site"] * n_v, [cfg.advertiser_id] * n_v, conv["value"].tolist(),
         zeros[:n_v], list(range(n_v)),
     ]  # fmt: skip
-    return {
+    out = {
         "impressions": (IMPRESSION_COLUMNS, impressions),
         "clicks": (CLICK_COLUMNS, clicks),
         "conversions": (CONVERSION_COLUMNS, conversions),
     }
+    if data.touch and data.touch["t"].shape[0]:
+        out["touches"] = (TOUCH_COLUMNS, _touch_columns(data, users))
+    return out
+
+
+def _touch_columns(data: MarketData, users: np.ndarray) -> list[list[Any]]:
+    cfg, tch = data.config, data.touch
+    n = tch["t"].shape[0]
+    own = len(SLOTS) * len(cfg.campaigns)
+    chans = [cfg.outside[c - own] for c in tch["channel"].tolist()]
+    ts = cfg.start + tch["t"]
+    return [
+        [f"{cfg.prefix}t{i:09d}" for i in range(n)], ts.astype(np.int64).tolist(),
+        (ts * 1000).astype(np.int64).tolist(), users[tch["user"]].tolist(), [cfg.advertiser_id] * n,
+        [o.source for o in chans], [o.medium for o in chans], [o.campaign for o in chans],
+        [o.interaction for o in chans], [o.cost_per_touch for o in chans], [0] * n, list(range(n)),
+    ]  # fmt: skip
+
+
+def spend_rows(data: MarketData) -> list[tuple[Any, ...]]:
+    """The outside channels' daily spend as rows of `outside_spend` (as `adstream spend import`)."""
+    from datetime import UTC, datetime, timedelta
+
+    first = datetime.fromtimestamp(data.config.start, UTC).date()
+    return [
+        (first + timedelta(days=d), data.config.advertiser_id, o.source, o.medium, o.campaign or "",
+         float(data.outside_spend[j, d]), 1)
+        for j, o in enumerate(data.config.outside) for d in range(data.outside_spend.shape[1])
+    ]  # fmt: skip
 
 
 def write_raw(backend: Any, data: MarketData, batch: int = 200_000) -> int:
@@ -333,6 +490,8 @@ def write_raw(backend: Any, data: MarketData, batch: int = 200_000) -> int:
         for lo in range(0, n, batch):
             backend.insert_columnar(table, cols, [c[lo : lo + batch] for c in columns])
         total += n
+    if data.config.outside:
+        backend.insert("outside_spend", SPEND_COLUMNS, spend_rows(data))
     return total
 
 

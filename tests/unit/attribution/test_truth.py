@@ -7,13 +7,15 @@ unconfounded market, and holdout calibration takes the zero-effect retargeting c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from attribution.migrate import apply_migrations
 from attribution.sql import ChdbBackend
 from attribution.truth import check_market
-from workloads.attribution_market import AttributionMarketConfig, simulate
+from workloads.attribution_market import AttributionMarketConfig, default_outside, simulate
 
 
 def _backend(name: str) -> ChdbBackend:
@@ -60,3 +62,38 @@ def test_market_truth_is_exact_and_deterministic() -> None:
     )
     ch = a.channels.index("cmp_search:search")
     assert (doubled.imp["channel"] == ch).sum() > 1.6 * (a.imp["channel"] == ch).sum()
+
+
+def test_outside_channels_follow_their_adstock_and_saturation() -> None:
+    plain = AttributionMarketConfig(seed=4, n_users=5000)
+    cfg = replace(plain, outside=default_outside())
+    a, base = simulate(cfg), simulate(plain)
+    # the own market is untouched by adding outside channels (their own random stream)
+    assert np.array_equal(a.imp["t"], base.imp["t"]) and np.array_equal(a.clk["t"], base.clk["t"])
+    credit, _ = a.true_credit()
+    for j, o in enumerate(cfg.outside):
+        ch = a.channels.index(o.name)
+        spend = a.outside_spend[j]
+        carry = np.zeros_like(spend)
+        for d in range(spend.shape[0]):  # A_d = s_d + decay·A_{d−1}
+            carry[d] = spend[d] + (o.decay * carry[d - 1] if d else 0.0)
+        np.testing.assert_allclose(a.outside_adstock[j], carry)
+        mu = float(o.response(carry).sum())  # caused conversions are Poisson with this mean
+        assert abs(credit[ch] - mu) <= 4 * np.sqrt(mu) + 1, o.name
+        assert (a.touch["channel"] == ch).sum() == pytest.approx(spend.sum() / o.cost_per_touch, rel=0.1)
+    # doubling a saturated channel's budget doubles its adstock, not its effect
+    google = cfg.outside[0]
+    doubled = simulate(replace(cfg, spend_multiplier={google.name: 2.0}))
+    np.testing.assert_allclose(doubled.outside_adstock[0], 2 * a.outside_adstock[0])
+    gain = google.response(doubled.outside_adstock[0]).sum() / google.response(a.outside_adstock[0]).sum()
+    assert 1.0 < gain < 1.5
+
+
+@pytest.mark.timeout(300)
+def test_truth_check_covers_outside_channels() -> None:
+    cfg = AttributionMarketConfig(seed=2, n_users=6000, outside=default_outside())
+    res, _ = check_market(_backend("truth_o"), cfg, ["last_click", "linear", "shapley"])
+    for name, r in res.items():
+        assert set(r.model_share) >= {o.name for o in cfg.outside}, name
+        assert r.outside_share is not None and 0 < r.true_outside_share < 1  # type: ignore[operator]
+        assert r.to_dict()["budget_moves_true_conversions_delta"] is not None
