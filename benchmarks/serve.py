@@ -102,9 +102,8 @@ def warm_users(settings: Settings, users: int, catalog: Path) -> None:
     import numpy as np
     import redis
 
+    from schemas.user_record import UserState, encode_state, user_key
     from schemas.vectors import content_vector
-    from streams.record import encode_state, user_key
-    from streams.state import UserState
 
     cats = sorted({json.loads(line)["category"] for line in catalog.open() if '"kind":"ad"' in line})
     r = redis.Redis.from_url(settings.redis.url)

@@ -27,32 +27,6 @@ class Device(StrEnum):
     cuda = "cuda"
 
 
-class StreamsUserCodec:
-    """Serving's view of streams' Redis user record (`streams.record`), decayed to request time."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.params = settings.state
-
-    def key(self, prefix: str, user_id: str) -> str:
-        from streams.record import user_key
-
-        return user_key(prefix, user_id)
-
-    def view(self, user_id: str, data: bytes, now_ts: float) -> Any:
-        import numpy as np
-
-        from serving.pipeline import UserView
-        from streams.record import decode_state, served_view
-        from streams.state import bias_at
-
-        state = decode_state(user_id, data)
-        # every intent streams keeps (training saw all of them), not served_view's default top 8
-        vector, top = served_view(state, now_ts, self.params, k=self.params.max_intents)
-        # the per-user correction, unless turned off (state.feedback_lr = 0 stops using it too)
-        bias = bias_at(state, now_ts, self.params) if self.params.feedback_lr > 0 else {}
-        return UserView(np.asarray(vector, dtype=np.float32), dict(top), bias)
-
-
 @dataclass(frozen=True)
 class Endpoints:
     """Where the app answers: the Serve proxy (load-balanced) and each replica's own HTTP port."""
@@ -105,7 +79,9 @@ def start(
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     serve.start(http_options={"host": settings.serving.http_host, "port": settings.serving.http_port})
     if app is None:
-        app = build_app(settings, StreamsUserCodec(settings))
+        from serving.io import UserRecordCodec
+
+        app = build_app(settings, UserRecordCodec(settings.state))
     serve.run(app, name=name, route_prefix="/", blocking=False)
     proxy = f"http://{settings.serving.http_host}:{settings.serving.http_port}"
     return Endpoints(proxy, _replica_urls(settings) if throughput_optimized else [])

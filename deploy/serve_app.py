@@ -13,9 +13,9 @@ from typing import Any
 
 def build(args: dict[str, Any]) -> Any:
     """Ray Serve application builder: `args` are settings overrides (`{"serving.replicas": 2}`)."""
-    from deploy.cli_serving import StreamsUserCodec
     from schemas.settings import Settings, nested
     from serving.app import build_app
+    from serving.io import UserRecordCodec
 
     settings = Settings(**nested(args))
-    return build_app(settings, StreamsUserCodec(settings))
+    return build_app(settings, UserRecordCodec(settings.state))

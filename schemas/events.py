@@ -86,7 +86,7 @@ Timestamp = Annotated[AwareDatetime, BeforeValidator(_not_a_number), AfterValida
 # Free text (ad titles) of any script, but it reaches ClickHouse, dashboards and logs: control
 # characters (C0, DEL, C1: NUL, newlines, tabs, ANSI escapes) and bidi embeddings, overrides and
 # isolates (U+202A–U+202E, U+2066–U+2069: "Trojan Source") are refused. A pattern, not a Python
-# validator, so the streams fast path keeps it (`streams.ingest.FastDecoder`).
+# validator, so the streams fast path keeps it (`schemas.decode.BatchDecoder`).
 TEXT_PATTERN: Final = r"^[^\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]*$"
 Text = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=TEXT_PATTERN)]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64)]

@@ -31,6 +31,6 @@ Modules, each a pure core or a thin shell:
 - `io`        — Redis (user state via a codec, frequency caps, spend, snapshots) and Kafka shells.
 - `metrics`   — `adstream_serving_*` Prometheus metrics (no ids as labels).
 
-Serving may import `schemas` and `trainers` (models, features, delta format) only; the user
-record format of streams arrives as a `io.UserCodec` from the deployer.
+Serving may import `schemas` and `trainers.models` only (an import-linter contract); the user
+record streams writes is a contract too (`schemas.user_record`), read by `io.UserRecordCodec`.
 """

@@ -7,7 +7,8 @@ Redis keys written/read by serving (under `settings.redis_prefix`):
   only per-user key serving writes, for ids that passed the contract, and it cannot outlive its day
 - `spend:{yyyymmdd}` hash campaign_id → expected spend today (pCTR × price, per campaign, never
   per user; TTL 2 days)
-- the user record (key and layout owned by streams, decoded through a `UserCodec` given at start)
+- the user record (`schemas.user_record`, written by streams; read through a `UserCodec`, by default
+  `UserRecordCodec`)
 - adapter snapshots (`adapter:{adapter_id}`: an `AdapterDelta` JSON with `snapshot=true`)
 - `adapter-pins` hash adapter_id → seq: adapters an admin rolled back (shared by all replicas),
   and `adapter-pin:{adapter_id}` the pinned weights (a snapshot), for replicas that lack that seq
@@ -31,12 +32,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+import numpy as np
+
 from schemas import codec, topics
 from schemas.clients import fetch_args, kafka_args, redis_args
 from schemas.errors import AdstreamError, SchemaError
 from schemas.events import AdapterDelta, Impression, Message
 from schemas.retry import kafka_errors
-from schemas.settings import Settings
+from schemas.settings import Settings, StateSettings
+from schemas.user_record import bias_at, decode_state, served_view, user_key
 from serving.pipeline import UserView
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,25 @@ class UserCodec(Protocol):
     def key(self, prefix: str, user_id: str) -> str: ...
 
     def view(self, user_id: str, data: bytes, now_ts: float) -> UserView: ...
+
+
+class UserRecordCodec:
+    """The Redis user record the streams worker writes (`schemas.user_record`), read as serving's
+    `UserView` decayed to request time."""
+
+    def __init__(self, params: StateSettings) -> None:
+        self.params = params
+
+    def key(self, prefix: str, user_id: str) -> str:
+        return user_key(prefix, user_id)
+
+    def view(self, user_id: str, data: bytes, now_ts: float) -> UserView:
+        state = decode_state(user_id, data)
+        # every intent streams keeps (training saw all of them), not served_view's default top 8
+        vector, top = served_view(state, now_ts, self.params, k=self.params.max_intents)
+        # the per-user correction, unless turned off (state.feedback_lr = 0 stops using it too)
+        bias = bias_at(state, now_ts, self.params) if self.params.feedback_lr > 0 else {}
+        return UserView(np.asarray(vector, dtype=np.float32), dict(top), bias)
 
 
 def day_of(now: datetime) -> str:

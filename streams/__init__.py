@@ -8,7 +8,7 @@ without Kafka/Redis:
   step, `fold_event`), lazy reads (`intent_scores`, `vector_at`), `same_state`;
 * `streams.fold` — `fold_batch`: a batch of events folded per user, the vectors stepped as arrays
   (what `Processor.on_batch`, the worker's path, runs; the same bits as `apply_event` per event);
-* `streams.record` — the compact Redis record (`encode_state`/`decode_state`), `user_key`,
+* `schemas.user_record` — the compact Redis record (`encode_state`/`decode_state`), `user_key`,
   `read_user_state(redis, prefix, user_id)` / `aread_user_state` and `served_view` for serving;
 * `streams.join` — the impression→click/dwell label join, `adapter_id`, `example_id`;
 * `streams.in_memory` — `training_examples(events, settings)` and `replay(...)`: the worker's

@@ -22,7 +22,8 @@ import numpy as np
 
 from schemas.events import Message
 from schemas.settings import StateSettings
-from streams.state import AdInfo, Folding, UserState, fold_event
+from schemas.user_record import UserState
+from streams.state import AdInfo, Folding, fold_event
 
 
 @dataclass(slots=True)

@@ -21,9 +21,10 @@ import numpy as np
 
 from schemas.events import Click, Impression, Message, TrainingExample
 from schemas.settings import Settings, StateSettings
+from schemas.user_record import UserState, bias_at
 from streams.join import LabelMode
 from streams.processor import AdVectors, Processor
-from streams.state import AdInfo, UserState, apply_event, bias_at
+from streams.state import AdInfo, apply_event
 
 
 def training_examples(

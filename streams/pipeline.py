@@ -48,13 +48,13 @@ from schemas.errors import StoreError
 from schemas.events import DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from schemas.signing import event_key
+from schemas.user_record import UserState
 from streams import metrics as m
 from streams.delivery import TABLE_TOPIC, SendMany, produce_all, refused_letter, retrying, write_rows
 from streams.ingest import Invalid, ahead_of_record, unvouched, validate
 from streams.merge import Item, PartitionMerge
 from streams.processor import AdVectors, Processor
 from streams.sink import EventSink, empty_rows, row_of
-from streams.state import UserState
 from streams.store import Commit, RedisStateStore
 
 log = logging.getLogger(__name__)

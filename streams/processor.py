@@ -16,16 +16,11 @@ import numpy as np
 
 from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample
 from schemas.settings import Settings, StateSettings
+from schemas.user_record import UserState, decay_factor
 from schemas.watermark import DEFAULT_WINDOW
 from streams.fold import fold_batch
 from streams.join import AdapterScheme, LabelJoin, LabelMode
-from streams.state import (
-    USER_EVENTS,
-    AdInfo,
-    UserState,
-    apply_event,
-    decay_factor,
-)
+from streams.state import USER_EVENTS, AdInfo, apply_event
 
 UNKNOWN_CATEGORY = "unknown"
 

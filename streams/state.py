@@ -38,14 +38,19 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Final, Protocol
+from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
 from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message
 from schemas.settings import StateSettings
+from schemas.user_record import (
+    UserState,
+    bias_factor,
+    decay,
+    decay_factor,
+)
 from schemas.vectors import content_vector
 
 RECENT_IDS: Final = 32  # duplicate detection ring per user (retries arrive close together)
@@ -69,100 +74,9 @@ class AdInfo:
         return cls(ad.ad_id, ad.category, ad.advertiser_id, ad.campaign_id, vec)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class UserState:
-    """One user's state as of `last_ts` (epoch seconds); scores and vector are decayed to it."""
-
-    user_id: str
-    dim: int
-    vector: np.ndarray  # float32, never mutated in place
-    intents: Mapping[str, float] = field(default_factory=dict)
-    last_ts: float = 0.0
-    session_start_ts: float = 0.0
-    sessions: int = 0
-    session_events: int = 0
-    events: int = 0
-    impressions: int = 0
-    clicks: int = 0
-    late: int = 0
-    version: int = 0
-    recent_ids: tuple[int, ...] = ()
-    recent_clicks: tuple[int, ...] = ()
-    bias: Mapping[str, float] = field(default_factory=dict)  # per-category logit bias as of last_ts
-
-    @classmethod
-    def empty(cls, user_id: str, dim: int) -> UserState:
-        return cls(user_id=user_id, dim=dim, vector=np.zeros(dim, dtype=np.float32))
-
-    def top_intents(self, k: int) -> list[tuple[str, float]]:
-        """The k highest intent scores as of `last_ts`, highest first (ties by name)."""
-        items = sorted(self.intents.items(), key=itemgetter(0))
-        items.sort(key=itemgetter(1), reverse=True)  # stable: ties stay in name order
-        return items[:k]
-
-
 def id_hash(value: str) -> int:
     """A stable 32-bit hash of an id (duplicate and click rings; stable across processes)."""
     return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=4).digest(), "little")
-
-
-def decay(score: float, dt_s: float, half_life_s: float) -> float:
-    """`score` after `dt_s` seconds of exponential decay with half-life `half_life_s`.
-
-    >>> decay(8.0, 7200.0, 3600.0)
-    2.0
-    """
-    if dt_s < 0:
-        raise ValueError(f"dt_s must be >= 0, got {dt_s}")
-    if half_life_s <= 0:
-        raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
-    return score * math.pow(0.5, dt_s / half_life_s)
-
-
-def decay_factor(state: Timed, now_ts: float, params: StateSettings) -> float:
-    """The factor every score of `state` is multiplied by when read (or updated) at `now_ts`."""
-    if state.events == 0 or now_ts <= state.last_ts:
-        return 1.0
-    dt = now_ts - state.last_ts
-    factor = decay(1.0, dt, params.half_life_s)
-    if dt > params.session_gap_s:
-        factor *= params.alpha_session
-    return factor
-
-
-def intent_scores(state: UserState, now_ts: float, params: StateSettings) -> dict[str, float]:
-    """Lazy read: every intent score decayed from `last_ts` to `now_ts` (O(categories))."""
-    f = decay_factor(state, now_ts, params)
-    return {c: s * f for c, s in state.intents.items()}
-
-
-def intent_score(state: UserState, category: str, now_ts: float, params: StateSettings) -> float:
-    """Lazy read of one category's intent score at `now_ts`."""
-    s = state.intents.get(category, 0.0)
-    return s * decay_factor(state, now_ts, params) if s else 0.0
-
-
-def vector_at(state: UserState, now_ts: float, params: StateSettings) -> np.ndarray:
-    """The state vector decayed to `now_ts` (float32)."""
-    f = decay_factor(state, now_ts, params)
-    return state.vector if f == 1.0 else (state.vector * np.float32(f)).astype(np.float32)
-
-
-def bias_factor(state: Timed, now_ts: float, params: StateSettings) -> float:
-    """The factor the per-user bias of `state` is multiplied by when read at `now_ts`: the clock
-    half-life only (no session discount)."""
-    if state.events == 0 or now_ts <= state.last_ts:
-        return 1.0
-    return decay(1.0, now_ts - state.last_ts, params.half_life_s)
-
-
-def bias_at(state: UserState, now_ts: float, params: StateSettings) -> dict[str, float]:
-    """Lazy read: the per-(user, category) logit biases decayed to `now_ts`, within
-    ±`feedback_max` (the worker keeps them there; a state read from Redis is clamped again,
-    whoever wrote the record)."""
-    f = bias_factor(state, now_ts, params)
-    lim = params.feedback_max
-    return {c: min(lim, max(-lim, b * f)) for c, b in state.bias.items()}
 
 
 def feedback_step(event: Message, params: StateSettings) -> float:
@@ -237,15 +151,6 @@ def _evidence(
     if isinstance(event, Conversion):
         return w.conversion, w.conversion, 1.0
     return 0.0, 0.0, 1.0
-
-
-class Timed(Protocol):
-    """What the decay factors read of a state: `UserState`, or a `Folding` one."""
-
-    @property
-    def events(self) -> int: ...
-    @property
-    def last_ts(self) -> float: ...
 
 
 @dataclass(slots=True, eq=False)

@@ -2,7 +2,7 @@
 
 Keys (all under `settings.redis_prefix`):
 
-* ``user:{user_id}`` — the compact user record (`streams.record`), TTL `state.ttl_s`;
+* ``user:{user_id}`` — the compact user record (`schemas.user_record`), TTL `state.ttl_s`;
 * ``streams:offsets`` — hash ``{physical topic}:{partition}`` → last applied offset, plus
   ``stream_ts:{partition}`` → the label join's stream time;
 * ``streams:pending:{partition}`` — hash impression_id → pending impression of the label join.
@@ -23,10 +23,9 @@ from typing import Any
 
 from schemas.errors import StoreError
 from schemas.retry import redis_errors
+from schemas.user_record import UserState, decode_state, encode_state, user_key
 from streams import metrics as m
 from streams.join import Pending
-from streams.record import decode_state, encode_state, user_key
-from streams.state import UserState
 
 log = logging.getLogger(__name__)
 

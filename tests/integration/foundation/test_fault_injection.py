@@ -396,8 +396,8 @@ def _compare_states(
     state differs, users whose event counts differ, users compared, users not kept in order)."""
     from schemas import codec
     from schemas.events import AdCreative
+    from schemas.user_record import read_user_state
     from streams.in_memory import replay
-    from streams.record import read_user_state
     from streams.state import same_state
 
     s = sc.s

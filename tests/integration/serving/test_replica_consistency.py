@@ -152,7 +152,7 @@ def replicas(server: httpx.Client, serve_settings: Settings) -> Iterator[tuple[l
     each adapter starting from a trainer snapshot at seq 0."""
     from ray import serve
 
-    from deploy.cli_serving import StreamsUserCodec
+    from serving.io import UserRecordCodec
     from deploy.stack import create_topics
     from serving.app import build_app
 
@@ -173,7 +173,7 @@ def replicas(server: httpx.Client, serve_settings: Settings) -> Iterator[tuple[l
         store_snapshot(s, lineage(s, adapter_id, 1)[0])
     clients: list[httpx.Client] = []
     try:
-        serve.run(build_app(s, StreamsUserCodec(s)), name=APP, route_prefix=PREFIX, blocking=False)
+        serve.run(build_app(s, UserRecordCodec(s.state)), name=APP, route_prefix=PREFIX, blocking=False)
         wait_for(lambda: len(replica_urls(s)) == 2, 180, lambda: f"{APP} on direct ports: {replica_urls(s)}")
         clients = [httpx.Client(base_url=f"{url}{PREFIX}", timeout=30) for url in replica_urls(s)]
         wait_for(lambda: all(_healthy(c) for c in clients), 60, lambda: "replicas not ready")

@@ -387,13 +387,12 @@ def test_replica_starts_from_redis_snapshots_and_resyncs_on_a_gap(
 def test_warm_user_state_from_redis_steers_recall(
     server: httpx.Client, serve_settings: Settings, catalog: list[AdCreative]
 ) -> None:
-    """A user record written in streams' format (read through `StreamsUserCodec`) drives the query."""
+    """A user record written by streams (`schemas.user_record`) drives the query."""
     import numpy as np
     import redis
 
+    from schemas.user_record import UserState, encode_state, user_key
     from schemas.vectors import content_vector
-    from streams.record import encode_state, user_key
-    from streams.state import UserState
 
     s = serve_settings
     now = time.time()
@@ -426,9 +425,8 @@ def test_the_users_per_category_bias_moves_the_served_pctr_of_that_category_only
     import numpy as np
     import redis
 
+    from schemas.user_record import UserState, encode_state, user_key
     from schemas.vectors import content_vector
-    from streams.record import encode_state, user_key
-    from streams.state import UserState
 
     s = serve_settings
     now = time.time()

@@ -29,11 +29,11 @@ from schemas.errors import StoreError
 from schemas.events import DeadLetter, Impression
 from schemas.settings import Settings
 from schemas.signing import event_key, seal
+from schemas.user_record import UserState
 from streams.in_memory import replay
 from streams.pipeline import Pipeline, RawRecord
 from streams.processor import AdVectors
 from streams.sink import ClickHouseSink
-from streams.state import UserState
 from streams.store import RedisStateStore
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.clickhouse, pytest.mark.timeout(240)]

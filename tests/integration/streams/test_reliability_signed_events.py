@@ -20,8 +20,8 @@ from schemas.events import Click, DeadLetter, Dwell, Impression, Message, Traini
 from schemas.ids import impression_event_id
 from schemas.settings import Settings
 from schemas.signing import click_token, event_key, seal, sign_impression
+from schemas.user_record import read_user_state
 from streams.in_memory import replay
-from streams.record import read_user_state
 from streams.state import same_state
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.clickhouse, pytest.mark.timeout(240)]

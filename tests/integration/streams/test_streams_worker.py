@@ -18,8 +18,8 @@ from schemas.codec import decode, encode, key_of, topic_of
 from schemas.events import AdCreative, DeadLetter, Message, TrainingExample
 from schemas.settings import Settings
 from schemas.signing import event_key
+from schemas.user_record import read_user_state
 from streams.in_memory import replay
-from streams.record import read_user_state
 from streams.state import same_state
 from workloads.config import MarketConfig
 from workloads.market import Market

@@ -14,10 +14,10 @@ from schemas.codec import decode, encode
 from schemas.errors import SchemaError
 from schemas.events import MAX_FEATURE, AdCreative, Conversion, DeadLetter, Impression, TrainingExample
 from schemas.settings import Settings
+from schemas.user_record import UserState
 from streams.ingest import Invalid, dead_letter, validate
 from streams.merge import Item, PartitionMerge
 from streams.processor import AdVectors, Processor
-from streams.state import UserState
 
 # aiokafka's default `max_request_size`, which every producer of ours keeps
 PRODUCER_LIMIT = 1024 * 1024

@@ -18,12 +18,11 @@ from schemas.errors import StoreError
 from schemas.events import DeadLetter
 from schemas.retry import Backoff
 from schemas.settings import Settings
+from schemas.user_record import UserState, decode_state, encode_state
 from streams.ingest import Invalid, dead_letter_id, validate
 from streams.merge import Item, PartitionMerge
 from streams.pipeline import Pipeline, RawRecord
-from streams.record import decode_state, encode_state
 from streams.sink import COLUMNS, row_of
-from streams.state import UserState
 from streams.store import RedisStateStore
 
 INPUTS = ("ad.impressions", "ad.clicks", "ad.dwell", "ad.conversions")

@@ -16,9 +16,9 @@ from streams_helpers import click, creative, impression
 
 from schemas.errors import StoreError
 from schemas.settings import StateSettings
+from schemas.user_record import UserState, bias_at, decode_state, encode_state
 from serving.ranking import RankInput, build_input
-from streams.record import decode_state, encode_state
-from streams.state import AdInfo, UserState, apply_event, bias_at, same_state
+from streams.state import AdInfo, apply_event, same_state
 
 DIM = 8
 AD = AdInfo.from_creative(creative(), DIM)
@@ -172,14 +172,14 @@ def test_corrected_scores_replays_the_correction_progressively_per_user_and_cate
 
 
 def test_serving_reads_the_bias_decayed_and_clamped_and_not_at_all_when_turned_off() -> None:
-    from deploy.cli_serving import StreamsUserCodec
     from schemas.settings import Settings
+    from serving.io import UserRecordCodec
 
     s = apply_event(UserState.empty("u1", DIM), impression("i1", 0.0), AD, P)
     forged = replace(s, bias={"shoes": 9.0, "tech": -0.5})
     data = encode_state(forged)
-    codec = StreamsUserCodec(Settings(state={"feedback_max": 4.0, "half_life_s": 10.0}))
+    codec = UserRecordCodec(Settings(state={"feedback_max": 4.0, "half_life_s": 10.0}).state)
     view = codec.view("u1", data, forged.last_ts + 10.0)
     assert view.bias == {"shoes": 4.0, "tech": pytest.approx(-0.25)}
-    off = StreamsUserCodec(Settings(state={"feedback_lr": 0.0}))
+    off = UserRecordCodec(Settings(state={"feedback_lr": 0.0}).state)
     assert off.view("u1", data, forged.last_ts).bias == {}

@@ -12,8 +12,8 @@ import pytest
 from schemas.codec import encode, example_json
 from schemas.events import AdCreative, Message
 from schemas.settings import Settings
+from schemas.user_record import encode_state
 from streams.processor import Processor
-from streams.record import encode_state
 from workloads.config import MarketConfig
 from workloads.market import Market
 

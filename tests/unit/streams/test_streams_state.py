@@ -11,17 +11,16 @@ from hypothesis import strategies as st
 from streams_helpers import click, creative, dwell, impression
 
 from schemas.settings import StateSettings
-from streams.record import decode_state, encode_state
-from streams.state import (
-    AdInfo,
+from schemas.user_record import (
     UserState,
-    apply_event,
     decay,
     decay_factor,
+    decode_state,
+    encode_state,
     intent_score,
     intent_scores,
-    same_state,
 )
+from streams.state import AdInfo, apply_event, same_state
 
 P = StateSettings()
 DIM = 32  # settings.state_dim

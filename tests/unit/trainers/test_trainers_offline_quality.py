@@ -9,7 +9,8 @@ from helpers_trainers import make_examples
 
 from schemas.events import AdCreative, Click, Impression
 from schemas.settings import StateSettings
-from streams.state import AdInfo, UserState, apply_event
+from schemas.user_record import UserState
+from streams.state import AdInfo, apply_event
 from trainers.baseline import logistic_probs
 from trainers.models.features import RankerBatch, featurize
 from trainers.models.ranker import RankerConfig

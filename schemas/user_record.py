@@ -1,4 +1,5 @@
-"""The compact Redis record of one user's state (binary float32 vector, intents, `last_ts`, version).
+"""The Redis user record: the contract between the streams worker (its writer) and serving
+(its reader). The compact record of one user's state (binary float32 vector, intents, `last_ts`, version).
 
 One key per user, ``{redis_prefix}user:{user_id}``, written by the streams worker with a TTL of
 `state.ttl_s` and read by serving with `read_user_state`. Layout (little endian):
@@ -22,19 +23,121 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Final
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any, Final, Protocol
 
 import numpy as np
 
 from schemas.errors import StoreError
 from schemas.settings import StateSettings
-from streams.state import UserState, intent_scores, vector_at
 
 MAGIC: Final = b"US"
 FORMAT: Final = 2
 FORMATS: Final = frozenset({1, 2})  # what decode_state reads
 _HEADER = struct.Struct("<2sBHBBBddIIIIIIQ")
 _SCORE = struct.Struct("<d")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UserState:
+    """One user's state as of `last_ts` (epoch seconds); scores and vector are decayed to it."""
+
+    user_id: str
+    dim: int
+    vector: np.ndarray  # float32, never mutated in place
+    intents: Mapping[str, float] = field(default_factory=dict)
+    last_ts: float = 0.0
+    session_start_ts: float = 0.0
+    sessions: int = 0
+    session_events: int = 0
+    events: int = 0
+    impressions: int = 0
+    clicks: int = 0
+    late: int = 0
+    version: int = 0
+    recent_ids: tuple[int, ...] = ()
+    recent_clicks: tuple[int, ...] = ()
+    bias: Mapping[str, float] = field(default_factory=dict)  # per-category logit bias as of last_ts
+
+    @classmethod
+    def empty(cls, user_id: str, dim: int) -> UserState:
+        return cls(user_id=user_id, dim=dim, vector=np.zeros(dim, dtype=np.float32))
+
+    def top_intents(self, k: int) -> list[tuple[str, float]]:
+        """The k highest intent scores as of `last_ts`, highest first (ties by name)."""
+        items = sorted(self.intents.items(), key=itemgetter(0))
+        items.sort(key=itemgetter(1), reverse=True)  # stable: ties stay in name order
+        return items[:k]
+
+
+def decay(score: float, dt_s: float, half_life_s: float) -> float:
+    """`score` after `dt_s` seconds of exponential decay with half-life `half_life_s`.
+
+    >>> decay(8.0, 7200.0, 3600.0)
+    2.0
+    """
+    if dt_s < 0:
+        raise ValueError(f"dt_s must be >= 0, got {dt_s}")
+    if half_life_s <= 0:
+        raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+    return score * math.pow(0.5, dt_s / half_life_s)
+
+
+def decay_factor(state: Timed, now_ts: float, params: StateSettings) -> float:
+    """The factor every score of `state` is multiplied by when read (or updated) at `now_ts`."""
+    if state.events == 0 or now_ts <= state.last_ts:
+        return 1.0
+    dt = now_ts - state.last_ts
+    factor = decay(1.0, dt, params.half_life_s)
+    if dt > params.session_gap_s:
+        factor *= params.alpha_session
+    return factor
+
+
+def intent_scores(state: UserState, now_ts: float, params: StateSettings) -> dict[str, float]:
+    """Lazy read: every intent score decayed from `last_ts` to `now_ts` (O(categories))."""
+    f = decay_factor(state, now_ts, params)
+    return {c: s * f for c, s in state.intents.items()}
+
+
+def intent_score(state: UserState, category: str, now_ts: float, params: StateSettings) -> float:
+    """Lazy read of one category's intent score at `now_ts`."""
+    s = state.intents.get(category, 0.0)
+    return s * decay_factor(state, now_ts, params) if s else 0.0
+
+
+def vector_at(state: UserState, now_ts: float, params: StateSettings) -> np.ndarray:
+    """The state vector decayed to `now_ts` (float32)."""
+    f = decay_factor(state, now_ts, params)
+    return state.vector if f == 1.0 else (state.vector * np.float32(f)).astype(np.float32)
+
+
+def bias_factor(state: Timed, now_ts: float, params: StateSettings) -> float:
+    """The factor the per-user bias of `state` is multiplied by when read at `now_ts`: the clock
+    half-life only (no session discount)."""
+    if state.events == 0 or now_ts <= state.last_ts:
+        return 1.0
+    return decay(1.0, now_ts - state.last_ts, params.half_life_s)
+
+
+def bias_at(state: UserState, now_ts: float, params: StateSettings) -> dict[str, float]:
+    """Lazy read: the per-(user, category) logit biases decayed to `now_ts`, within
+    ±`feedback_max` (the worker keeps them there; a state read from Redis is clamped again,
+    whoever wrote the record)."""
+    f = bias_factor(state, now_ts, params)
+    lim = params.feedback_max
+    return {c: min(lim, max(-lim, b * f)) for c, b in state.bias.items()}
+
+
+class Timed(Protocol):
+    """What the decay factors read of a state: `UserState`, or a `Folding` one."""
+
+    @property
+    def events(self) -> int: ...
+    @property
+    def last_ts(self) -> float: ...
 
 
 def user_key(prefix: str, user_id: str) -> str:
@@ -149,7 +252,7 @@ def served_view(
     state: UserState, now_ts: float, params: StateSettings, k: int = 8
 ) -> tuple[np.ndarray, list[tuple[str, float]]]:
     """What serving uses: the vector and the top-k intents, lazily decayed to `now_ts` (the
-    per-user correction is read by `streams.state.bias_at`)."""
+    per-user correction is read by `bias_at`)."""
     scores = intent_scores(state, now_ts, params)
     top = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
     return vector_at(state, now_ts, params), top
