@@ -149,7 +149,8 @@ def main() -> None:
 
     from deploy.machine import machine, write_result
     from schemas.settings import Settings
-    from serving.ann import UsearchIndex, exact_search
+    from serving.ann import UsearchIndex
+    from serving.index import exact_search
     from serving.ivf import IvfIndex
 
     s = Settings()

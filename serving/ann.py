@@ -25,16 +25,12 @@ Below `exact_below` ads a matmul is faster than the graph and exact, and is used
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from schemas.errors import ConfigError
-from schemas.settings import Settings
-from serving.index import ExactIndex
-
-if TYPE_CHECKING:
-    from serving.ivf import IvfIndex
+from serving.index import exact_search
 
 log = logging.getLogger(__name__)
 
@@ -168,49 +164,3 @@ class UsearchIndex:
         scores = self.vectors[rows] @ q
         top = np.argsort(-scores, kind="stable")[:k]
         return rows[top], scores[top]
-
-
-def make_index(settings: Settings, vectors: np.ndarray, n: int) -> ExactIndex | IvfIndex | UsearchIndex:
-    """The recall index `settings.recall.index` names, over the catalog's matrix."""
-    from serving.ivf import IvfIndex
-
-    if settings.recall.index == "exact":
-        return ExactIndex(vectors, n)
-    index: IvfIndex | UsearchIndex
-    if settings.recall.index == "ivf":
-        index = IvfIndex(
-            vectors.shape[1],
-            lists=settings.recall.ivf_lists,
-            scan=settings.recall.ivf_scan,
-            exact_below=settings.recall.ann_min_ads,
-        )
-        index.update(vectors, n)
-        return index
-    index = UsearchIndex(
-        vectors.shape[1],
-        connectivity=settings.recall.ann_connectivity,
-        expansion_add=settings.recall.ann_expansion_add,
-        expansion_search=settings.recall.ann_expansion_search,
-        dtype=settings.recall.ann_dtype,
-        oversample=settings.recall.ann_oversample,
-        exact_below=settings.recall.ann_min_ads,
-    )
-    index.update(vectors, n)
-    return index
-
-
-def exact_search(
-    vectors: np.ndarray, query: np.ndarray, k: int, allowed: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k inner product over `vectors` among `allowed` rows (best first)."""
-    n = vectors.shape[0]
-    scores = vectors @ np.asarray(query, dtype=np.float32)
-    if allowed is not None:
-        scores = np.where(allowed[:n], scores, -np.inf)
-        k = min(k, int(allowed[:n].sum()))
-    k = min(k, n)
-    if k <= 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
-    top = top[np.argsort(-scores[top], kind="stable")]
-    return top.astype(np.int64), scores[top]

@@ -55,3 +55,20 @@ class ExactIndex:
         top = np.argpartition(-scores, k - 1)[:k] if k < self.n else np.arange(self.n)
         top = top[np.argsort(-scores[top], kind="stable")]
         return top.astype(np.int64), scores[top]
+
+
+def exact_search(
+    vectors: np.ndarray, query: np.ndarray, k: int, allowed: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k inner product over `vectors` among `allowed` rows (best first)."""
+    n = vectors.shape[0]
+    scores = vectors @ np.asarray(query, dtype=np.float32)
+    if allowed is not None:
+        scores = np.where(allowed[:n], scores, -np.inf)
+        k = min(k, int(allowed[:n].sum()))
+    k = min(k, n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+    top = top[np.argsort(-scores[top], kind="stable")]
+    return top.astype(np.int64), scores[top]

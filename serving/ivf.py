@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from schemas.errors import ConfigError
-from serving.ann import exact_search
+from serving.index import exact_search
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

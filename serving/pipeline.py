@@ -22,7 +22,7 @@ from schemas.settings import Settings
 from schemas.signing import click_token, event_key, sign_impression
 from schemas.vectors import content_vector
 from serving.adapters import CANDIDATE
-from serving.ann import make_index
+from serving.recall_index import make_index
 from serving.catalog import Catalog
 from serving.deadline import Rung, StageCosts
 from serving.interests import CategoryCentroids, CentroidTable, interest_prior

@@ -9,9 +9,10 @@ import pytest
 
 from schemas.errors import ConfigError
 from schemas.settings import Settings
-from serving.ann import UsearchIndex, exact_search, make_index
-from serving.index import ExactIndex
+from serving.ann import UsearchIndex
+from serving.index import ExactIndex, exact_search
 from serving.ivf import IvfIndex
+from serving.recall_index import make_index
 
 DIM = 16
 
