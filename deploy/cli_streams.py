@@ -56,7 +56,7 @@ def worker(
 
         run_worker(settings, loglevel=loglevel.value)
     else:
-        from streams.aiokafka_engine import run_worker as run_plain
+        from streams.engine_aiokafka import run_worker as run_plain
 
         logging.getLogger().setLevel(loglevel.logging_name)
         run_plain(settings)

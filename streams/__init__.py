@@ -17,6 +17,6 @@ without Kafka/Redis:
 Records are decoded a fetch at a time by the contract's `schemas.decode.BatchDecoder`.
 Shells: `streams.pipeline` (validation → merge → state/join → batched ClickHouse/Kafka/Redis
 commit), `streams.app` (Faust; why Redis and not Faust tables is documented there) with
-`streams.faust_intake` (batches from Faust's fetch loop), `streams.aiokafka_engine` (aiokafka),
+`streams.engine_faust` (batches from Faust's fetch loop), `streams.engine_aiokafka` (aiokafka),
 `streams.runtime`, `streams.store`, `streams.sink`, `streams.metrics`.
 """

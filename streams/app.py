@@ -1,7 +1,7 @@
 """The Faust app of the streams worker (`adstream worker`): a thin shell around `Pipeline`.
 
 The four user-event topics (co-partitioned by `user_id`) are read as raw bytes in whole fetched
-batches through Faust's own consumer (`streams.faust_intake`: Faust's fetch loop hands each
+batches through Faust's own consumer (`streams.engine_faust`: Faust's fetch loop hands each
 batch to the pipeline instead of delivering records one by one through an agent's stream, whose
 per-record Event, queue, future and ack cost more than everything the pipeline does with a
 record). Records are acked only after their batch is committed to ClickHouse, Kafka and Redis,
@@ -30,7 +30,7 @@ import faust
 from schemas import topics
 from schemas.clients import faust_args, fetch_args
 from schemas.settings import Settings
-from streams.faust_intake import BatchConsumer, install
+from streams.engine_faust import BatchConsumer, install
 from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The worker's engine, independent of the Kafka client: records in → state, labels, sinks out.
 
-A source (the Faust app's batched intake, `streams.faust_intake`, or `streams.aiokafka_engine`) feeds
+A source (the Faust app's batched intake, `streams.engine_faust`, or `streams.engine_aiokafka`) feeds
 `RawRecord`s; the pipeline validates them (invalid → dead letter), skips records already
 applied (offset ≤ the one stored in Redis),
 merges each co-partition's inputs by event time (`streams.merge`), applies them to user state

@@ -22,7 +22,7 @@ def test_fetch_args_carry_the_setting() -> None:
 
 def test_the_faust_worker_consumer_fetches_with_the_setting(tmp_path: Path) -> None:
     from streams.app import create_app
-    from streams.faust_intake import BatchConsumer
+    from streams.engine_faust import BatchConsumer
 
     async def build() -> int:
         s = Settings(state_dir=tmp_path, topic_prefix="fetchwait.", kafka={"fetch_max_wait_ms": 40})

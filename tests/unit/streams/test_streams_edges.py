@@ -279,14 +279,14 @@ async def test_a_batch_write_that_fails_with_a_bug_stops_the_commits_after_it() 
     assert sink.calls == 1
 
 
-async def test_the_faust_intake_crashes_the_worker_once_the_pipeline_is_broken() -> None:
+async def test_the_faust_engine_crashes_the_worker_once_the_pipeline_is_broken() -> None:
     """A broken pipeline (a batch write failed for good) refuses every later feed; the Faust
     intake must not retry that feed every second for ever (a stall): it crashes the app, so the
     worker exits non-zero and its supervisor restarts it from what Redis holds."""
     from types import SimpleNamespace
     from unittest.mock import AsyncMock
 
-    from streams.faust_intake import BatchConsumer
+    from streams.engine_faust import BatchConsumer
     from streams.pipeline import PipelineBroken
 
     calls: list[int] = []

@@ -1,4 +1,4 @@
-"""The Faust engine's batched intake (`streams.faust_intake`) on the real broker, Redis and ClickHouse.
+"""The Faust engine's batched intake (`streams.engine_faust`) on the real broker, Redis and ClickHouse.
 
 Records reach the pipeline in whole fetches through Faust's own consumer and are acked with
 "through" acks; these tests hold what that must keep: Faust's Kafka commits never pass what Redis

@@ -1,7 +1,7 @@
 """The same worker with a bare aiokafka consumer group instead of Faust (`--engine aiokafka`).
 
 Why it exists: the same pipeline without Faust, as the yardstick of the Faust engine (which
-reads whole fetches through Faust's own consumer, `streams.faust_intake`: an agent's per-record
+reads whole fetches through Faust's own consumer, `streams.engine_faust`: an agent's per-record
 Event, futures and acks cost more than the pipeline's work; benchmarks/streams.py measures both
 engines and both clients' floors). This shell hands whole fetch batches to the same `Pipeline`.
 
