@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from schemas.api import AdapterInfo, AdRequest, AdResponse
+from schemas.collect import EventBatch, EventsResult
 from schemas.events import EVENT_MODELS
 from schemas.settings import env_example
 
@@ -18,6 +19,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "AdRequest": AdRequest,
     "AdResponse": AdResponse,
     "AdapterInfo": AdapterInfo,
+    "EventBatch": EventBatch,
+    "EventsResult": EventsResult,
 }
 
 

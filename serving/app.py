@@ -35,6 +35,7 @@ from serving.adapters import CANDIDATE, STABLE
 from serving.admin import api_key_digests, check_admin, check_api_key, token_digest
 from serving.canary import Arm, Canary, arm_for
 from serving.catalog import Catalog
+from serving.collector_http import EVENTS_ROUTE, SNIPPET_ROUTE, EventCollector, snippet
 from serving.deadline import Deadline, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
 from serving.http import BodyAdmission, error, is_json, overloaded, unsupported_media
@@ -129,6 +130,7 @@ class AdServer:
             lambda seconds: self.metrics.spent("impressions", seconds),
         )
         self.bodies = BodyAdmission(s.serving.admission_limit)
+        self.collector = EventCollector(s, self.api_keys, self.metrics.registry)  # POST /v1/events
         self.gate = Admission(s.qos.slots, qos_policies(s))
         self.loops = ReplicaLoops(
             s,
@@ -163,6 +165,7 @@ class AdServer:
         (frequency caps and spend to Redis, queued impressions to Kafka) before the replica goes."""
         await self.loops.stop(flush_timeout_s=2.0)
         await self.sink.stop(timeout_s=5.0)
+        await self.collector.stop()
         await self.redis.close()
         pool = getattr(self, "_rank_pool", None)
         if pool is not None:
@@ -344,6 +347,19 @@ class AdServer:
                 self.redis.record(ctx.req.user_id, ctx.now, imps, list(cost))
         self.metrics.spent("record", time.perf_counter() - t)
         return resp
+
+    # -- events over HTTP and the web snippet (serving.collector_http; the same routes run apart
+    # as serving.collector_app) --------------------------------------------------------------
+    @api.post("/v1/events", **EVENTS_ROUTE)
+    async def events(self, request: Request) -> Response:
+        """A batch of events of any accepted kind, validated by the contract and produced to
+        Kafka (acks=all) before the answer (`schemas.collect.EventBatch` / `EventsResult`)."""
+        return await self.collector.handle(request)
+
+    @api.get("/adstream.js", **SNIPPET_ROUTE)
+    async def adstream_js(self) -> Response:
+        """The dependency-free web snippet: fetch ads, view and click beacons."""
+        return snippet()
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:

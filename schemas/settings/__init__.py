@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.settings.attribution import AttributionSettings
 from schemas.settings.base import Group
+from schemas.settings.collector import CollectorSettings
 from schemas.settings.pipeline import (
     EngagementSettings,
     LoraSettings,
@@ -39,6 +40,7 @@ __all__ = [
     "AttributionSettings",
     "CanarySettings",
     "ClickHouseSettings",
+    "CollectorSettings",
     "EngagementSettings",
     "Group",
     "KafkaSettings",
@@ -148,6 +150,10 @@ class Settings(BaseSettings):
     attribution: AttributionSettings = Field(
         default_factory=AttributionSettings,
         description="Multi-touch attribution: lookbacks, models and lift holdout.",
+    )
+    collector: CollectorSettings = Field(
+        default_factory=CollectorSettings,
+        description="The event collector (POST /v1/events): limits and per-key rate limit.",
     )
 
     def __init__(self, **values: Any) -> None:
