@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from attribution.dashboard import queries as q
+from attribution.dashboard.arms import ab_ctr
 from attribution.dashboard.events import (
     adapter_versions,
     campaign_economics,
@@ -36,6 +37,7 @@ PanelFn = Callable[[Backend, q.Window], "Panel | list[Panel]"]
 PANELS: tuple[tuple[PanelFn, tuple[tuple[str, str], ...]], ...] = (
     (event_rates, (("event_rates", "Event rates"),)),
     (ctr, (("ctr", "CTR by slot and campaign"),)),
+    (ab_ctr, (("ab_ctr", "CTR per arm"),)),
     (pacing, (("pacing", "Spend against budget pacing"),)),
     (campaign_economics, (("spend_budget", "Spend against budget"), ("cpa_roas", "CPA and ROAS"))),
     (attribution_runs, RUN_PANELS),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_dashboard_sql import _database, insert_rows, seeded_rows, server_backend, store_run
+from test_dashboard_sql import _database, insert_rows, seed_ab_rollup, seeded_rows, server_backend, store_run
 
 from attribution.dashboard import panels
 from schemas.settings import Settings
@@ -114,7 +114,9 @@ def seeded(stack: Settings) -> Iterator[Served]:
     settings = _database(stack, "web")
     gen = server_backend(settings)
     backend = next(gen)
-    insert_rows(backend, seeded_rows(4000))
+    rows = seeded_rows(4000)
+    insert_rows(backend, rows)
+    seed_ab_rollup(backend, rows)
     lo, hi = panels.data_bounds(backend)  # type: ignore[misc]
     store_run(backend, lo, hi + 1, bootstrap=10)
     with Served(settings) as served:

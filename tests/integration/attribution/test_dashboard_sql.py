@@ -77,6 +77,48 @@ def insert_rows(backend: Backend, rows: dict[tuple[str, tuple[str, ...]], list[t
         backend.insert(table, columns, batch)
 
 
+def seed_ab_rollup(backend: Backend, rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]]) -> None:
+    """The A/B rollup (ab_rollup_hourly) of the seeded events with users split into three arms by
+    id: the dashboard reads the rollup (how a refresh builds it from impressions that carry an
+    arm is tested in test_ab_engines)."""
+    from datetime import UTC, datetime
+
+    from schemas.holdout import HOLDOUT_AD_ID
+
+    (imp_key,) = [k for k in rows if k[0] == "impressions"]
+    (click_key,) = [k for k in rows if k[0] == "clicks"]
+    col = {c: i for i, c in enumerate(imp_key[1])}
+    clicked = {r[click_key[1].index("impression_id")] for r in rows[click_key]}
+    acc: dict[tuple[int, str, str, str], list[Any]] = defaultdict(lambda: [set(), 0, 0, 0.0])
+    for r in rows[imp_key]:
+        if r[col["ad_id"]] == HOLDOUT_AD_ID:
+            continue
+        user = r[col["user_id"]]
+        arm = ("learning", "correction", "control")[int(user.lstrip("u")) % 3]
+        a = acc[(int(r[col["ts"]]) // 3600 * 3600, arm, r[col["slot"]], user)]
+        hit = r[col["event_id"]] in clicked
+        a[0].add(r[col["request_id"]])
+        a[1], a[2], a[3] = a[1] + 1, a[2] + hit, a[3] + (r[col["price"]] if hit else 0.0)
+    backend.insert(
+        "ab_rollup_hourly",
+        ("hour", "arm", "slot", "user_id", "requests", "impressions", "clicks", "revenue", "version"),
+        [
+            (
+                datetime.fromtimestamp(h, UTC).replace(tzinfo=None),
+                arm,
+                slot,
+                user,
+                len(a[0]),
+                a[1],
+                a[2],
+                a[3],
+                1,
+            )
+            for (h, arm, slot, user), a in acc.items()
+        ],
+    )
+
+
 def store_run(backend: Backend, since: int, until: int, bootstrap: int = 30) -> str:
     """An attribution run over the slots (four models, bootstrap CIs), made and stored by
     attribution.runs as `adstream attribution` does; its id."""
@@ -152,6 +194,7 @@ def engines(
     backends: dict[str, Backend] = {"clickhouse": next(server), "chdb": next(embedded)}
     for backend in backends.values():
         insert_rows(backend, rows)
+        seed_ab_rollup(backend, rows)
         lo, hi = panels.data_bounds(backend)  # type: ignore[misc]
         store_run(backend, lo, hi + 1)
     # the sink re-inserts a batch after a crash: the same rows again, on the server
