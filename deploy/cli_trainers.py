@@ -123,6 +123,10 @@ def register(app: typer.Typer) -> None:
         metrics_port: Annotated[
             int | None, typer.Option(help="Prometheus port (default metrics_port + 1; 0 = off)")
         ] = None,
+        score_log: Annotated[
+            Path | None,
+            typer.Option(help="Live: on stop, write every example's online and frozen scores (JSON) here"),
+        ] = None,
     ) -> None:
         """Run the online LoRA trainer on `ad.training-examples` (or `--replay FILE --json OUT`)."""
         from trainers.models.lora import AdapterBank
@@ -138,7 +142,9 @@ def register(app: typer.Typer) -> None:
         set_threads(threads)
         model, version = load_checkpoint(checkpoint or settings.model_dir / "ranker")
         bank = AdapterBank(model, settings.lora, version)
-        online = OnlineTrainer.from_settings(bank, settings, keep_log=replay is not None)
+        online = OnlineTrainer.from_settings(
+            bank, settings, keep_log=replay is not None or score_log is not None
+        )
         if replay is not None:
             _replay(replay, json_out, online, settings, order)
             return
@@ -146,7 +152,7 @@ def register(app: typer.Typer) -> None:
 
         create_topics(settings)
         port = settings.metrics.port + 1 if metrics_port is None else metrics_port
-        asyncio.run(_live(settings, online, max_examples, port))
+        asyncio.run(_live(settings, online, max_examples, port, score_log))
 
 
 def _replay(path: Path, json_out: Path | None, online: Any, settings: Settings, order: ReplayOrder) -> None:
@@ -187,7 +193,9 @@ def _replay(path: Path, json_out: Path | None, online: Any, settings: Settings, 
         json_out.write_text(json.dumps(report, indent=2) + "\n")
 
 
-async def _live(settings: Settings, online: Any, max_examples: int | None, port: int) -> None:
+async def _live(
+    settings: Settings, online: Any, max_examples: int | None, port: int, score_log: Path | None = None
+) -> None:
     from trainers import telemetry
     from trainers.service import TrainerService
 
@@ -204,6 +212,20 @@ async def _live(settings: Settings, online: Any, max_examples: int | None, port:
     finally:
         await service.stop()
         console.print(f"learned {service.learned} examples, published {service.published} deltas")
+        if score_log is not None and online.log is not None:
+            write_score_log(score_log, online)
+
+
+def write_score_log(path: Path, online: Any) -> None:
+    """The progressive log (each example's online and frozen score before learning, its label as
+    scored, adapter, impression id) and the resets per adapter, for paired online-vs-frozen figures."""
+    log = online.log
+    body = {
+        "online": log.online, "base": log.base, "labels": log.labels, "adapters": log.adapters,
+        "impression_ids": log.impression_ids,
+        "resets": {a: int(run.counts["resets"]) for a, run in online.runs.items()},
+    }  # fmt: skip
+    path.write_text(json.dumps(body))
 
 
 # this room's commands (`register` adds them to it; `deploy.cli` wires the app in)

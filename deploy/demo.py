@@ -298,10 +298,44 @@ async def closed_loop(spec: DemoSpec, demo: Demo, url: str, live: bool) -> tuple
     return market, report, watch
 
 
-def run_demo(
-    spec: DemoSpec, settings: Settings, say: Callable[[str], None], *, live: bool = True
-) -> dict[str, Any]:
-    """The whole loop; returns the figures it reports (also written to the run's folder)."""
+@dataclass
+class LoopRun:
+    """What one run of the whole loop leaves: its folder, the simulated market (ground truth,
+    clicks), the closed loop's record, the watcher's samples and the services' final answers."""
+
+    demo: Demo
+    spec: DemoSpec
+    started: str
+    train: dict[str, Any]
+    truth: dict[str, Any]
+    market: Any
+    loop: Any
+    watch: Any
+    adapters_start: Any
+    adapters_end: Any
+    metrics: str
+    attribution: str | None
+    loop_s: float  # wall seconds of the closed loop
+
+    @property
+    def score_log(self) -> Path:
+        """The trainer's progressive log (every example scored by online and frozen before learning)."""
+        return self.demo.dir / "trainer_scores.json"
+
+
+def run_loop(
+    spec: DemoSpec,
+    settings: Settings,
+    say: Callable[[str], None],
+    *,
+    live: bool = True,
+    env: dict[str, str] | None = None,
+    extras: bool = True,
+) -> LoopRun:
+    """Train the base offline, start worker + trainer + ad server, drive the closed loop, stop them.
+
+    `env`: extra settings for the loop's processes (`ADSTREAM_AB__CONTROL_SHARE=…`); `extras`: the
+    dashboard and the attribution comparison too (a benchmark leaves them out)."""
     import asyncio
     import logging
 
@@ -310,6 +344,7 @@ def run_demo(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll would bury the view
     market_config(spec, history=False)  # a bad --drift-mode etc. fails now, not after training
     demo = Demo(spec, settings, say)
+    demo.env.update(env or {})
     s = demo.settings
     create_topics(s)
     history, catalog = demo.dir / "history.jsonl", demo.dir / "catalog.jsonl"
@@ -325,9 +360,14 @@ def run_demo(
     with running(demo):
         say("2. the loop's processes: streams worker, online LoRA trainer, Ray Serve ad server, dashboard")
         demo.start("worker", "worker", "--loglevel", "warn")
-        demo.start("trainer", "trainer", "--metrics-port", str(demo.trainer_metrics_port))
+        demo.start(
+            "trainer", "trainer", "--metrics-port", str(demo.trainer_metrics_port),
+            "--score-log", str(demo.dir / "trainer_scores.json"),
+        )  # fmt: skip
         demo.start("serve", "serve", "--catalog", str(catalog), "--port", str(spec.port))
-        dashboard = demo.start_optional("dashboard", "dashboard", "--port", str(spec.dashboard_port))
+        dashboard = extras and demo.start_optional(
+            "dashboard", "dashboard", "--port", str(spec.dashboard_port)
+        )
         url = f"http://{s.serving.http_host}:{spec.port}"
         demo.wait_http(f"{url}/healthz")
         say(f"   serving at {url} (OpenAPI at {url}/docs)")
@@ -348,20 +388,34 @@ def run_demo(
             f"4. closed loop: {spec.requests:,} requests at {spec.rate:g}/s, "
             f"`{spec.drift_mode}` drift half-way"
         )
+        t0 = time.monotonic()
         market, loop_report, watch = asyncio.run(closed_loop(spec, demo, url, live))
+        loop_s = time.monotonic() - t0
         demo.check_children()
         adapters_end = httpx.get(f"{url}/v1/adapters", headers=demo.admin, timeout=5).json()
         metrics = httpx.get(f"{url}/metrics", timeout=5).text
-        attribution = demo.run_optional("attribution", "attribution", "compare", "--by", "slot")
+        compare = (
+            demo.run_optional("attribution", "attribution", "compare", "--by", "slot") if extras else None
+        )
+    return LoopRun(demo, spec, started, train, truth, market, loop_report, watch, adapters_start,
+                   adapters_end, metrics, compare, loop_s)  # fmt: skip
 
+
+def run_demo(
+    spec: DemoSpec, settings: Settings, say: Callable[[str], None], *, live: bool = True
+) -> dict[str, Any]:
+    """The whole loop; returns the figures it reports (also written to the run's folder)."""
     from deploy.demo_live import QUALITY_SERIES, phase_means, write_report
+    from deploy.live_figures import loop_figures
 
-    lat = loop_report.latencies_ms
-    summary = market.summary()
-    quality = {k: phase_means(watch.samples, k) for k in QUALITY_SERIES}
+    run = run_loop(spec, settings, say, live=live)
+    demo, s, train, truth = run.demo, run.demo.settings, run.train, run.truth
+    lat = run.loop.latencies_ms
+    summary = run.market.summary()
+    quality = {k: phase_means(run.watch.samples, k) for k in QUALITY_SERIES}
     report: dict[str, Any] = {
         "dir": str(demo.dir),
-        "started": started,
+        "started": run.started,
         "machine": describe(),
         "spec": asdict(spec),
         "offline": {
@@ -370,10 +424,10 @@ def run_demo(
             "history": truth,
         },
         "loop": {
-            "requests": loop_report.requests,
-            "served": loop_report.served,
-            "errors": dict(loop_report.errors),
-            "events": dict(loop_report.events),
+            "requests": run.loop.requests,
+            "served": run.loop.served,
+            "errors": dict(run.loop.errors),
+            "events": dict(run.loop.events),
             "p50_ms": float(np.percentile(lat, 50)) if lat else float("nan"),
             "p99_ms": float(np.percentile(lat, 99)) if lat else float("nan"),
             "oracle_auc_after_drift": summary.oracle_auc_after_drift,
@@ -381,19 +435,20 @@ def run_demo(
         },
         "quality": quality,
         "explanation": explain(train, truth, quality),
-        "adapters_start": adapters_start,
-        "adapters_after": adapters_end,
-        "adapters_end": {a["adapter_id"]: a["version"] for a in adapters_end},
+        "adapters_start": run.adapters_start,
+        "adapters_after": run.adapters_end,
+        "adapters_end": {a["adapter_id"]: a["version"] for a in run.adapters_end},
         "clickhouse": clickhouse_counts(s),
         "redis_users": redis_user_count(s),
-        "attribution": attribution,
+        "attribution": run.attribution,
+        "live": loop_figures(run),
         "serving_metrics": {
             line.split(" ")[0]: line.split(" ")[-1]
-            for line in metrics.splitlines()
+            for line in run.metrics.splitlines()
             if line.startswith("adstream_serving_") and not any(x in line for x in ("_bucket", "_created"))
         },
     }
-    write_report(demo.dir, report, watch.samples)
+    write_report(demo.dir, report, run.watch.samples)
     return report
 
 

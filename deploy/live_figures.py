@@ -1,0 +1,407 @@
+"""What one run of the live loop shows, with intervals: A/B lifts, online vs frozen, resets, exploration.
+
+The closed loop knows every served impression and, from the simulator, whether it was clicked;
+serving's arm, exploration flag and propensity of each impression are read back from
+ClickHouse (the contract's `ab_arm`, `explored`, `propensity`); the trainer's progressive log
+(`adstream trainer --score-log`) gives each impression's online and frozen score before it was
+learned. The pure functions below turn those arrays into the figures `adstream demo` and
+`benchmarks/live_loop.py` report:
+
+- `arm_data`: per arm, one row per user (requests, impressions, clicks, revenue) — the unit of
+  randomisation, which `attribution.ab.lift` resamples;
+- `paired_auc_diff`: AUC(online) − AUC(frozen) on the same impressions, users resampled within
+  each stratum (seed) with both scores together, so the interval is that of the difference;
+- `resets_per_adapter_hour`, `exploration_cost`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from attribution.ab import ArmData, lift
+from attribution.ope import EstimationError, z_value
+from schemas.stats import auc
+
+F64 = NDArray[np.float64]
+STR = NDArray[np.str_]
+NO_ARM = ""
+
+
+@dataclass(frozen=True)
+class Served:
+    """Every served impression of a run as arrays (one entry per impression)."""
+
+    impression_id: STR
+    user: STR
+    request: STR
+    price: F64
+    clicked: F64  # the simulator's truth: 1 if the user clicked
+    after: NDArray[np.bool_]  # served after the drift
+    arm: STR  # NO_ARM where serving recorded none
+    explored: NDArray[np.bool_]
+    propensity: F64  # nan where serving recorded none
+
+    @property
+    def n(self) -> int:
+        return int(self.price.shape[0])
+
+
+Tags = Mapping[str, tuple[str, bool, float]]  # impression id → (arm, explored, propensity)
+
+
+def served_of(impressions: Sequence[Any], labels: Sequence[int] | F64, drift_index: int | None,
+              tags: Tags) -> Served:  # fmt: skip
+    """The served impressions (`schemas.events.Impression`s, in order) with the simulator's click
+    labels (same order) and serving's tags; impressions from `drift_index` on are after the drift."""
+    n = min(len(impressions), len(labels))
+    ids = np.array([i.event_id for i in impressions[:n]], dtype=str)
+    tag = [tags.get(str(e), (NO_ARM, False, math.nan)) for e in ids]
+    cut = n if drift_index is None else min(n, drift_index)
+    return Served(
+        impression_id=ids,
+        user=np.array([i.user_id for i in impressions[:n]], dtype=str),
+        request=np.array([i.request_id for i in impressions[:n]], dtype=str),
+        price=np.array([i.price for i in impressions[:n]], dtype=np.float64),
+        clicked=np.asarray(labels[:n], dtype=np.float64),
+        after=np.arange(n) >= cut,
+        arm=np.array([t[0] for t in tag], dtype=str),
+        explored=np.array([t[1] for t in tag], dtype=bool),
+        propensity=np.array([t[2] for t in tag], dtype=np.float64),
+    )
+
+
+def pool(parts: Sequence[Served]) -> Served:
+    """Several runs as one: users (and requests) of run k prefixed `k:`, so users of different
+    runs stay different units."""
+    if not parts:
+        raise EstimationError("nothing to pool: no run")
+
+    def cat(name: str) -> Any:
+        return np.concatenate([getattr(p, name) for p in parts])
+
+    def prefixed(name: str) -> STR:
+        return np.concatenate([np.char.add(f"{k}:", getattr(p, name)) for k, p in enumerate(parts)])
+
+    return Served(cat("impression_id"), prefixed("user"), prefixed("request"), cat("price"), cat("clicked"),
+                  cat("after"), cat("arm"), cat("explored"), cat("propensity"))  # fmt: skip
+
+
+def arm_data(served: Served, mask: NDArray[np.bool_] | None = None) -> dict[str, ArmData]:
+    """Per arm (impressions without an arm left out): per-user requests, impressions, clicks and
+    revenue (the price of clicked impressions) of the impressions in `mask`."""
+    keep = served.arm != NO_ARM
+    if mask is not None:
+        keep &= mask
+    out: dict[str, ArmData] = {}
+    for arm in sorted(set(served.arm[keep].tolist())):
+        m = keep & (served.arm == arm)
+        users, inverse = np.unique(served.user[m], return_inverse=True)
+        k = users.shape[0]
+        pairs = np.unique(np.char.add(np.char.add(served.user[m], "\x1f"), served.request[m]))
+        req_users = np.array([p.split("\x1f", 1)[0] for p in pairs.tolist()], dtype=str)
+        requests = np.bincount(np.searchsorted(users, req_users), minlength=k)
+        clicks = served.clicked[m]
+        out[arm] = ArmData.of(
+            arm,
+            requests,
+            np.bincount(inverse, minlength=k),
+            np.bincount(inverse, weights=clicks, minlength=k),
+            np.bincount(inverse, weights=clicks * served.price[m], minlength=k),
+        )
+    return out
+
+
+def lift_entry(
+    arms: Mapping[str, ArmData],
+    arm: str,
+    baseline: str,
+    metric: str = "ctr",
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """`{mean, ci_low, ci_high, users}` of arm's relative lift over baseline (bootstrap over users),
+    or `{error}` saying why there is none (an arm without traffic, a baseline without clicks)."""
+    for name in (arm, baseline):
+        if name not in arms:
+            return {"error": f"arm {name!r} has no traffic in the range"}
+    try:
+        est = lift(arms[arm], arms[baseline], metric, "bootstrap", n_boot=n_boot, seed=seed).estimate
+    except EstimationError as exc:
+        return {"error": str(exc)}
+    return {"mean": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high, "users": est.n}
+
+
+def paired_auc_diff(
+    online: F64,
+    base: F64,
+    labels: F64,
+    users: STR,
+    strata: NDArray[np.int64] | None = None,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """AUC(online) − AUC(base) on the same examples, averaged over strata weighted by examples,
+    with a percentile interval from resampling users (within each stratum) with both scores.
+
+    >>> y = np.array([0, 1, 0, 1, 0, 1.0])
+    >>> d = paired_auc_diff(y, 1 - y, y, np.array(list("abcdef")), n_boot=50)
+    >>> d["mean"], d["online"], d["frozen"]
+    (1.0, 1.0, 0.0)
+    """
+    online, base, labels = (np.asarray(a, dtype=np.float64) for a in (online, base, labels))
+    strata = np.zeros(labels.shape[0], dtype=np.int64) if strata is None else np.asarray(strata)
+    groups = []  # per stratum: rows of each user
+    for s in np.unique(strata):
+        rows = np.flatnonzero(strata == s)
+        uniq, inv = np.unique(users[rows], return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        bounds = np.cumsum(np.bincount(inv, minlength=uniq.shape[0]))[:-1]
+        groups.append(np.split(rows[order], bounds))
+
+    def figure(index_sets: list[NDArray[np.int64]]) -> tuple[float, float, float]:
+        diffs, ons, offs, weights = [], [], [], []
+        for idx in index_sets:
+            a_on, a_off = auc(online[idx], labels[idx]), auc(base[idx], labels[idx])
+            if math.isfinite(a_on) and math.isfinite(a_off):
+                diffs.append(a_on - a_off)
+                ons.append(a_on)
+                offs.append(a_off)
+                weights.append(idx.shape[0])
+        if not weights:
+            return math.nan, math.nan, math.nan
+        w = np.asarray(weights, dtype=np.float64)
+        return (float(np.average(diffs, weights=w)), float(np.average(ons, weights=w)),
+                float(np.average(offs, weights=w)))  # fmt: skip
+
+    point, a_on, a_off = figure([np.concatenate(g) for g in groups])
+    if not math.isfinite(point):
+        raise EstimationError(f"online vs frozen AUC: {labels.shape[0]} examples have only one class")
+    rng = np.random.default_rng(seed)
+    boots = np.empty(n_boot)
+    for b in range(n_boot):
+        sets = [np.concatenate([g[i] for i in rng.integers(0, len(g), len(g))]) for g in groups]
+        boots[b] = figure(sets)[0]
+    boots = boots[np.isfinite(boots)]
+    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2]) if boots.size else (math.nan, math.nan)
+    return {"mean": point, "ci_low": float(lo), "ci_high": float(hi), "online": a_on, "frozen": a_off,
+            "examples": int(labels.shape[0]), "users": int(sum(len(g) for g in groups))}  # fmt: skip
+
+
+def resets_per_adapter_hour(resets: int, adapters: int, seconds: float) -> float:
+    """Guard resets per adapter per hour of loop.
+
+    >>> resets_per_adapter_hour(3, 3, 1800.0)
+    2.0
+    """
+    if adapters <= 0 or seconds <= 0 or resets < 0:
+        raise EstimationError(f"reset rate: needs adapters > 0 and seconds > 0 (got {adapters}, {seconds})")
+    return resets / adapters / (seconds / 3600.0)
+
+
+def exploration_cost(clicked: F64, explored: NDArray[np.bool_], alpha: float = 0.05) -> dict[str, Any]:
+    """CTR of explored vs greedy impressions and the relative cost 1 − explored/greedy (Katz's log
+    interval of a ratio of two proportions), the share explored, and what it costs overall
+    (share × cost: the CTR lost against serving every slot greedily).
+
+    >>> c = exploration_cost(np.array([1, 0, 0, 0, 1, 1, 0, 0.0]), np.array([1, 1, 1, 1, 0, 0, 0, 0], bool))
+    >>> c["explored_ctr"], c["greedy_ctr"], c["relative_cost"]["mean"], c["explored_share"]
+    (0.25, 0.5, 0.5, 0.5)
+    """
+    ne, ng = int(explored.sum()), int((~explored).sum())
+    if ne == 0 or ng == 0:
+        return {
+            "error": f"no {'explored' if ne == 0 else 'greedy'} impressions",
+            "explored": ne,
+            "greedy": ng,
+        }
+    ce, cg = float(clicked[explored].sum()), float(clicked[~explored].sum())
+    pe, pg = ce / ne, cg / ng
+    out: dict[str, Any] = {"explored_ctr": pe, "greedy_ctr": pg, "explored": ne, "greedy": ng,
+                           "explored_share": ne / (ne + ng)}  # fmt: skip
+    if pg == 0 or pe == 0:
+        out["relative_cost"] = {
+            "mean": 1.0 - pe / pg if pg else math.nan,
+            "ci_low": math.nan,
+            "ci_high": math.nan,
+        }
+        return out
+    se = math.sqrt(1 / ce - 1 / ne + 1 / cg - 1 / ng)
+    z = z_value(alpha)
+    ratio = pe / pg
+    out["relative_cost"] = {"mean": 1.0 - ratio, "ci_low": 1.0 - ratio * math.exp(z * se),
+                            "ci_high": 1.0 - ratio * math.exp(-z * se)}  # fmt: skip
+    out["overall_ctr_cost"] = out["explored_share"] * (1.0 - ratio)
+    return out
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Online and frozen score of each impression the trainer scored (its first, pre-learning score)."""
+
+    impression_id: STR
+    adapter: STR
+    online: F64
+    base: F64
+    resets: dict[str, int]
+
+
+def read_scores(path: Path) -> Scores:
+    """The trainer's `--score-log` file: the first row of each impression (later rows are its
+    click's positive duplicate, scored after the fake negative was learned)."""
+    body = json.loads(path.read_text())
+    ids = np.asarray(body["impression_ids"], dtype=str)
+    _, first = np.unique(ids, return_index=True)
+    first.sort()
+    return Scores(
+        ids[first],
+        np.asarray(body["adapters"], dtype=str)[first],
+        np.asarray(body["online"], dtype=np.float64)[first],
+        np.asarray(body["base"], dtype=np.float64)[first],
+        dict(body.get("resets", {})),
+    )
+
+
+def join_scores(served: Served, scores: Scores) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Index pairs (into served, into scores) of the impressions both hold."""
+    _, s_idx, c_idx = np.intersect1d(served.impression_id, scores.impression_id, return_indices=True)
+    order = np.argsort(s_idx)
+    return s_idx[order], c_idx[order]
+
+
+def scores_on(served: Served, scores: Scores) -> tuple[F64, F64]:
+    """Online and frozen score per served impression (nan where the trainer scored none)."""
+    online, base = np.full(served.n, math.nan), np.full(served.n, math.nan)
+    s_idx, c_idx = join_scores(served, scores)
+    online[s_idx], base[s_idx] = scores.online[c_idx], scores.base[c_idx]
+    return online, base
+
+
+@dataclass(frozen=True)
+class Run:
+    """One loop's arrays, and what its figures are computed from."""
+
+    served: Served
+    online: F64  # per served impression, nan where not scored
+    base: F64
+    resets: int
+    adapters: int
+    seconds: float
+
+
+def pool_runs(runs: Sequence[Run]) -> tuple[Run, NDArray[np.int64]]:
+    """Runs as one (users kept apart per run), and each impression's run index (the strata)."""
+    strata = np.concatenate([np.full(r.served.n, k, dtype=np.int64) for k, r in enumerate(runs)])
+    pooled = Run(pool([r.served for r in runs]), np.concatenate([r.online for r in runs]),
+                 np.concatenate([r.base for r in runs]), sum(r.resets for r in runs),
+                 sum(r.adapters for r in runs), float(np.mean([r.seconds for r in runs])))  # fmt: skip
+    return pooled, strata
+
+
+def summarize(
+    run: Run, strata: NDArray[np.int64] | None = None, *, n_boot: int = 1000, seed: int = 0
+) -> dict[str, Any]:
+    """Every figure of a run (or of pooled runs, with their strata): lifts before/after the
+    drift, online − frozen AUC (paired), resets per adapter-hour and exploration's cost."""
+    s = run.served
+    before, after = arm_data(s, ~s.after), arm_data(s, s.after)
+    out: dict[str, Any] = {
+        "impressions": s.n,
+        "arms": {a: int((s.arm == a).sum()) for a in sorted(set(s.arm.tolist()))},
+        "ctr_lift_before": lift_entry(before, "learning", "control", n_boot=n_boot, seed=seed),
+        "ctr_lift_after": lift_entry(after, "learning", "control", n_boot=n_boot, seed=seed),
+        "revenue_lift_after": lift_entry(
+            after, "learning", "control", "revenue_per_request", n_boot=n_boot, seed=seed
+        ),
+        "adapter_lift_after": lift_entry(after, "learning", "correction", n_boot=n_boot, seed=seed),
+    }
+    for phase, mask in (("before", ~s.after), ("after", s.after)):
+        m = mask & np.isfinite(run.online) & np.isfinite(run.base)
+        try:
+            out[f"auc_online_minus_frozen_{phase}"] = paired_auc_diff(
+                run.online[m], run.base[m], s.clicked[m], s.user[m], None if strata is None else strata[m],
+                n_boot=n_boot, seed=seed,
+            )  # fmt: skip
+        except EstimationError as exc:
+            out[f"auc_online_minus_frozen_{phase}"] = {"error": str(exc)}
+    out["resets"] = run.resets
+    out["resets_per_adapter_hour"] = (
+        resets_per_adapter_hour(run.resets, run.adapters, run.seconds) if run.adapters else None
+    )
+    tagged = s.arm != NO_ARM
+    out["exploration_ctr_cost"] = (
+        exploration_cost(s.clicked[tagged], s.explored[tagged]) if tagged.any()
+        else {"error": "no impression carries serving's exploration flag"}
+    )  # fmt: skip
+    return out
+
+
+TAGS_SQL = """
+SELECT event_id, toString(assumeNotNull(ab_arm)), toUInt8(ifNull(explored, 0)),
+       toFloat64(ifNull(propensity, nan))
+FROM impressions FINAL
+WHERE ts >= toDateTime(%(since)s)
+"""
+
+
+def read_tags(
+    settings: Any, since: int, expect: int, timeout_s: float = 60.0
+) -> tuple[dict[str, tuple[str, bool, float]], str | None]:
+    """Serving's tags of the impressions since `since` (epoch s) from ClickHouse, waiting up to
+    `timeout_s` for `expect` of them; ({}, why) when the table has no such columns."""
+    import time
+
+    from clickhouse_driver.errors import ServerException
+
+    from schemas.clients import clickhouse_client, clickhouse_database
+
+    client = clickhouse_client(settings, clickhouse_database(settings))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                rows = client.execute(TAGS_SQL, {"since": since})
+            except ServerException as exc:
+                return {}, f"impressions carry no arm/exploration tags here: {str(exc).splitlines()[0]}"
+            if len(rows) >= expect or time.monotonic() > deadline:
+                return {str(r[0]): (str(r[1]), bool(r[2]), float(r[3])) for r in rows}, None
+            time.sleep(2)
+    finally:
+        client.disconnect()
+
+
+def loop_run(run: Any) -> tuple[Run, str | None]:
+    """The arrays of a finished `deploy.demo.LoopRun` (ClickHouse read for serving's tags)."""
+    _, labels = run.market.outcomes()
+    imps = run.loop.impressions
+    since = int(imps[0].ts.timestamp()) - 1 if imps else 0
+    tags, why = read_tags(run.demo.settings, since, int(0.98 * len(imps)))
+    served = served_of(imps, labels, run.market.drift_impression, tags)
+    if run.score_log.exists():
+        scores = read_scores(run.score_log)
+        online, base = scores_on(served, scores)
+        resets, adapters = sum(scores.resets.values()), len(set(scores.adapter.tolist()))
+    else:
+        online, base = np.full(served.n, math.nan), np.full(served.n, math.nan)
+        resets, adapters = 0, 0
+        why = (why + "; " if why else "") + f"no trainer score log at {run.score_log}"
+    return Run(served, online, base, resets, adapters, run.loop_s), why
+
+
+def loop_figures(run: Any) -> dict[str, Any]:
+    """The live figures of one demo run (see `summarize`), with any reason a figure is missing."""
+    arrays, why = loop_run(run)
+    out = summarize(arrays)
+    if why:
+        out["note"] = why
+    return out
