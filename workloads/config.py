@@ -104,12 +104,14 @@ class MarketConfig:
     n_new_ads: int = 20
     # -- creative variants (`workloads.variants`): each ad gets `n_variants` (0: none, as before);
     # a variant's effect on the click logit is the lift of its emphasis in the user's segment
-    # (normal, sd `variant_effect_sd`) plus its own part (sd `variant_own_sd`); the open loop
+    # (normal, sd `variant_effect_sd`, centred over segments) plus a main effect of the emphasis
+    # (sd `variant_main_sd`) plus its own part (sd `variant_own_sd`); the open loop
     # shows a uniformly random variant and records it with its propensity
     n_variants: int = 0
     n_segments: int = 4
     variant_effect_sd: float = 0.8
     variant_own_sd: float = 0.2
+    variant_main_sd: float = 0.3  # an emphasis's effect shared by every segment
     # -- logging policy (open loop) --------------------------------------------------------
     policy: str = "random"  # random | popularity | epsilon
     epsilon: float = 0.1
@@ -189,7 +191,7 @@ class MarketConfig:
             _fail("n_variants", self.n_variants, f"must be in [0, {MAX_VARIANTS}]")
         if self.n_segments < 1:
             _fail("n_segments", self.n_segments, "must be >= 1")
-        for name in ("variant_effect_sd", "variant_own_sd"):
+        for name in ("variant_effect_sd", "variant_own_sd", "variant_main_sd"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 _fail(name, value, "must be a finite number >= 0")

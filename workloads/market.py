@@ -77,7 +77,7 @@ class Market:
         if cfg.n_variants:
             self.variants = build_variant_world(
                 cfg.seed, self.world.interests, len(self.world.ads.ad_ids), cfg.n_variants,
-                cfg.n_segments, cfg.variant_effect_sd, cfg.variant_own_sd,
+                cfg.n_segments, cfg.variant_effect_sd, cfg.variant_own_sd, cfg.variant_main_sd,
             )  # fmt: skip
         traffic, response = np.random.SeedSequence([cfg.seed, 1]).spawn(2)
         self._traffic = np.random.default_rng(traffic)

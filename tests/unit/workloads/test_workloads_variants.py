@@ -21,18 +21,18 @@ def test_a_variant_adds_its_segments_effect_to_the_click_logit() -> None:
     vw = m.variants
     assert vw is not None and vw.emphasis.shape == (40, 4)  # initial and new ads
     base = m.true_pctr("u000007", "ad00002", "feed", 0)
+    share = vw.share[7]
+    assert share.sum() == pytest.approx(1.0) and vw.segment[7] == share.argmax()
     for v in range(4):
-        seg = int(vw.segment[7])
-        effect = vw.lift[seg, vw.emphasis[2, v]] + vw.own[2, v, seg]
+        effect = sum(share[s] * (vw.lift[s, vw.emphasis[2, v]] + vw.own[2, v, s]) for s in range(4))
         logit = math.log(base / (1 - base)) + effect
         assert m.true_pctr("u000007", "ad00002", "feed", 0, variant_id=f"v{v}") == pytest.approx(
             sigmoid(logit)
         )
     table = m.true_variant_pctrs(np.array([7, 8]), np.array([2, 2]), "feed", 0)
     assert table[0, 3] == pytest.approx(m.true_pctr("u000007", "ad00002", "feed", 0, variant_id="v3"))
-    # the segment is the category group of the user's top category; distinct emphases per ad
-    top = np.argmax(m.world.interests, axis=1)
-    assert (vw.segment == vw.segment_of_category[top]).all()
+    # what differs between segments is centred: no emphasis is best everywhere by construction
+    assert np.allclose((vw.lift - vw.lift.mean(axis=0)).sum(axis=0), 0.0)
     assert all(len(set(row)) == 4 for row in vw.emphasis.tolist())
     with pytest.raises(UnknownEntityError, match="'v4'"):
         m.true_pctr("u000007", "ad00002", "feed", 0, variant_id="v4")
