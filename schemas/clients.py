@@ -268,7 +268,7 @@ def clickhouse_database(settings: Settings | str) -> str:
     return name
 
 
-def clickhouse_client(settings: Settings, database: str | None = None, **options: Any) -> Any:
+def clickhouse_client(settings: Settings, database: str | None = None, /, **options: Any) -> Any:
     """The one way every room connects to ClickHouse: a clickhouse-driver `Client` for the
     settings' URL, user, password and TLS (`clickhouse_args`), bound to `database` (`default`
     when None; the events database is `clickhouse_database(settings)`). `options` are the

@@ -44,3 +44,14 @@ def test_database_name_is_an_ascii_identifier(name: str) -> None:
 def test_database_names_in_use_stay_valid() -> None:
     for name in ("adstream", "demo_ab12cd", "prod_ads", "t_1", "_ads"):
         assert clickhouse_database(f"clickhouse://127.0.0.1/{name}") == name
+
+
+def test_the_client_factory_passes_driver_options_through() -> None:
+    """`settings=` is the driver's own option (query settings), not ours: the dashboard's
+    read-only connections pass it (this call raised TypeError while the factory's first parameter
+    could be named)."""
+    from schemas.clients import clickhouse_client
+
+    client = clickhouse_client(Settings(), "ads", settings={"readonly": 2}, connect_timeout=3)
+    assert client.settings == {"readonly": 2}
+    assert client.connection.database == "ads" and client.connection.connect_timeout == 3
