@@ -22,7 +22,7 @@
    saturation; each model's total share of them is reported beside the true share
    (`--truth-only outside` runs just that market).
 
-Run: `.venv/bin/python benchmarks/attribution.py` (`--quick` for a smaller run while developing).
+Run: `.venv/bin/python -m benchmarks.attribution` (`--quick` for a smaller run while developing).
 Prints a table; writes `benchmarks/results/attribution.json`. The ClickHouse server of the
 settings is used (a database of its own, dropped at the end).
 """
@@ -30,7 +30,6 @@ settings is used (a database of its own, dropped at the end).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import uuid
 from dataclasses import replace
@@ -42,26 +41,25 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from attribution.migrate import migrate  # noqa: E402
-from attribution.models import MODELS, ModelConfig, attribute  # noqa: E402
-from attribution.models.shapley import shapley  # noqa: E402
-from attribution.paths import Paths, Window, build_paths  # noqa: E402
-from attribution.sql import DriverBackend  # noqa: E402
-from attribution.truth import check_market  # noqa: E402
-from deploy.machine import machine, write_result  # noqa: E402
-from schemas.clients import clickhouse_client  # noqa: E402
-from schemas.settings import Settings  # noqa: E402
-from streams.sink import ClickHouseSink  # noqa: E402
-from workloads.attribution_market import (  # noqa: E402
+from attribution.migrate import migrate
+from attribution.models import MODELS, ModelConfig, attribute
+from attribution.models.shapley import shapley
+from attribution.paths import Paths, Window, build_paths
+from attribution.sql import DriverBackend
+from attribution.truth import check_market
+from deploy.machine import machine, write_result
+from schemas.clients import clickhouse_client
+from schemas.settings import Settings
+from streams.sink import ClickHouseSink
+from workloads.attribution_market import (
     AttributionMarketConfig,
     default_outside,
     period,
     raw_columns,
     simulate,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "results"
 GOALS = {

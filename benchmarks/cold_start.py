@@ -41,24 +41,20 @@ validation: every example is scored before it is learned), on the same seeds for
    the sweep featurized as trained), and what building the prior costs per request (µs).
    Recall's choice of candidates is not measured: every method scores the same ads.
 
-Usage: `.venv/bin/python benchmarks/cold_start.py [--seeds 7 8 9] [--impressions 60000]`;
+Usage: `.venv/bin/python -m benchmarks.cold_start [--seeds 7 8 9] [--impressions 60000]`;
 writes `benchmarks/results/cold_start.json` (`new_ads_auc_gap`, `adapter_init`, `new_user_auc`,
 `popular_auc`, `new_user_goal_met`, seeds, machine).
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np
 import torch
@@ -186,7 +182,7 @@ def adapter_init(seed: int, args: argparse.Namespace, settings: Settings) -> dic
 
 @dataclass(frozen=True)
 class _Candidate:
-    """One (new user, ad) pair as the ranker's featurizer reads it (`trainers.models.features.RankerInput`)."""
+    """One (new user, ad) pair as the ranker reads it (`trainers.models.features.RankerInput`)."""
 
     user_vector: list[float]
     intent_score: float

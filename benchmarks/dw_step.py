@@ -37,24 +37,19 @@ the per-category bias table `benchmarks/online_drift.py` adds) is measured too, 
 `with_also_targets`, at the best thread count.
 
 Examples are built from a simulator stream (`workloads`) through the streams label join.
-Usage: `.venv/bin/python benchmarks/dw_step.py [--steps 300] [--threads 1 2] [--device cpu|cuda]
+Usage: `.venv/bin/python -m benchmarks.dw_step [--steps 300] [--threads 1 2] [--device cpu|cuda]
 [--label-mode hold|fn_weighted|fn_calibrated]`.
 Prints a table and writes `benchmarks/results/dw_step.json` (`p50_ms`, `p99_ms`, …).
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
-
-# run as a script, this folder comes first on sys.path and its streams.py would shadow the package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np
 import torch

@@ -29,7 +29,7 @@ Tracked users are drawn on the candidate arm of the canary (`serving.canary.arm_
 serves the live adapter version; the stable arm serves the last version the canary promoted,
 whose freshness is the canary's decision cadence (minutes), not the loop's.
 
-Usage: `.venv/bin/python benchmarks/freshness.py [--trials 120] [--rate 20]`, also `adstream
+Usage: `.venv/bin/python -m benchmarks.freshness [--trials 120] [--rate 20]`, also `adstream
 bench freshness`; writes `benchmarks/results/freshness.json` (`p50_s`, `p99_s`, `trials`, `hops`).
 """
 
@@ -47,8 +47,6 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
-
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import httpx
 import numpy as np

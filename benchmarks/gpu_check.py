@@ -5,20 +5,18 @@ Runs anywhere: without CUDA it runs the CPU part and says the CUDA part was skip
 writes `benchmarks/results/gpu_check.json`. Needs the project's Python dependencies (torch,
 safetensors, peft, pydantic; `pip install -e .`), no services.
 
-    python benchmarks/gpu_check.py [--adapters 1000] [--requests 64]
+    python -m benchmarks.gpu_check [--adapters 1000] [--requests 64]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ replica's event loop between rank batches, so every request in the replica waits
 (`adstream_serving_swap_pause_max_seconds`). The latency tail of the same load without swaps is
 measured first for comparison.
 
-    .venv/bin/python benchmarks/hotswap.py --swaps 100 --rate 100
+    .venv/bin/python -m benchmarks.hotswap --swaps 100 --rate 100
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -25,12 +24,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
-from benchmarks.serve import make_catalog, run_wrk, warm_users  # noqa: E402
-from deploy.machine import machine, write_result  # noqa: E402
+from benchmarks.serve import make_catalog, run_wrk, warm_users
+from deploy.machine import machine, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
 
 if TYPE_CHECKING:
     from schemas.settings import Settings

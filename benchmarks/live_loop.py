@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -68,6 +69,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--runs", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--port", type=int, default=8021)
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="GROUP__FIELD=VALUE",
+        help="a setting for the loop's processes (ONLINE__LR=0.001): the investigation's variants",
+    )
     ap.add_argument("--quick", action="store_true", help="one small seed: a smoke test of the whole path")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
@@ -77,6 +86,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("control_share", "correction_share"):
         if not 0 <= getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)!r} is outside [0, 1)")
+    for item in args.overrides:
+        if "=" not in item or "__" not in item.split("=", 1)[0]:
+            ap.error(f"--set {item!r} is not GROUP__FIELD=VALUE")
     if args.control_share + args.correction_share >= 1:
         ap.error("--control-share + --correction-share must leave users for the learning arm")
     return args
@@ -86,9 +98,10 @@ def ab_env(args: argparse.Namespace) -> dict[str, str]:
     """The arms' shares for the loop's processes, when this build's settings have the `ab` group."""
     from schemas.settings import Settings
 
+    env = {f"ADSTREAM_{k.upper()}": v for k, v in (o.split("=", 1) for o in args.overrides)}
     if "ab" not in Settings.model_fields:
-        return {}
-    return {
+        return env
+    return env | {
         "ADSTREAM_AB__CONTROL_SHARE": str(args.control_share),
         "ADSTREAM_AB__CORRECTION_SHARE": str(args.correction_share),
     }
@@ -122,7 +135,9 @@ def one_seed(args: argparse.Namespace, seed: int, say: Any) -> tuple[Run, dict[s
     figures = summarize(run, n_boot=args.n_boot, seed=seed)
     figures |= {"seed": seed, "loop_s": round(loop.loop_s, 1), "dir": str(loop.demo.dir),
                 "load_avg_1m_start": m0["load_avg_1m"], "load_avg_1m_end": machine()["load_avg_1m"],
-                "errors": dict(loop.loop.errors)}  # fmt: skip
+                "errors": dict(loop.loop.errors), "cpu_s": loop.cpu_s,
+                "trainer_cpu_share": loop.cpu_s.get("trainer", 0.0) / max(loop.loop_s, 1e-9),
+                "scored_share": float(np.isfinite(run.online).mean()) if run.served.n else 0.0}  # fmt: skip
     if why:
         figures["note"] = why
     return run, figures

@@ -66,14 +66,13 @@ with six tower variants took ~5 minutes (two seeds side by side on 2 cores); run
 separate processes and `--merge` their files (`--rank-cost` re-times one request per variant in
 the merging process, alone on the machine).
 
-Usage: `.venv/bin/python benchmarks/offline_quality.py [--part sim|obd|all] [--seeds 0,1]
+Usage: `.venv/bin/python -m benchmarks.offline_quality [--part sim|obd|all] [--seeds 0,1]
 [--configs default,rich] [--impression-weight W] [--no-obd-standalone] [--out PATH]
 [--user-tower both --tower-seq-lens 16,32 --tower-hidden 32]`; writes
 `benchmarks/results/offline_quality.json`. About 9 minutes on 2 busy cores: each simulator run
 ~1.5 minutes (a third of it making the examples), the OBD part ~2.5.
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
 
 import argparse
@@ -83,15 +82,11 @@ import itertools
 import json
 import math
 import re
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-# run as a script, this folder comes first on sys.path and its streams.py would shadow the package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np
 import torch

@@ -107,27 +107,22 @@ AUC 10,000 examples after the drift, mean ± sd of the seeds — labels complete
 impressions behind, past the whole horizon); fn_weighted − hold +0.071/+0.066/+0.057 per seed.
 With the default 1,800 s window (1 seed, 40,000 impressions) hold equals frozen throughout and
 fn_weighted is 0.723 against 0.737 for labels complete at once. Hence `label_mode=fn_weighted`.
-Usage: `.venv/bin/python benchmarks/online_drift.py [--seeds 7,8,9,10,11] [--impressions 120000]`
+Usage: `.venv/bin/python -m benchmarks.online_drift [--seeds 7,8,9,10,11] [--impressions 120000]`
 (~15 minutes on 2 busy cores: 30–60 s per scenario and seed, ~20 s more per label mode).
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
 
 import argparse
 import bisect
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
-# run as a script, this folder comes first on sys.path and its streams.py would shadow the package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np
 import torch

@@ -83,13 +83,12 @@ clock now), adstream 10.6–12.7 k. Of adstream's 6.3–7.6 CPU-seconds per 80,0
 2.6–3.0 are the worker's per-user correction (`correction_cpu_s`); the trainer alone is
 ~17–22 k examples per CPU-second.
 
-Usage: `.venv/bin/python benchmarks/peer_online.py [--seeds 7,8,9] [--scenarios handover,redraw]`
+Usage: `.venv/bin/python -m benchmarks.peer_online [--seeds 7,8,9] [--scenarios handover,redraw]`
 writes `benchmarks/results/peer_online.json` (after every stream, `complete` false until the
 end) and prints one table per stream; the default (seed 7, four scenarios, three OBD campaigns)
 costs ~8 CPU-minutes.
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
 
 import argparse
@@ -104,11 +103,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
-
-# run as a script, this folder comes first on sys.path and its streams.py would shadow the package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np
 import torch
@@ -131,23 +126,7 @@ INTERACTIONS = ("uk", "ik", "sp")
 VW_ARGS = "--loss_function logistic --link logistic -b 22 --learning_rate 1"
 
 
-def _online_drift() -> ModuleType:
-    """benchmarks/online_drift.py as a module (its streams and replay are the ones compared)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_online_drift", Path(__file__).parent / "online_drift.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
-
-
-OD = _online_drift()
+OD = importlib.import_module("benchmarks.online_drift")
 
 
 # -- the peers' encoding ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ Three paths are measured:
   does after simulating: route, JSON-encode and batch inside the timed section.
 
 `events_per_s` in the JSON is the best path; every run is listed under `runs`.
-Usage: `.venv/bin/python benchmarks/produce.py [--events 500000] [--mode batch|send|sink|all]`.
+Usage: `.venv/bin/python -m benchmarks.produce [--events 500000] [--mode batch|send|sink|all]`.
 Prints a table and writes `benchmarks/results/produce.json`.
 """
 

@@ -21,7 +21,7 @@ Cases run in interleaved rounds (medians per case), `--runs` times; the JSON kee
 and the machine's load average. Before timing, the adapter cases' scores are checked against
 an independent per-candidate reference (base model with that candidate's adapter merged).
 
-    .venv/bin/python benchmarks/rank.py
+    .venv/bin/python -m benchmarks.rank
 """
 
 from __future__ import annotations
@@ -31,14 +31,12 @@ import copy
 import dataclasses
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 # the user-tower variants of `benchmarks/offline_quality.py --user-tower` (encoder, history, hidden)
 TOWERS = {"gru_k16_h32": ("gru", 16, 32), "pool_k128_h32": ("pool", 128, 32)}
 

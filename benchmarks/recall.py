@@ -15,11 +15,12 @@ budget), exact top-k (numpy matmul) vs the index, each timed alone on one thread
 |ANN ∩ exact| / k. Variants (`--oversample` for the graph, `--scan` for the cells) share the
 index and the queries, so their figures are comparable within a run.
 
-    python benchmarks/recall.py                      # 1,000,000 ads (goal: recall ≥ 0.95, P99 ≤ 2 ms)
-    python benchmarks/recall.py --backend usearch    # the graph (its build took 36 min on 2 cores)
-    python benchmarks/recall.py --ads 100000 --queries 200
+    python -m benchmarks.recall                      # 1,000,000 ads (goal: recall ≥ 0.95, P99 ≤ 2 ms)
+    python -m benchmarks.recall --backend usearch    # the graph (its build took 36 min on 2 cores)
+    python -m benchmarks.recall --ads 100000 --queries 200
 """
 
+# ruff: noqa: E402  (the thread counts are set before numpy loads)
 from __future__ import annotations
 
 import os
@@ -27,14 +28,14 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # "one core": the exact matmul gets one thread too
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 

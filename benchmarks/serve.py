@@ -31,8 +31,8 @@ rate for every case). The P99 goal at 100 req/s is judged only where the direct 
 100 req/s with headroom (no errors, capacity ≥ 1.25 × 100/s); on a machine where it cannot, both
 P99s are queueing and `goals` says so instead of calling a ratio of two queues met.
 
-    .venv/bin/python benchmarks/serve.py                     # everything (~10 min)
-    .venv/bin/python benchmarks/serve.py --quick             # short runs, one repeat
+    .venv/bin/python -m benchmarks.serve                     # everything (~10 min)
+    .venv/bin/python -m benchmarks.serve --quick             # short runs, one repeat
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from schemas.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
-from deploy.benchargs import int_at_least  # noqa: E402  # after the repository is on sys.path
-from deploy.machine import write_result  # noqa: E402
+from deploy.benchargs import int_at_least
+from deploy.machine import write_result
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_catalog(path: Path, ads: int) -> None:
@@ -797,7 +797,8 @@ def load_balanced(args: argparse.Namespace, model_dir: Path, catalog: Path) -> d
         out = Path(tempfile.mkstemp(suffix=".json")[1])
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.serve",
             "--lb-case",
             case,
             "--lb-out",

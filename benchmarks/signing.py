@@ -7,7 +7,7 @@ Per record, on simulator events (10,000 by default, best of 5 runs of `timeit`):
   `impression_bytes`; click / dwell: the 16-byte click token), what `Pipeline._judge` adds;
 - `sign`: what a replica adds per served ad (`sign_impression` + `click_token`).
 
-Usage: `.venv/bin/python benchmarks/signing.py [--records 10000]`. Prints a table and writes
+Usage: `.venv/bin/python -m benchmarks.signing [--records 10000]`. Prints a table and writes
 `benchmarks/results/signing.json`. Timing figures: run it alone (under the CPU lock here).
 """
 
@@ -16,13 +16,9 @@ from __future__ import annotations
 import argparse
 import functools
 import platform
-import sys
 import timeit
 from pathlib import Path
 from typing import Any
-
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)  # `benchmarks/streams.py` would shadow the `streams` package
 
 from rich.console import Console
 from rich.table import Table

@@ -21,22 +21,18 @@ shorter than a few windows runs with a shorter window of its own (`--attribution
 default 300 s, recorded in the result) rather than judging that fill as growth. Goal: < 10 % for every RSS and
 for Redis memory; lag must not trend up (its growth is reported in records, as lag can be 0).
 
-Usage: `.venv/bin/python benchmarks/soak.py [--minutes 30] [--rate 20]` → `benchmarks/results/soak.json`.
+Usage: `.venv/bin/python -m benchmarks.soak [--minutes 30] [--rate 20]` → `benchmarks/results/soak.json`.
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np
 from rich.console import Console

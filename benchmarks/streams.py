@@ -27,7 +27,7 @@ On the running local stack (broker, Redis, ClickHouse), in one run:
 Goals (issue 15), as ratios of the same run: the Faust engine ≥ 0.8 × the aiokafka engine, and
 both engines ≥ 0.15 × raw (stretch 0.25).
 
-Usage: `.venv/bin/python benchmarks/streams.py [--events 100000] [--rounds 3] [--no-profile]`.
+Usage: `.venv/bin/python -m benchmarks.streams [--events 100000] [--rounds 3] [--no-profile]`.
 Prints a table and writes `benchmarks/results/streams.json` (per engine `events_per_s` and
 `ratio_to_raw`; the floors; the machine: CPU model, cores, load).
 """
@@ -55,20 +55,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from deploy.benchargs import int_at_least
+from deploy.machine import machine, process_cpu_s, write_result
+from deploy.stack import create_topics, delete_topics_async
+from schemas import topics
+from schemas.clients import clickhouse_client, clickhouse_database
+from schemas.codec import decode, encode, key_of, model_for_topic, topic_of
+from schemas.events import AdCreative
+from schemas.settings import Settings
+from schemas.signing import event_key
+from workloads.config import MarketConfig
+from workloads.market import Market
 
-from deploy.benchargs import int_at_least  # noqa: E402
-from deploy.machine import machine, process_cpu_s, write_result  # noqa: E402
-from deploy.stack import create_topics, delete_topics_async  # noqa: E402
-from schemas import topics  # noqa: E402
-from schemas.clients import clickhouse_client, clickhouse_database  # noqa: E402
-from schemas.codec import decode, encode, key_of, model_for_topic, topic_of  # noqa: E402
-from schemas.events import AdCreative  # noqa: E402
-from schemas.settings import Settings  # noqa: E402
-from schemas.signing import event_key  # noqa: E402
-from workloads.config import MarketConfig  # noqa: E402
-from workloads.market import Market  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "results" / "streams.json"
 USER_TOPICS = (topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS)
@@ -231,7 +230,7 @@ def run_child(s: Settings, flags: list[str], what: str, out_dir: Path, timeout_s
     with log.open("wb") as fh:
         try:
             proc = subprocess.run(
-                [sys.executable, __file__, *flags, "--out", str(out)],
+                [sys.executable, "-m", "benchmarks.streams", *flags, "--out", str(out)],
                 cwd=ROOT, env=worker_env(s), stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
             )  # fmt: skip
         except subprocess.TimeoutExpired:  # killed by `run`

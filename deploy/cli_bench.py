@@ -85,7 +85,7 @@ def run_one(name: str, args: list[str], quick: bool) -> dict[str, Any]:
     before = result.stat().st_mtime if result.exists() else None
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(BENCH_DIR / f"{name}.py"), *args],
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
         cwd=BENCH_DIR.parent,
         capture_output=True,
         text=True,
@@ -223,7 +223,7 @@ def _one(name: str) -> None:
         add_help_option=False,
     )
     def cmd(ctx: typer.Context) -> None:
-        rc = subprocess.call([sys.executable, str(BENCH_DIR / f"{name}.py"), *ctx.args], cwd=BENCH_DIR.parent)
+        rc = subprocess.call([sys.executable, "-m", f"benchmarks.{name}", *ctx.args], cwd=BENCH_DIR.parent)
         raise typer.Exit(rc)
 
 

@@ -54,15 +54,20 @@ def describe(m: dict[str, Any] | None = None) -> str:
 
 
 def command_line(argv: Sequence[str] | None = None, python: str | None = None) -> str:
-    """The command that reproduces a result: this interpreter and the script, relative to the
-    current folder when they lie under it (`.venv/bin/python benchmarks/rank.py --quick`), then
-    the arguments as given, shell-quoted.
+    """The command that reproduces a result: this interpreter, the benchmark as a module of the
+    `benchmarks` package (`.venv/bin/python -m benchmarks.rank --quick`; another script relative
+    to the current folder when it lies under it), then the arguments as given, shell-quoted.
 
     >>> command_line(["benchmarks/rank.py", "--out", "a b.json"], python="/usr/bin/python3")
-    "/usr/bin/python3 benchmarks/rank.py --out 'a b.json'"
+    "/usr/bin/python3 -m benchmarks.rank --out 'a b.json'"
+    >>> command_line(["tools/x.py"], python="/usr/bin/python3")
+    '/usr/bin/python3 tools/x.py'
     """
     argv = list(sys.argv if argv is None else argv)
-    return shlex.join([_relative(python or sys.executable), _relative(argv[0]), *argv[1:]])
+    script = Path(_relative(argv[0]))
+    if script.parent == Path("benchmarks") and script.suffix == ".py":
+        return shlex.join([_relative(python or sys.executable), "-m", f"benchmarks.{script.stem}", *argv[1:]])
+    return shlex.join([_relative(python or sys.executable), str(script), *argv[1:]])
 
 
 def _relative(path: str) -> str:
@@ -100,7 +105,7 @@ def write_result(
     >>> out = Path(tempfile.mkdtemp()) / "r.json"
     >>> write_result(out, {"p99_ms": 1.5}, argv=["benchmarks/x.py", "--quick"], default=str)
     >>> r = json.loads(out.read_text())
-    >>> sorted(r), sorted(r["machine"]), r["command"].endswith("benchmarks/x.py --quick")
+    >>> sorted(r), sorted(r["machine"]), r["command"].endswith("-m benchmarks.x --quick")
     (['command', 'machine', 'p99_ms'], ['cores', 'cpu', 'load_avg_1m', 'load_avg_1m_end'], True)
     """
     now = machine()

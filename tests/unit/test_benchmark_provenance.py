@@ -75,7 +75,7 @@ def test_the_writer_records_machine_and_command(tmp_path: Path, monkeypatch: pyt
     assert r["machine"]["cpu"] == "Test CPU"  # the benchmark's own record (its start) is kept
     assert r["machine"]["python"] == "3.11" and r["machine"]["load_avg_1m"] == 0.5
     assert isinstance(r["machine"]["load_avg_1m_end"], float)
-    assert r["command"].split(" ", 1)[1] == "benchmarks/x.py --n 'a b'"  # relative, shell-quoted
+    assert r["command"].split(" ", 1)[1] == "-m benchmarks.x --n 'a b'"  # a module, shell-quoted
 
 
 def test_a_machine_record_of_another_shape_is_kept_beside_the_machine(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_the_command_names_this_interpreter_relative_to_the_checkout(monkeypatch
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     venv_python = str(root / ".venv" / "bin" / "python")
-    assert command_line(["benchmarks/rank.py"], python=venv_python) == ".venv/bin/python benchmarks/rank.py"
+    assert command_line(["benchmarks/rank.py"], python=venv_python) == ".venv/bin/python -m benchmarks.rank"
     assert command_line(["/elsewhere/b.py"], python="/usr/bin/python3") == "/usr/bin/python3 /elsewhere/b.py"
     assert command_line().startswith(command_line([sys.argv[0]]))
 
@@ -101,7 +101,7 @@ def test_a_section_joins_the_file_with_its_own_provenance(tmp_path: Path) -> Non
     write_result(out, {"capacity_rps": 110}, argv=["benchmarks/serve.py"])
     write_result(out, {"cases": 3}, section="load_balanced", argv=["benchmarks/serve.py", "--load-balanced"])
     r = json.loads(out.read_text())
-    assert r["capacity_rps"] == 110 and r["command"].endswith("benchmarks/serve.py")
+    assert r["capacity_rps"] == 110 and r["command"].endswith("-m benchmarks.serve")
     assert r["load_balanced"]["cases"] == 3
-    assert r["load_balanced"]["command"].endswith("benchmarks/serve.py --load-balanced")
+    assert r["load_balanced"]["command"].endswith("-m benchmarks.serve --load-balanced")
     assert "cpu" in r["load_balanced"]["machine"]
