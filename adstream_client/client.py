@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
+from pydantic import ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -105,6 +106,14 @@ def _checked(resp: httpx.Response, ok: frozenset[int]) -> httpx.Response:
     return resp
 
 
+def _result(resp: httpx.Response) -> EventsResult:
+    """The EventsResult of a 200/207/422; a 422 of the body as a whole (`{"detail": …}`) raises."""
+    try:
+        return EventsResult.model_validate_json(resp.content)
+    except ValidationError:
+        raise AdstreamHTTPError(resp.status_code, _detail(resp)) from None
+
+
 def _batch(events: Sequence[Message]) -> bytes:
     return ('{"events":[' + ",".join(e.model_dump_json(exclude_none=True) for e in events) + "]}").encode()
 
@@ -152,9 +161,7 @@ class AdstreamClient(_Base):
 
     def events(self, events: Sequence[Message]) -> EventsResult:
         """Send a batch; the answer counts what was produced and names each refused event."""
-        return EventsResult.model_validate_json(
-            self._post("/v1/events", _batch(events), EVENT_STATUSES).content
-        )
+        return _result(self._post("/v1/events", _batch(events), EVENT_STATUSES))
 
     def close(self) -> None:
         self.http.close()
@@ -195,8 +202,7 @@ class AsyncAdstreamClient(_Base):
 
     async def events(self, events: Sequence[Message]) -> EventsResult:
         """Send a batch; the answer counts what was produced and names each refused event."""
-        resp = await self._post("/v1/events", _batch(events), EVENT_STATUSES)
-        return EventsResult.model_validate_json(resp.content)
+        return _result(await self._post("/v1/events", _batch(events), EVENT_STATUSES))
 
     async def aclose(self) -> None:
         await self.http.aclose()

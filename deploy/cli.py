@@ -16,6 +16,7 @@ from deploy import (
     cli_ab,
     cli_attribution,
     cli_bench,
+    cli_collector,
     cli_creatives,
     cli_dashboard,
     cli_demo,
@@ -127,6 +128,7 @@ app.add_typer(cli_workloads.app)
 app.add_typer(cli_streams.app)
 app.add_typer(cli_trainers.app)
 app.add_typer(cli_serving.app)
+app.add_typer(cli_collector.app)  # `adstream collector`: POST /v1/events apart from ranking
 app.add_typer(cli_attribution.app, name="attribution")
 app.add_typer(cli_spend.app, name="spend")  # `adstream spend import FILE.csv`
 app.add_typer(cli_ab.app)  # `adstream ab`, `adstream evaluate`

@@ -3,8 +3,6 @@ ranking (`adstream collector`): `POST /v1/events`, `GET /adstream.js`, `/healthz
 The ad server answers the same routes itself (`serving.app`); both go through
 `serving.collector_http.EventCollector`."""
 
-from __future__ import annotations
-
 import json
 from typing import Any
 

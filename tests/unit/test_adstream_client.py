@@ -74,7 +74,7 @@ def test_retries_stop_after_the_policys_attempts() -> None:
     assert info.value.status == 503 and len(seen) == 3
 
 
-@pytest.mark.parametrize("status", [400, 401, 413, 415])
+@pytest.mark.parametrize("status", [400, 401, 413, 415, 422])
 def test_client_errors_are_final(status: int) -> None:
     seen, transport = scripted((status, {}))
     with (
