@@ -46,7 +46,9 @@ def demo(
     report = run_demo(spec, settings, console.print, live=live)
     console.rule("what the loop did")
     console.print(summary_table(report))
-    console.print(f"report: {report['dir']}/report.md (+ report.json, auc_over_time.png, latency.png)")
+    console.print(
+        f"report: {report['dir']}/report.md (+ report.json, auc_smoothed.png, auc_over_time.png, latency.png)"
+    )
 
 
 def _f(x: float) -> str:
@@ -62,8 +64,12 @@ def summary_table(report: dict[str, Any]) -> Table:
         f"{loop['requests']:,} requests, {loop['served']:,} ads; P50 {loop['p50_ms']:.1f} / "
         f"P99 {loop['p99_ms']:.1f} ms (client side); errors {loop['errors'] or 'none'}",
     )
+    from deploy.demo_live import live_rows
+
+    for name, value in live_rows(report.get("live")):
+        table.add_row(name, value)
     table.add_row(
-        "learning (AUC before drift → end)",
+        "trainer's rolling AUC (before drift → end)",
         f"online {_f(q['online_auc']['before_drift'])} → {_f(q['online_auc']['end'])}, "
         f"frozen base {_f(q['base_auc']['before_drift'])} → {_f(q['base_auc']['end'])}",
     )

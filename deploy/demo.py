@@ -26,7 +26,7 @@ from urllib.parse import urlparse, urlunparse
 import httpx
 import numpy as np
 
-from deploy.machine import describe
+from deploy.machine import describe, process_cpu_s
 from schemas.clients import clickhouse_client, clickhouse_database, redis_args
 from schemas.errors import StackError
 from schemas.settings import Settings
@@ -316,6 +316,7 @@ class LoopRun:
     metrics: str
     attribution: str | None
     loop_s: float  # wall seconds of the closed loop
+    cpu_s: dict[str, float]  # CPU seconds each process (itself, not its children) used during the loop
 
     @property
     def score_log(self) -> Path:
@@ -388,17 +389,19 @@ def run_loop(
             f"4. closed loop: {spec.requests:,} requests at {spec.rate:g}/s, "
             f"`{spec.drift_mode}` drift half-way"
         )
+        cpu0 = {name: process_cpu_s(proc.pid) for name, proc in demo.children.items()}
         t0 = time.monotonic()
         market, loop_report, watch = asyncio.run(closed_loop(spec, demo, url, live))
         loop_s = time.monotonic() - t0
         demo.check_children()
+        cpu_s = {name: round(process_cpu_s(proc.pid) - cpu0[name], 1) for name, proc in demo.children.items()}
         adapters_end = httpx.get(f"{url}/v1/adapters", headers=demo.admin, timeout=5).json()
         metrics = httpx.get(f"{url}/metrics", timeout=5).text
         compare = (
             demo.run_optional("attribution", "attribution", "compare", "--by", "slot") if extras else None
         )
     return LoopRun(demo, spec, started, train, truth, market, loop_report, watch, adapters_start,
-                   adapters_end, metrics, compare, loop_s)  # fmt: skip
+                   adapters_end, metrics, compare, loop_s, cpu_s)  # fmt: skip
 
 
 def run_demo(

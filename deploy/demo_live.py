@@ -47,6 +47,7 @@ class Sample:
     examples: float
     adapters: dict[str, str]
     drifted: bool
+    resets: float = math.nan  # the trainer's guard resets so far (all adapters)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Watch:
             examples=trainer.get(("adstream_trainers_examples_total", ()), math.nan),
             adapters=await _adapters(http, self.serve_url, self.admin_headers),
             drifted=self.market.drift_ts is not None,
+            resets=trainer.get(("adstream_trainers_adapter_resets_total", ()), math.nan),
         )
         self.samples.append(s)
         return s
@@ -112,7 +114,12 @@ class Watch:
             f"served pCTR AUC (last {WINDOW})",
             f"{s.served_auc:.3f}  (oracle {s.oracle_auc:.3f}, without user taste {s.population_auc:.3f})",
         )
-        t.add_row("trainer AUC online vs frozen base", f"{s.online_auc:.3f} vs {s.base_auc:.3f}")
+        on, off = smoothed(self.samples, "online_auc"), smoothed(self.samples, "base_auc")
+        t.add_row(
+            f"trainer AUC online vs frozen (mean of last {SMOOTH_S} s)",
+            f"{on:.3f} vs {off:.3f}  ({'[green]' if on >= off else '[red]'}{on - off:+.3f}[/])",
+        )
+        t.add_row("guard resets (all adapters)", f"{s.resets:.0f}" if math.isfinite(s.resets) else "n/a")
         t.add_row("examples learned", f"{s.examples:,.0f}")
         t.add_row(
             "adapter versions", ", ".join(f"{k}={v}" for k, v in sorted(s.adapters.items())) or "none yet"
@@ -154,6 +161,15 @@ async def _adapters(http: httpx.AsyncClient, url: str, headers: dict[str, str]) 
     return {str(r.get("adapter_id")): str(r.get("version")) for r in rows if isinstance(r, dict)}
 
 
+SMOOTH_S = 15  # seconds of samples the live table averages (one window's swings are noise)
+
+
+def smoothed(samples: list[Sample], attr: str, last: int = SMOOTH_S) -> float:
+    """Mean of a sampled figure over the last `last` samples (non-finite ones left out)."""
+    xs = [x for x in (getattr(s, attr) for s in samples[-last:]) if math.isfinite(x)]
+    return float(np.mean(xs)) if xs else math.nan
+
+
 def phase_means(samples: list[Sample], attr: str) -> dict[str, float]:
     """Mean of a sampled figure over the last quarter before the drift and after it."""
     before = [getattr(s, attr) for s in samples if not s.drifted]
@@ -164,6 +180,58 @@ def phase_means(samples: list[Sample], attr: str) -> dict[str, float]:
         return float(np.mean(xs)) if xs else math.nan
 
     return {"before_drift": tail_mean(before), "end": tail_mean(after)}
+
+
+def _ci(entry: dict[str, Any] | None, fmt: str) -> str:
+    if not entry or "mean" not in entry:
+        return f"n/a ({(entry or {}).get('error', 'not measured')})"
+    lo, hi = fmt.format(entry["ci_low"]), fmt.format(entry["ci_high"])
+    return f"{fmt.format(entry['mean'])} (95 % interval {lo} … {hi})"
+
+
+def live_rows(live: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The A/B and learning figures of a run (`deploy.live_figures.loop_figures`), one row each."""
+    if not live:
+        return [("live figures", "not measured")]
+    cost = live.get("exploration_ctr_cost", {})
+    rate = live.get("resets_per_adapter_hour")
+    resets = f"{live.get('resets', 0)} ({rate:.1f} per adapter-hour)" if rate is not None else "n/a"
+    auc_after = _ci(live.get("auc_online_minus_frozen_after"), "{:+.4f}")
+    return [
+        ("CTR lift, learning over control, before the drift", _ci(live.get("ctr_lift_before"), "{:+.1%}")),
+        ("CTR lift, learning over control, after the drift", _ci(live.get("ctr_lift_after"), "{:+.1%}")),
+        ("CTR lift, learning over correction-only, after", _ci(live.get("adapter_lift_after"), "{:+.1%}")),
+        ("online − frozen AUC after the drift (paired)", auc_after),
+        ("guard resets", resets),
+        ("exploration: CTR of explored vs greedy slots",
+         _ci(cost.get("relative_cost"), "{:.1%}") + " lower" if "relative_cost" in cost
+         else cost.get("error", "n/a")),
+    ]  # fmt: skip
+
+
+def plot_curves(curves: list[dict[str, float]], out: Path) -> list[str]:
+    """Online vs frozen AUC over sliding windows of scored impressions, with their 95 % bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [c["end"] for c in curves]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name, label in (("online", "online LoRA"), ("frozen", "frozen base")):
+        ax.plot(x, [c[name] for c in curves], label=f"{label} (same impressions)")
+        ax.fill_between(x, [c[f"{name}_lo"] for c in curves], [c[f"{name}_hi"] for c in curves], alpha=0.2)
+    drift = next((c["end"] for c in curves if c["after_drift"]), None)
+    if drift is not None:
+        ax.axvline(drift, color="grey", linestyle="--", label="interest drift (first window after)")
+    ax.set_xlabel("served impressions")
+    ax.set_ylabel("AUC against the simulated clicks")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "auc_smoothed.png", dpi=110)
+    plt.close(fig)
+    return ["auc_smoothed.png"]
 
 
 def plot(samples: list[Sample], out: Path) -> list[str]:
@@ -210,6 +278,9 @@ def plot(samples: list[Sample], out: Path) -> list[str]:
 def write_report(out: Path, report: dict[str, Any], samples: list[Sample]) -> None:
     """report.json (figures and every sample), report.md (the story) and the plots."""
     report["plots"] = plot(samples, out) if samples else []
+    curves = (report.get("live") or {}).get("curves")
+    if curves:
+        report["plots"] = plot_curves(curves, out) + report["plots"]
     report["samples"] = [asdict(s) for s in samples]
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "report.md").write_text(markdown(report))
@@ -230,7 +301,13 @@ def markdown(r: dict[str, Any]) -> str:
         f"{r['loop']['requests']:,} closed-loop requests at {r['spec']['rate']:g}/s with a "
         f"`{r['spec']['drift_mode']}` interest drift half-way.",
         "",
-        "## Learning: online vs frozen",
+        "## What learning earned (A/B arms, bootstrap over users; paired AUC on the same impressions)",
+        "",
+        "| figure | this run |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in live_rows(r.get("live"))],
+        "",
+        "## Learning: online vs frozen (trainer's rolling windows)",
         "",
         "| AUC | before the drift | at the end |",
         "|---|---|---|",

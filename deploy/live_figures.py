@@ -401,7 +401,31 @@ def loop_run(run: Any) -> tuple[Run, str | None]:
 def loop_figures(run: Any) -> dict[str, Any]:
     """The live figures of one demo run (see `summarize`), with any reason a figure is missing."""
     arrays, why = loop_run(run)
-    out = summarize(arrays)
+    out = summarize(arrays) | {"curves": auc_curves(arrays)}
     if why:
         out["note"] = why
+    return out
+
+
+def auc_curves(run: Run, window: int = 1500, step: int = 500) -> list[dict[str, float]]:
+    """Online and frozen AUC over sliding windows of `window` scored impressions (serving order),
+    each with its Hanley–McNeil 95 % band: a curve that moves less than its band did not move."""
+    from serving.canary import auc_standard_error
+
+    idx = np.flatnonzero(np.isfinite(run.online) & np.isfinite(run.base))
+    z = z_value(0.05)
+    out = []
+    ends = list(range(min(window, idx.shape[0]), idx.shape[0] + 1, step))
+    if ends and ends[-1] != idx.shape[0]:  # the last window ends at the last impression
+        ends.append(idx.shape[0])
+    for end in ends:
+        rows = idx[max(0, end - window) : end]
+        y = run.served.clicked[rows]
+        pos = int(y.sum())
+        point = {"end": float(rows[-1]), "after_drift": float(run.served.after[rows[-1]])}
+        for name, scores in (("online", run.online[rows]), ("frozen", run.base[rows])):
+            a = auc(scores, y)
+            half = z * auc_standard_error(a, pos, rows.shape[0] - pos) if math.isfinite(a) else math.nan
+            point |= {name: a, f"{name}_lo": a - half, f"{name}_hi": a + half}
+        out.append(point)
     return out

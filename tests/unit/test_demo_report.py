@@ -69,3 +69,42 @@ def test_a_bad_market_option_fails_before_anything_starts(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="drift_mode='bogus'"):
         run_demo(DemoSpec(drift_mode="bogus"), Settings(state_dir=tmp_path), print)
     assert not (tmp_path / "demo").exists()  # no run folder, no topics, no processes
+
+
+def test_report_shows_ab_lift_paired_auc_resets_and_exploration_with_intervals(tmp_path: Path) -> None:
+    from deploy.cli_demo import summary_table
+    from deploy.demo_live import live_rows
+
+    samples = _samples()
+    quality = {k: phase_means(samples, k) for k in QUALITY_SERIES}
+    curves = [
+        {"end": float(e), "after_drift": float(e >= 3000), "online": 0.7, "online_lo": 0.65,
+         "online_hi": 0.75, "frozen": 0.68, "frozen_lo": 0.63, "frozen_hi": 0.73}
+        for e in range(1500, 6001, 500)
+    ]  # fmt: skip
+    live = {
+        "ctr_lift_before": {"mean": -0.01, "ci_low": -0.08, "ci_high": 0.06},
+        "ctr_lift_after": {"mean": 0.12, "ci_low": 0.03, "ci_high": 0.21},
+        "adapter_lift_after": {"error": "arm 'correction' has no traffic in the range"},
+        "auc_online_minus_frozen_after": {"mean": 0.02, "ci_low": 0.005, "ci_high": 0.035},
+        "resets": 1, "resets_per_adapter_hour": 2.0,
+        "exploration_ctr_cost": {"relative_cost": {"mean": 0.3, "ci_low": 0.1, "ci_high": 0.5}},
+        "curves": curves,
+    }  # fmt: skip
+    report = {
+        "started": "now", "machine": "test", "spec": {"seed": 7, "users": 400, "ads": 300, "history": 20_000,
+        "rate": 30.0, "drift_mode": "handover"}, "loop": {"requests": 1200, "served": 3600, "errors": {},
+        "p50_ms": 10.0, "p99_ms": 22.0}, "quality": quality,
+        "offline": {"holdout_auc": 0.69, "oracle_auc": 0.86}, "explanation": [], "adapters_end": {},
+        "clickhouse": {}, "live": live,
+    }  # fmt: skip
+    write_report(tmp_path, report, samples)
+    assert (tmp_path / "auc_smoothed.png").exists()
+    md = (tmp_path / "report.md").read_text()
+    assert "+12.0% (95 % interval +3.0% … +21.0%)" in md  # the lift with its interval
+    assert "+0.0200 (95 % interval +0.0050 … +0.0350)" in md
+    assert "no traffic" in md and "2.0 per adapter-hour" in md and "30.0% (95 % interval" in md
+    rows = dict(live_rows(live))
+    assert rows["guard resets"] == "1 (2.0 per adapter-hour)"
+    assert live_rows(None) == [("live figures", "not measured")]
+    assert summary_table({**report, "adapters_end": {}}).row_count >= len(rows)

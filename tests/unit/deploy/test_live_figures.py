@@ -147,3 +147,18 @@ def test_summary_of_pooled_runs_has_every_figure() -> None:
     assert out["auc_online_minus_frozen_after"]["mean"] > 0  # online carries the clicks more strongly
     assert out["resets_per_adapter_hour"] == pytest.approx(2 / 6 / (600 / 3600))
     assert "relative_cost" in out["exploration_ctr_cost"]
+
+
+def test_auc_curves_have_bands_around_each_window() -> None:
+    from deploy.live_figures import auc_curves
+
+    rng = np.random.default_rng(1)
+    n = 3000
+    clicked = (rng.random(n) < 0.1).astype(int)
+    s = _served(["learning"] * n, ["u"] * n, ["r"] * n, clicked.tolist(), (np.arange(n) >= 1500).tolist())
+    online = clicked + rng.normal(size=n)
+    online[:10] = np.nan  # not scored by the trainer: left out
+    curves = auc_curves(Run(s, online, online.copy(), 0, 1, 60.0), window=1000, step=500)
+    assert len(curves) == 5 and curves[-1]["after_drift"] == 1.0 and curves[0]["after_drift"] == 0.0
+    for c in curves:
+        assert c["online_lo"] < c["online"] < c["online_hi"] and c["online"] == c["frozen"]
