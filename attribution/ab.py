@@ -23,6 +23,7 @@ arm and the metric, never a division by zero.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -183,15 +184,35 @@ def _delta_var(data: ArmData, metric: str) -> float:
 
 
 def _resample_sums(matrix: Array, n_boot: int, rng: np.random.Generator) -> Array:
-    """n_boot × columns: column sums of resamples of the rows with replacement (in blocks)."""
+    """n_boot × columns: column sums of resamples of the rows with replacement (in blocks).
+
+    Each resample's draw counts come from one `bincount` over the block's indices, then one
+    matrix product gives every column's sum (no per-resample gather of the rows)."""
     n = matrix.shape[0]
     out = np.empty((n_boot, matrix.shape[1]))
     step = max(1, _BLOCK // max(n, 1))
     for start in range(0, n_boot, step):
-        stop = min(n_boot, start + step)
-        idx = rng.integers(0, n, size=(stop - start, n))
-        out[start:stop] = matrix[idx].sum(axis=1)
+        rows = min(n_boot, start + step) - start
+        idx = rng.integers(0, n, size=(rows, n)) + (np.arange(rows) * n)[:, None]
+        counts = np.bincount(idx.ravel(), minlength=rows * n).reshape(rows, n)
+        out[start : start + rows] = counts @ matrix
     return out
+
+
+def _cached(data: ArmData, n_boot: int, seed: int, cache: dict[int, Array] | None) -> Array:
+    """`boot_sums`, kept in `cache` (by the data's identity) when one is given."""
+    if cache is None:
+        return boot_sums(data, n_boot, seed)
+    if id(data) not in cache:
+        cache[id(data)] = boot_sums(data, n_boot, seed)
+    return cache[id(data)]
+
+
+def boot_sums(data: ArmData, n_boot: int, seed: int) -> Array:
+    """The arm's resampled column sums: seeded by (seed, arm name), so an arm's resamples are the
+    same in its metrics and in every lift it takes part in, and independent of other arms'."""
+    rng = np.random.default_rng([seed, zlib.crc32(data.arm.encode())])
+    return _resample_sums(data.matrix(), n_boot, rng)
 
 
 def _boot_values(sums: Array, metric: str) -> Array:
@@ -220,6 +241,7 @@ def arm_metrics(
     alpha: float = 0.05,
     n_boot: int = 2000,
     seed: int = 0,
+    cache: dict[int, Array] | None = None,
 ) -> ArmMetrics:
     """Impressions, CTR, clicks and revenue per request of one arm, each with its interval.
 
@@ -241,7 +263,7 @@ def arm_metrics(
             half = z * math.sqrt(_delta_var(data, metric))
             out[metric] = Estimate(value, value - half, value + half, n)
     elif method == "bootstrap":
-        sums = _resample_sums(data.matrix(), n_boot, np.random.default_rng(seed))
+        sums = _cached(data, n_boot, seed, cache)
         for metric, value in {"impressions": total_imps, **points}.items():
             what = f"arm {data.arm!r}: {metric}"
             out[metric] = _percentiles(_boot_values(sums, metric), value, n, alpha, what)
@@ -259,6 +281,7 @@ def lift(
     alpha: float = 0.05,
     n_boot: int = 2000,
     seed: int = 0,
+    cache: dict[int, Array] | None = None,
 ) -> Lift:
     """The relative lift of `arm` over `baseline` in a ratio metric, with its interval.
 
@@ -287,9 +310,8 @@ def lift(
         return Lift(arm.arm, baseline.arm, metric, est)
     if method != "bootstrap":
         raise EstimationError(f"interval method {method!r} is not one of bootstrap, delta")
-    rng_a, rng_b = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    va = _boot_values(_resample_sums(arm.matrix(), n_boot, rng_a), metric)
-    vb = _boot_values(_resample_sums(baseline.matrix(), n_boot, rng_b), metric)
+    va = _boot_values(_cached(arm, n_boot, seed, cache), metric)
+    vb = _boot_values(_cached(baseline, n_boot, seed, cache), metric)
     rel = np.full(va.shape, np.nan)
     np.divide(va, vb, out=rel, where=np.isfinite(vb) & (vb > 0))
     what = f"lift of arm {arm.arm!r} over {baseline.arm!r} in {metric}"
@@ -313,8 +335,10 @@ def compare(
     clicks), is skipped and listed in `skipped_pairs` with the reason; with `strict` (pairs the
     user asked for by name) it is an `EstimationError` instead.
     """
+    cache: dict[int, Array] = {}  # each arm resampled once, for its metrics and its lifts
     metrics = {
-        name: arm_metrics(data, method, alpha=alpha, n_boot=n_boot, seed=seed) for name, data in arms.items()
+        name: arm_metrics(data, method, alpha=alpha, n_boot=n_boot, seed=seed, cache=cache)
+        for name, data in arms.items()
     }
     lifts: list[Lift] = []
     skipped: list[str] = []
@@ -323,7 +347,7 @@ def compare(
             if a not in arms or b not in arms:
                 raise EstimationError(f"arm {(b if a in arms else a)!r} has no traffic in the range")
             lifts.extend(
-                lift(arms[a], arms[b], metric, method, alpha=alpha, n_boot=n_boot, seed=seed)
+                lift(arms[a], arms[b], metric, method, alpha=alpha, n_boot=n_boot, seed=seed, cache=cache)
                 for metric in RATIOS
             )
         except EstimationError as exc:
