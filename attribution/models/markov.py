@@ -41,7 +41,7 @@ from attribution.paths import AttributionInputError, Paths
 
 START, CONV, NULL = -3, -1, -2
 SMOOTHING = 0.1  # additive smoothing of held-out transition probabilities
-DIRECT_MAX = 5_000  # chains up to this many states fall back to a direct solve early
+SPARSE_DEGREE = 4  # chains with at most this many transitions per state fall back to LU early
 Removal = Literal["redistribute", "null"]
 REMOVALS: tuple[str, ...] = ("redistribute", "null")
 
@@ -94,13 +94,13 @@ class Chain:
         return np.bincount(self.inv, weights=w, minlength=self.src.shape[0])
 
 
-def _dense(key: np.ndarray) -> tuple[np.ndarray, int]:
-    """Dense ids 0..n-1 of int64 keys (in key order) and n."""
-    uniq, inv = np.unique(key, return_inverse=True)
-    return inv.reshape(-1).astype(np.int64), int(uniq.shape[0])
+def _dense(key: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """Dense ids 0..n-1 of int64 keys (in key order), n, and where each id first occurs."""
+    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64), int(uniq.shape[0]), first
 
 
-def _pair(a: np.ndarray, n_a: int, b: np.ndarray, n_b: int, what: str) -> tuple[np.ndarray, int]:
+def _pair(a: np.ndarray, n_a: int, b: np.ndarray, n_b: int, what: str) -> tuple[np.ndarray, int, np.ndarray]:
     """Dense ids of the pairs (a, b) with a < n_a, b < n_b: keys a·n_b + b, refused (never wrapped)
     when n_a·n_b does not fit in int64."""
     if n_a * n_b > np.iinfo(np.int64).max:  # Python ints: exact
@@ -114,20 +114,26 @@ def state_ids(ch: np.ndarray, pos: np.ndarray, order: int) -> tuple[np.ndarray, 
     """Each touch's order-`order` state as a dense id, and each id's channels (oldest first, −1
     before the journey's start).
 
-    A state is a tuple of up to `order` channels; it is numbered one channel at a time (the id of
-    the tuple so far paired with the next channel, re-densified), so every key stays below
-    touches × (channels + 1) whatever the channel count and order: no base**order code.
+    A state is a tuple of up to `order` channels, coded base (channels + 1) when that code fits
+    in int64 (checked exactly), else numbered one channel at a time (the id of the tuple so far
+    paired with the next channel, re-densified), so every key stays below touches × (channels +
+    1) whatever the channel count and order; the ids are dense either way.
     """
     n_ch = int(ch.max()) + 2 if ch.shape[0] else 1  # channel + 1, 0 = before the journey
-    ids, n_ids = _dense(ch + 1)
     cols = [ch]
     for m in range(1, order):
         prev = np.full(ch.shape[0], -1, dtype=np.int64)
         prev[m:] = ch[:-m]
-        prev = np.where(pos >= m, prev, -1)
-        cols.append(prev)
-        ids, n_ids = _pair(ids, n_ids, prev + 1, n_ch, "states")
-    _, first = np.unique(ids, return_index=True)
+        cols.append(np.where(pos >= m, prev, -1))
+    if n_ch**order <= np.iinfo(np.int64).max:  # Python ints: the base-n_ch code fits, one pass
+        code = np.zeros(ch.shape[0], dtype=np.int64)
+        for col in cols:
+            code = code * np.int64(n_ch) + (col + 1)
+        ids, _, first = _dense(code)
+    else:  # numbered a channel at a time: each key < touches × n_ch
+        ids, n_ids, first = _dense(ch + 1)
+        for col in cols[1:]:
+            ids, n_ids, first = _pair(ids, n_ids, col + 1, n_ch, "states")
     table = np.stack(cols[::-1], axis=1)[first] if ch.shape[0] else np.zeros((0, order), np.int64)
     return ids, table
 
@@ -158,9 +164,7 @@ def chain(paths: Paths, order: int) -> Chain:
     )
     # START, CONV, NULL are −3…−1: shifted by 3 every id is in [0, states + 3)
     span = table.shape[0] + 3
-    inv, _ = _pair(src + 3, span, dst + 3, span, "transitions")
-    at = np.zeros(int(inv.max()) + 1 if inv.shape[0] else 0, dtype=np.int64)
-    at[inv] = np.arange(inv.shape[0])
+    inv, _, at = _pair(src + 3, span, dst + 3, span, "transitions")
     usrc, udst = src[at], dst[at]
     _, src_state = np.unique(usrc, return_inverse=True)
     return Chain(usrc, udst, inv, slot_path, slot_kind, src_state.reshape(-1), table)
@@ -278,13 +282,14 @@ def solve_absorbing(
     iterated to a change below `tol`, i.e. to the exact solution in floating point, without LU
     fill-in (a direct sparse LU of an order-3 chain over 15 channels takes seconds). `start` is
     a first guess (e.g. the solution without removal). A direct solve is the fallback if it has
-    not converged (after 50 iterations on a chain of at most `DIRECT_MAX` states, where loops
-    that journeys rarely leave mix slowly and an LU takes milliseconds); a singular system is
-    an `AttributionInputError`, never a warning and NaNs.
+    not converged (after 50 iterations on a chain with at most `SPARSE_DEGREE` transitions per
+    state, such as many channels seen on few paths: loops that journeys rarely leave mix slowly
+    there, and the LU has little fill-in); a singular system is an `AttributionInputError`,
+    never a warning and NaNs.
     """
     mask = np.ones(r.shape[0]) if keep is None else keep.astype(float)
     x = (r if start is None else start) * mask
-    if r.shape[0] <= DIRECT_MAX:  # a small chain's LU takes milliseconds: do not wait on slow mixing
+    if q.nnz <= SPARSE_DEGREE * r.shape[0]:  # an LU without fill-in: do not wait on slow mixing
         max_iter = min(max_iter, 50)
     for _ in range(max_iter):
         nxt = mask * (r + q @ x)
