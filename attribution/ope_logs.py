@@ -12,7 +12,10 @@ Policies that the logs define exactly (`POLICIES`, plus the `explore:F` family):
   CTR exactly (a sanity check of the pipeline and of the propensities).
 - `greedy` — serving without exploration: each position gets the ranker's own choice, i.e. the
   ad logged wherever `explored` is false; π_e = 1 there and 0 where an exploring draw put a
-  different ad. (This needs `explored` to mean "differs from the greedy choice".)
+  different ad. (`serving.explore` logs `explored` as "not the greedy ad given the positions
+  before it", which is what this needs.) Like serving's propensities, it is the policy at each
+  position given the ads logged above it: a position below an explored one is scored with
+  the remaining candidates that position really had, not those of a wholly greedy slate.
 - `explore:F` (0 ≤ F ≤ 1) — with probability F follow the logging policy, otherwise the greedy
   one: π_e = F·propensity + (1 − F)·[not explored]. When serving explores ε-greedily this is
   exactly ε-greedy with ε' = F·ε, so it answers "what would half the exploration budget
