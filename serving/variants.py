@@ -21,18 +21,19 @@ seeded generator).
 
     >>> sel = VariantSelector(dim=2, policy=VariantPolicy(), seed=0)
     >>> sel.register("ad1", ["a", "b", "c"])
-    >>> sel.choose(["ad1", "no-variants"], np.zeros((2, 2)))
-    [('b', 0.3333333333333333), (None, None)]
+    >>> [(v, None if p is None else round(p, 6)) for v, p in sel.choose(["ad1", "none"], np.zeros((2, 2)))]
+    [('b', 0.333333), (None, None)]
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.special import log_ndtr
+from scipy.special import ndtr
 
 from schemas.errors import SchemaError
 
@@ -129,9 +130,17 @@ def score_moments(
     state: VariantState, rows: np.ndarray, x: np.ndarray, noise: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mean and sd (n, V) of each variant's Thompson score x·θ̃ for each (row, context)."""
-    mean = np.einsum("nvd,nd->nv", state.mean[rows], x)
-    var = np.einsum("nd,nvde,ne->nv", x, state.cov[rows], x)
+    xs = x[:, None, :, None]  # (n, 1, d, 1): matmuls, not a three-operand einsum (10× slower)
+    mean = (state.mean[rows][:, :, None, :] @ xs)[:, :, 0, 0]
+    var = (xs.transpose(0, 1, 3, 2) @ (state.cov[rows] @ xs))[:, :, 0, 0]
     return mean, noise * np.sqrt(np.maximum(var, 1e-12))
+
+
+@functools.cache
+def _nodes(nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss–Hermite nodes and weights for the standard normal (weights sum to 1)."""
+    z, w = np.polynomial.hermite_e.hermegauss(nodes)
+    return z, w / math.sqrt(2 * math.pi)
 
 
 def win_probabilities(mean: np.ndarray, sd: np.ndarray, mask: np.ndarray, nodes: int) -> np.ndarray:
@@ -141,14 +150,13 @@ def win_probabilities(mean: np.ndarray, sd: np.ndarray, mask: np.ndarray, nodes:
     >>> win_probabilities(np.array([[0.0, 0.0, 1.0]]), np.ones((1, 3)), np.ones((1, 3), bool), 24).round(3)
     array([[0.183, 0.183, 0.634]])
     """
-    z, w = np.polynomial.hermite_e.hermegauss(nodes)
-    w = w / math.sqrt(2 * math.pi)
+    z, w = _nodes(nodes)
     m = np.where(mask, mean, 0.0)
     s = np.where(mask, sd, 1.0)
     t = m[:, :, None] + s[:, :, None] * z  # (n, V, G): v's score at each node
-    log_cdf = log_ndtr((t[:, :, :, None] - m[:, None, None, :]) / s[:, None, None, :])  # (n, V, G, U)
+    cdf = ndtr((t[:, :, :, None] - m[:, None, None, :]) / s[:, None, None, :])  # (n, V, G, U)
     others = mask[:, None, None, :] & ~np.eye(m.shape[1], dtype=bool)[None, :, None, :]
-    p = (w * np.exp(np.where(others, log_cdf, 0.0).sum(axis=-1))).sum(axis=-1)
+    p = (w * np.where(others, cdf, 1.0).prod(axis=-1)).sum(axis=-1)
     p = np.where(mask, np.maximum(p, 0.0), 0.0)
     total = p.sum(axis=1, keepdims=True)
     out: np.ndarray = np.where(
