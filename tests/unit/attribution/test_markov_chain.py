@@ -17,7 +17,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import spsolve
 
 from attribution.models import ModelConfig, attribute
-from attribution.models.markov import _pair, chain, removal_effects, transitions
+from attribution.models.markov import _pair, chain, removal_effects, state_ids, transitions
 from attribution.paths import AttributionInputError, paths_from_lists
 
 START, CONV, NULL = ("START",), ("CONV",), ("NULL",)
@@ -180,3 +180,14 @@ def test_no_removal_leaves_a_singular_chain_on_a_small_random_market(seed: int, 
     for c, name in enumerate(p.channels):
         want = max(0.0, 1.0 - _reference_p(ref, name) / base)
         assert effects[c] == pytest.approx(want, abs=1e-9), name
+
+
+def test_states_beyond_a_64_bit_code_are_numbered_a_channel_at_a_time() -> None:
+    # channel indices past 2^21 at order 3: (channels+1)^3 no longer fits int64, the other path
+    big = 3_000_000
+    ch = np.array([big, 7, big, big, 7, big, 7], dtype=np.int64)
+    pos = np.array([0, 1, 2, 0, 1, 2, 3])
+    ids, table = state_ids(ch, pos, 3)
+    tuples = [tuple(int(c) for c in table[i] if c >= 0) for i in ids]
+    assert tuples == [(big,), (big, 7), (big, 7, big), (big,), (big, 7), (big, 7, big), (7, big, 7)]
+    assert len(set(ids.tolist())) == table.shape[0] == 4
