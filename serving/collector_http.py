@@ -55,10 +55,30 @@ def _detail(description: str) -> dict[str, Any]:
 
 
 def _result(description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": EventsResult.model_json_schema()}},
-    }
+    # EventsResult is the route's response_model: FastAPI puts it in components
+    ref = {"$ref": "#/components/schemas/EventsResult"}
+    return {"description": description, "content": {"application/json": {"schema": ref}}}
+
+
+def inline_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A model's JSON Schema with its `$defs` written in place of their references: a schema
+    embedded in an OpenAPI document cannot point at `#/$defs` (that `#` is the document's root).
+    The contract's event models are not recursive."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref.removeprefix("#/$defs/")])
+            # a discriminator's mapping names `#/$defs/…` too; `kind` is a const in each branch
+            return {k: walk(v) for k, v in node.items() if k not in ("$defs", "discriminator")}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    out: dict[str, Any] = walk(schema)
+    return out
 
 
 # the OpenAPI of `POST /v1/events` (keyword arguments of the FastAPI route decorator)
@@ -67,7 +87,7 @@ EVENTS_ROUTE: Final[dict[str, Any]] = {
     "openapi_extra": {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": EventBatch.model_json_schema()}},
+            "content": {"application/json": {"schema": inline_defs(EventBatch.model_json_schema())}},
         },
         "security": [{"ApiKey": []}, {}],
     },
@@ -81,7 +101,7 @@ EVENTS_ROUTE: Final[dict[str, Any]] = {
         422: {
             "description": "no event accepted: `rejected` lists each (index, field, reason), or the body "
             "as a whole is unreadable (`detail`: not JSON, no `events` list, over collector.max_events)",
-            "content": {"application/json": {"schema": EventsResult.model_json_schema()}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EventsResult"}}},
         },
         429: _detail(
             "the key's rate limit (collector.rate_per_s, burst collector.burst); retry after Retry-After"

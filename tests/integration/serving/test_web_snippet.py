@@ -73,7 +73,8 @@ def counts(s: Settings, table: str, ids: list[str]) -> dict[str, int]:
     db = clickhouse_client(s, clickhouse_database(s))
     try:
         rows = db.execute(
-            f"SELECT event_id, count() FROM {table} WHERE event_id IN %(ids)s GROUP BY event_id", {"ids": ids}
+            f"SELECT event_id, count() FROM {table} WHERE event_id IN %(ids)s GROUP BY event_id",
+            {"ids": tuple(ids)},
         )
     finally:
         db.disconnect()
