@@ -76,6 +76,8 @@ class ServedAd(Contract):
     # echo it in the Click / Dwell of this ad (`Click.click_token`): the streams worker drops
     # clicks without the token of an impression served to that user (`schemas.signing`)
     click_token: ClickToken | None = None
+    # the creative variant to render (`AdCreative.variants`), chosen by `serving.variants`
+    variant_id: Ident | None = None
 
 
 class StageMs(Contract):
