@@ -205,7 +205,9 @@ def table(result: dict[str, Any]) -> Table:
             if r["resets_per_adapter_hour"] is not None
             else "n/a"
         ),
-        "exploration CTR cost": lambda r: _ci(r["exploration_ctr_cost"].get("relative_cost", {}), "{:.1%}"),
+        "exploration CTR cost": lambda r: _ci(
+            r["exploration_ctr_cost"].get("relative_cost", r["exploration_ctr_cost"]), "{:.1%}"
+        ),
     }
     for name, fn in rows.items():
         t.add_row(name, *[fn(r) for r in result["runs"].values()])
