@@ -294,6 +294,7 @@ class AdServer:
             user, ctx.capped = None, []
         t_read = time.perf_counter()
         rec = self.pipe.recall(req, user, ctx.capped, ctx.now.hour)
+        ctx.user_vector = None if user is None else user.vector  # the variant choice's context
         t_end = time.perf_counter()
         self.metrics.spent("redis", t_read - t)
         self.metrics.spent("recall", t_end - t_read)

@@ -29,6 +29,7 @@ from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
 from serving.rerank import pacing_factor, rerank
 from serving.towers import TowerSpace
+from serving.variants import VariantSelector
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class RequestContext:
     pctr: np.ndarray = field(default_factory=lambda: np.zeros(0))
     capped: list[str] = field(default_factory=list)
     stage_ms: dict[str, float] = field(default_factory=lambda: {"recall": 0.0, "rank": 0.0, "rerank": 0.0})
+    # the user's state vector (read for recall): the context of the creative variant choice
+    user_vector: np.ndarray | None = None
 
 
 class AdPipeline:
@@ -122,6 +125,8 @@ class AdPipeline:
         self._interest_table = CentroidTable(settings.state_dim)
         self.interest_counts: Counter[str] = Counter()  # declared interests: used / faded / unknown
         self._on_interests = on_interests
+        # creative variants of the ads that have them (`AdCreative.variants`): a contextual bandit
+        self.variants = VariantSelector(settings.state_dim)
 
     # -- catalog ------------------------------------------------------------------------
     def add_ad(self, ad: AdCreative, vector: np.ndarray | None = None) -> None:
@@ -131,6 +136,8 @@ class AdPipeline:
         self.index.upsert(row, ad.active)
         dim = self.settings.state_dim
         self._interest_table.put(row, ad.category, np.asarray(content_vector(ad.category, ad.title, dim)))
+        if ad.variants:
+            self.variants.register(ad.ad_id, [v.variant_id for v in ad.variants])
 
     # -- declared interests (cold start) ------------------------------------------------
     def centroids(self) -> CategoryCentroids:
@@ -278,6 +285,17 @@ class AdPipeline:
         return out
 
     # -- rerank -------------------------------------------------------------------------
+    def variant_picks(
+        self, rows: np.ndarray, vector: np.ndarray | None
+    ) -> list[tuple[str | None, float | None]]:
+        """(variant id, its selection probability) of each served row, for the user's state
+        vector (`serving.variants`: one batch call; (None, None) for ads without variants)."""
+        if not self.variants.row_of:
+            return _no_variants(rows.shape[0])
+        ad_ids = [self.catalog.rows[int(r)].ad_id for r in rows]
+        vec = np.zeros(self.settings.state_dim) if vector is None else np.asarray(vector, dtype=np.float64)
+        return self.variants.choose(ad_ids, vec)
+
     def finish(self, ctx: RequestContext) -> tuple[AdResponse, list[Impression], np.ndarray, np.ndarray]:
         """Rerank a request's candidates and build the response and its impression events.
         The time this takes is `stage_ms.rerank` of the response. (The models are validated:
@@ -315,6 +333,7 @@ class AdPipeline:
         ads, imps = [], []
         infos = cat.rows
         user_id, slot, key = req.user_id, req.slot, self.event_key
+        picks = self.variant_picks(chosen, ctx.user_vector)
         for pos, (row, p, score, price) in enumerate(
             zip(chosen.tolist(), chosen_pctr.tolist(), res.scores.tolist(), res.prices.tolist(), strict=True)
         ):
@@ -324,7 +343,7 @@ class AdPipeline:
             ads.append(
                 ServedAd(
                     ad_id=info.ad_id, campaign_id=info.campaign_id, score=score, pctr=p, price=price,
-                    click_token=token,
+                    click_token=token, variant_id=picks[pos][0],
                 )
             )  # fmt: skip
             imps.append(
@@ -343,6 +362,8 @@ class AdPipeline:
                         pctr=p,
                         model_version=model_version,
                         adapter_version=versions[pos],
+                        variant_id=picks[pos][0],
+                        variant_propensity=picks[pos][1],
                     ),
                     key,
                 )
@@ -360,6 +381,10 @@ class AdPipeline:
             adapter_version=top_adapter,
         )
         return resp, imps, chosen, chosen_pctr * res.prices
+
+
+def _no_variants(n: int) -> list[tuple[str | None, float | None]]:
+    return [(None, None)] * n
 
 
 def utcnow() -> datetime:
