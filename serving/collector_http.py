@@ -81,6 +81,25 @@ def inline_defs(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_FIELD_ERRORS: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "detail": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "loc": {"type": "array"},
+                    "msg": {"type": "string"},
+                    "type": {"type": "string"},
+                },
+                "required": ["loc", "msg", "type"],
+            },
+        }
+    },
+    "required": ["detail"],
+}
+
 # the OpenAPI of `POST /v1/events` (keyword arguments of the FastAPI route decorator)
 EVENTS_ROUTE: Final[dict[str, Any]] = {
     "response_model": EventsResult,
@@ -100,8 +119,13 @@ EVENTS_ROUTE: Final[dict[str, Any]] = {
         415: _detail("Content-Type is not application/json"),
         422: {
             "description": "no event accepted: `rejected` lists each (index, field, reason), or the body "
-            "as a whole is unreadable (`detail`: not JSON, no `events` list, over collector.max_events)",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EventsResult"}}},
+            "as a whole is unreadable (`detail`: [{loc, msg, type}]: not JSON, no `events` list, over "
+            "collector.max_events)",
+            "content": {
+                "application/json": {
+                    "schema": {"anyOf": [{"$ref": "#/components/schemas/EventsResult"}, _FIELD_ERRORS]}
+                }
+            },
         },
         429: _detail(
             "the key's rate limit (collector.rate_per_s, burst collector.burst); retry after Retry-After"
@@ -248,8 +272,13 @@ class EventCollector:
             return self._answer(413, error(413, f"request body over {self.limits.max_body_bytes} bytes"))
         except ClientDisconnect:
             return self._answer(400, error(400, "client disconnected before the body ended"))
-        except BatchRefused as exc:
-            return self._answer(exc.status, error(exc.status, exc.message))
+        except BatchRefused as exc:  # a 422 locates its field, as every 422 of the API does
+            why = (
+                exc.message
+                if exc.status != 422
+                else [{"loc": [exc.field], "msg": exc.message, "type": "batch"}]
+            )
+            return self._answer(exc.status, error(exc.status, why))
         if (wait := self.bucket.take(who, len(events))) > 0:
             return self._limited(wait)
         verdict = judge_events(events, self.key)

@@ -28,6 +28,11 @@ def _check(resp: httpx.Response, label: str) -> None:
     if resp.status_code < 400:
         return
     body = resp.json()
+    if resp.status_code == 422 and "rejected" in body:  # /v1/events: no event of the batch accepted
+        assert body["accepted"] == 0 and body["rejected"], f"{label}: 422 names no refused event"
+        for r in body["rejected"]:
+            assert {"index", "field", "reason", "message"} <= set(r), f"{label}: refusal unnamed: {r}"
+        return
     assert "detail" in body, f"{label}: {resp.status_code} without a detail: {resp.text[:300]}"
     if resp.status_code == 422:
         errors = body["detail"]
@@ -118,6 +123,8 @@ def test_api_fuzz_quick(server: httpx.Client) -> None:
         {
             ("POST /v1/ads", "positive"): 150,
             ("POST /v1/ads", "negative"): 150,
+            ("POST /v1/events", "positive"): 100,
+            ("POST /v1/events", "negative"): 100,
             ("*", "positive"): 15,
             ("*", "negative"): 15,
         },
