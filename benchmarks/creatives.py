@@ -21,7 +21,7 @@ off-policy estimates against the simulator's truth and against Open Bandit Pipel
   many calls) against the replica's CPU per request that `benchmarks/serve.py` recorded in
   `benchmarks/results/serve.json` (another run, named in the result).
 
-Usage: `.venv/bin/python benchmarks/creatives.py [--seeds 5] [--impressions 90000]`; prints a
+Usage: `.venv/bin/python -m benchmarks.creatives [--seeds 5] [--impressions 90000]`; prints a
 table and writes `benchmarks/results/creatives.json`.
 """
 
@@ -29,13 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)  # `benchmarks/streams.py` would shadow the `streams` package
 
 import numpy as np
 from rich.console import Console
