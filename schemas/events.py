@@ -24,6 +24,9 @@ from pydantic import (
 )
 
 Slot: TypeAlias = Literal["feed", "search", "splash"]
+# the A/B arms of live learning (`serving.arms`, settings group `ab`)
+AB_ARMS: Final = ("learning", "correction", "control")
+AbArm: TypeAlias = Literal["learning", "correction", "control"]
 SLOTS: Final[tuple[Slot, ...]] = ("feed", "search", "splash")
 
 MAX_ID_BYTES: Final = 255
@@ -173,6 +176,14 @@ class Impression(UserEvent):
     # probability it was chosen with, for off-policy evaluation of another selection policy
     variant_id: Ident | None = None
     variant_propensity: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    # the A/B arm of the user (`serving.arms`): "learning" (adapters + the per-user correction),
+    # "correction" (the correction, no adapters) or "control" (the frozen base model alone)
+    ab_arm: AbArm | None = None
+    # the probability with which the serving policy put this ad at this position (exploration,
+    # `serving.explore`), and whether exploration chose it over the greedy ad: what off-policy
+    # evaluation of another ranker or policy needs (`attribution.ope`)
+    propensity: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    explored: bool | None = None
     # the serving replica's HMAC over the other fields (`schemas.signing`); the streams worker
     # dead-letters impressions without a valid one (`streams.verify_impressions`)
     sig: Signature | None = None

@@ -131,6 +131,7 @@ def impression_bytes(imp: Impression, ts: float | None = None) -> bytes:
         f"|{'-' if mv is None else f'{len(mv)}:{mv}'}|{'-' if av is None else f'{len(av)}:{av}'}"
         # the variant fields only when set: impressions without them keep their v1 bytes
         + _variant_suffix(d.get("variant_id"), d.get("variant_propensity"))
+        + _policy_suffix(d.get("ab_arm"), d.get("propensity"), d.get("explored"))
     ).encode()
 
 
@@ -140,6 +141,16 @@ def _variant_suffix(variant_id: str | None, propensity: float | None) -> str:
         return ""
     vid = "-" if variant_id is None else f"{len(variant_id)}:{variant_id}"
     return f"|variant|{vid}|{'-' if propensity is None else repr(float(propensity))}"
+
+
+def _policy_suffix(arm: str | None, propensity: float | None, explored: bool | None) -> str:
+    """The A/B arm, the logging propensity and the exploration flag in an impression's canonical
+    bytes (only when one is set: impressions without them keep their earlier bytes)."""
+    if arm is None and propensity is None and explored is None:
+        return ""
+    p = "-" if propensity is None else repr(float(propensity))
+    e = "-" if explored is None else ("1" if explored else "0")
+    return f"|policy|{'-' if arm is None else arm}|{p}|{e}"
 
 
 def impression_sig(imp: Impression, key: bytes, ts: float | None = None) -> str:

@@ -33,6 +33,7 @@ from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
 from serving.admin import api_key_digests, check_admin, check_api_key, token_digest
+from serving.arms import ab_arm_for, uses_adapters, uses_correction
 from serving.canary import Arm, Canary, arm_for
 from serving.catalog import Catalog
 from serving.collector_http import EVENTS_ROUTE, SNIPPET_ROUTE, EventCollector, snippet
@@ -269,7 +270,11 @@ class AdServer:
         impressions are all counted for that arm, even if the share moves meanwhile): down the
         ladder adapter → base model → recall score → popular as the deadline allows."""
         ctx = RequestContext(
-            req, uuid.uuid4().hex, utcnow(), CANDIDATE if arm_name == "candidate" else STABLE
+            req,
+            uuid.uuid4().hex,
+            utcnow(),
+            CANDIDATE if arm_name == "candidate" else STABLE,
+            ab_arm_for(req.user_id, self.settings.ab),
         )
         # the budget runs from the request's first byte (parsing and the gate's queue count)
         deadline = Deadline(float(req.deadline_ms or self.gate.policies[cls].deadline_ms), start=t0)
@@ -292,6 +297,8 @@ class AdServer:
             )
         except Exception:  # Redis slow or down: serve the user cold, uncapped
             user, ctx.capped = None, []
+        if user is not None and user.bias and not uses_correction(ctx.ab_arm):
+            user = dataclasses.replace(user, bias={})  # the control arm: no per-user correction
         t_read = time.perf_counter()
         rec = self.pipe.recall(req, user, ctx.capped, ctx.now.hour)
         ctx.user_vector = None if user is None else user.vector  # the variant choice's context
@@ -308,7 +315,7 @@ class AdServer:
                 costs.relax("rank_base")
         if rec.rank_input is not None and ctx.rung in ("adapter", "base_model"):
             t = time.perf_counter()
-            use = ctx.rung == "adapter"
+            use = ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
             inp = rec.rank_input
             if use:
                 bank_rows = self.pipe.adapter_rows(req.slot, ctx.rows, ctx.arm)
@@ -341,8 +348,9 @@ class AdServer:
             self.metrics.stage.labels(name).observe(ms / 1000)
         if not ctx.req.preview:  # a preview shows ads without serving them
             self.catalog.record_served(chosen, cost)
-            for imp in imps:
-                self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
+            if uses_adapters(ctx.ab_arm):  # the canary compares adapter versions: learning arm only
+                for imp in imps:
+                    self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
             self.sink.emit(imps)
             if imps:
                 self.redis.record(ctx.req.user_id, ctx.now, imps, list(cost))

@@ -6,6 +6,7 @@ the Ray Serve ingress (`serving.app`) is a thin async shell around it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections import Counter
@@ -16,17 +17,19 @@ from datetime import UTC, datetime
 import numpy as np
 
 from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
-from schemas.events import AdCreative, Impression
+from schemas.events import AbArm, AdCreative, Impression
 from schemas.ids import adapter_id_for, impression_event_id
 from schemas.settings import Settings
 from schemas.signing import click_token, event_key, sign_impression
 from schemas.vectors import content_vector
 from serving.adapters import CANDIDATE
-from serving.recall_index import make_index
+from serving.arms import uses_adapters
 from serving.catalog import Catalog
 from serving.deadline import Rung, StageCosts
+from serving.explore import explore
 from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
+from serving.recall_index import make_index
 from serving.rerank import pacing_factor, rerank
 from serving.towers import TowerSpace
 from serving.variants import VariantSelector
@@ -87,6 +90,7 @@ class RequestContext:
     request_id: str
     now: datetime
     arm: int = CANDIDATE
+    ab_arm: AbArm = "learning"  # live learning's A/B arm (`serving.arms`)
     rung: Rung = "adapter"
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     pctr: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -315,6 +319,7 @@ class AdPipeline:
         pacing = pacing_factor(
             cat.spend_of(rows), cat.budget_of(rows), day_fraction, self.params.pacing_slack
         )
+        eps, top_m = self.settings.explore.epsilon, self.settings.explore.top_m
         res = rerank(
             pctr,
             cat.bid[rows],
@@ -322,20 +327,31 @@ class AdPipeline:
             cat.category[rows],
             pacing,
             cat.impressions[rows],
-            req.k,
+            req.k + top_m - 1 if eps > 0 else req.k,  # the greedy list and what exploration draws from
             self.params,
         )
-        chosen = rows[res.order]
-        chosen_pctr = np.clip(pctr[res.order], 0.0, 1.0)
+        # seeded by the request id: the same request explores the same way (tests, replays)
+        ex = explore(res.order.shape[0], req.k, eps, top_m, request_rng(request_id))
+        order = res.order[ex.picks]
+        chosen = rows[order]
+        chosen_pctr = np.clip(pctr[order], 0.0, 1.0)
         model_version = self.rank.version
-        with_adapters = rung == "adapter"
+        with_adapters = rung == "adapter" and uses_adapters(ctx.ab_arm)
         versions = self.adapter_versions(req.slot, chosen, ctx.arm) if with_adapters else [None] * len(chosen)
         ads, imps = [], []
         infos = cat.rows
         user_id, slot, key = req.user_id, req.slot, self.event_key
         picks = self.variant_picks(chosen, ctx.user_vector)
+        prices, scores = res.prices[ex.picks], res.scores[ex.picks]
+        ab_arm, propensities, explored = ctx.ab_arm, ex.propensity.tolist(), ex.explored.tolist()
         for pos, (row, p, score, price) in enumerate(
-            zip(chosen.tolist(), chosen_pctr.tolist(), res.scores.tolist(), res.prices.tolist(), strict=True)
+            zip(
+                chosen.tolist(),
+                chosen_pctr.tolist(),
+                scores.tolist(),
+                prices.tolist(),
+                strict=True,
+            )
         ):
             info = infos[row]
             iid = impression_event_id(request_id, pos)
@@ -364,11 +380,14 @@ class AdPipeline:
                         adapter_version=versions[pos],
                         variant_id=picks[pos][0],
                         variant_propensity=picks[pos][1],
+                        ab_arm=ab_arm,
+                        propensity=propensities[pos],
+                        explored=explored[pos],
                     ),
                     key,
                 )
             )
-        top_adapter = imps[0].adapter_version if imps and rung == "adapter" else None
+        top_adapter = imps[0].adapter_version if imps and with_adapters else None
         ctx.stage_ms["rerank"] = (time.perf_counter() - t) * 1000
         stage = {k: round(max(v, 0.0), 3) for k, v in ctx.stage_ms.items()}
         resp = AdResponse(
@@ -380,7 +399,16 @@ class AdPipeline:
             model_version=model_version,
             adapter_version=top_adapter,
         )
-        return resp, imps, chosen, chosen_pctr * res.prices
+        return resp, imps, chosen, chosen_pctr * prices
+
+
+def request_rng(request_id: str) -> np.random.Generator:
+    """The request's own random stream (exploration), seeded by its id: replayable.
+
+    >>> request_rng("r1").random() == request_rng("r1").random()
+    True
+    """
+    return np.random.default_rng(int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest()))
 
 
 def _no_variants(n: int) -> list[tuple[str | None, float | None]]:

@@ -29,7 +29,8 @@ COLUMNS: dict[type[Message], tuple[str, tuple[str, ...]]] = {
     Impression: (
         "impressions",
         ("event_id", "ts", "ts_ms", "user_id", "request_id", "ad_id", "campaign_id", "advertiser_id",
-         "slot", "position", "price", "pctr", "model_version", "adapter_version"),
+         "slot", "position", "price", "pctr", "model_version", "adapter_version", "ab_arm",
+         "propensity", "explored"),
     ),
     Click: ("clicks", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "campaign_id")),
     Dwell: ("dwell", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "dwell_ms")),

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.settings.ab import AbSettings, ExploreSettings
 from schemas.settings.attribution import AttributionSettings
 from schemas.settings.base import Group
 from schemas.settings.collector import CollectorSettings
@@ -37,8 +38,10 @@ from schemas.settings.serving import (
 
 __all__ = [
     "RENAMED",
+    "AbSettings",
     "AttributionSettings",
     "CanarySettings",
+    "ExploreSettings",
     "ClickHouseSettings",
     "CollectorSettings",
     "EngagementSettings",
@@ -146,6 +149,14 @@ class Settings(BaseSettings):
     rerank: RerankSettings = Field(
         default_factory=RerankSettings,
         description="The rerank stage: diversity, long tail, reserve price and pacing.",
+    )
+    ab: AbSettings = Field(
+        default_factory=AbSettings,
+        description="Live learning's A/B arms (serving.arms): control and correction-only shares of users.",
+    )
+    explore: ExploreSettings = Field(
+        default_factory=ExploreSettings,
+        description="Exploration in rerank with logged propensities (serving.explore).",
     )
     attribution: AttributionSettings = Field(
         default_factory=AttributionSettings,

@@ -53,6 +53,7 @@ TAMPERED = [
         ("slot", "search"), ("position", 1), ("price", 0.8126), ("pctr", None), ("pctr", 0.5),
         ("model_version", None), ("model_version", "ranker-v4"), ("adapter_version", None),
         ("variant_id", "zh-h0b1c0"), ("variant_propensity", 0.25),
+        ("ab_arm", "control"), ("propensity", 0.125), ("explored", True), ("explored", False),
 ]  # fmt: skip
 
 
