@@ -201,6 +201,11 @@ class RollingMetrics:
             return self._p, self._y
         return self._p[: self._count], self._y[: self._count]
 
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The window's (prediction, label) arrays, a view in slot order: two windows extended and
+        relabelled together (the online model's and the frozen base's) are aligned slot by slot."""
+        return self._view()
+
     def auc(self) -> float:
         """AUC of the window (NaN with one class only)."""
         if self._auc is None:

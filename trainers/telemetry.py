@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from schemas.events import SLOTS
+from schemas.stats import paired_auc_difference
 from trainers.online import AdapterRun
 
 EXAMPLES = Counter("adstream_trainers_examples_total", "Training examples learned")
@@ -69,6 +70,12 @@ LOGLOSS = Gauge(
 AUC_MIN = Gauge("adstream_trainers_rolling_auc_min", "Lowest rolling online AUC over adapters")
 AUC_MEAN = Gauge("adstream_trainers_rolling_auc_mean", "Mean rolling online AUC over adapters")
 AUC_GAIN = Gauge("adstream_trainers_rolling_auc_gain_mean", "Mean rolling AUC of online minus base")
+PAIRED = Gauge(
+    "adstream_trainers_rolling_auc_gain",
+    "Online minus frozen-base AUC on the same examples per slot adapter (paired, DeLong): the "
+    "difference and its standard error (`stat`: diff, se)",
+    ["adapter", "stat"],
+)
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
@@ -88,6 +95,8 @@ def export(runs: Mapping[str, AdapterRun], per_adapter_labels: bool) -> None:
         for model in ("online", "base"):
             AUC.remove(aid, model)
             LOGLOSS.remove(aid, model)
+        for stat in ("diff", "se"):
+            PAIRED.remove(aid, stat)
     _labelled.clear()
     _labelled.update(labelled)
     aucs, gains = [], []
@@ -98,6 +107,10 @@ def export(runs: Mapping[str, AdapterRun], per_adapter_labels: bool) -> None:
             AUC.labels(aid, "base").set(base)
             LOGLOSS.labels(aid, "online").set(run.online.logloss())
             LOGLOSS.labels(aid, "base").set(run.base.logloss())
+            (p_on, y), (p_base, _) = run.online.pairs(), run.base.pairs()
+            diff, se = paired_auc_difference(p_on, p_base, y)
+            PAIRED.labels(aid, "diff").set(diff)
+            PAIRED.labels(aid, "se").set(se)
         if not math.isnan(on):
             aucs.append(on)
             if not math.isnan(base):

@@ -201,6 +201,12 @@ class OnlineSettings(Group):
     progressive_window: int = Field(2000, ge=10, description="Examples in rolling AUC/logloss windows")
     reset_margin: float = Field(0.01, ge=0, description="Adapter AUC below base by more than this is bad")
     reset_patience: int = Field(20, ge=1, description="Bad micro-batches in a row before an adapter reset")
+    guard_z: float = Field(
+        1.96,
+        gt=0,
+        description="The guard resets only on a significant loss: when online − base AUC (paired, "
+        "DeLong) + guard_z standard errors is still below −reset_margin",
+    )
     group: str = Field("adstream-trainer", description="Consumer group of the online trainer")
     dedupe_ids: int = Field(
         200_000, ge=0, description="Recent example event_ids the trainer remembers to skip re-deliveries"
