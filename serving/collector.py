@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
+import msgspec
 from pydantic import ValidationError
 
 from schemas import codec
@@ -26,7 +27,17 @@ from schemas.events import Message
 from schemas.signing import check_event
 
 WHOLE: Final = "<event>"
+_JSON: Final = msgspec.json.Encoder()
 FORGED: Final = frozenset({"bad_signature", "bad_click_token"})
+
+
+def printable(text: str) -> str:
+    """`text` as valid UTF-8 (a lone surrogate a client sent, echoed in an answer, as `\\ud800`).
+
+    >>> printable("u\\ud800")
+    'u\\\\ud800'
+    """
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class BatchRefused(Exception):
@@ -35,8 +46,8 @@ class BatchRefused(Exception):
     def __init__(self, status: int, field: str, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.field = field
-        self.message = message
+        self.field = printable(field)
+        self.message = printable(message)
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,10 @@ class _Object(dict[str, Any]):
     dupes: list[str]
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON (numbers are finite)")
+
+
 def _pairs(items: list[tuple[str, Any]]) -> _Object:
     obj = _Object(items)
     obj.dupes = []
@@ -96,7 +111,7 @@ def parse_batch(body: bytes, limits: Limits) -> list[Any]:
     if len(body) > limits.max_body_bytes:
         raise BatchRefused(413, "body", f"request body over {limits.max_body_bytes} bytes")
     try:
-        doc = json.loads(body, object_pairs_hook=_pairs)
+        doc = json.loads(body, object_pairs_hook=_pairs, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:
         raise BatchRefused(422, "body", f"body is not UTF-8 JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -122,7 +137,7 @@ def judge_event(index: int, raw: Any, key: bytes) -> tuple[Message, str] | Rejec
     """The validated event and its kind, or why it is refused (index, field, reason, message)."""
 
     def refuse(where: str, reason: Reason, message: str) -> RejectedEvent:
-        return RejectedEvent(index=index, field=where, reason=reason, message=message)
+        return RejectedEvent(index=index, field=printable(where), reason=reason, message=printable(message))
 
     if not isinstance(raw, dict):
         return refuse(WHOLE, "not_an_object", f"event must be a JSON object, got {type(raw).__name__}")
@@ -139,18 +154,30 @@ def judge_event(index: int, raw: Any, key: bytes) -> tuple[Message, str] | Rejec
         )
     model = codec.MODEL_BY_TOPIC[codec.TOPIC_BY_KIND[kind]]
     try:  # JSON mode: the contract's strict types read ISO timestamps and base64 as on Kafka
-        event = model.model_validate_json(json.dumps(raw, ensure_ascii=False, allow_nan=False))
+        event = model.model_validate_json(_JSON.encode(raw))
+    except UnicodeEncodeError:  # a lone surrogate (`"\\ud800"` is valid JSON, not valid text)
+        return refuse(_surrogate_field(raw), "invalid", "text holds a lone UTF-16 surrogate: not UTF-8")
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or WHOLE
         return refuse(where, cast(Reason, codec.error_reason(exc)), codec.describe_validation_error(exc))
-    except ValueError as exc:  # NaN / Infinity in the JSON: never a contract number
-        return refuse(WHOLE, "out_of_range", f"event holds a non-finite number: {exc}")
     failed = check_event(event, key)
     if failed is not None:
         reason, message = failed
         return refuse("sig" if kind == "impression" else "click_token", cast(Reason, reason), message)
     return event, kind
+
+
+def _surrogate_field(raw: dict[str, Any]) -> str:
+    """The first field whose name or text cannot be UTF-8 (`WHOLE` when it is nested deeper)."""
+    for name, value in raw.items():
+        for text in (name, value):
+            if isinstance(text, str):
+                try:
+                    text.encode()
+                except UnicodeEncodeError:
+                    return name
+    return WHOLE
 
 
 def judge_batch(body: bytes, limits: Limits, key: bytes) -> Verdict:

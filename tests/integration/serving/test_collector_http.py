@@ -162,3 +162,19 @@ def test_standalone_collector_keys_and_rate_limit(server: httpx.Client, collecto
     js = collector.get("/adstream.js")
     assert js.status_code == 200 and "AdStream" in js.text
     assert samples(collector)["adstream_serving_collector_batches_total{status=429}"] == 1
+
+
+def test_a_large_batch_is_produced_whole(server: httpx.Client, serve_settings: Settings) -> None:
+    """200 events (judged off the replica's loop) all on the broker once acknowledged."""
+    user, now = f"u-col-l-{uuid.uuid4().hex[:8]}", datetime.now(UTC)
+    convs = [
+        Conversion(
+            event_id=f"cv-{user}-{i}", ts=now, user_id=user, campaign_id="c1", advertiser_id="v1", value=i
+        )
+        for i in range(200)
+    ]
+    with AdstreamClient(str(server.base_url), retry=ONCE) as client:
+        result = client.events(convs)
+    assert (result.accepted, result.rejected) == (200, [])
+    ids = [c.event_id for c in convs]
+    assert sorted(read_by_id(serve_settings, topics.CONVERSIONS, ids)) == sorted(ids)

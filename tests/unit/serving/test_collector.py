@@ -127,9 +127,41 @@ def test_duplicate_key_and_duplicate_event_id() -> None:
     assert only_rejection(click(), click()) == (1, "event_id", "duplicate_event")
 
 
-def test_non_finite_number_is_refused_not_raised() -> None:
-    raw = batch(click()).replace(b'"c1"', b"NaN")
-    assert [(r.index, r.reason) for r in judge_batch(raw, LIMITS, KEY).rejected] == [(0, "out_of_range")]
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_numbers_are_not_json(constant: bytes) -> None:
+    with pytest.raises(BatchRefused, match="not JSON") as info:
+        parse_batch(batch(click()).replace(b'"c1"', constant), LIMITS)
+    assert info.value.status == 422
+
+
+def test_lone_surrogates_are_refused_by_field_not_raised() -> None:
+    raw = batch(click()).replace(b'"u1"', b'"\\ud800"', 1)
+    assert [(r.index, r.field, r.reason) for r in judge_batch(raw, LIMITS, KEY).rejected] == [
+        (0, "user_id", "invalid")
+    ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"events": [], "\\udc00": 1}',
+        b'{"events": [{"kind": "click", "\\ud800": 1, "\\ud800": 2}]}',
+        b'{"events": [{"kind": "click", "x\\ud800": 1}]}',
+    ],
+)
+def test_answers_echo_no_lone_surrogate(body: bytes) -> None:
+    try:
+        answers = [str(r.model_dump_json()) for r in judge_batch(body, LIMITS, KEY).rejected]
+    except BatchRefused as exc:
+        answers = [exc.field, exc.message]
+    assert answers and all(a.encode() for a in answers)
+
+
+def test_huge_numbers_are_refused_by_the_contract_not_raised() -> None:
+    raw = batch(click()).replace(b'"c1"', b"1" + b"0" * 40)
+    assert [(r.index, r.field, r.reason) for r in judge_batch(raw, LIMITS, KEY).rejected] == [
+        (0, "campaign_id", "wrong_type")
+    ]
 
 
 @pytest.mark.parametrize(
