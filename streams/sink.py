@@ -20,35 +20,14 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, Protocol
 
-from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message, Touch
+from schemas.events import Message
+from schemas.rows import RAW_ROWS
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 
-COLUMNS: dict[type[Message], tuple[str, tuple[str, ...]]] = {
-    Impression: (
-        "impressions",
-        ("event_id", "ts", "ts_ms", "user_id", "request_id", "ad_id", "campaign_id", "advertiser_id",
-         "slot", "position", "price", "pctr", "model_version", "adapter_version", "ab_arm",
-         "propensity", "explored"),
-    ),
-    Click: ("clicks", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "campaign_id")),
-    Dwell: ("dwell", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "dwell_ms")),
-    Conversion: (
-        "conversions",
-        ("event_id", "ts", "ts_ms", "user_id", "campaign_id", "advertiser_id", "value", "ad_id"),
-    ),
-    Touch: (
-        "touches",
-        ("event_id", "ts", "ts_ms", "user_id", "advertiser_id", "source", "medium", "campaign",
-         "interaction", "cost"),
-    ),
-    AdCreative: (
-        "ads",
-        ("event_id", "ts", "ts_ms", "ad_id", "campaign_id", "advertiser_id", "category", "title",
-         "bid", "daily_budget", "active"),
-    ),
-}  # fmt: skip
+# each event model's table and columns: the contract of the raw tables (`schemas.rows`)
+COLUMNS: dict[type[Message], tuple[str, tuple[str, ...]]] = dict(RAW_ROWS)
 TABLES = tuple(table for table, _ in COLUMNS.values())
 
 
