@@ -198,6 +198,23 @@ def paired_auc_diff(
             "examples": int(labels.shape[0]), "users": int(sum(len(g) for g in groups))}  # fmt: skip
 
 
+def adapter_shift(run: Run) -> dict[str, Any]:
+    """How far the adapters moved the base on served impressions: online − frozen logit (mean, sd)
+    and mean predicted vs observed CTR, before and after the drift. A calibrating adapter moves
+    the mean; one that diverges has an sd of logits, not hundredths."""
+    out: dict[str, Any] = {}
+    for phase, mask in (("before", ~run.served.after), ("after", run.served.after)):
+        m = mask & np.isfinite(run.online) & np.isfinite(run.base)
+        if not m.any():
+            continue
+        on, off = (np.clip(a[m], 1e-6, 1 - 1e-6) for a in (run.online, run.base))
+        shift = np.log(on / (1 - on)) - np.log(off / (1 - off))
+        out[phase] = {"mean": float(shift.mean()), "sd": float(shift.std()), "online_pctr": float(on.mean()),
+                      "frozen_pctr": float(off.mean()), "ctr": float(run.served.clicked[m].mean()),
+                      "examples": int(m.sum())}  # fmt: skip
+    return out
+
+
 def resets_per_adapter_hour(resets: int, adapters: int, seconds: float) -> float:
     """Guard resets per adapter per hour of loop.
 
@@ -334,6 +351,7 @@ def summarize(
             )  # fmt: skip
         except EstimationError as exc:
             out[f"auc_online_minus_frozen_{phase}"] = {"error": str(exc)}
+    out["adapter_shift"] = adapter_shift(run)
     out["resets"] = run.resets
     out["resets_per_adapter_hour"] = (
         resets_per_adapter_hour(run.resets, run.adapters, run.seconds) if run.adapters else None

@@ -162,3 +162,15 @@ def test_auc_curves_have_bands_around_each_window() -> None:
     assert len(curves) == 5 and curves[-1]["after_drift"] == 1.0 and curves[0]["after_drift"] == 0.0
     for c in curves:
         assert c["online_lo"] < c["online"] < c["online_hi"] and c["online"] == c["frozen"]
+
+
+def test_adapter_shift_is_the_logit_difference_per_phase() -> None:
+    from deploy.live_figures import adapter_shift
+
+    s = _served(["learning"] * 4, list("abcd"), list("abcd"), [1, 0, 0, 1], [False, False, True, True])
+    base = np.array([0.5, 0.5, 0.5, 0.5])
+    online = np.array([0.5, 0.5, 1 / (1 + math.exp(-1.0)), 1 / (1 + math.exp(1.0))])  # logits 0, 0, +1, −1
+    shift = adapter_shift(Run(s, online, base, 0, 1, 1.0))
+    assert shift["before"]["mean"] == pytest.approx(0.0) and shift["before"]["sd"] == pytest.approx(0.0)
+    assert shift["after"]["mean"] == pytest.approx(0.0) and shift["after"]["sd"] == pytest.approx(1.0)
+    assert shift["after"]["ctr"] == 0.5 and shift["after"]["examples"] == 2
