@@ -47,12 +47,14 @@ from deploy.machine import machine, process_cpu_s, write_result
 OUT = ROOT / "benchmarks" / "results" / "live_loop.json"
 QUICK = {"seeds": [1], "requests": 900, "history": 6000, "users": 150, "ads": 120, "n_boot": 200}
 SIZES = (
-    "Sizes: a relative CTR lift of 5 % at a CTR near 4 % needs about (2·1.96/0.05)²·(1−p)/p ≈ 150 k "
-    "impressions per arm for a 95 % interval of ±5 %; the 2-core machine serves ~30 requests/s "
-    "(~90 impressions/s) beside the worker and trainer, so one loop of 6,000 requests gives ~18 k "
-    "impressions in all. The run's pooled intervals are therefore reported with `decides` (half-width "
-    "below the 5 % goal) instead of being sized to decide it: on this machine they cannot, unless the "
-    "true lift is large (tens of %)."
+    "Sizes: the relative CTR lift of arm A over arm B has a 95 % half-width of about "
+    "1.96·sqrt((1−p)/p · (1/n_A + 1/n_B)) (more with users' clustering); at the served CTR of the loop "
+    "(p ≈ 0.10) a half-width of 5 % (the goal's lift) needs n_A = n_B ≈ 28 k impressions per arm, so "
+    "~85 k served impressions after the drift with thirds per arm. The 2-core machine serves ~30 "
+    "requests/s (~3.4 impressions each) beside the worker and the trainer: one loop of 6,000 requests "
+    "gives ~10 k impressions after the drift, so about 8 seeds (or longer loops) are needed for the "
+    "pooled interval to decide a 5 % lift; the shares default to 0.3 / 0.3 (learning 0.4) to keep the "
+    "arms near equal. `decides_5pct` says per run whether the pooled interval's half-width is under 5 %."
 )
 
 
