@@ -37,6 +37,7 @@ from serving.arms import ab_arm_for, uses_adapters, uses_correction
 from serving.canary import Arm, Canary, arm_for
 from serving.catalog import Catalog
 from serving.collector_http import EVENTS_ROUTE, SNIPPET_ROUTE, EventCollector, snippet
+from serving.cors import PublisherCors
 from serving.deadline import Deadline, plan_rank, plan_start
 from serving.hotswap import DeltaApplier
 from serving.http import BodyAdmission, error, is_json, overloaded, unsupported_media
@@ -56,6 +57,7 @@ api = FastAPI(
     description="Ranked ads per user and slot: recall → rank (+LoRA) → rerank, with deadlines.",
     version="0.1.0",
 )
+api.add_middleware(PublisherCors)  # CORS of /v1/ads and /v1/events for web pages: collector.cors_origins
 
 
 _error = error
@@ -132,6 +134,7 @@ class AdServer:
         )
         self.bodies = BodyAdmission(s.serving.admission_limit)
         self.collector = EventCollector(s, self.api_keys, self.metrics.registry)  # POST /v1/events
+        PublisherCors.configure(s.collector.cors_origins)
         self.gate = Admission(s.qos.slots, qos_policies(s))
         self.loops = ReplicaLoops(
             s,

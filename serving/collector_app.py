@@ -14,6 +14,7 @@ from ray import serve
 from schemas.settings import Settings
 from serving.admin import api_key_digests
 from serving.collector_http import EVENTS_ROUTE, SNIPPET_ROUTE, EventCollector, snippet
+from serving.cors import PublisherCors
 
 collector_api = FastAPI(
     title="adstream event collector",
@@ -21,6 +22,7 @@ collector_api = FastAPI(
     "validated by the contract and produced to Kafka with acks=all.",
     version="0.1.0",
 )
+collector_api.add_middleware(PublisherCors)
 
 
 @serve.ingress(collector_api)
@@ -29,7 +31,9 @@ class CollectorServer:
 
     def __init__(self, settings_json: str, api_keys: frozenset[str] = frozenset()) -> None:
         self.registry = CollectorRegistry()
-        self.collector = EventCollector(Settings(**json.loads(settings_json)), api_keys, self.registry)
+        settings = Settings(**json.loads(settings_json))
+        self.collector = EventCollector(settings, api_keys, self.registry)
+        PublisherCors.configure(settings.collector.cors_origins)
 
     async def __del__(self) -> None:
         await self.collector.stop()

@@ -28,4 +28,9 @@ class CollectorSettings(Group):
     produce_timeout_s: float = Field(
         10.0, gt=0, le=120, description="Longest wait for the broker's acks=all of a batch before 503"
     )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins of web pages that may call /v1/ads and /v1/events (the web snippet), e.g. "
+        '["https://news.example"]; "*": any; empty: no CORS (same-origin pages and servers only)',
+    )
     http_port: int = Field(8010, ge=1, le=65535, description="Port of the stand-alone `adstream collector`")

@@ -33,6 +33,12 @@ def _free_base_port() -> int:
     raise RuntimeError("no free port range for the test Serve instance")
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def catalog_ads() -> list[AdCreative]:
     ts = datetime(2026, 1, 1, tzinfo=UTC)
     cats = ["shoes", "tech", "food", "travel", "games"]
@@ -84,6 +90,9 @@ def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
             "state_dir": STATE_DIR,
             "model_dir": tmp / "models",
             "canary": {**stack.canary.model_dump(), "share": 1.0},
+            # these tests compare rankings across requests: every position greedy here (exploration
+            # is tested on the pipeline, tests/unit/serving/test_serving_arms.py)
+            "explore": {**stack.explore.model_dump(), "epsilon": 0.0},
             "qos": {
                 **stack.qos.model_dump(),
                 "slots": 2,
@@ -91,6 +100,11 @@ def serve_settings(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
                 "queue_timeout_ms": {c: 30_000.0 for c in ("guaranteed", "burstable", "besteffort")},
             },
             "recall": {**stack.recall.model_dump(), "k": 40},
+            # the web snippet test's publisher page, on a port of its own (test_web_snippet.py)
+            "collector": {
+                **stack.collector.model_dump(),
+                "cors_origins": [f"http://127.0.0.1:{_free_port()}"],
+            },
         }
     )
     create_topics(s)

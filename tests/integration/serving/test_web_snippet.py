@@ -1,11 +1,15 @@
 """The web snippet (`GET /adstream.js`) in headless Chromium against the real Serve app, broker,
-streams worker and ClickHouse: a publisher page shows the ads; an ad in view sends one view, an ad
-below the fold none until scrolled to; two clicks send one click; each reaches ClickHouse once."""
+streams worker and ClickHouse: a publisher page on another origin (CORS) shows the ads; an ad in
+view sends one view, an ad below the fold none until scrolled to; two clicks send one click; each
+reaches ClickHouse once."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,11 +37,11 @@ PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>publisher</title></head>
 <body style="margin:0">
 <div id="ads"></div>
-<script src="/adstream.js"></script>
+<script src="%(endpoint)s/adstream.js"></script>
 <script>
   window.beacons = [];
   window.loaded = AdStream.load({
-    endpoint: location.origin, userId: %(user)s, slot: "feed", k: 2, container: "#ads", viewMs: 300,
+    endpoint: "%(endpoint)s", userId: %(user)s, slot: "feed", k: 2, container: "#ads", viewMs: 300,
     render: function (ad, el) { el.textContent = ad.ad_id; el.style.height = "700px"; },
     onBeacon: function (ev, status) {
       window.beacons.push({kind: ev.kind, id: ev.event_id, status: status});
@@ -65,6 +69,33 @@ def worker(serve_settings: Settings, tmp_path: Path) -> Iterator[Worker]:
         w.stop()
 
 
+@contextlib.contextmanager
+def page_server(origin: str, html: str) -> Iterator[None]:
+    """An HTTP server at `origin` answering every GET with `html` (the publisher's site)."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    host, port = origin.removeprefix("http://").split(":")
+    srv = http.server.ThreadingHTTPServer((host, int(port)), Page)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def beacons(page, kind: str) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
     return [b for b in page.evaluate("window.beacons") if b["kind"] == kind]
 
@@ -90,16 +121,18 @@ def test_snippet_shows_ads_and_its_view_and_click_reach_clickhouse_once(
 
     user = f"u-web-{uuid.uuid4().hex[:8]}"
     base = str(server.base_url).rstrip("/")
-    with sync_playwright() as pw:
+    # the publisher's page on another origin (loopback: Chromium refuses public → loopback calls)
+    publisher = serve_settings.collector.cors_origins[0]
+    with page_server(publisher, PAGE % {"user": json.dumps(user), "endpoint": base}), sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
             page = browser.new_context(viewport={"width": 800, "height": 600}).new_page()
-            page.route(
-                f"{base}/publisher.html",
-                lambda route: route.fulfill(body=PAGE % {"user": json.dumps(user)}, content_type="text/html"),
-            )
-            page.goto(f"{base}/publisher.html")
-            assert page.evaluate("window.loaded") == 2
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: console.append(f"error: {e}"))
+            page.on("requestfailed", lambda r: console.append(f"failed: {r.url} {r.failure}"))
+            page.goto(f"{publisher}/article.html")
+            assert page.evaluate("window.loaded") == 2, console
             shown = page.locator(".adstream-ad")
             assert shown.count() == 2
             resp = page.evaluate("window.response")
