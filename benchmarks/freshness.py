@@ -111,15 +111,17 @@ async def replica_state(http: Any) -> dict[str, float]:
 from deploy.machine import machine, write_result  # CPU model, cores, load: one definition for every benchmark
 
 
-def tracked_users(n: int, share: float) -> list[str]:
-    """`n` user ids on the canary's candidate arm (the arm that serves the live adapter)."""
+def tracked_users(n: int, s: Settings) -> list[str]:
+    """`n` user ids served the live adapter: on the canary's candidate arm and in the learning A/B
+    arm (the control and correction arms are served without adapters)."""
+    from serving.arms import ab_arm_for
     from serving.canary import arm_for
 
     out: list[str] = []
     i = 0
     while len(out) < n:
         uid = f"fresh-{i}"
-        if arm_for(uid, share) == "candidate":
+        if arm_for(uid, s.canary.share) == "candidate" and ab_arm_for(uid, s.ab) == "learning":
             out.append(uid)
         i += 1
     return out
@@ -272,7 +274,7 @@ async def measure(demo: Any, url: str, args: argparse.Namespace) -> list[Trial]:
         ) if args.rate > 0 else None  # fmt: skip
         try:
             await asyncio.sleep(args.warmup_s)
-            users = tracked_users(args.trials, s.canary.share)
+            users = tracked_users(args.trials, s)
             for i, user in enumerate(users):
                 t = await one_trial(http, producer, seen, s, user, args)
                 if t.error:

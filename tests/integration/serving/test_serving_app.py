@@ -144,6 +144,9 @@ def test_a_preview_is_answered_but_not_served(server: httpx.Client, serve_settin
         serve_settings, "u-preview", lambda got: real["request_id"] in {i.request_id for i in got}
     )
     assert {i.request_id for i in got} == {real["request_id"]}  # the real request's, none of the previews'
+    # each impression names its A/B arm and the probability it was chosen with (greedy here: 1)
+    assert {i.ab_arm for i in got} <= {"learning", "correction", "control"}
+    assert {i.propensity for i in got} == {1.0} and not any(i.explored for i in got)
 
 
 def test_frequency_cap_and_live_catalog(

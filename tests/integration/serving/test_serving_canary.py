@@ -30,7 +30,8 @@ from schemas import codec, topics
 from schemas.delta import AdapterState, empty_state, full_parts, select_parts
 from schemas.events import AdapterDelta, AdCreative, Click, Message
 from schemas.ids import impression_event_id
-from schemas.settings import Settings
+from schemas.settings import AbSettings, Settings
+from serving.arms import ab_arm_for
 from serving.canary import auc, user_bucket
 from trainers.models.features import stable_bucket
 from trainers.models.lora import target_shapes
@@ -81,6 +82,8 @@ def canary(
             "recall": {**serve_settings.recall.model_dump(), "k": K},
             "rerank": {**serve_settings.rerank.model_dump(), "max_per_advertiser": K},
             "serving": {**serve_settings.serving.model_dump(), "deadline_ms": 5000},
+            # the test reads each arm's ranking: every position greedy (exploration has its tests)
+            "explore": {**serve_settings.explore.model_dump(), "epsilon": 0.0},
         }
     )
     create_topics(s)
@@ -203,8 +206,12 @@ def metrics(client: httpx.Client) -> dict[str, float]:
 
 
 def user(lo: float, hi: float) -> str:
-    """A new user id (no frequency caps yet) whose stable hash bucket lies in [lo, hi)."""
-    while not lo <= user_bucket(u := f"canary-user-{next(_fresh)}") < hi:
+    """A new user id (no frequency caps yet) whose stable hash bucket lies in [lo, hi), in the
+    learning A/B arm (the control and correction arms are served without adapters)."""
+    while not (
+        lo <= user_bucket(u := f"canary-user-{next(_fresh)}") < hi
+        and ab_arm_for(u, AbSettings()) == "learning"
+    ):
         pass
     return u
 
