@@ -152,9 +152,9 @@ def replicas(server: httpx.Client, serve_settings: Settings) -> Iterator[tuple[l
     each adapter starting from a trainer snapshot at seq 0."""
     from ray import serve
 
-    from serving.io import UserRecordCodec
     from deploy.stack import create_topics
     from serving.app import build_app
+    from serving.io import UserRecordCodec
 
     if serve_settings.adapter_scheme != "slot":
         pytest.skip("this test drives the per-slot adapters")
