@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 # every package of the project (the rooms): doctests and mypy run over all of them
-PACKAGES := schemas streams trainers serving attribution workloads deploy adstream_client
+PACKAGES := schemas streams trainers serving attribution workloads creatives deploy adstream_client
 
 .PHONY: install demo up down status test test-all lint typecheck schemas clean
 
