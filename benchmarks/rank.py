@@ -34,7 +34,16 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from schemas.settings import Settings
+    from serving.adapters import AdapterStack
+    from serving.ranking import RankInput, RankModel
+    from trainers.models.ranker import Ranker, RankerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # the user-tower variants of `benchmarks/offline_quality.py --user-tower` (encoder, history, hidden)
@@ -74,7 +83,25 @@ def interleaved(
     return wall, cpu
 
 
-def main() -> None:
+@dataclasses.dataclass
+class Bench:
+    """What the measurement runs on: the rank model with its filled adapter bank, the plain base
+    model the reference scores with, and the request batches of each adapter distribution."""
+
+    args: argparse.Namespace
+    settings: Settings
+    cfg: RankerConfig
+    device: torch.device
+    base_model: Ranker
+    model: RankModel
+    names: list[str]
+    rng: np.random.Generator
+    feats: list[tuple[torch.Tensor, torch.Tensor]]
+    batches: dict[str, list[RankInput]]
+    large: list[RankInput]
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--candidates", type=int, default=500)
@@ -93,21 +120,51 @@ def main() -> None:
         help="LoRA targets, comma-separated (default: settings.lora.targets)",
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rank.json")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def fill_bank(bank: AdapterStack, names: list[str]) -> None:
+    """One random adapter per name (seeded), all of them resident."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    for name in names:
+        w = {
+            n: (
+                torch.randn(bank.rank, s.fan_in, generator=gen) * 0.05,
+                torch.randn(s.fan_out, bank.rank, generator=gen) * 0.05,
+            )
+            for n, s in bank.shapes.items()
+        }
+        bank.put(name, w, version="seq-0", seq=0, base_version="bench")
+
+
+def features(
+    rng: np.random.Generator, cfg: RankerConfig, n: int, requests: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(dense, ids) of `requests` requests of `n` candidates, slots cycling over the three."""
     import numpy as np
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
-    from deploy.machine import machine, write_result
+    sizes = list(cfg.table_sizes.values())
+    out = []
+    for j in range(requests):
+        ids = np.stack([rng.integers(0, s, n) for s in sizes], axis=1)
+        ids[:, 4] = j % 3
+        dense = rng.normal(size=(n, cfg.state_dim + 3)).astype(np.float32)
+        out.append((torch.from_numpy(dense), torch.from_numpy(ids)))
+    return out
+
+
+def build(args: argparse.Namespace) -> Bench:
+    """The rank model, its adapters and the batches of every adapter distribution (seeded)."""
+    import numpy as np
+    import torch
+
     from schemas.settings import Settings
     from serving.adapters import CANDIDATE
-    from serving.index import ExactIndex
     from serving.ranking import RankInput, RankModel
-    from trainers.models.features import RankerBatch
     from trainers.models.ranker import Ranker, RankerConfig, resolve_device
-    from trainers.models.user_tower import UserSequences
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -123,31 +180,11 @@ def main() -> None:
     if args.chunk:
         model.chunk = args.chunk
     bank = model.bank
-    gen = torch.Generator().manual_seed(1)
     names = [f"adv:{i}" for i in range(args.adapters)] + ["feed", "search", "splash"]
-    for name in names:
-        w = {
-            n: (
-                torch.randn(bank.rank, s.fan_in, generator=gen) * 0.05,
-                torch.randn(s.fan_out, bank.rank, generator=gen) * 0.05,
-            )
-            for n, s in bank.shapes.items()
-        }
-        bank.put(name, w, version="seq-0", seq=0, base_version="bench")
+    fill_bank(bank, names)
 
     rng = np.random.default_rng(0)
     n = args.candidates
-    sizes = list(cfg.table_sizes.values())
-
-    def features(requests: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = []
-        for j in range(requests):
-            ids = np.stack([rng.integers(0, s, n) for s in sizes], axis=1)
-            ids[:, 4] = j % 3
-            dense = rng.normal(size=(n, cfg.state_dim + 3)).astype(np.float32)
-            out.append((torch.from_numpy(dense), torch.from_numpy(ids)))
-        return out
-
     adapter_rows = np.array([bank.row(f"adv:{i}", CANDIDATE) for i in range(args.adapters)])
     zipf_p = 1.0 / np.arange(1, args.adapters + 1) ** args.zipf
     zipf_p /= zipf_p.sum()
@@ -166,106 +203,140 @@ def main() -> None:
     def batch(feats: list[tuple[torch.Tensor, torch.Tensor]], rows: list[np.ndarray]) -> list[RankInput]:
         return [RankInput(d, i, torch.from_numpy(r)) for (d, i), r in zip(feats, rows, strict=True)]
 
-    feats = features(args.requests)
+    feats = features(rng, cfg, n, args.requests)
     batches = {kind: batch(feats, draw(kind, args.requests)) for kind in ("uniform", "zipf", "slot", "one")}
-    large_feats = features(args.large) if args.large else []
+    large_feats = features(rng, cfg, n, args.large) if args.large else []
     large = batch(large_feats, draw("uniform", args.large)) if args.large else []
+    return Bench(args, settings, cfg, device, base_model, model, names, rng, feats, batches, large)
 
-    def describe(inputs: list[RankInput]) -> dict[str, Any]:
-        """The adapter-id distribution of a batch and how the rank model splits it."""
-        rows = torch.cat([i.rows for i in inputs])
-        counts = torch.bincount(rows)
-        counts = counts[counts > 0]
-        ordered = rows[model.ctx.order(rows)]
-        merged_adapters = on_merged = 0
-        for part in ordered.split(model.chunk):  # planned per forward chunk, as `RankModel` does
-            merged = model.ctx.merge_rows(part)
-            merged_adapters += merged.numel()
-            on_merged += int(torch.isin(part, merged).sum())
-        return {
-            "candidates": int(rows.numel()),
-            "distinct_adapters": int(counts.numel()),
-            "max_candidates_per_adapter": int(counts.max()),
-            "median_candidates_per_adapter": float(counts.float().median()),
-            "top10_adapters_share": round(
-                float(counts.sort(descending=True).values[:10].sum()) / rows.numel(), 3
-            ),
-            "merged_adapters_over_chunks": merged_adapters,
-            "merged_candidates_share": round(on_merged / rows.numel(), 3),
-        }
 
-    @torch.no_grad()
-    def reference(inputs: list[RankInput]) -> np.ndarray:
-        """pCTR per candidate from the plain base model with that candidate's adapter merged."""
+def describe(model: RankModel, inputs: list[RankInput]) -> dict[str, Any]:
+    """The adapter-id distribution of a batch and how the rank model splits it."""
+    import torch
+
+    rows = torch.cat([i.rows for i in inputs])
+    counts = torch.bincount(rows)
+    counts = counts[counts > 0]
+    ordered = rows[model.ctx.order(rows)]
+    merged_adapters = on_merged = 0
+    for part in ordered.split(model.chunk):  # planned per forward chunk, as `RankModel` does
+        merged = model.ctx.merge_rows(part)
+        merged_adapters += merged.numel()
+        on_merged += int(torch.isin(part, merged).sum())
+    return {
+        "candidates": int(rows.numel()),
+        "distinct_adapters": int(counts.numel()),
+        "max_candidates_per_adapter": int(counts.max()),
+        "median_candidates_per_adapter": float(counts.float().median()),
+        "top10_adapters_share": round(
+            float(counts.sort(descending=True).values[:10].sum()) / rows.numel(), 3
+        ),
+        "merged_adapters_over_chunks": merged_adapters,
+        "merged_candidates_share": round(on_merged / rows.numel(), 3),
+    }
+
+
+def reference(b: Bench, inputs: list[RankInput]) -> np.ndarray:
+    """pCTR per candidate from the plain base model with that candidate's adapter merged."""
+    import torch
+
+    from serving.adapters import CANDIDATE
+
+    bank, base_model = b.model.bank, b.base_model
+    with torch.no_grad():
         dense = torch.cat([i.dense for i in inputs])
         ids = torch.cat([i.ids for i in inputs])
         rows = torch.cat([i.rows for i in inputs])
-        by_row = {bank.row(a, CANDIDATE): a for a in names}
+        by_row = {bank.row(a, CANDIDATE): a for a in b.names}
         params = dict(base_model.named_parameters())
         out = torch.empty(rows.numel())
         for row in rows.unique().tolist():
             idx = (rows == row).nonzero().squeeze(1)
             p: dict[str, torch.Tensor] = dict(params)
-            for layer, (a, b) in bank.weights(by_row[row], CANDIDATE).items():
-                delta = b @ a  # [out, in]; an id table is stored [num_embeddings, dim]
+            for layer, (a, w) in bank.weights(by_row[row], CANDIDATE).items():
+                delta = w @ a  # [out, in]; an id table is stored [num_embeddings, dim]
                 if isinstance(base_model.get_submodule(layer), torch.nn.Embedding):
                     delta = delta.T
                 p[f"{layer}.weight"] = params[f"{layer}.weight"] + bank.scale * delta
             out[idx] = torch.sigmoid(torch.func.functional_call(base_model, p, (dense[idx], ids[idx])))
         return out.numpy()
 
-    def per_sample(inputs: list[RankInput]) -> list[np.ndarray]:
-        """Scores with merged weights off: every candidate through the per-sample path."""
-        ctx = model.ctx
-        saved = ctx.group_limit, ctx.merge_max
-        ctx.group_limit = ctx.merge_max = 0
-        try:
-            return model.score(inputs, use_adapters=True)
-        finally:
-            ctx.group_limit, ctx.merge_max = saved
+
+def per_sample(model: RankModel, inputs: list[RankInput]) -> list[np.ndarray]:
+    """Scores with merged weights off: every candidate through the per-sample path."""
+    ctx = model.ctx
+    saved = ctx.group_limit, ctx.merge_max
+    ctx.group_limit = ctx.merge_max = 0
+    try:
+        return model.score(inputs, use_adapters=True)
+    finally:
+        ctx.group_limit, ctx.merge_max = saved
+
+
+def check_scores(b: Bench) -> dict[str, float]:
+    """Max |score - reference| of each batch, merged and per-sample; exits past 1e-5."""
+    import numpy as np
 
     checks = {}
-    for kind, inputs in batches.items():
-        want = reference(inputs)
-        checks[kind] = float(np.abs(np.concatenate(model.score(inputs, use_adapters=True)) - want).max())
-        checks[f"{kind}_per_sample"] = float(np.abs(np.concatenate(per_sample(inputs)) - want).max())
+    for kind, inputs in b.batches.items():
+        want = reference(b, inputs)
+        checks[kind] = float(np.abs(np.concatenate(b.model.score(inputs, use_adapters=True)) - want).max())
+        checks[f"{kind}_per_sample"] = float(np.abs(np.concatenate(per_sample(b.model, inputs)) - want).max())
     if max(checks.values()) > 1e-5:
         raise SystemExit(f"adapter scores differ from the per-candidate reference: {checks}")
+    return checks
 
+
+def tower_case(b: Bench, encoder: str, k: int, hidden: int) -> Callable[[], object]:
+    """One request of `candidates` through a ranker with issue 16's user tower, full history."""
+    from trainers.models.features import RankerBatch
+    from trainers.models.ranker import Ranker
+    from trainers.models.user_tower import UserSequences
+
+    one_dense, one_ids = b.feats[0]
+    tower = Ranker(
+        dataclasses.replace(b.cfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
+    ).eval()
+    seq = UserSequences.one_full_request(b.args.candidates, k)
+    return lambda: tower.score(RankerBatch(one_dense, one_ids), seq)
+
+
+def build_cases(b: Bench) -> tuple[dict[str, Callable[[], object]], dict[str, int]]:
+    """The timed cases and the candidates each scores per call."""
+    from trainers.models.features import RankerBatch
+    from trainers.models.ranker import Ranker
+
+    model, batches, large = b.model, b.batches, b.large
     cases: dict[str, Callable[[], object]] = {
         "base": lambda: model.score(batches["uniform"], use_adapters=False),
         "adapters_uniform": lambda: model.score(batches["uniform"], use_adapters=True),
         "adapters_zipf": lambda: model.score(batches["zipf"], use_adapters=True),
-        "adapters_zipf_per_sample": lambda: per_sample(batches["zipf"]),
+        "adapters_zipf_per_sample": lambda: per_sample(model, batches["zipf"]),
         "slot_adapters": lambda: model.score(batches["slot"], use_adapters=True),
-        "one_adapter_per_sample": lambda: per_sample(batches["one"]),
+        "one_adapter_per_sample": lambda: per_sample(model, batches["one"]),
         "one_request_base": lambda: model.score(batches["uniform"][:1], use_adapters=False),
         "one_request_adapters_uniform": lambda: model.score(batches["uniform"][:1], use_adapters=True),
     }
     # issue 16's user tower (off by default: it did not win offline) against the plain ranker, one
     # request of `n` candidates with a full history, raw `Ranker.score` on both sides
-    one_dense, one_ids = feats[0]
-    plain = Ranker(cfg).eval()
+    one_dense, one_ids = b.feats[0]
+    plain = Ranker(b.cfg).eval()
     cases["one_request_plain_ranker"] = lambda: plain.score(RankerBatch(one_dense, one_ids))
-
-    def tower_case(encoder: str, k: int, hidden: int) -> Callable[[], object]:
-        tower = Ranker(
-            dataclasses.replace(cfg, user_tower=encoder, tower_seq_len=k, tower_hidden=hidden)
-        ).eval()
-        seq = UserSequences.one_full_request(n, k)
-        return lambda: tower.score(RankerBatch(one_dense, one_ids), seq)
-
     for key, (encoder, k, hidden) in TOWERS.items():
-        cases[f"one_request_user_tower_{key}"] = tower_case(encoder, k, hidden)
+        cases[f"one_request_user_tower_{key}"] = tower_case(b, encoder, k, hidden)
     if large:
         cases["large_base"] = lambda: model.score(large, use_adapters=False)
         cases["large_adapters_uniform"] = lambda: model.score(large, use_adapters=True)
+    n, args = b.args.candidates, b.args
     size = {name: n if name.startswith("one_request") else n * args.requests for name in cases}
     size.update({name: n * args.large for name in cases if name.startswith("large")})
+    return cases, size
 
-    # thread CPU time excludes the time other processes of a shared machine hold the core
-    # (what a replica on its own core would see); only valid with one torch thread
-    clock = "thread_cpu" if args.threads == 1 and device.type == "cpu" else "wall"
+
+def measure(
+    cases: dict[str, Callable[[], object]], args: argparse.Namespace, clock: str
+) -> list[dict[str, Any]]:
+    """`--runs` interleaved runs of every case: medians per case, the load average around each."""
     runs: list[dict[str, Any]] = []
     for _ in range(args.runs):
         load_before = os.getloadavg()[0]
@@ -281,26 +352,25 @@ def main() -> None:
                 "reps": min(len(v) for v in wall.values()),
             }
         )
-    results = {}
-    for name in cases:
-        ms = statistics.median(r["ms_per_batch"][name] for r in runs)
-        results[name] = {
-            "ms_per_batch": round(ms, 3),
-            "candidates": size[name],
-            "candidates_per_s": round(size[name] / ms * 1000),
-        }
+    return runs
 
-    def cost(case: str, base: str = "base", key: str = "ms_per_batch") -> float:
-        """Fraction of base throughput lost, per run, median over runs (same-run pairs)."""
-        return float(statistics.median(1 - r[key][base] / r[key][case] for r in runs))
 
-    vecs = rng.normal(size=(10_000, settings.state_dim)).astype(np.float32)
-    q = rng.normal(size=settings.state_dim).astype(np.float32)
+def recall_ms(b: Bench) -> float:
+    """Median ms of an exact recall search over 10k random ad vectors (the reference row)."""
+    import numpy as np
+
+    from serving.index import ExactIndex
+
+    dim = b.settings.state_dim
+    vecs = b.rng.normal(size=(10_000, dim)).astype(np.float32)
+    q = b.rng.normal(size=dim).astype(np.float32)
     index = ExactIndex(vecs, 10_000)
     allowed = np.ones(10_000, dtype=bool)
-    recall_ms = round(timed(lambda: index.search(q, settings.recall.k, allowed), args.seconds / 2) * 1000, 3)
+    return round(timed(lambda: index.search(q, b.settings.recall.k, allowed), b.args.seconds / 2) * 1000, 3)
 
-    # each adapter case against the base case of the same batch
+
+def baselines(cases: dict[str, Callable[[], object]], large: bool) -> dict[str, str]:
+    """Each adapter case against the base case of the same batch."""
     baseline = {name: "base" for name in cases if name != "base" and "base" not in name}
     baseline["one_request_adapters_uniform"] = "one_request_base"
     baseline.pop("one_request_plain_ranker", None)
@@ -308,8 +378,28 @@ def main() -> None:
         baseline[f"one_request_user_tower_{key}"] = "one_request_plain_ranker"
     if large:
         baseline["large_adapters_uniform"] = "large_base"
-    costs = {name: cost(name, base) for name, base in baseline.items()}
-    wall_costs = {name: cost(name, base, "wall_ms_per_batch") for name, base in baseline.items()}
+    return baseline
+
+
+def cost(runs: list[dict[str, Any]], case: str, base: str = "base", key: str = "ms_per_batch") -> float:
+    """Fraction of base throughput lost, per run, median over runs (same-run pairs)."""
+    return float(statistics.median(1 - r[key][base] / r[key][case] for r in runs))
+
+
+def print_report(
+    b: Bench,
+    results: dict[str, dict[str, Any]],
+    runs: list[dict[str, Any]],
+    costs: dict[str, float],
+    wall_costs: dict[str, float],
+    clock: str,
+    recall: float,
+) -> None:
+    """The table of cases and the headline line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    args = b.args
     table = Table("case", "candidates / batch", "ms / batch", "candidates / s", "cost vs base")
     for name, r in results.items():
         c = costs.get(name)
@@ -328,12 +418,80 @@ def main() -> None:
         f"(goal ≤ 20%; per run {per_run}; wall clock {wall_costs['adapters_uniform']:.1%}), "
         f"Zipf({args.zipf}) {costs['adapters_zipf']:.1%}, slot adapters {costs['slot_adapters']:.1%}; "
         f"clock {clock}; load average {min(loads)}–{max(loads)} on {os.cpu_count()} CPUs; "
-        f"exact recall over 10k ads: {recall_ms} ms"
+        f"exact recall over 10k ads: {recall} ms"
     )
-    out = {
+
+
+def user_tower_summary(
+    results: dict[str, dict[str, Any]], runs: list[dict[str, Any]], n: int
+) -> dict[str, Any]:
+    """One request of `candidates`, full history; not served (not the default)."""
+    return {
+        "candidates": n,
+        "plain_ranker_ms": results["one_request_plain_ranker"]["ms_per_batch"],
+        **{f"{key}_ms": results[f"one_request_user_tower_{key}"]["ms_per_batch"] for key in TOWERS},
+        **{
+            f"{key}_over_plain": round(
+                float(
+                    statistics.median(
+                        r["ms_per_batch"][f"one_request_user_tower_{key}"]
+                        / r["ms_per_batch"]["one_request_plain_ranker"]
+                        for r in runs
+                    )
+                ),
+                2,
+            )
+            for key in TOWERS
+        },
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    b = build(args)
+    checks = check_scores(b)
+    cases, size = build_cases(b)
+    # thread CPU time excludes the time other processes of a shared machine hold the core
+    # (what a replica on its own core would see); only valid with one torch thread
+    clock = "thread_cpu" if args.threads == 1 and b.device.type == "cpu" else "wall"
+    runs = measure(cases, args, clock)
+    results = {}
+    for name in cases:
+        ms = statistics.median(r["ms_per_batch"][name] for r in runs)
+        results[name] = {
+            "ms_per_batch": round(ms, 3),
+            "candidates": size[name],
+            "candidates_per_s": round(size[name] / ms * 1000),
+        }
+    recall = recall_ms(b)
+    baseline = baselines(cases, bool(b.large))
+    costs = {name: cost(runs, name, base) for name, base in baseline.items()}
+    wall_costs = {name: cost(runs, name, base, "wall_ms_per_batch") for name, base in baseline.items()}
+    print_report(b, results, runs, costs, wall_costs, clock, recall)
+    from deploy.machine import write_result
+
+    write_result(args.out, result_json(b, checks, results, runs, costs, wall_costs, clock, recall))
+    print(f"wrote {args.out}")
+
+
+def result_json(
+    b: Bench,
+    checks: dict[str, float],
+    results: dict[str, dict[str, Any]],
+    runs: list[dict[str, Any]],
+    costs: dict[str, float],
+    wall_costs: dict[str, float],
+    clock: str,
+    recall: float,
+) -> dict[str, Any]:
+    """rank.json: the headline, the plan, every case and every run."""
+    from deploy.machine import machine
+
+    args, model, settings, n, large = b.args, b.model, b.settings, b.args.candidates, b.large
+    return {
         "benchmark": "rank",
         "machine": machine(),
-        "device": str(device),
+        "device": str(b.device),
         "torch_threads": args.threads,
         "cpus": os.cpu_count(),
         "batch": f"{args.requests} requests x {n} candidates",
@@ -343,7 +501,7 @@ def main() -> None:
         "zipf_exponent": args.zipf,
         "lora_rank": settings.lora.rank,
         "lora_targets": list(settings.lora.targets),
-        "lora_layers": list(bank.shapes),
+        "lora_layers": list(model.bank.shapes),
         "plan": {
             "chunk": model.chunk,
             "group_limit": model.ctx.group_limit,
@@ -358,36 +516,17 @@ def main() -> None:
         "cost_fractions": {k: round(v, 3) for k, v in costs.items()},
         "cost_fractions_wall_clock": {k: round(v, 3) for k, v in wall_costs.items()},
         "distributions": {
-            "uniform": describe(batches["uniform"]),
-            "zipf": describe(batches["zipf"]),
-            "slot": describe(batches["slot"]),
-            **({f"large_uniform_{args.large}x{n}": describe(large)} if large else {}),
+            "uniform": describe(model, b.batches["uniform"]),
+            "zipf": describe(model, b.batches["zipf"]),
+            "slot": describe(model, b.batches["slot"]),
+            **({f"large_uniform_{args.large}x{n}": describe(model, large)} if large else {}),
         },
         "max_abs_diff_vs_reference": checks,
-        "recall_exact_10k_ms": recall_ms,
-        "user_tower": {  # one request of `candidates`, full history; not served (not the default)
-            "candidates": n,
-            "plain_ranker_ms": results["one_request_plain_ranker"]["ms_per_batch"],
-            **{f"{key}_ms": results[f"one_request_user_tower_{key}"]["ms_per_batch"] for key in TOWERS},
-            **{
-                f"{key}_over_plain": round(
-                    float(
-                        statistics.median(
-                            r["ms_per_batch"][f"one_request_user_tower_{key}"]
-                            / r["ms_per_batch"]["one_request_plain_ranker"]
-                            for r in runs
-                        )
-                    ),
-                    2,
-                )
-                for key in TOWERS
-            },
-        },
+        "recall_exact_10k_ms": recall,
+        "user_tower": user_tower_summary(results, runs, n),
         "cases": results,
         "runs": runs,
     }
-    write_result(args.out, out)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
