@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -557,7 +558,44 @@ def engine_settings(s: Settings, engine: str) -> Settings:
     return scoped(s, engine)
 
 
-def main() -> None:
+@dataclasses.dataclass
+class Measured:
+    """What the rounds measured: each engine's runs, the raw-consume floors, the bare-Faust floor
+    and the worker core of each round."""
+
+    events: int = 0
+    rounds: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    raws: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    faust_floor: dict[str, float] | None = None
+    cores: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Bench:
+    """One benchmark run: its flags, settings of its own (topics, Redis keys, database) and files."""
+
+    args: argparse.Namespace
+    engines: list[str]
+    s: Settings
+    tag: str
+    out_dir: Path
+    console: Console
+
+
+@dataclasses.dataclass
+class Summary:
+    """The rates derived from the rounds: per engine, the raw floor, the ratios and the goals."""
+
+    runs: dict[str, dict[str, Any]]
+    core: dict[str, Any]
+    raw_rate: float
+    ratio: dict[str, float]
+    paired: list[float]
+    faust_vs: float | None
+    goals: dict[str, dict[str, Any]]
+
+
+def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=3)
@@ -576,26 +614,24 @@ def main() -> None:
     ap.add_argument("--bare-faust-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--core-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap, ap.parse_args()
+
+
+def child_mode(args: argparse.Namespace) -> bool:
+    """Run a child process's part (bare Faust, the worker core) if this is one; True if it was."""
     if args.bare_faust_child:
         bare_faust_child(args.bare_faust_child, args.out)
-        return
+        return True
     if args.core_child:
         child = Settings()  # the worker's, from worker_env
         args.out.write_text(json.dumps(core_floor(child, *generate(args.core_child, args.seed, child))))
-        return
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    base = Settings()
-    if args.events < COMMITS_MEASURED * base.sink.batch_size:
-        # the rate is measured from 5 % applied on, in commits of up to sink.batch_size records:
-        # fewer events leave a window of one commit or none (a rate of 0, then a division by it)
-        ap.error(
-            f"--events must be at least {COMMITS_MEASURED} × sink.batch_size "
-            f"({COMMITS_MEASURED * base.sink.batch_size}) to measure a rate (got {args.events})"
-        )
+        return True
+    return False
 
-    tag = uuid.uuid4().hex[:6]
-    s = base.model_copy(
+
+def bench_settings(base: Settings, tag: str) -> Settings:
+    """Topics, Redis keys and ClickHouse database of this run alone."""
+    return base.model_copy(
         update={
             "topic_prefix": f"bench{tag}.",
             "redis_prefix": f"adstream-bench:{tag}:",
@@ -605,66 +641,85 @@ def main() -> None:
             "state_dir": ROOT / ".adstream" / "bench",
         }
     )
-    console = Console()
-    out_dir = ROOT / ".adstream" / "bench"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    create_topics(s)
-    rounds: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
-    raws: list[dict[str, float]] = []
-    faust_floor: dict[str, float] | None = None
-    cores: list[dict[str, Any]] = []
-    load_start = machine()["load_avg_1m"]
-    try:
-        catalog, events = generate(args.events, args.seed, s)
-        asyncio.run(produce(s, catalog))
-        produce_s = asyncio.run(produce(s, events))
-        console.print(f"produced {len(events)} user events ({len(catalog)} ads) in {produce_s:.1f}s")
-        if not args.no_bare_faust:
-            faust_floor = bare_faust(s, len(events), out_dir)
-        for rnd in range(args.rounds):
-            # a later round reads the same records from topics of its own: the engines' consumer
-            # groups are named after the topic prefix and would resume at the end of the old ones
-            sr = s if rnd == 0 else round_settings(s, rnd)
-            if rnd:
-                create_topics(sr)
-                asyncio.run(produce(sr, catalog))
-                asyncio.run(produce(sr, events))
-            cores.append(core_child(s, args.events, args.seed, out_dir))
-            console.print(f"worker core, no I/O: {cores[-1]['events_per_s']:,.0f} events/s of CPU")
-            try:
-                for engine in engines:
-                    raws.append(asyncio.run(raw_consume(sr, len(events))))
-                    es = engine_settings(sr, engine)
-                    profiled = not args.no_profile and rnd == 0
-                    profile = out_dir / f"streams-{tag}-{engine}.pyspy.txt" if profiled else None
-                    log = out_dir / f"streams-{tag}-{engine}.log"
-                    try:
-                        dead_before = asyncio.run(dead_letters_so_far(sr))
-                        run = run_worker(es, len(events), profile, log, engine, args.profile_idle)
-                        run["dead_letters"] = asyncio.run(dead_letters_so_far(sr)) - dead_before
-                        run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
-                        rounds[engine].append(run)
-                    finally:
-                        cleanup(es, topics_too=False)
-            finally:
-                if rnd:
-                    cleanup(sr)
-        raws.append(asyncio.run(raw_consume(s, len(events))))
-    finally:
-        cleanup(s)
-    runs = {e: combine_rounds(rs) for e, rs in rounds.items()}
-    core = sorted(cores, key=lambda c: float(c["events_per_s"]))[len(cores) // 2]  # the median run
-    core = {**core, "rounds_events_per_s": [round(c["events_per_s"], 1) for c in cores]}
 
-    raw_rates = sorted(r["events_per_s"] for r in raws)
+
+def engine_run(b: Bench, sr: Settings, engine: str, rnd: int, n: int) -> dict[str, Any]:
+    """One engine's worker over the round's `n` events (py-spy on the first round)."""
+    es = engine_settings(sr, engine)
+    profiled = not b.args.no_profile and rnd == 0
+    profile = b.out_dir / f"streams-{b.tag}-{engine}.pyspy.txt" if profiled else None
+    log = b.out_dir / f"streams-{b.tag}-{engine}.log"
+    try:
+        dead_before = asyncio.run(dead_letters_so_far(sr))
+        run = run_worker(es, n, profile, log, engine, b.args.profile_idle)
+        run["dead_letters"] = asyncio.run(dead_letters_so_far(sr)) - dead_before
+        run["profile"] = summarise_profile(profile) if profile and profile.exists() else {}
+        return run
+    finally:
+        cleanup(es, topics_too=False)
+
+
+def measure_round(
+    b: Bench,
+    m: Measured,
+    rnd: int,
+    catalog: list[tuple[str, bytes, bytes]],
+    events: list[tuple[str, bytes, bytes]],
+) -> None:
+    """Round `rnd`: the worker core, then per engine a raw-consume floor and the engine's run."""
+    # a later round reads the same records from topics of its own: the engines' consumer
+    # groups are named after the topic prefix and would resume at the end of the old ones
+    sr = b.s if rnd == 0 else round_settings(b.s, rnd)
+    if rnd:
+        create_topics(sr)
+        asyncio.run(produce(sr, catalog))
+        asyncio.run(produce(sr, events))
+    m.cores.append(core_child(b.s, b.args.events, b.args.seed, b.out_dir))
+    b.console.print(f"worker core, no I/O: {m.cores[-1]['events_per_s']:,.0f} events/s of CPU")
+    try:
+        for engine in b.engines:
+            m.raws.append(asyncio.run(raw_consume(sr, len(events))))
+            m.rounds[engine].append(engine_run(b, sr, engine, rnd, len(events)))
+    finally:
+        if rnd:
+            cleanup(sr)
+
+
+def measure(b: Bench) -> Measured:
+    """Produce the events (topics created), the floors, then `--rounds` rounds of every engine; cleans
+    up after."""
+    m = Measured(rounds={e: [] for e in b.engines})
+    try:
+        catalog, events = generate(b.args.events, b.args.seed, b.s)
+        m.events = len(events)
+        asyncio.run(produce(b.s, catalog))
+        produce_s = asyncio.run(produce(b.s, events))
+        b.console.print(f"produced {len(events)} user events ({len(catalog)} ads) in {produce_s:.1f}s")
+        if not b.args.no_bare_faust:
+            m.faust_floor = bare_faust(b.s, len(events), b.out_dir)
+        for rnd in range(b.args.rounds):
+            measure_round(b, m, rnd, catalog, events)
+        m.raws.append(asyncio.run(raw_consume(b.s, len(events))))
+    finally:
+        cleanup(b.s)
+    return m
+
+
+def summarize(m: Measured) -> Summary:
+    """Median rates over the rounds, the ratios to the raw floor and the goals."""
+    runs = {e: combine_rounds(rs) for e, rs in m.rounds.items()}
+    core = sorted(m.cores, key=lambda c: float(c["events_per_s"]))[len(m.cores) // 2]  # the median run
+    core = {**core, "rounds_events_per_s": [round(c["events_per_s"], 1) for c in m.cores]}
+
+    raw_rates = sorted(r["events_per_s"] for r in m.raws)
     raw_rate = raw_rates[len(raw_rates) // 2]
     ratio = {e: r["events_per_s"] / raw_rate if raw_rate else 0.0 for e, r in runs.items()}
     paired = (
         [
             f["events_per_s"] / a["events_per_s"]
-            for f, a in zip(rounds["faust"], rounds["aiokafka"], strict=True)
+            for f, a in zip(m.rounds["faust"], m.rounds["aiokafka"], strict=True)
         ]
-        if "faust" in rounds and "aiokafka" in rounds
+        if "faust" in m.rounds and "aiokafka" in m.rounds
         else []
     )
     faust_vs = statistics.median(paired) if paired else None
@@ -681,54 +736,64 @@ def main() -> None:
     }
     for g in goals.values():
         g["met"] = g["measured"] is not None and g["measured"] >= g["goal"]
-    result: dict[str, Any] = {
+    return Summary(runs, core, raw_rate, ratio, paired, faust_vs, goals)
+
+
+def floors_json(m: Measured, raw_rate: float) -> dict[str, Any]:
+    """streams.json's `floors`: the raw-consume loop and, if run, the bare Faust agent."""
+    faust_floor = m.faust_floor
+    return {
+        "aiokafka_getmany": {
+            "events_per_s": round(raw_rate, 1),
+            "ratio_to_raw": 1.0,
+            "runs": m.raws,
+            "what": "bare aiokafka getmany loop, no decoding (median of the runs: `raw`)",
+        },
+        **(
+            {
+                "faust_agent": {
+                    "events_per_s": round(faust_floor["events_per_s"], 1),
+                    "ratio_to_raw": round(faust_floor["events_per_s"] / raw_rate, 4) if raw_rate else None,
+                    **faust_floor,
+                    "what": "bare Faust agent counting raw records' events, acks on",
+                }
+            }
+            if faust_floor
+            else {}
+        ),
+    }
+
+
+def result_json(b: Bench, m: Measured, sm: Summary, load_start: float) -> dict[str, Any]:
+    """streams.json: every engine, the floors, the core ceiling, the goals and the machine."""
+    s, core, raw_rate = b.s, sm.core, sm.raw_rate
+    return {
         "benchmark": "streams",
-        "events": len(events),
+        "events": m.events,
         "engines": {
             e: {
                 "events_per_s": round(r["events_per_s"], 1),
-                "ratio_to_raw": round(ratio[e], 4),
+                "ratio_to_raw": round(sm.ratio[e], 4),
                 **{k: v for k, v in r.items() if k != "events_per_s"},
             }
-            for e, r in runs.items()
+            for e, r in sm.runs.items()
         },
-        "faust_vs_engine_aiokafka": _r(faust_vs),
-        "faust_vs_aiokafka_rounds": [round(v, 4) for v in paired],
-        "rounds": args.rounds,
-        "floors": {
-            "aiokafka_getmany": {
-                "events_per_s": round(raw_rate, 1),
-                "ratio_to_raw": 1.0,
-                "runs": raws,
-                "what": "bare aiokafka getmany loop, no decoding (median of the runs: `raw`)",
-            },
-            **(
-                {
-                    "faust_agent": {
-                        "events_per_s": round(faust_floor["events_per_s"], 1),
-                        "ratio_to_raw": round(faust_floor["events_per_s"] / raw_rate, 4)
-                        if raw_rate
-                        else None,
-                        **faust_floor,
-                        "what": "bare Faust agent counting raw records' events, acks on",
-                    }
-                }
-                if faust_floor
-                else {}
-            ),
-        },
+        "faust_vs_engine_aiokafka": _r(sm.faust_vs),
+        "faust_vs_aiokafka_rounds": [round(v, 4) for v in sm.paired],
+        "rounds": b.args.rounds,
+        "floors": floors_json(m, raw_rate),
         "core": {
             **core,
             "events_per_s": round(core["events_per_s"], 1),
             "ratio_to_raw": round(core["events_per_s"] / raw_rate, 4) if raw_rate else None,
             "engines_ratio_to_core": {
-                e: round(r["events_per_s"] / core["events_per_s"], 3) for e, r in runs.items()
+                e: round(r["events_per_s"] / core["events_per_s"], 3) for e, r in sm.runs.items()
             },
             "what": "the worker's per-event core in one process, no I/O (core_floor): the most any "
             "engine on it reaches on one core",
         },
         "raw_consume_events_per_s": round(raw_rate, 1),
-        "goals": goals,
+        "goals": sm.goals,
         "settings": {
             "sink_batch_size": s.sink.batch_size,
             "sink_flush_s": s.sink.flush_s,
@@ -737,8 +802,11 @@ def main() -> None:
         },
         "machine": machine() | {"load_avg_1m_start": load_start, "python": platform.python_version()},
     }
-    write_result(RESULTS, result)
 
+
+def rates_table(m: Measured, sm: Summary) -> Table:
+    """One row per floor, the core ceiling and each engine."""
+    raw_rate, core, faust_floor = sm.raw_rate, sm.core, m.faust_floor
     table = Table(
         "path",
         "events",
@@ -750,7 +818,7 @@ def main() -> None:
         "CPU µs/event",
         "box busy",
     )
-    table.add_row("floor: aiokafka getmany (median = raw)", str(len(events)), "", f"{raw_rate:,.0f}", "1")
+    table.add_row("floor: aiokafka getmany (median = raw)", str(m.events), "", f"{raw_rate:,.0f}", "1")
     if faust_floor:
         table.add_row(
             "floor: bare Faust agent (acks on)",
@@ -769,32 +837,23 @@ def main() -> None:
         "",
         f"{core['cpu_us_per_event']:.0f}",
     )
-    for e, r in runs.items():
+    for e, r in sm.runs.items():
         table.add_row(
             f"adstream worker --engine {e}",
             str(r["events"]),
             f"{r['seconds']:.2f}",
             f"{r['events_per_s']:,.0f}",
-            f"{ratio[e]:.3f}",
+            f"{sm.ratio[e]:.3f}",
             f"{r['dead_letters']:,}",
             f"{r['worker_cpu_share']:.0%}",
             f"{r['cpu_us_per_event']:.0f}",
             f"{r['machine_busy_share']:.0%}",
         )
-    console.print(table)
-    if args.rounds > 1:
-        for e, r in runs.items():
-            console.print(f"{e}: events/s per round {r['rounds_events_per_s']} (median in the table)")
-        console.print(f"faust / aiokafka per round: {result['faust_vs_aiokafka_rounds']}")
-    for e, r in runs.items():
-        if r["dead_letters"]:
-            console.print(
-                f"[red]{e}: {r['dead_letters']:,} records dead-lettered: not the pipeline's rate[/red]"
-            )
-    for name, g in goals.items():
-        console.print(f"goal {name} ≥ {g['goal']}: {g['measured']} ({'met' if g['met'] else 'NOT met'})")
-    m = result["machine"]
-    console.print(f"machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1m']:.2f}")
+    return table
+
+
+def print_profiles(console: Console, runs: dict[str, dict[str, Any]]) -> None:
+    """py-spy's self time by package and inclusive steps of each profiled engine."""
     for e, r in runs.items():
         prof = r.get("profile") or {}
         if not prof.get("samples"):
@@ -806,7 +865,54 @@ def main() -> None:
         for k, v in prof["inclusive_steps"].items():
             t3.add_row(k, f"{v:.1%}")
         console.print(t2, t3)
+
+
+def print_report(b: Bench, m: Measured, sm: Summary, result: dict[str, Any]) -> None:
+    """The rates table, per-round rates, dead letters, goals, machine and profiles."""
+    console, runs = b.console, sm.runs
+    console.print(rates_table(m, sm))
+    if b.args.rounds > 1:
+        for e, r in runs.items():
+            console.print(f"{e}: events/s per round {r['rounds_events_per_s']} (median in the table)")
+        console.print(f"faust / aiokafka per round: {result['faust_vs_aiokafka_rounds']}")
+    for e, r in runs.items():
+        if r["dead_letters"]:
+            console.print(
+                f"[red]{e}: {r['dead_letters']:,} records dead-lettered: not the pipeline's rate[/red]"
+            )
+    for name, g in sm.goals.items():
+        console.print(f"goal {name} ≥ {g['goal']}: {g['measured']} ({'met' if g['met'] else 'NOT met'})")
+    mach = result["machine"]
+    console.print(f"machine: {mach['cpu']}, {mach['cores']} cores, load {mach['load_avg_1m']:.2f}")
+    print_profiles(console, runs)
     console.print(f"wrote {RESULTS}")
+
+
+def main() -> None:
+    ap, args = parse_args()
+    if child_mode(args):
+        return
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    base = Settings()
+    if args.events < COMMITS_MEASURED * base.sink.batch_size:
+        # the rate is measured from 5 % applied on, in commits of up to sink.batch_size records:
+        # fewer events leave a window of one commit or none (a rate of 0, then a division by it)
+        ap.error(
+            f"--events must be at least {COMMITS_MEASURED} × sink.batch_size "
+            f"({COMMITS_MEASURED * base.sink.batch_size}) to measure a rate (got {args.events})"
+        )
+
+    tag = uuid.uuid4().hex[:6]
+    out_dir = ROOT / ".adstream" / "bench"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    b = Bench(args, engines, bench_settings(base, tag), tag, out_dir, Console())
+    create_topics(b.s)
+    load_start = machine()["load_avg_1m"]
+    m = measure(b)
+    sm = summarize(m)
+    result = result_json(b, m, sm, load_start)
+    write_result(RESULTS, result)
+    print_report(b, m, sm, result)
 
 
 def _r(x: float | None) -> float | None:
