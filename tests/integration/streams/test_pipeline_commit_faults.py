@@ -64,8 +64,9 @@ class ChdbClient:
         self.sess = _chdb()
         self.sess.query(f"CREATE DATABASE {self.db}")
         self.sess.query(f"USE {self.db}")
-        for stmt in statements(migration_files()[0].read_text()):
-            self.sess.query(stmt)
+        for path in migration_files():  # the raw tables as every migration leaves them
+            for stmt in statements(path.read_text()):
+                self.sess.query(stmt)
         for c in constraints:
             self.sess.query(c)
 
