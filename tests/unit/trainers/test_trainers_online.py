@@ -116,6 +116,9 @@ def test_guard_resets_an_adapter_worse_than_base() -> None:
     tr = _trainer(
         OnlineSettings(
             lr=0.05,
+            # the sabotage needs the id tables' step too (the default embedding_lr became 0.02,
+            # at which the flipped labels no longer pull the adapter far enough below the base)
+            embedding_lr=0.2,
             min_step_examples=16,
             reset_patience=2,
             reset_margin=0.0,
