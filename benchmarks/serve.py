@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import httpx
+
     from schemas.settings import Settings
 
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
@@ -845,7 +847,7 @@ def load_balanced(args: argparse.Namespace, model_dir: Path, catalog: Path) -> d
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--load-balanced",
@@ -914,142 +916,176 @@ def main() -> None:
     if args.quick:
         args.duration, args.repeats, args.schemes, args.qos_duration = 6, 1, "slot", 8
         args.proxy_check = False
-    if args.lb_case:  # a child of --load-balanced
-        args.lb_out.write_text(
-            json.dumps(lb_case(args.lb_case, args.lb_model_dir, args.lb_catalog, args.port, args))
-        )
-        return
-    if args.load_balanced:
-        from schemas.settings import Settings
+    return args
 
-        args.lb_load_start = round(os.getloadavg()[0], 2)
-        tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-lb-"))
-        try:
-            catalog = tmp / "catalog.jsonl"
-            make_catalog(catalog, args.ads)
-            make_model(tmp / "models", Settings().model_dir)
-            result = load_balanced(args, tmp / "models", catalog)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
-        write_result(args.out, result, section="load_balanced")
-        print(f"wrote {args.out} (load_balanced)")
-        return
 
-    import httpx
+def run_load_balanced(args: argparse.Namespace) -> None:
+    """`--load-balanced`: the ingress cases alone, written to serve.json's `load_balanced`."""
+    from schemas.settings import Settings
+
+    args.lb_load_start = round(os.getloadavg()[0], 2)
+    tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-lb-"))
+    try:
+        catalog = tmp / "catalog.jsonl"
+        make_catalog(catalog, args.ads)
+        make_model(tmp / "models", Settings().model_dir)
+        result = load_balanced(args, tmp / "models", catalog)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
+    write_result(args.out, result, section="load_balanced")
+    print(f"wrote {args.out} (load_balanced)")
+
+
+def scheme_settings(args: argparse.Namespace, tmp: Path, catalog: Path, scheme: str) -> Settings:
+    """Settings of one adapter scheme's run: its own topics and Redis keys, deltas off."""
+    from schemas.settings import Settings
+
+    run = uuid.uuid4().hex[:8]
+    return Settings(
+        model_dir=tmp / "models",
+        serving={
+            "catalog_file": catalog,
+            "http_port": args.port,
+            "consume_deltas": False,
+            "adapter_capacity": 4096,
+        },
+        topic_prefix=f"bench{run}.",
+        redis_prefix=f"adstream-bench:{run}:",
+        adapter_scheme=scheme,
+    )
+
+
+def rate_rows(
+    client: httpx.Client, url: str, args: argparse.Namespace, head: dict[str, Any], first: bool
+) -> list[dict[str, Any]]:
+    """Each paced rate `--repeats` times (after a warm-up); the first scheme's breakdown at 100/s."""
+    rows = []
+    run_wrk(url, 50, 5, args.conns, args.users)  # warm-up (connections, caches)
+    before = client.get("/metrics").text
+    for rate in [int(r) for r in args.rates.split(",")]:
+        runs = [run_wrk(url, rate, args.duration, args.conns, args.users) for _ in range(args.repeats)]
+        rows.append(summarize(runs))
+        if rate == 100 and first:
+            after = client.get("/metrics").text
+            mean = round(sum(r["mean_ms"] for r in runs) / len(runs), 3)
+            floor_mean = head["floor"]["at_100"]["mean_ms"]
+            head["breakdown"] = breakdown(before, after, mean, floor_mean)
+        before = client.get("/metrics").text
+    return rows
+
+
+def capacity_and_qos(
+    client: httpx.Client, url: str, settings: Settings, args: argparse.Namespace, head: dict[str, Any]
+) -> None:
+    """The first scheme's capacity search, then the mixed QoS run at twice that capacity."""
+    from serving.qos import policies
+
+    scheme = args.schemes.split(",")[0]  # the first scheme's
+    cap = capacity(url, args)
+    print(f"{scheme}: capacity {cap['capacity_rps']}/s")
+    head["capacity"] = cap
+    deadline = {c: p.deadline_ms for c, p in policies(settings).items()}
+    qos_rate = 2 * max(cap["capacity_rps"], 50)
+    qos_before = qos_metrics(client.get("/metrics").text)
+    head["qos"] = qos_run(url, qos_rate, args, deadline)
+    qos_after = qos_metrics(client.get("/metrics").text)
+    head["qos"]["replica"] = {  # the gate's own count over the mixed run
+        c: {o: n - qos_before.get(c, {}).get(o, 0.0) for o, n in outcomes.items()}
+        for c, outcomes in qos_after.items()
+    }
+    print(f"{scheme}: qos at {qos_rate}/s: " + json.dumps({
+        c: (r.get("ok_p99_ms"), r["shed_share"]) for c, r in head["qos"]["classes"].items()
+    }))  # fmt: skip
+
+
+def teardown(settings: Settings) -> None:
+    """Serve and Ray down, the run's Redis keys deleted."""
     import ray
     import redis
     from ray import serve
+
+    serve.shutdown()  # ray ships it untyped (benchmarks allow untyped calls)
+    ray.shutdown()
+    r = redis.Redis.from_url(settings.redis.url)
+    keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
+    if keys:
+        r.delete(*keys)
+
+
+def measure_scheme(
+    scheme: str, settings: Settings, args: argparse.Namespace, head: dict[str, Any], first: bool
+) -> dict[str, Any]:
+    """Deploy the ad server and load it: the rates, and on the first scheme the capacity, QoS, CPU
+    profile and proxy check (the scheme's by_scheme entry, less its adapter count)."""
+    import httpx
+
+    from deploy.cli_serving import start
+
+    t0 = time.monotonic()
+    endpoints = start(settings, name="bench")
+    url = endpoints.best
+    client = httpx.Client(base_url=url, timeout=10)
+    wait_ready(url)
+    health = client.get("/healthz").json()
+    print(f"{scheme}: deployed in {time.monotonic() - t0:.1f}s: {health}")
+    try:
+        rows = rate_rows(client, url, args, head, first)
+        proxy_row = None
+        if first:
+            capacity_and_qos(client, url, settings, args, head)
+        if first and args.profile_rate:
+            head["cpu_profile"] = profile_replica(url, "bench", args.profile_rate, args)
+            shown = ("cpu_ms_per_request", "sampled_ms_per_request")
+            print(f"{scheme}: CPU per request at {args.profile_rate}/s: " + json.dumps(
+                {k: head["cpu_profile"].get(k) for k in shown}
+            ))  # fmt: skip
+        if args.proxy_check and first and url != endpoints.proxy:
+            # the same load through Serve's proxy actor, for comparison (one run at the top rate)
+            top = max(int(r) for r in args.rates.split(","))
+            proxy_row = run_wrk(endpoints.proxy, top, args.duration, args.conns, args.users)
+        metrics = client.get("/metrics").text
+    finally:
+        teardown(settings)
+    served_by = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("adstream_serving_served_by_total{")
+    }
+    return {
+        "served_by": served_by,
+        "rates": rows,
+        "url": "replica (direct ingress)" if url != endpoints.proxy else "Serve proxy",
+        "catalog_ads": health["ads"] if "ads" in health else args.ads,
+        "device": health.get("device", "cpu"),
+        "via_proxy": proxy_row,
+    }
+
+
+def run_schemes(
+    args: argparse.Namespace, tmp: Path, catalog: Path, head: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Every adapter scheme in turn; the floors (same Ray cluster and run) before the first."""
+    by_scheme: dict[str, dict[str, Any]] = {}
+    for scheme in args.schemes.split(","):
+        settings = scheme_settings(args, tmp, catalog, scheme)
+        first = not by_scheme
+        warm_users(settings, args.users, catalog)
+        n_adapters = write_adapters(settings, tmp / "models", catalog)
+        if first:  # the floors, in the same Ray cluster and run, just before the ad server
+            head["floor"] = floor_run(settings, args)
+            if args.model_floor:
+                head["model_floor"] = floor_run(settings, args, model=True)
+        entry = measure_scheme(scheme, settings, args, head, first)
+        by_scheme[scheme] = {"adapters": n_adapters, **entry}
+    return by_scheme
+
+
+def print_rates(by_scheme: dict[str, dict[str, Any]]) -> None:
+    """One row per scheme and paced rate."""
     from rich.console import Console
     from rich.table import Table
 
-    from deploy.cli_serving import start
-    from deploy.machine import machine
-    from schemas.settings import Settings
-    from serving.qos import policies
-
-    machine_start = machine()  # the machine is shared: say what it is and how busy it was
-    tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-"))
-    catalog = tmp / "catalog.jsonl"
-    make_catalog(catalog, args.ads)
-    model_note = make_model(tmp / "models", Settings().model_dir)
-    by_scheme: dict[str, dict[str, Any]] = {}
-    head: dict[str, Any] = {}
-    try:
-        for scheme in args.schemes.split(","):
-            run = uuid.uuid4().hex[:8]
-            settings = Settings(
-                model_dir=tmp / "models",
-                serving={
-                    "catalog_file": catalog,
-                    "http_port": args.port,
-                    "consume_deltas": False,
-                    "adapter_capacity": 4096,
-                },
-                topic_prefix=f"bench{run}.",
-                redis_prefix=f"adstream-bench:{run}:",
-                adapter_scheme=scheme,
-            )
-            first = not by_scheme
-            warm_users(settings, args.users, catalog)
-            n_adapters = write_adapters(settings, tmp / "models", catalog)
-            if first:  # the floors, in the same Ray cluster and run, just before the ad server
-                head["floor"] = floor_run(settings, args)
-                if args.model_floor:
-                    head["model_floor"] = floor_run(settings, args, model=True)
-            t0 = time.monotonic()
-            endpoints = start(settings, name="bench")
-            url = endpoints.best
-            client = httpx.Client(base_url=url, timeout=10)
-            wait_ready(url)
-            health = client.get("/healthz").json()
-            print(f"{scheme}: deployed in {time.monotonic() - t0:.1f}s: {health}")
-            rows = []
-            try:
-                run_wrk(url, 50, 5, args.conns, args.users)  # warm-up (connections, caches)
-                before = client.get("/metrics").text
-                for rate in [int(r) for r in args.rates.split(",")]:
-                    runs = [
-                        run_wrk(url, rate, args.duration, args.conns, args.users) for _ in range(args.repeats)
-                    ]
-                    rows.append(summarize(runs))
-                    if rate == 100 and first:
-                        after = client.get("/metrics").text
-                        mean = round(sum(r["mean_ms"] for r in runs) / len(runs), 3)
-                        floor_mean = head["floor"]["at_100"]["mean_ms"]
-                        head["breakdown"] = breakdown(before, after, mean, floor_mean)
-                    before = client.get("/metrics").text
-                proxy_row = None
-                if first:
-                    cap = capacity(url, args)
-                    print(f"{scheme}: capacity {cap['capacity_rps']}/s")
-                    head["capacity"] = cap
-                    deadline = {c: p.deadline_ms for c, p in policies(settings).items()}
-                    qos_rate = 2 * max(cap["capacity_rps"], 50)
-                    qos_before = qos_metrics(client.get("/metrics").text)
-                    head["qos"] = qos_run(url, qos_rate, args, deadline)
-                    qos_after = qos_metrics(client.get("/metrics").text)
-                    head["qos"]["replica"] = {  # the gate's own count over the mixed run
-                        c: {o: n - qos_before.get(c, {}).get(o, 0.0) for o, n in outcomes.items()}
-                        for c, outcomes in qos_after.items()
-                    }
-                    print(f"{scheme}: qos at {qos_rate}/s: " + json.dumps({
-                        c: (r.get("ok_p99_ms"), r["shed_share"]) for c, r in head["qos"]["classes"].items()
-                    }))  # fmt: skip
-                if first and args.profile_rate:
-                    head["cpu_profile"] = profile_replica(url, "bench", args.profile_rate, args)
-                    shown = ("cpu_ms_per_request", "sampled_ms_per_request")
-                    print(f"{scheme}: CPU per request at {args.profile_rate}/s: " + json.dumps(
-                        {k: head["cpu_profile"].get(k) for k in shown}
-                    ))  # fmt: skip
-                if args.proxy_check and first and url != endpoints.proxy:
-                    # the same load through Serve's proxy actor, for comparison (one run at the top rate)
-                    top = max(int(r) for r in args.rates.split(","))
-                    proxy_row = run_wrk(endpoints.proxy, top, args.duration, args.conns, args.users)
-                metrics = client.get("/metrics").text
-            finally:
-                serve.shutdown()  # ray ships it untyped (benchmarks allow untyped calls)
-                ray.shutdown()
-                r = redis.Redis.from_url(settings.redis.url)
-                keys = list(r.scan_iter(match=f"{settings.redis_prefix}*", count=1000))
-                if keys:
-                    r.delete(*keys)
-            served_by = {
-                line.split('"')[1]: float(line.split()[-1])
-                for line in metrics.splitlines()
-                if line.startswith("adstream_serving_served_by_total{")
-            }
-            by_scheme[scheme] = {
-                "adapters": n_adapters,
-                "served_by": served_by,
-                "rates": rows,
-                "url": "replica (direct ingress)" if url != endpoints.proxy else "Serve proxy",
-                "catalog_ads": health["ads"] if "ads" in health else args.ads,
-                "device": health.get("device", "cpu"),
-                "via_proxy": proxy_row,
-            }
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     table = Table(
         "adapter scheme",
         "adapters",
@@ -1072,6 +1108,33 @@ def main() -> None:
                 ),
             )
     Console().print(table)
+
+
+def print_cpu(cpu: dict[str, Any]) -> None:
+    """CPU per request by part, the ad server against the floor."""
+    from rich.console import Console
+    from rich.table import Table
+
+    parts = Table(f"CPU of a request at {cpu['rate']} req/s", "adstream ms", "floor ms")
+    floor_parts = cpu["floor_parts_ms_per_request"] or {}
+    for name, ms in (cpu["parts_ms_per_request"] or {}).items():
+        parts.add_row(name, f"{ms:.2f}", f"{floor_parts.get(name, 0.0):.2f}")
+    parts.add_row(
+        "process CPU (/proc)",
+        f"{cpu['cpu_ms_per_request']:.2f}",
+        f"{cpu['floor_cpu_ms_per_request']:.2f}",
+    )
+    Console().print(parts)
+
+
+def serve_result(
+    args: argparse.Namespace,
+    by_scheme: dict[str, dict[str, Any]],
+    head: dict[str, Any],
+    machine_start: dict[str, Any],
+    model_note: str,
+) -> dict[str, Any]:
+    """serve.json: the headline against the floors, the goals, and every scheme's rates."""
     first_scheme = next(iter(by_scheme.values()))
     at_100 = next((r for r in first_scheme["rates"] if r["target_rps"] == 100), None)
     floor = head["floor"]
@@ -1080,7 +1143,7 @@ def main() -> None:
     p99_100 = at_100["p99_ms"] if at_100 else None
     cpu = cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile"))
     bounds = model_bounds(null_cap, null_p99, head.get("model_floor"), cap, p99_100)
-    result = {
+    return {
         "benchmark": "serve",
         "machine": machine_start,
         "null_capacity_rps": null_cap,
@@ -1118,17 +1181,36 @@ def main() -> None:
         "via_proxy": first_scheme["via_proxy"],
         "by_scheme": by_scheme,
     }
-    if cpu is not None:
-        parts = Table(f"CPU of a request at {cpu['rate']} req/s", "adstream ms", "floor ms")
-        floor_parts = cpu["floor_parts_ms_per_request"] or {}
-        for name, ms in (cpu["parts_ms_per_request"] or {}).items():
-            parts.add_row(name, f"{ms:.2f}", f"{floor_parts.get(name, 0.0):.2f}")
-        parts.add_row(
-            "process CPU (/proc)",
-            f"{cpu['cpu_ms_per_request']:.2f}",
-            f"{cpu['floor_cpu_ms_per_request']:.2f}",
+
+
+def main() -> None:
+    args = parse_args()
+    if args.lb_case:  # a child of --load-balanced
+        args.lb_out.write_text(
+            json.dumps(lb_case(args.lb_case, args.lb_model_dir, args.lb_catalog, args.port, args))
         )
-        Console().print(parts)
+        return
+    if args.load_balanced:
+        run_load_balanced(args)
+        return
+
+    from deploy.machine import machine
+    from schemas.settings import Settings
+
+    machine_start = machine()  # the machine is shared: say what it is and how busy it was
+    tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-"))
+    catalog = tmp / "catalog.jsonl"
+    make_catalog(catalog, args.ads)
+    model_note = make_model(tmp / "models", Settings().model_dir)
+    head: dict[str, Any] = {}
+    try:
+        by_scheme = run_schemes(args, tmp, catalog, head)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_rates(by_scheme)
+    result = serve_result(args, by_scheme, head, machine_start, model_note)
+    if result["cpu_profile"] is not None:
+        print_cpu(result["cpu_profile"])
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     if "load_balanced" in previous:  # written by --load-balanced (its own machine and command); kept
         result["load_balanced"] = previous["load_balanced"]
