@@ -174,3 +174,33 @@ def test_adapter_shift_is_the_logit_difference_per_phase() -> None:
     assert shift["before"]["mean"] == pytest.approx(0.0) and shift["before"]["sd"] == pytest.approx(0.0)
     assert shift["after"]["mean"] == pytest.approx(0.0) and shift["after"]["sd"] == pytest.approx(1.0)
     assert shift["after"]["ctr"] == 0.5 and shift["after"]["examples"] == 2
+
+
+def test_trainer_score_log_round_trips_into_read_scores(tmp_path: Path) -> None:
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainers"))
+    from helpers_trainers import make_examples
+
+    from deploy.cli_trainers import write_score_log
+    from schemas.settings import LoraSettings, OnlineSettings
+    from trainers.models.lora import AdapterBank
+    from trainers.models.ranker import Ranker, RankerConfig
+    from trainers.online import OnlineTrainer
+    from trainers.replay import replay
+
+    torch.manual_seed(0)
+    cfg = RankerConfig(state_dim=8, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16,
+                       category_buckets=8, deep_hidden=16)  # fmt: skip
+    trainer = OnlineTrainer(AdapterBank(Ranker(cfg), LoraSettings(rank=4, alpha=8), "v1"),
+                            OnlineSettings(min_step_examples=16), keep_log=True)  # fmt: skip
+    examples = make_examples(200, dim=8, seed=1)
+    replay(examples, trainer, micro_batch=64)
+    path = tmp_path / "scores.json"
+    write_score_log(path, trainer)
+    scores = read_scores(path)
+    assert scores.impression_id.shape[0] == 200 and set(scores.adapter.tolist()) == {"feed"}
+    assert scores.resets == {"feed": 0}
+    assert np.all((scores.online > 0) & (scores.online < 1) & (scores.base > 0) & (scores.base < 1))
