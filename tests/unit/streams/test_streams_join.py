@@ -98,3 +98,22 @@ def test_one_example_per_impression_many_users() -> None:
     out = list(training_examples(events, S))
     assert len(out) == 100 and len({e.impression_id for e in out}) == 100
     assert sum(e.click for e in out) == 60
+
+
+def test_every_ab_arm_and_explored_impression_trains() -> None:
+    # the control and correction arms are served without adapters, but their labels still train
+    # them; an explored pick is a label like any other (its propensity only weighs off-policy reads)
+    arms = {
+        "i1": ("control", 1.0, False),
+        "i2": ("correction", 0.0125, True),
+        "i3": ("learning", 0.95, False),
+    }
+    events = [creative()]
+    for k, (eid, (arm, p, explored)) in enumerate(arms.items()):
+        events.append(
+            impression(eid, k).model_copy(update={"ab_arm": arm, "propensity": p, "explored": explored})
+        )
+    events.append(click("c1", 5, "i1"))
+    out = list(training_examples(events, S))
+    assert sorted(e.impression_id for e in out) == ["i1", "i2", "i3"]
+    assert {e.impression_id for e in out if e.click} == {"i1"}
