@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
-from deploy.benchargs import int_at_least
+from benchmarks.lib.args import int_at_least
 from deploy.machine import write_result
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -56,7 +56,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from deploy.benchargs import int_at_least
+from benchmarks.lib.args import int_at_least
 from deploy.machine import machine, process_cpu_s, write_result
 from deploy.stack import create_topics, delete_topics_async
 from schemas import topics

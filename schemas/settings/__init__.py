@@ -18,7 +18,7 @@ from schemas.settings.ab import AbSettings, ExploreSettings
 from schemas.settings.attribution import AttributionSettings
 from schemas.settings.base import Group
 from schemas.settings.collector import CollectorSettings
-from schemas.settings.pipeline import (
+from schemas.settings.loop import (
     EngagementSettings,
     LoraSettings,
     OnlineSettings,

@@ -1,0 +1,1 @@
+"""What the benchmarks share that is no product code: argparse types (`args`)."""
