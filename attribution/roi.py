@@ -120,8 +120,15 @@ def optimise(spend: np.ndarray, value: np.ndarray, lo: np.ndarray, hi: np.ndarra
             s = (e * a / lam) ** (1.0 / (1.0 - e))
         return np.clip(np.nan_to_num(s, posinf=hi.max()), lo, hi)
 
-    if alloc(1e-300).sum() < budget:  # bounds cannot absorb the budget: every channel at its top
-        return hi.copy()
+    top = alloc(1e-300)  # every credited channel at its top, the uncredited ones at their floor
+    if top.sum() < budget:
+        # the credited channels cannot take the whole budget: the rest goes to the uncredited ones
+        # in proportion to their headroom (the budget is fixed: moves cancel out), all at their top
+        # when even that cannot hold it
+        room = hi - top
+        if room.sum() <= budget - top.sum():
+            return hi.copy()
+        return top + room * ((budget - top.sum()) / room.sum())
     lo_l, hi_l = 1e-300, 1e300
     for _ in range(400):
         mid = np.sqrt(lo_l * hi_l)

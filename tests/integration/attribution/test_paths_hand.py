@@ -51,7 +51,7 @@ def backend(request: pytest.FixtureRequest, stack: Settings) -> Iterator[Backend
 
 def _impression(i: int, t: int, slot: str, campaign: str = "c1") -> tuple[Any, ...]:
     return (f"i{i}", t, t * 1000, "u1", f"r{i}", f"{campaign}_ad", campaign, "adv1", slot, 0, 0.5,
-            0.1, "ranker-1", None, 0, i)  # fmt: skip
+            0.1, "ranker-1", None, None, None, None, 0, i)  # fmt: skip
 
 
 def _insert(backend: Backend, imps: list[tuple[Any, ...]], clicks: list[tuple[Any, ...]],
