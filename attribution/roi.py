@@ -125,10 +125,12 @@ def optimise(spend: np.ndarray, value: np.ndarray, lo: np.ndarray, hi: np.ndarra
         # the credited channels cannot take the whole budget: the rest goes to the uncredited ones
         # in proportion to their headroom (the budget is fixed: moves cancel out), all at their top
         # when even that cannot hold it
-        room = hi - top
-        if room.sum() <= budget - top.sum():
+        room: np.ndarray = hi - top
+        left = budget - float(top.sum())
+        if float(room.sum()) <= left:
             return hi.copy()
-        return top + room * ((budget - top.sum()) / room.sum())
+        filled: np.ndarray = top + room * (left / float(room.sum()))
+        return filled
     lo_l, hi_l = 1e-300, 1e300
     for _ in range(400):
         mid = np.sqrt(lo_l * hi_l)
