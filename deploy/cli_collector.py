@@ -3,7 +3,6 @@ Serve application, for deployments that run it apart from ranking."""
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Annotated, Any
 
@@ -36,7 +35,7 @@ def collector_cmd(
     settings = settings.model_copy(
         update={"serving": settings.serving.model_copy(update={"http_port": settings.collector.http_port})}
     )
-    from deploy.cli_serving import start
+    from deploy.cli_serving import run_until_signalled, start
     from serving.collector_app import build_collector_app
 
     if not settings.serving.api_keys.get_secret_value():
@@ -48,21 +47,7 @@ def collector_cmd(
     console.print(
         f"adstream collector at [bold]{ep.proxy}[/] (docs: {ep.proxy}/docs) — {time.monotonic() - t0:.1f}s"
     )
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    while not stop:
-        time.sleep(0.5)
-    import ray
-    from ray import serve
-
-    serve.shutdown()  # type: ignore[no-untyped-call]  # ray ships it untyped
-    ray.shutdown()
+    run_until_signalled()
 
 
 app = typer.Typer(help="The event collector: `adstream collector`.")

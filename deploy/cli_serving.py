@@ -143,6 +143,11 @@ def serve_cmd(
     console.print(
         f"proxy (load-balanced over replicas): {ep.proxy}; replicas: {', '.join(ep.replicas) or '-'}"
     )
+    run_until_signalled()
+
+
+def run_until_signalled() -> None:
+    """Keep the Serve app up until SIGTERM or SIGINT, then shut Serve and Ray down."""
     stop = False
 
     def _stop(*_: object) -> None:
