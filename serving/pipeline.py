@@ -331,7 +331,8 @@ class AdPipeline:
             self.params,
         )
         # seeded by the request id: the same request explores the same way (tests, replays)
-        ex = explore(res.order.shape[0], req.k, eps, top_m, request_rng(request_id))
+        rng = request_rng(request_id) if eps > 0 else _GREEDY_RNG  # greedy draws nothing
+        ex = explore(res.order.shape[0], req.k, eps, top_m, rng)
         order = res.order[ex.picks]
         chosen = rows[order]
         chosen_pctr = np.clip(pctr[order], 0.0, 1.0)
@@ -400,6 +401,10 @@ class AdPipeline:
             adapter_version=top_adapter,
         )
         return resp, imps, chosen, chosen_pctr * prices
+
+
+# never drawn from: exploration off (epsilon 0) takes every greedy ad without a draw
+_GREEDY_RNG = np.random.default_rng(0)
 
 
 def request_rng(request_id: str) -> np.random.Generator:
