@@ -9,6 +9,7 @@ repeat.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,34 @@ def statements(sql: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
+_ADD_COLUMN = re.compile(r"^\s*ALTER\s+TABLE\s+(\w+)\s+ADD\s+COLUMN\s+(\w+)\s", re.IGNORECASE)
+
+
+def _execute_idempotent(backend: Backend, stmt: str) -> None:
+    """Run a migration statement so that running it twice is harmless, as two processes that
+    migrate at once (two workers starting together) do: `CREATE … IF NOT EXISTS` is so by itself,
+    and an `ALTER TABLE t ADD COLUMN c` (ClickHouse 18.16 has no `ADD COLUMN IF NOT EXISTS`) is
+    skipped when the column is there, before or after a failed attempt."""
+    added = _ADD_COLUMN.match(stmt)
+    if added is not None and _has_column(backend, *added.groups()):
+        return
+    try:
+        backend.execute(stmt)
+    except Exception:
+        if added is not None and _has_column(backend, *added.groups()):
+            return  # another migrator added it between the check and the ALTER
+        raise
+
+
+def _has_column(backend: Backend, table: str, column: str) -> bool:
+    rows = backend.execute(
+        "SELECT count() FROM system.columns WHERE database = currentDatabase() "
+        "AND table = %(table)s AND name = %(column)s",
+        {"table": table, "column": column},
+    )
+    return bool(rows and rows[0][0])
+
+
 def apply_migrations(backend: Backend, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Apply every migration not yet in the backend's `schema_migrations`; return their versions.
 
@@ -51,7 +80,7 @@ def apply_migrations(backend: Backend, directory: Path = MIGRATIONS_DIR) -> list
         if path.stem in done:
             continue
         for stmt in statements(path.read_text()):
-            backend.execute(stmt)
+            _execute_idempotent(backend, stmt)
         backend.insert("schema_migrations", ("version", "applied_at"), [(path.stem, _now())])
         log.info("applied migration %s on %s", path.stem, backend.name)
         applied.append(path.stem)

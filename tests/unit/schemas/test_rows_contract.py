@@ -36,3 +36,14 @@ def test_the_migrations_create_the_contract_tables() -> None:
             f"{table}: the sink writes columns the migrations never create: "
             f"{set(columns) | set(SOURCE_COLUMNS) - set(described)}"
         )
+
+
+def test_a_column_migration_applied_twice_is_harmless() -> None:
+    """Two processes that migrate at once (two workers starting together) may both apply an
+    `ALTER TABLE … ADD COLUMN` migration; the second must not fail on the existing column (it
+    did: 'Cannot add column ab_arm: column with this name already exists')."""
+    db = ChdbBackend(f"rows_{uuid.uuid4().hex[:6]}")
+    apply_migrations(db)
+    db.execute("TRUNCATE TABLE schema_migrations")  # as if the other migrator had not recorded it yet
+    assert "004_impression_arms" in apply_migrations(db)
+    assert [r[0] for r in db.execute("DESCRIBE TABLE impressions")].count("ab_arm") == 1
