@@ -42,6 +42,9 @@ from attribution.paths import AttributionInputError, Paths
 START, CONV, NULL = -3, -1, -2
 SMOOTHING = 0.1  # additive smoothing of held-out transition probabilities
 SPARSE_DEGREE = 4  # chains with at most this many transitions per state fall back to LU early
+# a removal effect below this is the solve's rounding, not evidence (p₋c read 2e-16 below p = 1
+# when every journey converts without c too): zero, so it cannot take every credit
+EFFECT_TOL = 1e-9
 Removal = Literal["redistribute", "null"]
 REMOVALS: tuple[str, ...] = ("redistribute", "null")
 
@@ -314,7 +317,8 @@ def solve_absorbing(
 
 def removal_effects(t: Transitions, n_channels: int, removal: Removal = "null") -> tuple[float, np.ndarray]:
     """Base conversion probability and each channel's removal effect 1 − p₋c / p (clipped at 0:
-    a channel whose removal raises the conversion probability earns nothing)."""
+    a channel whose removal raises the conversion probability earns nothing; an effect below
+    `EFFECT_TOL` is the solves' rounding and is 0)."""
     chain_ = Absorbing.of(t)
     p, x = chain_.probability()
     if p <= 0:
@@ -322,7 +326,7 @@ def removal_effects(t: Transitions, n_channels: int, removal: Removal = "null") 
     effects = np.array(
         [1.0 - chain_.probability(c, start=x, removal=removal)[0] / p for c in range(n_channels)]
     )
-    return p, np.clip(effects, 0.0, None)
+    return p, np.where(effects < EFFECT_TOL, 0.0, effects)
 
 
 def heldout_loglik(
