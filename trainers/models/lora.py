@@ -35,8 +35,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -50,6 +50,7 @@ from trainers.models.ranker import Ranker, additive_in_logit
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _PLACEHOLDER = "placeholder"  # PEFT needs one adapter at construction; it stays at B = 0
+M = TypeVar("M", bound=nn.Module)
 
 
 def target_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
@@ -357,3 +358,64 @@ class AdapterBank:
         for scale, term in terms.items():
             logits = logits + term.squeeze(1) * scale
         return logits, base.detach()
+
+
+def fold_lora(base: M, tensors: Mapping[str, torch.Tensor], scale: float) -> M:
+    """A copy of `base` with one adapter's ΔW folded into its weights: every adapted module's
+    weight becomes `W + scale · B @ A` (an id table: `W + scale · (B @ A)ᵀ`), so the copy's plain
+    forward equals base + adapter (serving's banked path, PEFT's forward) to float rounding and
+    costs what the base model costs. Pure: `base` and `tensors` are left untouched.
+
+    - `base`: the plain ranker (its `nn.Linear` / `nn.Embedding` targets, as before
+      `serving.banked.install` wraps them); the copy keeps its device, dtypes and train/eval mode;
+    - `tensors`: the adapter in the `schemas.delta` layout, `{"<module>.lora_A": [r, in],
+      "<module>.lora_B": [out, r]}` (`AdapterState.tensors`, `AdapterBank.get_state`); modules
+      not named keep the base weights;
+    - `scale`: `alpha / r` (`settings.lora.scaling`, `AdapterStack.scale`).
+
+    The sum is formed in float64 and rounded once to the weight's dtype. AdapterError naming the
+    tensor for an unpaired factor, a module `base` lacks or that is not Linear/Embedding, shapes
+    that do not fit, or non-finite values; nothing is copied then.
+    """
+    deltas: dict[str, torch.Tensor] = {}
+    for module in sorted({k.rsplit(".", 1)[0] for k in tensors}):
+        deltas[module] = _fold_delta(base, module, tensors, scale)
+    folded = copy.deepcopy(base)
+    with torch.no_grad():
+        for module, delta in deltas.items():
+            layer = folded.get_submodule(module)
+            assert isinstance(layer, nn.Linear | nn.Embedding)  # checked on `base` above
+            weight = layer.weight
+            weight.copy_((weight.double() + delta.to(weight.device)).to(weight.dtype))
+    return folded
+
+
+def _fold_delta(
+    base: nn.Module, module: str, tensors: Mapping[str, torch.Tensor], scale: float
+) -> torch.Tensor:
+    """`scale · B @ A` of one module in the layout of its weight (float64, CPU), checked."""
+    key_a, key_b = f"{module}.lora_A", f"{module}.lora_B"
+    missing = [k for k in (key_a, key_b) if k not in tensors]
+    if missing:
+        raise AdapterError(f"adapter tensors name module {module!r} but lack {missing}")
+    try:
+        layer = base.get_submodule(module)
+    except AttributeError:
+        raise AdapterError(f"tensor {key_a!r}: the model has no module {module!r}") from None
+    if not isinstance(layer, nn.Linear | nn.Embedding):
+        raise AdapterError(
+            f"tensor {key_a!r}: module {module!r} is {type(layer).__name__}, not Linear or Embedding "
+            "(fold into the plain ranker, before serving wraps its layers)"
+        )
+    fan_in, fan_out = module_shape(layer)
+    a, b = tensors[key_a].detach(), tensors[key_b].detach()
+    fits = a.dim() == 2 and b.dim() == 2 and a.shape[0] == b.shape[1]
+    if not fits or a.shape[1] != fan_in or b.shape[0] != fan_out:
+        raise AdapterError(
+            f"module {module!r}: lora_A {list(a.shape)} / lora_B {list(b.shape)} do not fit "
+            f"A [r, {fan_in}] / B [{fan_out}, r]"
+        )
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        raise AdapterError(f"module {module!r}: non-finite values in lora_A or lora_B")
+    delta = float(scale) * (b.cpu().double() @ a.cpu().double())  # [out, in]
+    return delta.T if isinstance(layer, nn.Embedding) else delta
