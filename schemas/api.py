@@ -6,7 +6,18 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
 
-from schemas.events import ClickToken, Contract, Ident, NonNegFloat, Probability, Slot, UserId, Version
+from schemas.events import (
+    ClickToken,
+    Contract,
+    CountryCode,
+    Device,
+    Ident,
+    NonNegFloat,
+    Probability,
+    Slot,
+    UserId,
+    Version,
+)
 
 MAX_INTERESTS = 8  # declared interests per request: a sign-up form's few picks, not a profile
 
@@ -63,6 +74,10 @@ class AdRequest(Contract):
     # ranked as if they had clicked once in each; the prior gives way as the user's own evidence
     # accrues (`serving.interests`)
     interests: Interests | None = None
+    # the audience, for campaign targeting (`Campaign.targeting`): the user's country (ISO 3166-1
+    # alpha-2) and device class; a campaign that targets either is not shown when it is not said
+    geo: CountryCode | None = None
+    device: Device | None = None
 
 
 class ServedAd(Contract):

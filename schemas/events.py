@@ -21,6 +21,7 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     field_validator,
+    model_validator,
 )
 
 Slot: TypeAlias = Literal["feed", "search", "splash"]
@@ -275,6 +276,58 @@ class AdCreative(Message):
     variants: Annotated[tuple[CreativeVariant, ...], Field(max_length=MAX_VARIANTS)] = ()
 
 
+# Audience targeting (`Campaign.targeting`, `AdRequest.geo` / `device`): ISO 3166-1 alpha-2
+# country codes and the device classes publishers report.
+CountryCode = Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")]
+Device: TypeAlias = Literal["mobile", "desktop", "tablet", "tv"]
+DEVICES: Final[tuple[Device, ...]] = ("mobile", "desktop", "tablet", "tv")
+MAX_TARGETS: Final = 256
+
+
+def _distinct_values(values: tuple[str, ...]) -> tuple[str, ...]:
+    if len(set(values)) != len(values):
+        dupe = next(v for i, v in enumerate(values) if v in values[:i])
+        raise ValueError(f"lists {dupe!r} twice")
+    return values
+
+
+_DISTINCT: Final = AfterValidator(_distinct_values)
+
+
+class Targeting(Contract):
+    """Who a campaign's ads may be shown to. Each list narrows the audience; an empty list
+    targets everyone on that dimension. A request that does not say its geo or device is not
+    shown campaigns that target one (the publisher did not say the user is in the audience).
+    `interests` are category names matched against the request's declared interests."""
+
+    geo: Annotated[tuple[CountryCode, ...], Field(max_length=MAX_TARGETS), _DISTINCT] = ()
+    devices: Annotated[tuple[Device, ...], Field(max_length=len(DEVICES)), _DISTINCT] = ()
+    interests: Annotated[tuple[Ident, ...], Field(max_length=MAX_TARGETS), _DISTINCT] = ()
+
+
+class Campaign(Message):
+    """A campaign (keyed by `campaign_id` on `ad.campaigns`): its daily budget, schedule and
+    targeting. Its creatives (`AdCreative.campaign_id`) share the budget, which serving paces per
+    campaign; once a campaign has this entry, its creatives' own `daily_budget` is not used
+    (without one, the last creative's `daily_budget` stands for the campaign's, as before)."""
+
+    kind: Literal["campaign"] = "campaign"
+    campaign_id: Ident
+    advertiser_id: Ident
+    daily_budget: Annotated[float, Field(gt=0, le=MAX_MONEY, allow_inf_nan=False)]
+    # the schedule: served from `start` (inclusive) until `end` (exclusive); None: open-ended
+    start: Timestamp | None = None
+    end: Timestamp | None = None
+    targeting: Targeting = Targeting()
+    active: bool = True
+
+    @model_validator(mode="after")
+    def _schedule_in_order(self) -> Campaign:
+        if self.start is not None and self.end is not None and self.end <= self.start:
+            raise ValueError(f"end ({self.end.isoformat()}) must come after start ({self.start.isoformat()})")
+        return self
+
+
 class DeadLetter(Message):
     """A message that failed validation, with where it came from, why, and its original bytes."""
 
@@ -383,6 +436,7 @@ EVENT_MODELS: Final[dict[str, type[Message]]] = {
     "Conversion": Conversion,
     "Touch": Touch,
     "AdCreative": AdCreative,
+    "Campaign": Campaign,
     "DeadLetter": DeadLetter,
     "TrainingExample": TrainingExample,
     "AdapterDelta": AdapterDelta,

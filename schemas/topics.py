@@ -21,12 +21,16 @@ DWELL: Final = "ad.dwell"
 CONVERSIONS: Final = "ad.conversions"
 TOUCHES: Final = "ad.touches"  # touchpoints on channels outside adstream (`Touch`)
 CATALOG: Final = "ad.catalog"
+# campaigns (`Campaign`), keyed by campaign id: a topic of their own, since every topic carries one
+# contract model (its consumers decode it by topic) and ad ids and campaign ids share no key space
+CAMPAIGNS: Final = "ad.campaigns"
 DLQ: Final = "ad.dlq"
 TRAINING_EXAMPLES: Final = "ad.training-examples"
 ADAPTER_DELTAS: Final = "ad.adapter-deltas"
 
 # User-keyed topics share a partition count so the same user lands on the same partition number
-# in each of them (co-partitioning for the label join). Catalog, deltas and the DLQ are small.
+# in each of them (co-partitioning for the label join). Catalog, campaigns, deltas and the DLQ
+# are small.
 TOPICS: Final[tuple[TopicSpec, ...]] = (
     TopicSpec(IMPRESSIONS, "user_id", 8),
     TopicSpec(CLICKS, "user_id", 8),
@@ -34,6 +38,7 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
     TopicSpec(CONVERSIONS, "user_id", 8),
     TopicSpec(TOUCHES, "user_id", 8),
     TopicSpec(CATALOG, "ad_id", 1),
+    TopicSpec(CAMPAIGNS, "campaign_id", 1),
     TopicSpec(DLQ, "source_topic", 1),
     TopicSpec(TRAINING_EXAMPLES, "adapter_id", 4),
     TopicSpec(ADAPTER_DELTAS, "adapter_id", 1),

@@ -4,6 +4,10 @@ Ads arrive from a catalog file at start and from `ad.catalog` live; an update of
 replaces its row. Spend per campaign (for pacing) and impressions per ad (popularity, long tail)
 are counted here from what this replica served and refreshed from the shared Redis totals.
 
+Campaigns (`Campaign` on `ad.campaigns`) carry the budget, schedule and targeting their creatives
+share: `servable(audience)` masks the rows a request may see (active, budget left, in schedule,
+in the campaign's audience) before recall scores anything.
+
 Bounded: at most `max_ads` rows; when full, a new ad takes the row of an inactive one (the
 oldest such), and a catalog full of active ads refuses new ones (`CatalogFull`, the caller
 counts it). The advertiser/category/campaign code tables are compacted to the ids still in use
@@ -12,13 +16,15 @@ when they grow past twice the rows, so ids that came and went do not accumulate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import ClassVar
 
 import numpy as np
 
 from schemas.errors import SchemaError
-from schemas.events import AdCreative
+from schemas.events import DEVICES, AdCreative, Campaign, Device
 from trainers.models.features import stable_bucket
 from trainers.models.ranker import RankerConfig
 
@@ -37,6 +43,103 @@ class CatalogRow:
     campaign_id: str
     advertiser_id: str
     category: str
+
+
+@dataclass(frozen=True)
+class Audience:
+    """Who a request is for, as targeting reads it: when (unix seconds), where (ISO country code),
+    on which device, with which declared interests (None: not said)."""
+
+    now_s: float
+    geo: str | None = None
+    device: Device | None = None
+    interests: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(
+        cls, now: datetime, geo: str | None, device: Device | None, interests: Collection[str] | None
+    ) -> Audience:
+        return cls(now.timestamp(), geo, device, frozenset(interests or ()))
+
+
+_DEVICE_BIT: dict[str, int] = {d: 1 << i for i, d in enumerate(DEVICES)}
+
+
+@dataclass
+class CampaignTable:
+    """Per-campaign columns indexed by the catalog's campaign code: spend and budget (pacing),
+    and what a `Campaign` entry says (whether one arrived, active, schedule, targeting)."""
+
+    size: int = 64
+    spend: np.ndarray = field(init=False)
+    budget: np.ndarray = field(init=False)
+    entity: np.ndarray = field(init=False)  # a Campaign entry set the budget (creatives' do not)
+    active: np.ndarray = field(init=False)
+    start: np.ndarray = field(init=False)
+    end: np.ndarray = field(init=False)
+    devices: np.ndarray = field(init=False)  # bit mask over DEVICES; 0: every device
+    # the codes of campaigns that target by geo or interests, with their sets (few campaigns do)
+    geo: dict[int, frozenset[str]] = field(default_factory=dict)
+    interests: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = self.size
+        self.spend, self.budget = np.zeros(n), np.zeros(n)
+        self.entity, self.active = np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
+        self.start, self.end = np.full(n, -np.inf), np.full(n, np.inf)
+        self.devices = np.zeros(n, dtype=np.uint8)
+
+    _COLUMNS: ClassVar[tuple[str, ...]] = ("spend", "budget", "entity", "active", "start", "end", "devices")
+
+    def grow(self, size: int) -> None:
+        fresh = CampaignTable(size)
+        for name in self._COLUMNS:
+            old, new = getattr(self, name), getattr(fresh, name)
+            new[: old.shape[0]] = old
+            setattr(self, name, new)
+        self.size = size
+
+    def remap(self, old_to_new: dict[int, int], size: int) -> None:
+        """Re-number to new codes (compaction): campaigns left out are dropped."""
+        fresh = CampaignTable(size)
+        src = np.fromiter(old_to_new.keys(), dtype=np.int64, count=len(old_to_new))
+        dst = np.fromiter(old_to_new.values(), dtype=np.int64, count=len(old_to_new))
+        for name in self._COLUMNS:
+            getattr(fresh, name)[dst] = getattr(self, name)[src]
+            setattr(self, name, getattr(fresh, name))
+        self.geo = {old_to_new[c]: v for c, v in self.geo.items() if c in old_to_new}
+        self.interests = {old_to_new[c]: v for c, v in self.interests.items() if c in old_to_new}
+        self.size = size
+
+    def set(self, code: int, c: Campaign) -> None:
+        self.entity[code] = True
+        self.budget[code] = c.daily_budget
+        self.active[code] = c.active
+        self.start[code] = -np.inf if c.start is None else c.start.timestamp()
+        self.end[code] = np.inf if c.end is None else c.end.timestamp()
+        t = c.targeting
+        self.devices[code] = sum(_DEVICE_BIT[d] for d in t.devices)
+        for table, values in ((self.geo, t.geo), (self.interests, t.interests)):
+            if values:
+                table[code] = frozenset(values)
+            else:
+                table.pop(code, None)
+
+    def eligible(self, n: int, audience: Audience) -> np.ndarray:
+        """Campaign codes [0, n) whose ads this audience may see now (budget aside)."""
+        ok: np.ndarray = (
+            self.active[:n] & (self.start[:n] <= audience.now_s) & (audience.now_s < self.end[:n])
+        )
+        devices = self.devices[:n]
+        bit = _DEVICE_BIT[audience.device] if audience.device is not None else 0
+        ok &= (devices == 0) | ((devices & bit) != 0)
+        for code, geos in self.geo.items():
+            if code < n and audience.geo not in geos:
+                ok[code] = False
+        for code, wanted in self.interests.items():
+            if code < n and wanted.isdisjoint(audience.interests):
+                ok[code] = False
+        return ok
 
 
 class Catalog:
@@ -70,8 +173,8 @@ class Catalog:
             (capacity, 4), dtype=np.int64
         )  # ranker buckets: ad, advertiser, campaign, category
         self.codes: dict[str, dict[str, int]] = {"advertiser": {}, "category": {}, "campaign": {}}
-        self.campaign_spend = np.zeros(64)
-        self.campaign_budget = np.zeros(64)
+        self.campaigns = CampaignTable()
+        self._compact_above = 0  # code tables larger than this (and than 2 rows + 64) are compacted
         self.version = 0
 
     def _grow(self) -> None:
@@ -122,29 +225,25 @@ class Catalog:
             old = {c: v for v, c in self.codes[kind].items()}
             column[:n] = [table[old[int(c)]] for c in column[:n]]
             self.codes[kind] = table
-        used = sorted({r.campaign_id for r in self.rows[:n]})
-        table = {v: i for i, v in enumerate(used)}
+        # campaigns in use: those of the rows and those with a Campaign entry (it may precede its ads)
         old_codes = self.codes["campaign"]
-        size = max(64, len(table))
-        spend, budget = np.zeros(size), np.zeros(size)
-        for v, i in table.items():
-            spend[i] = self.campaign_spend[old_codes[v]]
-            budget[i] = self.campaign_budget[old_codes[v]]
+        entries = self.campaigns.entity & self.campaigns.active  # an inactive entry without ads goes
+        with_entry = {v for v, c in old_codes.items() if entries[c]}
+        used = sorted({r.campaign_id for r in self.rows[:n]} | with_entry)
+        table = {v: i for i, v in enumerate(used)}
+        self.campaigns.remap({old_codes[v]: i for v, i in table.items()}, max(64, len(table)))
         old = {c: v for v, c in old_codes.items()}
         self.campaign[:n] = [table[old[int(c)]] for c in self.campaign[:n]]
         self.codes["campaign"] = table
-        self.campaign_spend, self.campaign_budget = spend, budget
+        self._compact_above = 2 * max(len(t) for t in self.codes.values())
 
     def _code(self, kind: str, value: str) -> int:
         table = self.codes[kind]
         code = table.get(value)
         if code is None:
             code = table[value] = len(table)
-            if kind == "campaign" and code >= self.campaign_spend.shape[0]:
-                self.campaign_spend = np.append(self.campaign_spend, np.zeros(self.campaign_spend.shape[0]))
-                self.campaign_budget = np.append(
-                    self.campaign_budget, np.zeros(self.campaign_budget.shape[0])
-                )
+            if kind == "campaign" and code >= self.campaigns.size:
+                self.campaigns.grow(2 * self.campaigns.size)
         return code
 
     def upsert(self, ad: AdCreative, vector: np.ndarray | None = None) -> int:
@@ -166,7 +265,8 @@ class Catalog:
         self.advertiser[row] = self._code("advertiser", ad.advertiser_id)
         self.category[row] = self._code("category", ad.category)
         camp = self.campaign[row] = self._code("campaign", ad.campaign_id)
-        self.campaign_budget[camp] = ad.daily_budget
+        if not self.campaigns.entity[camp]:  # without a Campaign entry, the creative's budget stands
+            self.campaigns.budget[camp] = ad.daily_budget
         self.ids[row] = (
             stable_bucket(ad.ad_id, cfg.ad_buckets, "ad"),
             stable_bucket(ad.advertiser_id, cfg.advertiser_buckets, "advertiser"),
@@ -174,42 +274,64 @@ class Catalog:
             stable_bucket(ad.category, cfg.category_buckets, "category"),
         )
         self.version += 1
-        if max(len(t) for t in self.codes.values()) > 2 * self.n + 64:
+        if max(len(t) for t in self.codes.values()) > max(2 * self.n + 64, self._compact_above):
             self._compact_codes()
         return row
 
-    def servable(self) -> np.ndarray:
-        """Rows that may be shown at all: active and with budget left today."""
+    def upsert_campaign(self, campaign: Campaign) -> None:
+        """Add or replace a campaign's entry: its budget (from now on, not its creatives'),
+        schedule and targeting."""
+        known = campaign.campaign_id in self.codes["campaign"]
+        if not known and int(self.campaigns.entity.sum()) >= self.max_ads:
+            self.refused += 1
+            raise CatalogFull(
+                f"catalog holds {self.max_ads} campaign entries (serving.catalog_max_ads); refused"
+            )
+        code = self._code("campaign", campaign.campaign_id)
+        self.campaigns.set(code, campaign)
+        self.version += 1
+        if max(len(t) for t in self.codes.values()) > max(2 * self.n + 64, self._compact_above):
+            self._compact_codes()
+
+    def servable(self, audience: Audience | None = None) -> np.ndarray:
+        """Rows that may be shown: active, with budget left today and, given the request's
+        audience, in their campaign's schedule and targeting (without one: budget and active only,
+        for callers with no request, e.g. popularity priors)."""
         n = self.n
-        spend = self.campaign_spend[self.campaign[:n]]
-        return self.active[:n] & (spend < self.campaign_budget[self.campaign[:n]])
+        camp = self.campaign[:n]
+        t = self.campaigns
+        ok: np.ndarray = self.active[:n] & (t.spend[camp] < t.budget[camp])
+        if audience is not None:
+            ok &= t.eligible(len(self.codes["campaign"]), audience)[camp]
+        return ok
 
     def spend_of(self, rows: np.ndarray) -> np.ndarray:
-        out: np.ndarray = self.campaign_spend[self.campaign[rows]]
+        out: np.ndarray = self.campaigns.spend[self.campaign[rows]]
         return out
 
     def budget_of(self, rows: np.ndarray) -> np.ndarray:
-        out: np.ndarray = self.campaign_budget[self.campaign[rows]]
+        out: np.ndarray = self.campaigns.budget[self.campaign[rows]]
         return out
 
     def record_served(self, rows: np.ndarray, cost: np.ndarray) -> None:
         """Count impressions and expected spend of what this replica just served."""
         np.add.at(self.impressions, rows, 1.0)
-        np.add.at(self.campaign_spend, self.campaign[rows], cost)
+        np.add.at(self.campaigns.spend, self.campaign[rows], cost)
 
     def set_spend(self, spend: dict[str, float]) -> None:
         """Take the shared day's spend per campaign (from Redis), never lowering a local count."""
         for campaign_id, value in spend.items():
             code = self.codes["campaign"].get(campaign_id)
             if code is not None:
-                self.campaign_spend[code] = max(self.campaign_spend[code], value)
+                self.campaigns.spend[code] = max(self.campaigns.spend[code], value)
 
     def reset_day(self) -> None:
-        self.campaign_spend[:] = 0.0
+        self.campaigns.spend[:] = 0.0
 
-    def popular(self, k: int) -> np.ndarray:
-        """Servable rows by popularity prior (impressions + 1) × bid, best first."""
-        ok = np.flatnonzero(self.servable())
+    def popular(self, k: int, audience: Audience | None = None) -> np.ndarray:
+        """Servable rows (for `audience`, when given) by popularity prior (impressions + 1) ×
+        bid, best first."""
+        ok = np.flatnonzero(self.servable(audience))
         if ok.shape[0] == 0:
             return ok
         prior = (self.impressions[ok] + 1.0) * self.bid[ok]

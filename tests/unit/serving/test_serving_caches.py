@@ -51,14 +51,14 @@ def test_code_tables_follow_the_ids_in_use() -> None:
         cat.upsert(ad(i, active=False))
     assert cat.n == 50
     assert max(len(t) for t in cat.codes.values()) <= 2 * 50 + 64
-    assert cat.campaign_spend.shape[0] <= 2 * (2 * 50 + 64)  # arrays grow by doubling
+    assert cat.campaigns.spend.shape[0] <= 2 * (2 * 50 + 64)  # arrays grow by doubling
     # codes still resolve to each row's own ids; budgets survive the compaction
     camp_of = {c: v for v, c in cat.codes["campaign"].items()}
     adv_of = {c: v for v, c in cat.codes["advertiser"].items()}
     for r, row in enumerate(cat.rows[: cat.n]):
         assert camp_of[int(cat.campaign[r])] == row.campaign_id
         assert adv_of[int(cat.advertiser[r])] == row.advertiser_id
-        assert cat.campaign_budget[cat.campaign[r]] == 100.0
+        assert cat.campaigns.budget[cat.campaign[r]] == 100.0
 
 
 def test_title_cache_is_bounded_lru() -> None:
