@@ -20,6 +20,7 @@ from deploy import (
     cli_creatives,
     cli_dashboard,
     cli_demo,
+    cli_ops,
     cli_serving,
     cli_spend,
     cli_streams,
@@ -136,6 +137,7 @@ app.add_typer(cli_dashboard.app)
 app.add_typer(cli_demo.app)
 app.add_typer(cli_bench.app, name="bench")
 app.add_typer(cli_creatives.app, name="creatives")
+app.add_typer(cli_ops.app)  # `adstream init`, `adstream probe`, `adstream schedule`
 
 
 def main() -> None:

@@ -117,8 +117,24 @@ def serve_cmd(
     throughput_optimized: Annotated[
         bool, typer.Option(help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (direct ingress, no extra threads)")
     ] = True,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            help="Deploy onto the running Ray cluster (RAY_ADDRESS, or the local `ray start` one) and "
+            "exit: the app keeps serving until `serve shutdown` (Ray's `serve deploy` convention)"
+        ),
+    ] = False,
+    wait_for_model: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Wait this many seconds for the base model (`adstream init` writes it); "
+            "0 = serve at once (a seeded untrained ranker when there is none)",
+        ),
+    ] = 900.0,
 ) -> None:
-    """Deploy the ad server (recall → rank + LoRA → rerank) and serve until interrupted."""
+    """Deploy the ad server (recall → rank + LoRA → rerank) and serve until interrupted (or,
+    with --detach, deploy it onto a Ray cluster and exit)."""
     overrides: dict[str, Any] = {}
     for key, value in (
         ("serving.http_port", port),
@@ -134,6 +150,14 @@ def serve_cmd(
 
     if (reason := weak_token_reason(settings.serving.admin_token.get_secret_value())) is not None:
         console.print(f"[yellow]admin routes disabled: {reason} (set ADSTREAM_SERVING__ADMIN_TOKEN)[/]")
+    if wait_for_model > 0:
+        # the replicas would otherwise rank with an untrained model: nothing answers (readiness
+        # stays red) until `adstream init` has written the base model
+        from deploy.bootstrap import wait_for_model as wait
+
+        wait(settings, wait_for_model, lambda line: console.print(line, markup=False, highlight=False))
+    if detach:
+        connect_cluster()
     t0 = time.monotonic()
     ep = start(settings, throughput_optimized=throughput_optimized)
     url = ep.best
@@ -143,7 +167,30 @@ def serve_cmd(
     console.print(
         f"proxy (load-balanced over replicas): {ep.proxy}; replicas: {', '.join(ep.replicas) or '-'}"
     )
+    if detach:
+        import ray
+
+        ray.shutdown()  # disconnect only: the app stays deployed on the cluster
+        console.print("deployed detached: stop it on purpose with `serve shutdown`")
+        return
     run_until_signalled()
+
+
+def connect_cluster() -> None:
+    """Join the running Ray cluster (RAY_ADDRESS, else the one `ray start` left on this machine);
+    a clear error when there is none, since a detached app needs a cluster that outlives us."""
+    import ray
+
+    from schemas.errors import StackError
+
+    address = os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as exc:
+        raise StackError(
+            f"--detach needs a running Ray cluster (RAY_ADDRESS={address!r}): {exc}; start one with "
+            "`ray start --head` or drop --detach"
+        ) from exc
 
 
 def run_until_signalled() -> None:

@@ -127,6 +127,14 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option(help="Live: on stop, write every example's online and frozen scores (JSON) here"),
         ] = None,
+        wait_for_model: Annotated[
+            float,
+            typer.Option(
+                min=0,
+                help="Live: wait this many seconds for the base model (`adstream init` writes it) "
+                "before giving up; 0 = fail at once without one",
+            ),
+        ] = 900.0,
     ) -> None:
         """Run the online LoRA trainer on `ad.training-examples` (or `--replay FILE --json OUT`)."""
         from trainers.models.lora import AdapterBank
@@ -140,7 +148,13 @@ def register(app: typer.Typer) -> None:
 
             require_kafka(settings)  # before the model loads: a broker that is down is one clear line
         set_threads(threads)
-        model, version = load_checkpoint(checkpoint or settings.model_dir / "ranker")
+        # no checkpoint yet (a deployment's first start): wait for `adstream init` rather than
+        # crash-loop; the metrics port (readiness) opens only once the model is loaded
+        from deploy.bootstrap import wait_for_model as wait
+
+        say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
+        found = wait(settings, wait_for_model if replay is None else 0.0, say, checkpoint=checkpoint)
+        model, version = load_checkpoint(found)
         bank = AdapterBank(model, settings.lora, version)
         online = OnlineTrainer.from_settings(
             bank, settings, keep_log=replay is not None or score_log is not None

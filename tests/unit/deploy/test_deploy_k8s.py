@@ -109,7 +109,7 @@ def test_serve_config_parses_with_rays_schema_and_imports(rayservice: dict[str, 
     assert app.route_prefix == "/"
     module, _, attr = app.import_path.partition(":")
     builder = getattr(importlib.import_module(module), attr)
-    built = builder({**(app.args or {}), "serving.consume_deltas": False})  # Ray calls it with `args`
+    built = builder({**(app.args or {}), "serving.consume_deltas": False, "wait_for_model_s": 0})
     names = {built._bound_deployment.name}
     for dep in app.deployments:
         assert dep.name in names, f"serveConfigV2 configures {dep.name}, the app has {names}"
