@@ -391,6 +391,10 @@ class TrainingExample(Message):
     # (click False), "click" when its click arrives (a positive duplicate) and "dwell" when a
     # dwell arrives (a label update the click model does not learn from)
     label_kind: Literal["final", "fake_negative", "click", "dwell"] = "final"
+    # the creative variant the impression showed and the probability it was chosen with
+    # (`Impression.variant_id`, `.variant_propensity`): what teaches serving's variant bandit
+    variant_id: Ident | None = None
+    variant_propensity: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
 
     @field_validator("user_vector")
     @classmethod

@@ -25,6 +25,7 @@ from serving.metrics import ServingMetrics
 from serving.pipeline import AdPipeline, utcnow
 from serving.ranking import RankModel
 from serving.towers import TowerSpace
+from serving.variant_feedback import VariantFeedback, wanted
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class ReplicaLoops:
             self._supervise("catalog", lambda: self._follow(topics.CATALOG, self._on_ad, True))
             self._supervise("deltas", lambda: self._follow(topics.ADAPTER_DELTAS, self._on_delta, True))
             self._supervise("clicks", lambda: self._follow(topics.CLICKS, self._on_click, False))
+            if wanted(self.settings):  # clicks teach the creative variant bandit (labelled examples)
+                self._supervise("variants", VariantFeedback(self.settings, self.pipe.variants).follow)
         self._supervise("housekeeping", self._housekeeping)
         self._supervise("counters", self._flush_counters)
 

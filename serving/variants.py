@@ -36,6 +36,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from schemas.errors import SchemaError
+from schemas.settings import Settings, VariantsSettings
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class VariantPolicy:
     def __post_init__(self) -> None:
         if not (self.prior > 0 and self.noise > 0 and 0 <= self.floor <= 1 and self.nodes >= 2):
             raise ValueError(f"VariantPolicy: prior, noise > 0, floor in [0, 1], nodes >= 2 (got {self})")
+
+    @classmethod
+    def of(cls, settings: VariantsSettings) -> VariantPolicy:
+        """The policy that `settings.variants` configures."""
+        return cls(prior=settings.prior, noise=settings.noise, floor=settings.floor)
 
 
 @dataclass(frozen=True)
@@ -190,16 +196,31 @@ def select(
 
 
 def update(
-    state: VariantState, rows: np.ndarray, x: np.ndarray, chosen: np.ndarray, clicks: np.ndarray
+    state: VariantState,
+    rows: np.ndarray,
+    x: np.ndarray,
+    chosen: np.ndarray,
+    clicks: np.ndarray,
+    new: np.ndarray | None = None,
+    *,
+    inplace: bool = False,
 ) -> VariantState:
     """The posterior after a batch of labelled impressions (row, context, variant shown, clicked):
-    a new state (the input is not changed); only the touched variants are re-solved."""
+    a new state (the input is not changed; with `inplace`, the input's arrays are written, which
+    costs the touched variants only instead of a copy of every ad's); only the touched variants
+    are re-solved.
+
+    `new` (bool per impression, default all True) False marks a label correction of an impression
+    already learned as a non-click (a delayed click after its fake negative): the regression's
+    target moves by the click (b += x) and its precision stays, as if it had been a click at once.
+    """
     rows = np.asarray(rows, dtype=np.int64)
     chosen = np.asarray(chosen, dtype=np.int64)
     clicks = np.asarray(clicks, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     n = rows.shape[0]
-    if not (x.shape == (n, state.dim) and chosen.shape == (n,) and clicks.shape == (n,)):
+    fresh = np.ones(n, dtype=bool) if new is None else np.asarray(new, dtype=bool)
+    if not (x.shape == (n, state.dim) and chosen.shape == (n,) and clicks.shape == (n,) == fresh.shape):
         raise SchemaError(f"update: {n} rows need contexts ({n}, {state.dim}), {n} variants and {n} labels")
     if n == 0:
         return state
@@ -209,12 +230,16 @@ def update(
         raise SchemaError("update: a row or variant index that the state does not hold")
     if not (np.isfinite(x).all() and np.isin(clicks, (0.0, 1.0)).all()):
         raise SchemaError("update: contexts must be finite and labels 0 or 1")
-    precision, target = state.precision.copy(), state.target.copy()
-    np.add.at(precision, (rows, chosen), x[:, :, None] * x[:, None, :])
+
+    def keep(a: np.ndarray) -> np.ndarray:
+        return a if inplace else a.copy()
+
+    precision, target = keep(state.precision), keep(state.target)
+    np.add.at(precision, (rows[fresh], chosen[fresh]), x[fresh, :, None] * x[fresh, None, :])
     np.add.at(target, (rows, chosen), clicks[:, None] * x)
     pairs = np.unique(np.stack([rows, chosen], axis=1), axis=0)
     r, v = pairs[:, 0], pairs[:, 1]
-    cov, mean = state.cov.copy(), state.mean.copy()
+    cov, mean = keep(state.cov), keep(state.mean)
     cov[r, v] = np.linalg.inv(precision[r, v])
     mean[r, v] = np.einsum("pde,pe->pd", cov[r, v], target[r, v])
     return replace(state, precision=precision, target=target, cov=cov, mean=mean)
@@ -223,14 +248,25 @@ def update(
 class VariantSelector:
     """A replica's variant bandit: the state, which row each ad id has, and a seeded generator."""
 
-    def __init__(self, dim: int, policy: VariantPolicy | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self, dim: int, policy: VariantPolicy | None = None, seed: int | None = None, enabled: bool = True
+    ) -> None:
         self.policy = policy or VariantPolicy()
         self.state = empty_state(dim + 1)
         self.row_of: dict[str, int] = {}
         self.rng = np.random.default_rng(seed)
+        self.enabled = enabled  # off: no ad is registered, so none is given a variant
+
+    @classmethod
+    def from_settings(cls, settings: Settings, seed: int | None = None) -> VariantSelector:
+        """A replica's selector as `settings.variants` configures it, for `settings.state_dim` vectors."""
+        v = settings.variants
+        return cls(settings.state_dim, VariantPolicy.of(v), seed, enabled=v.enabled)
 
     def register(self, ad_id: str, variant_ids: Sequence[str]) -> None:
         """An ad with variants enters (or changes them: its posterior starts over)."""
+        if not self.enabled:
+            return
         row = self.row_of.get(ad_id, len(self.state.variant_ids))
         if row < len(self.state.variant_ids) and self.state.variant_ids[row] == tuple(variant_ids):
             return
@@ -256,11 +292,27 @@ class VariantSelector:
             out[i] = (self.state.variant_ids[r][c], p)
         return out
 
+    def shares(self, ad_id: str, vector: np.ndarray) -> dict[str, float]:
+        """The probability each variant of `ad_id` is chosen for one user state vector (the
+        distribution `choose` draws from); empty for an ad without variants here."""
+        row = self.row_of.get(ad_id)
+        if row is None:
+            return {}
+        x = context(np.asarray(vector), self.state.dim)
+        p = probabilities(self.state, np.array([row]), x, self.policy)[0]
+        return dict(zip(self.state.variant_ids[row], p.tolist(), strict=False))
+
     def learn(
-        self, ad_ids: Sequence[str], vectors: np.ndarray, variant_ids: Sequence[str], clicks: Sequence[bool]
+        self,
+        ad_ids: Sequence[str],
+        vectors: np.ndarray,
+        variant_ids: Sequence[str],
+        clicks: Sequence[bool],
+        new: Sequence[bool] | None = None,
     ) -> int:
         """Learn from labelled impressions (ads unknown here, or variants they no longer have,
-        are skipped); returns how many were learned."""
+        are skipped; `new` as in `update`: False for a click correcting a learned non-click);
+        returns how many were learned."""
         keep = [
             (i, self.row_of[a], self.state.variant_ids[self.row_of[a]].index(v))
             for i, (a, v) in enumerate(zip(ad_ids, variant_ids, strict=True))
@@ -271,7 +323,10 @@ class VariantSelector:
         idx = np.array([i for i, _, _ in keep])
         x = context(np.asarray(vectors)[idx], self.state.dim)
         y = np.asarray(clicks, dtype=np.float64)[idx]
+        fresh = None if new is None else np.asarray(new, dtype=bool)[idx]
+        # in place: a replica's choices and its learning run on one event loop, never interleaved
         self.state = update(
-            self.state, np.array([r for _, r, _ in keep]), x, np.array([c for _, _, c in keep]), y
-        )
+            self.state, np.array([r for _, r, _ in keep]), x, np.array([c for _, _, c in keep]), y, fresh,
+            inplace=True,
+        )  # fmt: skip
         return len(keep)

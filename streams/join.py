@@ -234,6 +234,8 @@ class LabelJoin:
                 "click": click,
                 "dwell_ms": p.dwell_ms,
                 "label_kind": kind,
+                "variant_id": imp.variant_id,  # the creative variant shown: serving's bandit learns it
+                "variant_propensity": imp.variant_propensity,
             }
         )
 

@@ -35,6 +35,7 @@ from schemas.settings.serving import (
     RerankSettings,
     ServingSettings,
 )
+from schemas.settings.variants import VariantsSettings
 
 __all__ = [
     "RENAMED",
@@ -59,6 +60,7 @@ __all__ = [
     "SinkSettings",
     "StateSettings",
     "StreamsSettings",
+    "VariantsSettings",
     "env_example",
     "env_name",
     "get_settings",
@@ -157,6 +159,10 @@ class Settings(BaseSettings):
     explore: ExploreSettings = Field(
         default_factory=ExploreSettings,
         description="Exploration in rerank with logged propensities (serving.explore).",
+    )
+    variants: VariantsSettings = Field(
+        default_factory=VariantsSettings,
+        description="The creative variant bandit (serving.variants): prior, floor, learning from labels.",
     )
     attribution: AttributionSettings = Field(
         default_factory=AttributionSettings,

@@ -117,3 +117,41 @@ def test_the_selector_shell_registers_chooses_and_learns() -> None:
     assert n == 1
     sel.register("ad1", ["w0"])  # new variants: a fresh posterior
     assert sel.choose(["ad1"], np.zeros((1, 2))) == [("w0", 1.0)]
+
+
+def test_a_click_correcting_a_learned_non_click_equals_learning_the_click_once() -> None:
+    """Fake-negative labels: a non-click learned at once, then its click as a correction
+    (`new=False`), end at the posterior of the final label learned once."""
+    st = state_with([["a", "b"]])
+    x = context(np.array([[0.4, -0.1, 0.2], [0.1, 0.3, -0.5]]), 4)
+    rows, chosen = np.array([0, 0]), np.array([1, 1])
+    once = update(st, rows, x, chosen, np.array([1.0, 0.0]))
+    fake = update(st, rows, x, chosen, np.array([0.0, 0.0]))
+    fixed = update(fake, rows[:1], x[:1], chosen[:1], np.array([1.0]), np.array([False]))
+    for name in ("precision", "target", "cov", "mean"):
+        assert np.allclose(getattr(fixed, name), getattr(once, name)), name
+
+
+def test_an_in_place_update_equals_the_pure_one() -> None:
+    st = state_with([["a", "b", "c"], ["x", "y"]])
+    x = context(np.random.default_rng(3).normal(size=(5, 3)), 4)
+    rows, chosen, y = np.array([0, 1, 0, 1, 0]), np.array([2, 0, 2, 1, 0]), np.array([1.0, 0, 0, 1, 1])
+    pure = update(st, rows, x, chosen, y)
+    copy = state_with([["a", "b", "c"], ["x", "y"]])
+    inplace = update(copy, rows, x, chosen, y, inplace=True)
+    assert inplace.precision is copy.precision  # written, not copied
+    for name in ("precision", "target", "cov", "mean"):
+        assert np.array_equal(getattr(inplace, name), getattr(pure, name)), name
+
+
+def test_settings_configure_the_selector() -> None:
+    from schemas.settings import Settings
+
+    s = Settings(state_dim=8, variants={"prior": 2.0, "noise": 0.3, "floor": 0.2})
+    sel = VariantSelector.from_settings(s)
+    assert sel.policy == VariantPolicy(prior=2.0, noise=0.3, floor=0.2) and sel.state.dim == 9
+    sel.register("ad1", ["a", "b"])
+    assert sel.shares("ad1", np.zeros(8)) == pytest.approx({"a": 0.5, "b": 0.5})
+    off = VariantSelector.from_settings(Settings(state_dim=8, variants={"enabled": False}))
+    off.register("ad1", ["a", "b"])  # off: no ad gets a variant
+    assert off.choose(["ad1"], np.zeros((1, 8))) == [(None, None)] and off.shares("ad1", np.zeros(8)) == {}
