@@ -20,7 +20,7 @@ RAW_ROWS: Final[dict[type[Message], tuple[str, tuple[str, ...]]]] = {
         "impressions",
         ("event_id", "ts", "ts_ms", "user_id", "request_id", "ad_id", "campaign_id", "advertiser_id",
          "slot", "position", "price", "pctr", "model_version", "adapter_version", "ab_arm",
-         "propensity", "explored"),
+         "propensity", "explored", "variant_id", "variant_propensity"),
     ),
     Click: ("clicks", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "campaign_id")),
     Dwell: ("dwell", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "dwell_ms")),
@@ -45,8 +45,8 @@ SOURCE_COLUMNS: Final = ("kafka_partition", "kafka_offset")
 
 # model fields deliberately not in the raw tables (with why)
 NOT_STORED: Final[dict[type[Message], frozenset[str]]] = {
-    # the signature is checked by the worker before the sink; the variant fields are not stored yet
-    Impression: frozenset({"kind", "sig", "variant_id", "variant_propensity"}),
+    # the signature is checked by the worker before the sink
+    Impression: frozenset({"kind", "sig"}),
     Click: frozenset({"kind", "click_token"}),  # the token is checked by the worker
     Dwell: frozenset({"kind", "click_token"}),
     Conversion: frozenset({"kind"}),
