@@ -17,9 +17,23 @@ candidates, what one `@serve.batch` call scores); only the adapter of each candi
   variants `offline_quality.py --user-tower` trained; off by default, so not served) against the
   plain ranker, one request with a full history, raw `Ranker.score` on both (`user_tower`).
 
+- slot_adapters_folded (issue 33): each slot's adapter folded into a copy of the base weights
+  (`trainers.models.lora.fold_lora`, what a replica can do at swap time), the batch's requests
+  grouped by slot, one forward per group without adapters; base_slot_groups: the base model over
+  the same groups (what grouping alone costs). `folded_adapters_cost_ratio` is folded ÷ base
+  (goal ≤ 1.02), next to the mixed path's `slot_adapters_mixed_cost_ratio`;
+- precision_* (issue 33): the plain ranker as fp32, int8 dynamic quantization
+  (`torch.ao.quantization.quantize_dynamic` on nn.Linear), bf16 and `torch.compile`, on the
+  same candidates through one chunked scorer (`--variants`). Each variant's served AUC on the
+  offline holdout (`--quality-config`: `offline_quality`'s simulator run, time-ordered split,
+  `train_ranker`; the variants are of that trained ranker) decides `kept`: |AUC − fp32's| ≤
+  0.001. A variant that cannot be built here (no compiler…) is recorded with its error.
+
 Cases run in interleaved rounds (medians per case), `--runs` times; the JSON keeps every run
-and the machine's load average. Before timing, the adapter cases' scores are checked against
-an independent per-candidate reference (base model with that candidate's adapter merged).
+and the machine's load average; ratios are medians of same-round ratios with a bootstrap 95 %
+interval over the rounds. Before timing, the adapter cases' scores (folded ones included) are
+checked against an independent per-candidate reference (base model with that candidate's
+adapter merged).
 
     .venv/bin/python -m benchmarks.rank
 """
@@ -29,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import os
 import statistics
 import time
@@ -39,15 +54,31 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
     import torch
+    from torch import nn
 
+    from schemas.events import TrainingExample
     from schemas.settings import Settings
     from serving.adapters import AdapterStack
     from serving.ranking import RankInput, RankModel
+    from trainers.models.features import RankerBatch
     from trainers.models.ranker import Ranker, RankerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+Scorer = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]  # (dense, ids) → pCTR [n]
 # the user-tower variants of `benchmarks/offline_quality.py --user-tower` (encoder, history, hidden)
 TOWERS = {"gru_k16_h32": ("gru", 16, 32), "pool_k128_h32": ("pool", 128, 32)}
+# the precision variants of the ranker (`precision_variants`); fp32 is their reference
+VARIANTS = ("fp32", "int8_dynamic", "bf16", "compiled")
+AUC_TOLERANCE = 0.001  # issue 33: a variant is kept where |served AUC − fp32's| ≤ this
+FOLDED_GOAL = 1.02  # issue 33: rank time with folded slot adapters ≤ this × base
+SLOT_ADAPTERS = ("feed", "search", "splash")
+# same-round ratios of case times with their bootstrap interval: (numerator, denominator)
+RATIO_PAIRS = {
+    "folded_adapters": ("slot_adapters_folded", "base"),
+    "slot_adapters_mixed": ("slot_adapters", "base"),
+    "adapters_uniform_mixed": ("adapters_uniform", "base"),
+    "folded_over_base_same_groups": ("slot_adapters_folded", "base_slot_groups"),
+}
 
 
 def timed(fn: Callable[[], object], seconds: float) -> float:
@@ -99,9 +130,11 @@ class Bench:
     feats: list[tuple[torch.Tensor, torch.Tensor]]
     batches: dict[str, list[RankInput]]
     large: list[RankInput]
+    # bank row of each slot adapter → a rank model of the base with that adapter folded in
+    folded: dict[int, RankModel]
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--candidates", type=int, default=500)
@@ -119,8 +152,36 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="LoRA targets, comma-separated (default: settings.lora.targets)",
     )
+    ap.add_argument(
+        "--variants",
+        type=lambda v: tuple(t for t in v.split(",") if t),
+        default=VARIANTS,
+        help=f"precision variants of the ranker, comma-separated (default: {','.join(VARIANTS)})",
+    )
+    ap.add_argument(
+        "--quality-config",
+        default="default",
+        help="offline_quality simulator config whose time-ordered holdout scores the variants' AUC "
+        "(default, rich, u<N>x<M>; none: skip, variants of the untrained bench ranker)",
+    )
+    ap.add_argument("--quality-seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rank.json")
-    return ap.parse_args()
+    args = ap.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or "fp32" not in args.variants:
+        ap.error(
+            f"--variants: {','.join(args.variants)!r} must include fp32 and name only {', '.join(VARIANTS)}"
+        )
+    if args.quality_config != "none":
+        from benchmarks.offline_quality import sim_config
+
+        try:
+            sim_config(
+                args.quality_config, args.quality_seed, argparse.Namespace(rich_users=1, rich_per_user=1)
+            )
+        except ValueError as exc:
+            ap.error(f"--quality-config: {exc}")
+    return args
 
 
 def fill_bank(bank: AdapterStack, names: list[str]) -> None:
@@ -207,7 +268,50 @@ def build(args: argparse.Namespace) -> Bench:
     batches = {kind: batch(feats, draw(kind, args.requests)) for kind in ("uniform", "zipf", "slot", "one")}
     large_feats = features(rng, cfg, n, args.large) if args.large else []
     large = batch(large_feats, draw("uniform", args.large)) if args.large else []
-    return Bench(args, settings, cfg, device, base_model, model, names, rng, feats, batches, large)
+    folded = fold_slots(base_model, model, settings, device)
+    return Bench(args, settings, cfg, device, base_model, model, names, rng, feats, batches, large, folded)
+
+
+def fold_slots(
+    base_model: Ranker, model: RankModel, settings: Settings, device: torch.device
+) -> dict[int, RankModel]:
+    """Per slot adapter (keyed by its bank row), a rank model of the plain base with that adapter
+    folded into its weights (`trainers.models.lora.fold_lora`, issue 33 item 2), scored without
+    adapters: what a replica that folds at swap time serves a slot's requests with. Same class,
+    chunk and code path as the base case; its own bank stays empty (capacity 1)."""
+    from serving.adapters import CANDIDATE
+    from serving.ranking import RankModel
+    from trainers.models.lora import fold_lora
+
+    bank = model.bank
+    small = settings.model_copy(
+        update={"serving": settings.serving.model_copy(update={"adapter_capacity": 1})}
+    )
+    out = {}
+    for slot in SLOT_ADAPTERS:
+        tensors = {}
+        for layer, (a, b) in bank.weights(slot, CANDIDATE).items():  # A [r, in], B [out, r]
+            tensors[f"{layer}.lora_A"], tensors[f"{layer}.lora_B"] = a.cpu(), b.cpu()
+        folded = RankModel(
+            fold_lora(base_model, tensors, bank.scale).to(device), "bench-folded", small, device
+        )
+        folded.chunk = model.chunk
+        out[bank.row(slot, CANDIDATE)] = folded
+    return out
+
+
+def score_groups(models: dict[int, RankModel], inputs: list[RankInput]) -> list[np.ndarray]:
+    """Scores of slot requests, each request's rows through the model of its (one) adapter row:
+    the requests of a batch grouped by slot, one `score` (forward) per group, no adapters."""
+    groups: dict[int, list[int]] = {}
+    for k, inp in enumerate(inputs):
+        groups.setdefault(int(inp.rows[0]), []).append(k)
+    out: list[np.ndarray | None] = [None] * len(inputs)
+    for row, idx in groups.items():
+        scores = models[row].score([inputs[k] for k in idx], use_adapters=False)
+        for k, p in zip(idx, scores, strict=True):
+            out[k] = p
+    return [p for p in out if p is not None]
 
 
 def describe(model: RankModel, inputs: list[RankInput]) -> dict[str, Any]:
@@ -282,6 +386,8 @@ def check_scores(b: Bench) -> dict[str, float]:
         want = reference(b, inputs)
         checks[kind] = float(np.abs(np.concatenate(b.model.score(inputs, use_adapters=True)) - want).max())
         checks[f"{kind}_per_sample"] = float(np.abs(np.concatenate(per_sample(b.model, inputs)) - want).max())
+        if kind == "slot":
+            checks["slot_folded"] = float(np.abs(np.concatenate(score_groups(b.folded, inputs)) - want).max())
     if max(checks.values()) > 1e-5:
         raise SystemExit(f"adapter scores differ from the per-candidate reference: {checks}")
     return checks
@@ -301,8 +407,12 @@ def tower_case(b: Bench, encoder: str, k: int, hidden: int) -> Callable[[], obje
     return lambda: tower.score(RankerBatch(one_dense, one_ids), seq)
 
 
-def build_cases(b: Bench) -> tuple[dict[str, Callable[[], object]], dict[str, int]]:
+def build_cases(
+    b: Bench, variants: dict[str, Scorer]
+) -> tuple[dict[str, Callable[[], object]], dict[str, int]]:
     """The timed cases and the candidates each scores per call."""
+    import torch
+
     from trainers.models.features import RankerBatch
     from trainers.models.ranker import Ranker
 
@@ -313,6 +423,10 @@ def build_cases(b: Bench) -> tuple[dict[str, Callable[[], object]], dict[str, in
         "adapters_zipf": lambda: model.score(batches["zipf"], use_adapters=True),
         "adapters_zipf_per_sample": lambda: per_sample(model, batches["zipf"]),
         "slot_adapters": lambda: model.score(batches["slot"], use_adapters=True),
+        # issue 33: each slot's adapter folded into a copy of the base (one forward per slot group),
+        # and the base model over the same groups (what the grouping itself costs)
+        "slot_adapters_folded": lambda: score_groups(b.folded, batches["slot"]),
+        "base_slot_groups": lambda: score_groups(dict.fromkeys(b.folded, model), batches["slot"]),
         "one_adapter_per_sample": lambda: per_sample(model, batches["one"]),
         "one_request_base": lambda: model.score(batches["uniform"][:1], use_adapters=False),
         "one_request_adapters_uniform": lambda: model.score(batches["uniform"][:1], use_adapters=True),
@@ -327,20 +441,102 @@ def build_cases(b: Bench) -> tuple[dict[str, Callable[[], object]], dict[str, in
     if large:
         cases["large_base"] = lambda: model.score(large, use_adapters=False)
         cases["large_adapters_uniform"] = lambda: model.score(large, use_adapters=True)
+    # the plain ranker in each precision over the same candidates (one chunked scorer for all)
+    dense = torch.cat([d for d, _ in b.feats])
+    ids = torch.cat([i for _, i in b.feats])
+    for name, scorer in variants.items():
+        cases[f"precision_{name}"] = functools.partial(scorer, dense, ids)
     n, args = b.args.candidates, b.args
     size = {name: n if name.startswith("one_request") else n * args.requests for name in cases}
     size.update({name: n * args.large for name in cases if name.startswith("large")})
     return cases, size
 
 
+def chunked(model: nn.Module, chunk: int, dtype: torch.dtype | None = None) -> Scorer:
+    """pCTR of (dense, ids) through `model` in forward passes of `chunk` rows (as `RankModel` on
+    CPU), dense features cast to `dtype` when given, probabilities back in float32."""
+    import torch
+
+    def score(dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            x = dense if dtype is None else dense.to(dtype)
+            parts = [
+                torch.sigmoid(model(x[s : s + chunk], ids[s : s + chunk]).float())
+                for s in range(0, max(1, ids.shape[0]), chunk)
+            ]
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    return score
+
+
+def precision_variants(
+    ranker: Ranker, names: tuple[str, ...], chunk: int, warm: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[dict[str, Scorer], dict[str, str]]:
+    """The ranker as `fp32` (itself), `int8_dynamic` (`torch.ao.quantization.quantize_dynamic`:
+    every nn.Linear with int8 weights, activations quantized per batch), `bf16` (weights and
+    dense inputs in bfloat16) and `compiled` (`torch.compile`, inductor, one compile thread):
+    (scorer per variant, error text per variant that could not be built or run on `warm`)."""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    scorers: dict[str, Scorer] = {}
+    errors: dict[str, str] = {}
+    for name in names:
+        model = copy.deepcopy(ranker).eval()
+        try:
+            if name == "int8_dynamic":
+                with warnings.catch_warnings():  # deprecated for torchao in 2.10+, still the API asked for
+                    warnings.simplefilter("ignore")
+                    model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+                scorer = chunked(model, chunk)
+            elif name == "bf16":
+                scorer = chunked(model.to(torch.bfloat16), chunk, torch.bfloat16)
+            elif name == "compiled":
+                import torch._inductor.config as inductor_config
+
+                inductor_config.compile_threads = 1  # a shared 2-core machine: no compile worker pool
+                scorer = chunked(torch.compile(model), chunk)  # type: ignore[arg-type]
+            else:
+                scorer = chunked(model, chunk)
+            dense, ids = warm
+            for n in (chunk, ids.shape[0] % chunk or chunk, 7):  # the batch's shapes, and another
+                scorer(dense[:n], ids[:n])
+        except Exception as exc:  # a variant this machine cannot build (no compiler…) is recorded
+            errors[name] = f"{type(exc).__name__}: {exc}"[:2000]
+            continue
+        scorers[name] = scorer
+    return scorers, errors
+
+
+def ratio_summary(num: list[float], den: list[float], seed: int = 0) -> dict[str, Any]:
+    """Median of the same-round ratios num/den with its 95 % bootstrap interval (rounds
+    resampled; each round ran both cases back to back, so load hits them alike)."""
+    import numpy as np
+
+    r = np.asarray(num) / np.asarray(den)
+    rng = np.random.default_rng(seed)
+    boots = np.median(r[rng.integers(0, len(r), (1000, len(r)))], axis=1)
+    return {
+        "median": round(float(np.median(r)), 4),
+        "ci95": [round(float(np.quantile(boots, 0.025)), 4), round(float(np.quantile(boots, 0.975)), 4)],
+        "rounds": len(r),
+    }
+
+
 def measure(
     cases: dict[str, Callable[[], object]], args: argparse.Namespace, clock: str
-) -> list[dict[str, Any]]:
-    """`--runs` interleaved runs of every case: medians per case, the load average around each."""
+) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """`--runs` interleaved runs of every case: medians per case, the load average around each;
+    and every round's seconds per case on `clock`, over all runs (same index: same round)."""
     runs: list[dict[str, Any]] = []
+    rounds: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(args.runs):
         load_before = os.getloadavg()[0]
         wall, cpu = interleaved(cases, args.seconds)
+        for k, v in (cpu if clock == "thread_cpu" else wall).items():
+            rounds[k].extend(v)
         runs.append(
             {
                 "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -352,7 +548,7 @@ def measure(
                 "reps": min(len(v) for v in wall.values()),
             }
         )
-    return runs
+    return runs, rounds
 
 
 def recall_ms(b: Bench) -> float:
@@ -378,6 +574,10 @@ def baselines(cases: dict[str, Callable[[], object]], large: bool) -> dict[str, 
         baseline[f"one_request_user_tower_{key}"] = "one_request_plain_ranker"
     if large:
         baseline["large_adapters_uniform"] = "large_base"
+    for name in [n for n in cases if n.startswith("precision_")]:
+        baseline.pop(name, None)
+        if name != "precision_fp32":
+            baseline[name] = "precision_fp32"
     return baseline
 
 
@@ -446,15 +646,163 @@ def user_tower_summary(
     }
 
 
-def main() -> None:
-    args = parse_args()
-    b = build(args)
-    checks = check_scores(b)
-    cases, size = build_cases(b)
-    # thread CPU time excludes the time other processes of a shared machine hold the core
-    # (what a replica on its own core would see); only valid with one torch thread
-    clock = "thread_cpu" if args.threads == 1 and b.device.type == "cpu" else "wall"
-    runs = measure(cases, args, clock)
+@dataclasses.dataclass
+class Holdout:
+    """The offline holdout the precision variants are scored on: `benchmarks.offline_quality`'s
+    simulator run (its config and seed) through the real pipeline, split by impression time
+    (last 20 %), and the ranker `train_ranker` fitted on the rest (seeded)."""
+
+    config: str
+    seed: int
+    ranker: Ranker
+    train: list[TrainingExample]
+    hold: list[TrainingExample]
+    train_b: RankerBatch
+    hold_b: RankerBatch
+    seconds: float
+
+
+def train_holdout(config: str, seed: int, settings: Settings) -> Holdout:
+    """Simulate, split and train as `offline_quality.sim_run` does (same functions, same split)."""
+    from benchmarks.offline_quality import examples_of, sim_config
+    from trainers.models.features import featurize
+    from trainers.models.ranker import RankerConfig
+    from trainers.offline import TrainSpec, time_split, train_ranker
+    from workloads import Market
+
+    t0 = time.perf_counter()
+    mcfg, n = sim_config(config, seed, argparse.Namespace(rich_users=20, rich_per_user=10_000))
+    examples = examples_of(list(Market(mcfg).open_loop(n)), settings, None)
+    train, hold = time_split(examples, 0.2)
+    rcfg = RankerConfig(state_dim=settings.state_dim)
+    train_b, hold_b = featurize(train, rcfg), featurize(hold, rcfg)
+    ranker = train_ranker(train_b, rcfg, TrainSpec(seed=seed)).eval()
+    return Holdout(config, seed, ranker, train, hold, train_b, hold_b, time.perf_counter() - t0)
+
+
+def variant_quality(h: Holdout, scorers: dict[str, Scorer], settings: Settings) -> dict[str, dict[str, Any]]:
+    """Holdout AUC of each variant, of the ranker alone and as served (with the streams
+    worker's per-user correction learned over the whole history: `offline_quality`'s
+    `auc_served_warm`), the served difference to fp32 with its 95 % paired-bootstrap interval,
+    and `kept`: |served AUC − fp32's| ≤ `AUC_TOLERANCE`."""
+    import numpy as np
+
+    from streams.in_memory import corrected_scores
+    from trainers.baseline import auc_diff_ci
+    from trainers.quality import auc
+
+    assert h.hold_b.label is not None
+    y = h.hold_b.label.numpy()
+    served: dict[str, np.ndarray] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, scorer in scorers.items():
+        p_hold = scorer(h.hold_b.dense, h.hold_b.ids).numpy()
+        p_served = p_hold
+        if settings.state.feedback_lr > 0:
+            p_all = np.concatenate([scorer(h.train_b.dense, h.train_b.ids).numpy(), p_hold])
+            p_served = corrected_scores([*h.train, *h.hold], p_all, settings.state)[len(h.train) :]
+        served[name] = p_served
+        out[name] = {"auc_ranker": round(auc(p_hold, y), 5), "auc_served": round(auc(p_served, y), 5)}
+    for name, q in out.items():
+        diff = auc(served[name], y) - auc(served["fp32"], y)
+        q["auc_served_minus_fp32"] = round(diff, 5)
+        lo, hi = auc_diff_ci(served[name], served["fp32"], y, seed=h.seed)
+        q["auc_served_minus_fp32_ci95"] = [round(lo, 5), round(hi, 5)]
+        q["max_abs_score_diff_vs_fp32"] = round(float(np.abs(served[name] - served["fp32"]).max()), 6)
+        q["kept"] = bool(abs(diff) <= AUC_TOLERANCE)
+    return out
+
+
+def precision_json(
+    args: argparse.Namespace,
+    results: dict[str, dict[str, Any]],
+    ratios: dict[str, dict[str, Any]],
+    quality: dict[str, dict[str, Any]] | None,
+    errors: dict[str, str],
+    held: Holdout | None,
+) -> dict[str, Any]:
+    """rank.json's `precision`: per variant its speed (ratio to fp32, same run) and holdout AUC."""
+    import torch
+
+    variants: dict[str, dict[str, Any]] = {}
+    for name in args.variants:
+        if name in errors:
+            variants[name] = {"error": errors[name], "kept": False}
+            continue
+        r = results[f"precision_{name}"]
+        variants[name] = {
+            "ms_per_batch": r["ms_per_batch"],
+            "candidates_per_s": r["candidates_per_s"],
+            "candidates_per_s_ratio_to_fp32": ratios.get(f"precision_{name}", {"median": 1.0}),
+            # without a holdout (--quality-config none) nothing says whether to keep it
+            **(quality[name] if quality else {"kept": None}),
+        }
+    holdout = None
+    if held is not None:
+        assert held.hold_b.label is not None
+        holdout = {
+            "config": held.config,
+            "seed": held.seed,
+            "train_rows": len(held.train),
+            "holdout_rows": len(held.hold),
+            "holdout_clicks": int(held.hold_b.label.sum()),
+            "seconds_to_build": round(held.seconds, 1),
+        }
+    return {
+        "torch": torch.__version__,
+        "quantized_engine": torch.backends.quantized.engine,
+        "device": "cpu",
+        "timed_on": "the holdout's trained ranker" if held else "the untrained bench ranker",
+        "auc_tolerance": AUC_TOLERANCE,
+        "holdout": holdout,
+        "variants": variants,
+    }
+
+
+def same_round_ratios(rounds: dict[str, list[float]], variants: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """`RATIO_PAIRS` (time ÷ time) and each precision variant's candidates/s ÷ fp32's."""
+    out = {key: ratio_summary(rounds[num], rounds[den]) for key, (num, den) in RATIO_PAIRS.items()}
+    for name in variants:
+        if name != "fp32" and f"precision_{name}" in rounds:
+            out[f"precision_{name}"] = ratio_summary(rounds["precision_fp32"], rounds[f"precision_{name}"])
+    return out
+
+
+def print_issue33(extra: dict[str, Any]) -> None:
+    """Issue 33's figures: folded vs mixed slot adapters, and the precision variants."""
+    from rich.console import Console
+    from rich.table import Table
+
+    r = extra["adapter_cost_ratios"]
+    print(
+        f"slot adapters folded: {r['folded_adapters']['median']}× base {r['folded_adapters']['ci95']} "
+        f"(goal ≤ {FOLDED_GOAL}); mixed path {r['slot_adapters_mixed']['median']}×, "
+        f"1,000 uniform adapters {r['adapters_uniform_mixed']['median']}×; folded over the base in the "
+        f"same slot groups {r['folded_over_base_same_groups']['median']}×"
+    )
+    table = Table(
+        "variant", "candidates / s", "× fp32 (95 % CI)", "AUC served", "Δ vs fp32 (95 % CI)", "kept"
+    )
+    for name, v in extra["precision"]["variants"].items():
+        if "error" in v:
+            table.add_row(name, "", "", "", v["error"][:60], "no")
+            continue
+        speed = v["candidates_per_s_ratio_to_fp32"]
+        table.add_row(
+            name,
+            f"{v['candidates_per_s']:,}",
+            f"{speed['median']} {speed.get('ci95', '')}",
+            str(v.get("auc_served", "")),
+            f"{v.get('auc_served_minus_fp32', '')} {v.get('auc_served_minus_fp32_ci95', '')}",
+            str(v["kept"]),
+        )
+    Console().print(table)
+
+
+def case_results(
+    runs: list[dict[str, Any]], cases: dict[str, Callable[[], object]], size: dict[str, int]
+) -> dict[str, dict[str, Any]]:
+    """Per case: median ms per batch over runs, candidates per batch and per second."""
     results = {}
     for name in cases:
         ms = statistics.median(r["ms_per_batch"][name] for r in runs)
@@ -463,14 +811,51 @@ def main() -> None:
             "candidates": size[name],
             "candidates_per_s": round(size[name] / ms * 1000),
         }
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    b = build(args)
+    checks = check_scores(b)
+    held = (
+        None
+        if args.quality_config == "none"
+        else train_holdout(args.quality_config, args.quality_seed, b.settings)
+    )
+    import torch
+
+    warm = (torch.cat([d for d, _ in b.feats]), torch.cat([i for _, i in b.feats]))
+    ranker = held.ranker if held else b.base_model
+    variants, errors = precision_variants(ranker, args.variants, b.model.chunk, warm)
+    cases, size = build_cases(b, variants)
+    # thread CPU time excludes the time other processes of a shared machine hold the core
+    # (what a replica on its own core would see); only valid with one torch thread
+    clock = "thread_cpu" if args.threads == 1 and b.device.type == "cpu" else "wall"
+    runs, rounds = measure(cases, args, clock)
+    results = case_results(runs, cases, size)
+    ratios = same_round_ratios(rounds, args.variants)
+    quality = variant_quality(held, variants, b.settings) if held else None
+    folded = ratios["folded_adapters"]
+    extra = {
+        "folded_adapters_cost_ratio": folded["median"],
+        "folded_adapters_cost_ratio_ci95": folded["ci95"],
+        "folded_adapters_goal": FOLDED_GOAL,
+        "slot_adapters_mixed_cost_ratio": ratios["slot_adapters_mixed"]["median"],
+        "adapter_cost_ratios": {k: v for k, v in ratios.items() if not k.startswith("precision_")},
+        "precision": precision_json(args, results, ratios, quality, errors, held),
+    }
     recall = recall_ms(b)
     baseline = baselines(cases, bool(b.large))
     costs = {name: cost(runs, name, base) for name, base in baseline.items()}
     wall_costs = {name: cost(runs, name, base, "wall_ms_per_batch") for name, base in baseline.items()}
     print_report(b, results, runs, costs, wall_costs, clock, recall)
+    print_issue33(extra)
     from deploy.machine import write_result
 
-    write_result(args.out, result_json(b, checks, results, runs, costs, wall_costs, clock, recall))
+    write_result(
+        args.out, {**result_json(b, checks, results, runs, costs, wall_costs, clock, recall), **extra}
+    )
     print(f"wrote {args.out}")
 
 
