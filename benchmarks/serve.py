@@ -470,11 +470,11 @@ def model_bounds(
 # names frames `function (package/module.py:line)`), so the order matters: our stages first,
 # then the libraries under them.
 REPLICA_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("rank (model forward, serve.batch)", ("RankModel.score", "AdServer._rank_batch")),
-    ("recall (query, index, rank input)", ("AdPipeline.recall",)),
-    ("rerank + response/impressions", ("AdPipeline.finish",)),
-    ("record (caps, spend, canary, metrics)", ("AdServer._finish",)),
-    ("user read (Redis)", ("RedisIO.read",)),
+    ("rank (model forward, serve.batch)", ("RankModel.score", "RequestPath.rank", "AdServer._score")),
+    ("recall (query, index, rank input)", ("RequestPath.recall", "AdPipeline.recall")),
+    ("rerank + response/impressions", ("RequestPath.rerank", "AdPipeline.finish", "AdPipeline.respond")),
+    ("record (caps, spend, canary, metrics)", ("RequestPath.record", "RequestPath.observe")),
+    ("user read (Redis)", ("RequestPath.read_users", "RedisIO.read")),
     ("background: counter flushes", ("ReplicaLoops", "RedisIO.flush")),
     ("background: impression produce", ("ImpressionSink", "aiokafka/")),
     ("parse + respond (JSON)", ("serving/http.py", "model_dump_json", "model_validate_json")),

@@ -9,7 +9,6 @@ codec (every user cold); `deploy.serve_app:build` is the same builder with strea
 """
 
 import asyncio
-import dataclasses
 import gc
 import json
 import logging
@@ -33,21 +32,22 @@ from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
 from serving.admin import api_key_digests, check_admin, check_api_key, token_digest
-from serving.arms import ab_arm_for, uses_adapters, uses_correction
+from serving.arms import ab_arm_for
 from serving.canary import Arm, Canary, arm_for
 from serving.catalog import Catalog
 from serving.collector_http import EVENTS_ROUTE, SNIPPET_ROUTE, EventCollector, snippet
 from serving.cors import PublisherCors
-from serving.deadline import Deadline, plan_rank, plan_start
+from serving.deadline import Deadline
 from serving.hotswap import DeltaApplier
 from serving.http import BodyAdmission, error, is_json, overloaded, unsupported_media
 from serving.io import ImpressionSink, RedisIO, UserCodec
 from serving.loops import ReplicaLoops
 from serving.metrics import ServingMetrics
-from serving.pipeline import AdPipeline, RequestContext, content_vectorizer, recall_pctr, utcnow
+from serving.pipeline import AdPipeline, RequestContext, content_vectorizer, utcnow
 from serving.qos import Admission, class_of
 from serving.qos import policies as qos_policies
 from serving.ranking import RankInput, RankModel, load_ranker
+from serving.request import RequestPath
 from serving.towers import TowerSpace
 from trainers.models.ranker import resolve_device
 
@@ -74,6 +74,21 @@ ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: _detail("wrong admin token, or admin routes disabled (no strong token configured)"),
     404: _detail("unknown adapter"),
 }
+
+
+class _MetricsRecorder:
+    """The request path's reports as the replica's Prometheus metrics."""
+
+    def __init__(self, metrics: ServingMetrics) -> None:
+        self.spent = metrics.spent
+        self._stage = metrics.stage
+        self._served_by = metrics.served_by
+
+    def stage_ms(self, stage: str, ms: float) -> None:
+        self._stage.labels(stage).observe(ms / 1000)
+
+    def served_by(self, rung: str) -> None:
+        self._served_by.labels(rung).inc()
 
 
 @serve.ingress(api)
@@ -132,6 +147,14 @@ class AdServer:
             lambda outcome, n: self.metrics.impressions.labels(outcome).inc(n),
             lambda seconds: self.metrics.spent("impressions", seconds),
         )
+        self.path = RequestPath(
+            self.pipe,
+            self.redis,
+            self._score,
+            self.sink.emit,
+            self.canary.served,
+            _MetricsRecorder(self.metrics),
+        )
         self.bodies = BodyAdmission(s.serving.admission_limit)
         self.collector = EventCollector(s, self.api_keys, self.metrics.registry)  # POST /v1/events
         PublisherCors.configure(s.collector.cors_origins)
@@ -155,8 +178,8 @@ class AdServer:
         )
         if self._rank_pool is not None:  # the thread's own torch state (inference mode, allocator)
             self._rank_pool.submit(self.rank.warmup, 512, 1).result()
-        self._rank_batch.set_max_batch_size(s.serving.batch_max)  # type: ignore[attr-defined]
-        self._rank_batch.set_batch_wait_timeout_s(s.serving.batch_wait_ms / 1000)  # type: ignore[attr-defined]
+        self._serve_batch.set_max_batch_size(s.serving.batch_max)  # type: ignore[attr-defined]
+        self._serve_batch.set_batch_wait_timeout_s(s.serving.batch_wait_ms / 1000)  # type: ignore[attr-defined]
         await self.sink.start()
         await self.loops.start()  # snapshots and pins, before any delta lands or request is served
         gc.collect()
@@ -175,13 +198,30 @@ class AdServer:
         if pool is not None:
             pool.shutdown(wait=False)
 
-    # -- ranking (batched across concurrent requests) ------------------------------------
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def _rank_batch(self, items: list[tuple[RankInput, bool]]) -> list[np.ndarray]:
+    # -- the request path (batched across concurrent requests) ---------------------------
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0, max_concurrent_batches=2)
+    async def _serve_batch(self, batch: list[RequestContext]) -> list[AdResponse | Exception]:
+        """Requests that arrived together go down `serving.request.RequestPath` as one batch;
+        if the batch fails, each request is tried alone, so a bad one fails only itself."""
+        try:
+            return list(await self.path.serve(batch))
+        except Exception:
+            if len(batch) == 1:
+                raise
+            out: list[AdResponse | Exception] = []
+            for ctx in batch:
+                ctx.stage_ms.clear()
+                try:
+                    out.extend(await self.path.serve([ctx]))
+                except Exception as exc:
+                    out.append(exc)
+            return out
+
+    async def _score(self, items: list[tuple[RankInput, bool]]) -> list[np.ndarray]:
         if self._rank_pool is None:
             return self._score_batch(items)
-        # on the rank thread: the loop parses, recalls and reranks other requests meanwhile (torch
-        # releases the GIL in its kernels); one thread, so batches never run side by side
+        # on the rank thread: the loop parses and reranks other batches meanwhile (torch releases
+        # the GIL in its kernels); one thread, so forwards never run side by side
         return await asyncio.get_running_loop().run_in_executor(self._rank_pool, self._score_batch, items)
 
     def _score_batch(self, items: list[tuple[RankInput, bool]]) -> list[np.ndarray]:
@@ -270,95 +310,22 @@ class AdServer:
 
     async def _serve(self, req: AdRequest, arm_name: Arm, cls: QosClass, t0: float) -> AdResponse:
         """One request on the canary arm `ads` chose for it (once: latency, errors and
-        impressions are all counted for that arm, even if the share moves meanwhile): down the
-        ladder adapter → base model → recall score → popular as the deadline allows."""
+        impressions are all counted for that arm, even if the share moves meanwhile), down the
+        ladder adapter → base model → recall score → popular as its deadline allows."""
         ctx = RequestContext(
             req,
             uuid.uuid4().hex,
             utcnow(),
             CANDIDATE if arm_name == "candidate" else STABLE,
             ab_arm_for(req.user_id, self.settings.ab),
+            # the budget runs from the request's first byte (parsing and the gate's queue count)
+            deadline=Deadline(float(req.deadline_ms or self.gate.policies[cls].deadline_ms), start=t0),
+            canary_arm=arm_name,
         )
-        # the budget runs from the request's first byte (parsing and the gate's queue count)
-        deadline = Deadline(float(req.deadline_ms or self.gate.policies[cls].deadline_ms), start=t0)
-        ctx.rung = plan_start(deadline.remaining_ms(), self.pipe.costs)
-        if ctx.rung == "popular":
-            self.pipe.costs.relax("recall")
-        else:
-            await self._recall_and_rank(ctx, deadline)
-        if ctx.rung == "popular" or ctx.rows.shape[0] == 0:
-            self._popular_rung(ctx)
-        return self._finish(ctx, arm_name)
-
-    async def _recall_and_rank(self, ctx: RequestContext, deadline: Deadline) -> None:
-        """Recall with the user's state, then rank on the rung the time left allows."""
-        costs, req = self.pipe.costs, ctx.req
-        t = time.perf_counter()
-        try:
-            user, ctx.capped = await asyncio.wait_for(
-                self.redis.read(req.user_id, ctx.now), max(deadline.remaining_ms() / 2000, 0.001)
-            )
-        except Exception:  # Redis slow or down: serve the user cold, uncapped
-            user, ctx.capped = None, []
-        if user is not None and user.bias and not uses_correction(ctx.ab_arm):
-            user = dataclasses.replace(user, bias={})  # the control arm: no per-user correction
-        t_read = time.perf_counter()
-        rec = self.pipe.recall(req, user, ctx.capped, ctx.now.hour)
-        ctx.user_vector = None if user is None else user.vector  # the variant choice's context
-        t_end = time.perf_counter()
-        self.metrics.spent("redis", t_read - t)
-        self.metrics.spent("recall", t_end - t_read)
-        ctx.stage_ms["recall"] = (t_end - t) * 1000
-        costs.observe("recall", ctx.stage_ms["recall"])
-        ctx.rows = rec.rows
-        ctx.rung = plan_rank(deadline.remaining_ms(), costs)
-        if ctx.rung != "adapter":
-            costs.relax("rank_adapter")
-            if ctx.rung != "base_model":
-                costs.relax("rank_base")
-        if rec.rank_input is not None and ctx.rung in ("adapter", "base_model"):
-            t = time.perf_counter()
-            use = ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
-            inp = rec.rank_input
-            if use:
-                bank_rows = self.pipe.adapter_rows(req.slot, ctx.rows, ctx.arm)
-                inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows))  # the offset stays
-            ctx.pctr = await self._rank_batch((inp, use))
-            ctx.stage_ms["rank"] = (time.perf_counter() - t) * 1000
-            self.metrics.spent("rank", ctx.stage_ms["rank"] / 1000)
-            costs.observe("rank_adapter" if use else "rank_base", ctx.stage_ms["rank"])
-        elif ctx.rows.shape[0]:
-            ctx.rung = "recall_score"
-            ctx.pctr = recall_pctr(rec.scores)
-
-    def _popular_rung(self, ctx: RequestContext) -> None:
-        """The last rung: cached popular ads (the user's known frequency caps still hold)."""
-        ctx.rung = "popular"
-        rows = self.pipe.popular(max(ctx.req.k * 4, 40))
-        if ctx.capped:
-            capped_rows = {self.catalog.row_of.get(a) for a in ctx.capped}
-            rows = np.asarray([r for r in rows if int(r) not in capped_rows], dtype=np.int64)
-        ctx.rows, ctx.pctr = rows, np.full(rows.shape[0], 0.02)
-
-    def _finish(self, ctx: RequestContext, arm_name: Arm) -> AdResponse:
-        """Rerank, answer, and record what was served (metrics, canary, impressions, caps)."""
-        resp, imps, chosen, cost = self.pipe.finish(ctx)  # sets ctx.stage_ms["rerank"]
-        t = time.perf_counter()
-        self.pipe.costs.observe("rerank", ctx.stage_ms["rerank"])
-        self.metrics.spent("rerank", ctx.stage_ms["rerank"] / 1000)
-        self.metrics.served_by.labels(ctx.rung).inc()
-        for name, ms in ctx.stage_ms.items():
-            self.metrics.stage.labels(name).observe(ms / 1000)
-        if not ctx.req.preview:  # a preview shows ads without serving them
-            self.catalog.record_served(chosen, cost)
-            if uses_adapters(ctx.ab_arm):  # the canary compares adapter versions: learning arm only
-                for imp in imps:
-                    self.canary.served(arm_name, imp.event_id, imp.pctr or 0.0)
-            self.sink.emit(imps)
-            if imps:
-                self.redis.record(ctx.req.user_id, ctx.now, imps, list(cost))
-        self.metrics.spent("record", time.perf_counter() - t)
-        return resp
+        out = await self._serve_batch(ctx)
+        if isinstance(out, Exception):
+            raise out
+        return out
 
     # -- events over HTTP and the web snippet (serving.collector_http; the same routes run apart
     # as serving.collector_app) --------------------------------------------------------------

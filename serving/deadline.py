@@ -85,3 +85,16 @@ def plan_start(remaining_ms: float, costs: StageCosts, safety: float = 1.5) -> R
 def lower(a: Rung, b: Rung) -> Rung:
     """The lower (more degraded) of two rungs."""
     return a if LADDER.index(a) >= LADDER.index(b) else b
+
+
+def io_budget_ms(remaining_ms: float, costs: StageCosts, share: float = 0.5, safety: float = 1.5) -> float:
+    """The time a request's I/O (the user read: state and frequency caps) may take: at most
+    `share` of what is left, and never so much that recall, the base model and rerank (with the
+    safety factor) no longer fit after it. 0: no time for it, the request goes without.
+
+    >>> c = StageCosts(recall_ms=2, rank_base_ms=3, rerank_ms=1)
+    >>> [io_budget_ms(r, c) for r in (50.0, 12.0, 5.0)]
+    [25.0, 3.0, 0.0]
+    """
+    reserve = safety * (costs.recall_ms + costs.rank_base_ms + costs.rerank_ms)
+    return max(0.0, min(share * remaining_ms, remaining_ms - reserve))

@@ -61,8 +61,24 @@ def exact_search(
     vectors: np.ndarray, query: np.ndarray, k: int, allowed: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k inner product over `vectors` among `allowed` rows (best first)."""
-    n = vectors.shape[0]
-    scores = vectors @ np.asarray(query, dtype=np.float32)
+    return _top_k(vectors @ np.asarray(query, dtype=np.float32), k, allowed)
+
+
+def exact_search_many(
+    vectors: np.ndarray, queries: np.ndarray, k: int, allowed: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`exact_search` of a batch of queries ([b, dim]) with one matmul; `allowed` is [b, n].
+
+    >>> v = np.eye(3, dtype=np.float32)
+    >>> [r.tolist() for r, _ in exact_search_many(v, v[[2, 0]], 1, np.ones((2, 3), bool))]
+    [[2], [0]]
+    """
+    scores = np.asarray(queries, dtype=np.float32) @ vectors.T
+    return [_top_k(scores[i], k, allowed[i]) for i in range(scores.shape[0])]
+
+
+def _top_k(scores: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    n = scores.shape[0]
     if allowed is not None:
         scores = np.where(allowed[:n], scores, -np.inf)
         k = min(k, int(allowed[:n].sum()))

@@ -156,24 +156,44 @@ class RedisIO:
 
     async def read(self, user_id: str, now: datetime) -> tuple[UserView | None, list[str]]:
         """The user's view (None when unknown/cold or unreadable) and the ads capped for them."""
+        return (await self.read_many([user_id], now))[0]
+
+    async def read_many(self, user_ids: list[str], now: datetime) -> list[tuple[UserView | None, list[str]]]:
+        """`read` of a batch of users in one round trip (one pipeline: each user's record and
+        frequency-cap hash)."""
         pipe = self.client.pipeline(transaction=False)
-        if self.codec is not None:
-            pipe.get(self.codec.key(self.prefix, user_id))
-        pipe.hgetall(fcap_key(self.prefix, day_of(now), user_id))
+        day = day_of(now)
+        for user_id in user_ids:
+            if self.codec is not None:
+                pipe.get(self.codec.key(self.prefix, user_id))
+            pipe.hgetall(fcap_key(self.prefix, day, user_id))
         res = await pipe.execute()
-        view = None
-        if self.codec is not None and res[0] is not None:
-            try:
-                view = self.codec.view(user_id, res[0], now.timestamp())
-            # a bad record makes the user cold, never fails the request (a bug in the codec does)
-            except (AdstreamError, ValueError, struct.error, IndexError) as exc:
-                self.errors += 1
-                log.warning("unreadable state record of a user: %s", exc)
-        counts = {k.decode(): int(v) for k, v in res[-1].items()}
+        per = 2 if self.codec is not None else 1
+        out = []
+        for i, user_id in enumerate(user_ids):
+            raw = res[i * per : (i + 1) * per]
+            view = None
+            if self.codec is not None and raw[0] is not None:
+                try:
+                    view = self.codec.view(user_id, raw[0], now.timestamp())
+                # a bad record makes the user cold, never fails the request (a bug in the codec does)
+                except (AdstreamError, ValueError, struct.error, IndexError) as exc:
+                    self.errors += 1
+                    log.warning("unreadable state record of a user: %s", exc)
+            counts = {k.decode(): int(v) for k, v in raw[-1].items()}
+            out.append((view, self._capped(counts, day, user_id)))
+        return out
+
+    def pending_capped(self, user_id: str, now: datetime) -> list[str]:
+        """The ads capped for a user by what this replica counted and has not written yet (the
+        caps it can still hold when Redis does not answer)."""
+        return self._capped({}, day_of(now), user_id)
+
+    def _capped(self, counts: dict[str, int], day: str, user_id: str) -> list[str]:
         for source in (self._fcap, self._fcap_inflight):  # not yet in Redis, or being written now
-            for ad, n in source.get((day_of(now), user_id), {}).items():
+            for ad, n in source.get((day, user_id), {}).items():
                 counts[ad] = counts.get(ad, 0) + n
-        return view, [ad for ad, n in counts.items() if n >= self.cap]
+        return [ad for ad, n in counts.items() if n >= self.cap]
 
     def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None:
         """Count impressions per user/ad (frequency cap) and expected spend per campaign, in memory

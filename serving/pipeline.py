@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +23,10 @@ from schemas.signing import click_token, event_key, sign_impression
 from schemas.vectors import content_vector
 from serving.adapters import CANDIDATE
 from serving.arms import uses_adapters
-from serving.catalog import Catalog
-from serving.deadline import Rung, StageCosts
+from serving.catalog import Audience, Catalog
+from serving.deadline import Deadline, Rung, StageCosts
 from serving.explore import explore
+from serving.index import ExactIndex, exact_search_many
 from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
 from serving.recall_index import make_index
@@ -75,6 +75,11 @@ def content_vectorizer(dim: int) -> Callable[[AdCreative], np.ndarray]:
     return vec
 
 
+def audience_of(req: AdRequest, now: datetime | None) -> Audience:
+    """The request's audience for campaign schedules and targeting (`serving.catalog`)."""
+    return Audience.of(now or datetime.now(UTC), req.geo, req.device, req.interests)
+
+
 def recall_pctr(scores: np.ndarray, prior_ctr: float = 0.02) -> np.ndarray:
     """A pCTR from a recall (cosine-like) score, for the `recall_score` rung: logistic around the prior."""
     base = math.log(prior_ctr / (1 - prior_ctr))
@@ -95,9 +100,17 @@ class RequestContext:
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     pctr: np.ndarray = field(default_factory=lambda: np.zeros(0))
     capped: list[str] = field(default_factory=list)
-    stage_ms: dict[str, float] = field(default_factory=lambda: {"recall": 0.0, "rank": 0.0, "rerank": 0.0})
+    # the time each stage took (ms, set by `serving.request`'s timing wrapper): redis (the user
+    # read), recall, rank, rerank, record
+    stage_ms: dict[str, float] = field(default_factory=dict)
     # the user's state vector (read for recall): the context of the creative variant choice
     user_vector: np.ndarray | None = None
+    deadline: Deadline | None = None  # None: no deadline (tests, tools)
+    canary_arm: str = "stable"  # the canary arm (`serving.canary.Arm`) the request counts for
+    user: UserView | None = None  # the user's state as read (None: cold or not read)
+    recalled: Recalled | None = None
+    # the user read did not answer within its share of the deadline (or failed): served without it
+    read_missed: bool = False
 
 
 class AdPipeline:
@@ -223,10 +236,11 @@ class AdPipeline:
         user: UserView | None,
         capped: list[str],
         hour: int,
+        now: datetime | None = None,
     ) -> Recalled:
         """Top `recall.k` servable, not frequency-capped ads by inner product with the query."""
         cat = self.catalog
-        allowed = cat.servable()
+        allowed = cat.servable(audience_of(req, now))
         for ad_id in capped:
             row = cat.row_of.get(ad_id)
             if row is not None:
@@ -234,28 +248,57 @@ class AdPipeline:
         user = self.with_interests(user, req.interests)
         query = self.query(user, req.context, req.slot, hour)
         rows, scores = self.index.search(query, self.settings.recall.k, allowed)
+        return self._recalled(req, user, rows, scores, hour)
+
+    def recall_many(
+        self,
+        reqs: Sequence[AdRequest],
+        users: Sequence[UserView | None],
+        capped: Sequence[list[str]],
+        hour: int,
+        now: datetime | None = None,
+    ) -> list[Recalled]:
+        """`recall` of a batch of requests: the queries scored against the catalog in one matmul
+        (the exact index; other indexes are probed per query), then each request's rank input."""
+        cat = self.catalog
+        if not isinstance(self.index, ExactIndex) or len(reqs) == 1:
+            return [self.recall(r, u, c, hour, now) for r, u, c in zip(reqs, users, capped, strict=True)]
+        allowed = np.stack([cat.servable(audience_of(r, now)) for r in reqs])
+        for i, ads in enumerate(capped):
+            for ad_id in ads:
+                row = cat.row_of.get(ad_id)
+                if row is not None:
+                    allowed[i, row] = False
+        views = [self.with_interests(u, r.interests) for r, u in zip(reqs, users, strict=True)]
+        queries = np.stack(
+            [
+                np.asarray(self.query(u, r.context, r.slot, hour), dtype=np.float32)
+                for r, u in zip(reqs, views, strict=True)
+            ]
+        )
+        index = self.index
+        found = exact_search_many(index.vectors[: index.n], queries, self.settings.recall.k, allowed)
+        return [
+            self._recalled(r, u, rows, scores, hour)
+            for r, u, (rows, scores) in zip(reqs, views, found, strict=True)
+        ]
+
+    def _recalled(
+        self, req: AdRequest, user: UserView | None, rows: np.ndarray, scores: np.ndarray, hour: int
+    ) -> Recalled:
+        """Recall's rows and scores with the rank input of their candidates (item columns
+        gathered from the catalog's arrays, the user's columns broadcast)."""
+        if rows.shape[0] == 0:
+            return Recalled(rows, scores, None)
+        cat = self.catalog
         codes = cat.codes["category"]
         intents = _by_code(user.intents if user is not None else {}, codes)
         bias = _by_code(user.bias, codes) if user is not None and user.bias else None
         vec = user.vector if user is not None else np.zeros(self.settings.state_dim, dtype=np.float32)
-        return (
-            Recalled(rows, scores, None)
-            if rows.shape[0] == 0
-            else Recalled(
-                rows,
-                scores,
-                build_input(
-                    vec,
-                    intents,
-                    cat.ids[rows],
-                    cat.category[rows],
-                    req.slot,
-                    hour,
-                    self.settings.state_dim,
-                    bias,
-                ),
-            )
+        inp = build_input(
+            vec, intents, cat.ids[rows], cat.category[rows], req.slot, hour, self.settings.state_dim, bias
         )
+        return Recalled(rows, scores, inp)
 
     def adapter_rows(self, slot: str, rows: np.ndarray, arm: int) -> np.ndarray:
         """Bank row of each candidate's adapter (slot and/or advertiser) in an arm, vectorized:
@@ -300,20 +343,14 @@ class AdPipeline:
         vec = np.zeros(self.settings.state_dim) if vector is None else np.asarray(vector, dtype=np.float64)
         return self.variants.choose(ad_ids, vec)
 
-    def finish(self, ctx: RequestContext) -> tuple[AdResponse, list[Impression], np.ndarray, np.ndarray]:
-        """Rerank a request's candidates and build the response and its impression events.
-        The time this takes is `stage_ms.rerank` of the response. (The models are validated:
-        pydantic's `model_construct` is Python and costs more than its validation in Rust.)
+    def finish(self, ctx: RequestContext) -> Served:
+        """Rerank a request's candidates (caps, pacing, diversity), explore, and sign what is
+        served: the ads and their impression events. Reads `ctx`, changes nothing in it; the
+        response is `respond(ctx, served)`. (The models are validated: pydantic's
+        `model_construct` is Python and costs more than its validation in Rust.)
         """
-        t = time.perf_counter()
-        req, request_id, rows, pctr, rung, now = (
-            ctx.req,
-            ctx.request_id,
-            ctx.rows,
-            ctx.pctr,
-            ctx.rung,
-            ctx.now,
-        )
+        req, request_id, rows, pctr, rung = ctx.req, ctx.request_id, ctx.rows, ctx.pctr, ctx.rung
+        now = ctx.now
         cat = self.catalog
         day_fraction = (now.hour * 3600 + now.minute * 60 + now.second) / 86400.0
         pacing = pacing_factor(
@@ -389,18 +426,39 @@ class AdPipeline:
                 )
             )
         top_adapter = imps[0].adapter_version if imps and with_adapters else None
-        ctx.stage_ms["rerank"] = (time.perf_counter() - t) * 1000
-        stage = {k: round(max(v, 0.0), 3) for k, v in ctx.stage_ms.items()}
-        resp = AdResponse(
-            request_id=request_id,
-            ads=ads,
-            degraded=rung != "adapter",
-            served_by=rung,
-            stage_ms=StageMs(**stage),
-            model_version=model_version,
-            adapter_version=top_adapter,
+        return Served(ads, imps, chosen, chosen_pctr * prices, top_adapter)
+
+    def respond(self, ctx: RequestContext, served: Served) -> AdResponse:
+        """The response of a served request, with the time each stage took (`ctx.stage_ms`:
+        `recall` counts the user read too)."""
+        ms = ctx.stage_ms
+        stage = StageMs(
+            recall=round(max(ms.get("redis", 0.0) + ms.get("recall", 0.0), 0.0), 3),
+            rank=round(max(ms.get("rank", 0.0), 0.0), 3),
+            rerank=round(max(ms.get("rerank", 0.0), 0.0), 3),
         )
-        return resp, imps, chosen, chosen_pctr * prices
+        return AdResponse(
+            request_id=ctx.request_id,
+            ads=served.ads,
+            degraded=ctx.rung != "adapter",
+            served_by=ctx.rung,
+            stage_ms=stage,
+            model_version=self.rank.version,
+            adapter_version=served.adapter_version,
+        )
+
+
+@dataclass
+class Served:
+    """What `AdPipeline.finish` chose for one request: the ads, their signed impressions, the
+    catalog rows served and the expected spend of each (pCTR × price), and the version of the
+    top ad's adapter (None without adapters)."""
+
+    ads: list[ServedAd]
+    impressions: list[Impression]
+    rows: np.ndarray
+    spend: np.ndarray
+    adapter_version: str | None = None
 
 
 # never drawn from: exploration off (epsilon 0) takes every greedy ad without a draw

@@ -141,7 +141,7 @@ def _served(tmp_path: object, ab_arm: str, epsilon: float, request_id: str) -> l
     ctx = RequestContext(
         req, request_id, TS, rung="adapter", rows=rec.rows, pctr=pctr, stage_ms=stage, ab_arm=ab_arm
     )
-    _, imps, _, _ = pipe.finish(ctx)
+    imps = pipe.finish(ctx).impressions
     return imps
 
 

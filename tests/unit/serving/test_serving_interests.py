@@ -108,7 +108,7 @@ def ranking(pipe: AdPipeline, req: AdRequest, user: UserView | None) -> list[str
     rec = pipe.recall(req, user, capped=[], hour=9)
     assert rec.rank_input is not None
     ctx = RequestContext(req, "r1", TS, rows=rec.rows, pctr=pipe.rank.score([rec.rank_input], False)[0])
-    resp, _, _, _ = pipe.finish(ctx)
+    resp = pipe.respond(ctx, pipe.finish(ctx))
     return [a.ad_id for a in resp.ads]
 
 

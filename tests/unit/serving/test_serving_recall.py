@@ -153,7 +153,8 @@ def test_cold_user_uses_context_and_finish_builds_response_and_impressions() -> 
     pctr = pipe.rank.score([rec.rank_input], use_adapters=False)[0]
     stage = {"recall": 1.0, "rank": 2.0, "rerank": 0.0}
     ctx = RequestContext(req, "req1", TS, rung="base_model", rows=rec.rows, pctr=pctr, stage_ms=stage)
-    resp, imps, chosen, cost = pipe.finish(ctx)
+    served = pipe.finish(ctx)
+    resp, imps, chosen, cost = pipe.respond(ctx, served), served.impressions, served.rows, served.spend
     assert len(resp.ads) == 4 and resp.degraded and resp.served_by == "base_model"
     assert [i.event_id for i in imps] == [f"req1/{p}" for p in range(4)]
     assert all(i.model_version == pipe.rank.version and i.request_id == "req1" for i in imps)

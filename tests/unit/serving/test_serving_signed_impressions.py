@@ -36,7 +36,8 @@ def test_served_impressions_are_signed_and_ads_carry_their_click_tokens(tmp_path
     pctr = pipe.rank.score([rec.rank_input], use_adapters=False)[0]
     stage = {"recall": 1.0, "rank": 2.0, "rerank": 0.0}
     ctx = RequestContext(req, "req9", TS, rung="base_model", rows=rec.rows, pctr=pctr, stage_ms=stage)
-    resp, imps, _, _ = pipe.finish(ctx)
+    served = pipe.finish(ctx)
+    resp, imps = pipe.respond(ctx, served), served.impressions
     key = KEY.encode()
     assert len(imps) == 4
     for imp, served in zip(imps, AdResponse.model_validate_json(resp.model_dump_json()).ads, strict=True):

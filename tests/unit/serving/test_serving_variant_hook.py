@@ -49,7 +49,8 @@ def test_served_ads_with_variants_carry_the_chosen_variant_and_its_propensity(tm
     stage = {"recall": 1.0, "rank": 2.0, "rerank": 0.0}
     ctx = RequestContext(req, "req9", TS, rung="base_model", rows=rec.rows, pctr=pctr, stage_ms=stage)
     ctx.user_vector = np.full(16, 0.25)
-    resp, imps, _, _ = pipe.finish(ctx)
+    served = pipe.finish(ctx)
+    resp, imps = pipe.respond(ctx, served), served.impressions
     assert len(imps) == 4
     with_variants = 0
     for imp, served in zip(imps, resp.ads, strict=True):

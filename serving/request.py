@@ -1,0 +1,315 @@
+"""The `/v1/ads` request path, top-down, over a batch of requests that arrived together:
+
+    plan (the deadline's first rung) → user read (one Redis round trip for the batch, within
+    the deadline's I/O budget) → recall (one matmul) → rank (one forward per adapter use) →
+    rerank, exploration and signing (per request) → record (caps, spend, canary, impressions:
+    one produce call for the batch) → responses.
+
+Each stage is a method taking the batch; `timed` wraps it and gives every request of the batch
+the stage's time (`RequestContext.stage_ms`, the `part` histogram). The rungs of the ladder
+(`serving.deadline`) are decided per request: a request whose deadline leaves no time for recall
+is served popular ads; one whose user read did not answer in its budget is served without the
+user's state, one rung down (`degraded`); rank runs on the rung the time left allows.
+
+`RequestPath` has no Ray in it: the Serve ingress (`serving.app`) batches requests into it, and
+tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from schemas.api import AdResponse
+from schemas.events import Impression
+from serving.arms import uses_adapters, uses_correction
+from serving.deadline import io_budget_ms, lower, plan_rank, plan_start
+from serving.pipeline import AdPipeline, RequestContext, Served, UserView, audience_of, recall_pctr
+from serving.ranking import RankInput
+
+log = logging.getLogger(__name__)
+Batch = list[RequestContext]
+Reads = list[tuple[UserView | None, list[str]]]  # per user: state (None: cold) and capped ads
+ScoreFn = Callable[[list[tuple[RankInput, bool]]], Awaitable[list[np.ndarray]]]
+F = TypeVar("F", bound=Callable[..., Any])
+_T = TypeVar("_T")
+
+
+class UserStore(Protocol):
+    """What the path needs of Redis (`serving.io.RedisIO`)."""
+
+    async def read_many(self, user_ids: list[str], now: datetime) -> Reads: ...
+
+    def pending_capped(self, user_id: str, now: datetime) -> list[str]: ...
+
+    def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None: ...
+
+
+class Recorder(Protocol):
+    """Where the path reports: time per part, stage times, the rung that served."""
+
+    def spent(self, part: str, seconds: float) -> None: ...
+
+    def stage_ms(self, stage: str, ms: float) -> None: ...
+
+    def served_by(self, rung: str) -> None: ...
+
+
+class NoRecorder:
+    """Reports nothing (tests, tools)."""
+
+    def spent(self, part: str, seconds: float) -> None:
+        pass
+
+    def stage_ms(self, stage: str, ms: float) -> None:
+        pass
+
+    def served_by(self, rung: str) -> None:
+        pass
+
+
+def timed(part: str) -> Callable[[F], F]:
+    """Time a stage of `RequestPath` (a method taking the batch first): each request of the
+    batch gets the stage's wall time in `stage_ms[part]`, and the recorder its share."""
+
+    def wrap(fn: F) -> F:
+        def took(path: RequestPath, batch: Batch, seconds: float) -> None:
+            ms = seconds * 1000
+            for ctx in batch:
+                ctx.stage_ms[part] = ctx.stage_ms.get(part, 0.0) + ms
+            if batch:
+                share = seconds / len(batch)
+                for _ in batch:
+                    path.recorder.spent(part, share)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(path: RequestPath, batch: Batch, *args: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return await fn(path, batch, *args)
+                finally:
+                    took(path, batch, time.perf_counter() - t)
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(path: RequestPath, batch: Batch, *args: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(path, batch, *args)
+            finally:
+                took(path, batch, time.perf_counter() - t)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
+
+
+class RequestPath:
+    """Recall → user read → rank → rerank → record for a batch of requests (see the module).
+
+    `score` ranks a list of (input, with adapters) in one forward per flag (the replica runs it
+    on its rank thread); `served` tells the canary what a learning-arm impression was served
+    with; `emit` produces impressions (one call per batch).
+    """
+
+    def __init__(
+        self,
+        pipe: AdPipeline,
+        users: UserStore,
+        score: ScoreFn,
+        emit: Callable[[list[Impression]], None],
+        served: Callable[[str, str, float], None] | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.pipe = pipe
+        self.users = users
+        self.score = score
+        self.emit = emit
+        self.served = served
+        self.recorder: Recorder = recorder or NoRecorder()
+
+    async def serve(self, batch: Batch) -> list[AdResponse]:
+        """The responses of a batch of requests, in order (each `ctx` carries its deadline)."""
+        live = self.plan(batch)
+        if live:
+            await self.read_users(live)
+            self.recall(live)
+            await self.rank(self.rankable(live))
+        for ctx in batch:
+            if ctx.rung == "popular" or ctx.rows.shape[0] == 0:
+                self.popular(ctx)
+        served = self.rerank(batch)
+        self.record(batch, served)
+        self.observe(batch)
+        return [self.pipe.respond(ctx, s) for ctx, s in zip(batch, served, strict=True)]
+
+    # -- the stages, in order --------------------------------------------------------------
+    def plan(self, batch: Batch) -> Batch:
+        """The first rung of each request: popular ads when even recall + rerank do not fit."""
+        costs, live = self.pipe.costs, []
+        for ctx in batch:
+            ctx.rung = plan_start(_remaining(ctx), costs)
+            if ctx.rung == "popular":
+                costs.relax("recall")
+            else:
+                live.append(ctx)
+        return live
+
+    @timed("redis")
+    async def read_users(self, batch: Batch) -> None:
+        """Every user's state and frequency caps in one round trip, waited for at most the
+        smallest I/O budget of the batch (`serving.deadline.io_budget_ms`). Past it (Redis
+        hung, slow or down) the batch goes on without: users cold, capped by what this replica
+        counted, and one rung down (the response says `degraded`)."""
+        budget_ms = min(io_budget_ms(_remaining(ctx), self.pipe.costs) for ctx in batch)
+        got: Reads | None = None
+        if budget_ms > 0:
+            ids = [ctx.req.user_id for ctx in batch]
+            got = await _within(self.users.read_many(ids, batch[0].now), budget_ms / 1000)
+        for i, ctx in enumerate(batch):
+            if got is None:
+                ctx.read_missed = True
+                ctx.rung = lower(ctx.rung, "base_model")
+                user, ctx.capped = None, self.users.pending_capped(ctx.req.user_id, ctx.now)
+            else:
+                user, ctx.capped = got[i]
+            if user is not None and user.bias and not uses_correction(ctx.ab_arm):
+                user = dataclasses.replace(user, bias={})  # the control arm: no per-user correction
+            ctx.user = user
+            ctx.user_vector = None if user is None else user.vector  # the variant choice's context
+
+    @timed("recall")
+    def recall(self, batch: Batch) -> None:
+        """The batch's candidates (one matmul over the catalog) and their rank inputs."""
+        recalled = self.pipe.recall_many(
+            [c.req for c in batch],
+            [c.user for c in batch],
+            [c.capped for c in batch],
+            batch[0].now.hour,
+            batch[0].now,
+        )
+        for ctx, rec in zip(batch, recalled, strict=True):
+            ctx.recalled, ctx.rows = rec, rec.rows
+
+    def rankable(self, batch: Batch) -> Batch:
+        """The rung each request can still afford after recall; those on a model rung are returned
+        (the rest are served on their recall scores)."""
+        costs, out = self.pipe.costs, []
+        for ctx in batch:
+            costs.observe("recall", ctx.stage_ms.get("redis", 0.0) + ctx.stage_ms.get("recall", 0.0))
+            ctx.rung = lower(ctx.rung, plan_rank(_remaining(ctx), costs))
+            if ctx.rung != "adapter":
+                costs.relax("rank_adapter")
+                if ctx.rung != "base_model":
+                    costs.relax("rank_base")
+            rec = ctx.recalled
+            if rec is not None and rec.rank_input is not None and ctx.rung in ("adapter", "base_model"):
+                out.append(ctx)
+            elif ctx.rows.shape[0]:
+                ctx.rung = "recall_score"
+                ctx.pctr = recall_pctr(rec.scores if rec is not None else np.zeros(0))
+        return out
+
+    @timed("rank")
+    async def rank(self, batch: Batch) -> None:
+        """pCTR of every candidate of the batch: one forward with adapters, one without."""
+        if not batch:
+            return
+        items = []
+        for ctx in batch:
+            assert ctx.recalled is not None and ctx.recalled.rank_input is not None
+            inp, use = ctx.recalled.rank_input, ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
+            if use:
+                bank_rows = self.pipe.adapter_rows(ctx.req.slot, ctx.rows, ctx.arm)
+                inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows))  # the offset stays
+            items.append((inp, use))
+        for ctx, pctr in zip(batch, await self.score(items), strict=True):
+            ctx.pctr = pctr
+
+    def popular(self, ctx: RequestContext) -> None:
+        """The last rung: cached popular ads (the user's known frequency caps still hold)."""
+        ctx.rung = "popular"
+        rows = self.pipe.popular(max(ctx.req.k * 4, 40))
+        rows = rows[
+            self.pipe.catalog.servable(audience_of(ctx.req, ctx.now))[rows]
+        ]  # its campaigns' audience
+        if ctx.capped:
+            row_of = self.pipe.catalog.row_of
+            capped_rows = {row_of.get(a) for a in ctx.capped}
+            rows = np.asarray([r for r in rows if int(r) not in capped_rows], dtype=np.int64)
+        ctx.rows, ctx.pctr = rows, np.full(rows.shape[0], 0.02)
+
+    @timed("rerank")
+    def rerank(self, batch: Batch) -> list[Served]:
+        """Each request's ads: rerank (caps, pacing, diversity), exploration, variants, signing."""
+        return [self.pipe.finish(ctx) for ctx in batch]
+
+    @timed("record")
+    def record(self, batch: Batch, served: Sequence[Served]) -> None:
+        """What was served (previews are not): catalog counts, frequency caps and spend, the
+        canary's view of learning-arm impressions, and the batch's impressions in one produce."""
+        out: list[Impression] = []
+        for ctx, s in zip(batch, served, strict=True):
+            if ctx.req.preview or not s.impressions:
+                continue
+            self.pipe.catalog.record_served(s.rows, s.spend)
+            if self.served is not None and uses_adapters(ctx.ab_arm):  # the canary: learning arm only
+                for imp in s.impressions:
+                    self.served(ctx.canary_arm, imp.event_id, imp.pctr or 0.0)
+            self.users.record(ctx.req.user_id, ctx.now, s.impressions, s.spend.tolist())
+            out.extend(s.impressions)
+        if out:
+            self.emit(out)
+
+    def observe(self, batch: Batch) -> None:
+        """Stage times into the ladder's cost estimates and the recorder, the rung that served."""
+        costs, rec = self.pipe.costs, self.recorder
+        for ctx in batch:
+            ms = ctx.stage_ms
+            if "rank" in ms:
+                use = ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
+                costs.observe("rank_adapter" if use else "rank_base", ms["rank"])
+            costs.observe("rerank", ms.get("rerank", 0.0))
+            rec.served_by(ctx.rung)
+            rec.stage_ms("recall", ms.get("redis", 0.0) + ms.get("recall", 0.0))
+            rec.stage_ms("rank", ms.get("rank", 0.0))
+            rec.stage_ms("rerank", ms.get("rerank", 0.0))
+
+
+async def _within(read: Awaitable[_T], timeout_s: float) -> _T | None:
+    """The result of `read` if it comes within `timeout_s`, else None (and None when it
+    fails: Redis down or refusing is the same as no answer in time). Never waits longer: a
+    read past its time is cancelled without waiting for the cancellation to finish (a client
+    cleaning up a connection to a hung server could take as long as the server)."""
+    task = asyncio.ensure_future(read)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        return None
+    if task.exception() is not None:
+        log.debug("user read failed: %s", task.exception())
+        return None
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("late user read failed: %s", task.exception())
+
+
+def _remaining(ctx: RequestContext) -> float:
+    return float("inf") if ctx.deadline is None else ctx.deadline.remaining_ms()
