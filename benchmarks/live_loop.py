@@ -27,6 +27,7 @@ writes `benchmarks/results/live_loop.json`.
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import time
@@ -41,21 +42,34 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from deploy.live_figures import Run, loop_run, pool_runs, summarize
+from deploy.live_figures import Run, loop_run, pool_runs, save_run, summarize
 from deploy.machine import machine, process_cpu_s, write_result
 
 OUT = ROOT / "benchmarks" / "results" / "live_loop.json"
 QUICK = {"seeds": [1], "requests": 900, "history": 6000, "users": 150, "ads": 120, "n_boot": 200}
 SIZES = (
-    "Sizes: the relative CTR lift of arm A over arm B has a 95 % half-width of about "
-    "1.96·sqrt((1−p)/p · (1/n_A + 1/n_B)) (more with users' clustering); at the served CTR of the loop "
-    "(p ≈ 0.10) a half-width of 5 % (the goal's lift) needs n_A = n_B ≈ 28 k impressions per arm, so "
-    "~85 k served impressions after the drift with thirds per arm. The 2-core machine serves ~30 "
-    "requests/s (~3.4 impressions each) beside the worker and the trainer: one loop of 6,000 requests "
-    "gives ~10 k impressions after the drift, so about 8 seeds (or longer loops) are needed for the "
-    "pooled interval to decide a 5 % lift; the shares default to 0.3 / 0.3 (learning 0.4) to keep the "
-    "arms near equal. `decides_5pct` says per run whether the pooled interval's half-width is under 5 %."
+    "Sizes: a lift's 95 % interval over users narrows as 1/sqrt(users); users of different seeds are "
+    "independent units, so the pooled half-width h_S of S seeds becomes h_S·sqrt(S/S') with S' seeds. "
+    "By the binomial alone a relative CTR lift at p ≈ 0.12 with n impressions per arm has a half-width "
+    "of 1.96·sqrt((1−p)/p·2/n): ±5 % needs n ≈ 23 k per arm after the drift; users' clustering (their "
+    "CTRs differ and each user's impressions share them) makes the user bootstrap wider than that (the "
+    "design effect, measured here as (h_bootstrap / h_binomial)²). One seed of 3,000 requests serves "
+    "~5 k impressions after the drift (~1.7 k per arm at 0.3/0.3/0.4), and the 2-core machine, shared, "
+    "runs one seed in ~4 min. Variance reduction: CUPED with each user's history CTR (pre-treatment: "
+    "the open-loop history the base was trained on) or pre-drift CTR (post-treatment: the arms were "
+    "already served; biased by any pre-drift effect) as covariate; and, simulator only, each impression's "
+    "true click probability in place of its click (`*_expected`: the same served impressions without the "
+    "coin flip). `decides_5pct[run][figure]`: the pooled half-width, whether it is under 5 % "
+    "(`decides`), the verdict on the goal (`met`: mean ≥ 5 % and interval above 0; `not_met`: interval "
+    "below 5 %; else `undecided`), and the seeds this run's own spread says would be needed for a 5 % "
+    "half-width (`seeds_for_5pct`) and for the interval to exclude 0 at the observed mean "
+    "(`seeds_to_exclude_0`)."
 )
+# per-seed entries that are the loop's record, not figures (kept when figures are recomputed)
+META = ("seed", "loop_s", "dir", "load_avg_1m_start", "load_avg_1m_end", "errors", "cpu_s",
+        "trainer_cpu_share", "scored_share", "note")  # fmt: skip
+SIZED = ("ctr_lift_after", "adapter_lift_after", "ctr_lift_before")
+VARIANTS = ("", "_cuped", "_cuped_predrift", "_expected")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,6 +95,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--quick", action="store_true", help="one small seed: a smoke test of the whole path")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="no loop: the runs of these results (each seed's saved arrays, `run.npz`) summarized "
+        "again with this code and written as one result (quiet and loaded run apart)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         for k, v in QUICK.items():
@@ -134,6 +156,7 @@ def one_seed(args: argparse.Namespace, seed: int, say: Any) -> tuple[Run, dict[s
     m0 = machine()
     loop = run_loop(spec, Settings(), say, live=False, env=ab_env(args), extras=False)
     run, why = loop_run(loop)
+    save_run(run, loop.demo.dir / "run.npz")  # every array the figures come from, for re-analysis
     figures = summarize(run, n_boot=args.n_boot, seed=seed)
     figures |= {"seed": seed, "loop_s": round(loop.loop_s, 1), "dir": str(loop.demo.dir),
                 "load_avg_1m_start": m0["load_avg_1m"], "load_avg_1m_end": machine()["load_avg_1m"],
@@ -157,6 +180,10 @@ def one_mode(args: argparse.Namespace, mode: str, say: Any) -> dict[str, Any]:
             run, figures = one_seed(args, seed, say)
             runs.append(run)
             seeds.append(figures)
+            # each finished seed on disk at once: a cut-short run still combines (--combine)
+            partial = {"runs": {mode: {"seeds": seeds}}, "config": {k: v for k, v in vars(args).items()
+                       if k != "out"}, "machine": machine(), "partial": True}  # fmt: skip
+            write_result(args.out.with_suffix(f".{mode}.partial.json"), partial, default=str)
     finally:
         if hog is not None:
             hog.__exit__(None, None, None)
@@ -166,6 +193,40 @@ def one_mode(args: argparse.Namespace, mode: str, say: Any) -> dict[str, Any]:
     if hog is not None:
         out["hog"] = {"cpu_s": round(hog.cpu_s, 1), "wall_s": round(hog.wall_s, 1)}
     return out
+
+
+def resummarize(run: dict[str, Any], n_boot: int) -> dict[str, Any]:
+    """A run's figures again from each seed's saved arrays (its `dir`/run.npz), seed metadata kept."""
+    from deploy.live_figures import load_run
+
+    runs, seeds = [], []
+    for entry in run["seeds"]:
+        arrays = load_run(Path(entry["dir"]) / "run.npz")
+        runs.append(arrays)
+        keep = {k: v for k, v in entry.items() if k in META}
+        seeds.append(summarize(arrays, n_boot=n_boot, seed=entry["seed"]) | keep)
+    pooled, strata = pool_runs(runs)
+    out = summarize(pooled, strata, n_boot=n_boot, seed=0) | {"seeds": seeds}
+    return out | {k: run[k] for k in ("wall_s", "hog", "command") if k in run}
+
+
+def combine(args: argparse.Namespace) -> dict[str, Any]:
+    """The runs of several results as one (a later file's run replaces an earlier one's)."""
+    import json
+
+    runs: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    machines: dict[str, Any] = {}
+    for path in args.combine:
+        body = json.loads(path.read_text())
+        for mode, run in body["runs"].items():
+            runs[mode] = resummarize(run | {"command": body.get("command")}, args.n_boot)
+            config[mode] = body.get("config")
+            machines[mode] = body.get("machine")
+    seeds = sorted({e["seed"] for r in runs.values() for e in r["seeds"]})
+    return {"runs": runs, "ope": ope_entry(seeds), "config": config, "sizes": SIZES,
+            "decides_5pct": decisions(runs), "machine": machines,
+            "combined_from": [str(p) for p in args.combine]}  # fmt: skip
 
 
 def ope_entry(seeds: list[int]) -> dict[str, Any]:
@@ -199,7 +260,11 @@ def table(result: dict[str, Any]) -> Table:
     rows: dict[str, Callable[[dict[str, Any]], str]] = {
         "CTR lift before drift (learning/control)": lambda r: _ci(r["ctr_lift_before"]),
         "CTR lift after drift": lambda r: _ci(r["ctr_lift_after"]),
+        "  CUPED (history CTR)": lambda r: _ci(r.get("ctr_lift_after_cuped", {})),
+        "  expected clicks (simulator)": lambda r: _ci(r.get("ctr_lift_after_expected", {})),
         "adapter lift after (learning/correction)": lambda r: _ci(r["adapter_lift_after"]),
+        "  CUPED (history CTR) ": lambda r: _ci(r.get("adapter_lift_after_cuped", {})),
+        "  expected clicks (simulator) ": lambda r: _ci(r.get("adapter_lift_after_expected", {})),
         "AUC online − frozen after": lambda r: _ci(r["auc_online_minus_frozen_after"], "{:+.4f}"),
         "AUC online − frozen before": lambda r: _ci(r["auc_online_minus_frozen_before"], "{:+.4f}"),
         "resets per adapter-hour": lambda r: (
@@ -223,12 +288,66 @@ def decides(entry: dict[str, Any], goal: float = 0.05) -> bool | None:
     return bool((entry["ci_high"] - entry["ci_low"]) / 2 < goal)
 
 
+def verdict(entry: dict[str, Any], goal: float = 0.05) -> str | None:
+    """`met` (mean ≥ goal, interval above 0), `not_met` (interval entirely below the goal) or
+    `undecided`.
+
+    >>> met = {"mean": 0.2, "ci_low": 0.01, "ci_high": 0.4}
+    >>> miss = {"mean": 0.0, "ci_low": -0.1, "ci_high": 0.04}
+    >>> verdict(met), verdict(miss)
+    ('met', 'not_met')
+    """
+    if "ci_low" not in entry:
+        return None
+    if entry["mean"] >= goal and entry["ci_low"] > 0:
+        return "met"
+    if entry["ci_high"] < goal:
+        return "not_met"
+    return "undecided"
+
+
+def sizing(entry: dict[str, Any], seeds: int, goal: float = 0.05) -> dict[str, Any]:
+    """A pooled lift's half-width and the seeds its spread says a decision needs (scaling the
+    half-width as 1/sqrt(seeds): users of different seeds are independent).
+
+    >>> sizing({"mean": 0.1, "ci_low": 0.0, "ci_high": 0.2}, 4)["seeds_for_5pct"]
+    16
+    """
+    if "ci_low" not in entry:
+        return {"error": entry.get("error", "no interval")}
+    half = (entry["ci_high"] - entry["ci_low"]) / 2
+    out: dict[str, Any] = {
+        "half_width": half,
+        "decides": decides(entry, goal),
+        "verdict": verdict(entry, goal),
+        "seeds": seeds,
+        "seeds_for_5pct": math.ceil(seeds * (half / goal) ** 2),
+    }
+    mean = abs(entry["mean"])
+    out["seeds_to_exclude_0"] = math.ceil(seeds * (half / mean) ** 2) if mean > 0 else None
+    return out
+
+
+def decisions(runs: dict[str, Any]) -> dict[str, Any]:
+    """`sizing` of every sized figure and variant of every run."""
+    out: dict[str, Any] = {}
+    for mode, r in runs.items():
+        n = len(r.get("seeds", [])) or 1
+        out[mode] = {f + v: sizing(r[f + v], n) for f in SIZED for v in VARIANTS if f + v in r}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from deploy import stack
     from schemas.settings import Settings
 
     args = parse(argv)
     console = Console()
+    if args.combine:
+        combined = combine(args)
+        console.print(table(combined))
+        write_result(args.out, combined, default=str)
+        return
     stack.up(Settings())
     m0, t0 = machine(), time.perf_counter()
     runs = {mode: one_mode(args, mode, console.print) for mode in args.runs}
@@ -237,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         "ope": ope_entry(args.seeds),
         "config": {k: v for k, v in vars(args).items() if k != "out"} | {"ab_env": ab_env(args)},
         "sizes": SIZES,
-        "decides_5pct": {m: decides(r["ctr_lift_after"]) for m, r in runs.items()},
+        "decides_5pct": decisions(runs),
         "wall_s": round(time.perf_counter() - t0, 1),
         "machine": m0,
     }

@@ -16,6 +16,7 @@ learned. The pure functions below turn those arrays into the figures `adstream d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from attribution.ab import ArmData, lift
+from attribution.ab import ArmData, cuped_lift, lift
 from attribution.ope import EstimationError, z_value
 from schemas.stats import auc
 
@@ -48,6 +49,10 @@ class Served:
     arm: STR  # NO_ARM where serving recorded none
     explored: NDArray[np.bool_]
     propensity: F64  # nan where serving recorded none
+    pctr: F64 | None = None  # the served pctr (base, + adapters, + correction, as the arm was served)
+    oracle: F64 | None = None  # the simulator's true click probability of the impression
+    slot: STR | None = None
+    position: NDArray[np.int64] | None = None
 
     @property
     def n(self) -> int:
@@ -58,7 +63,7 @@ Tags = Mapping[str, tuple[str, bool, float]]  # impression id → (arm, explored
 
 
 def served_of(impressions: Sequence[Any], labels: Sequence[int] | F64, drift_index: int | None,
-              tags: Tags) -> Served:  # fmt: skip
+              tags: Tags, oracle: F64 | None = None) -> Served:  # fmt: skip
     """The served impressions (`schemas.events.Impression`s, in order) with the simulator's click
     labels (same order) and serving's tags; impressions from `drift_index` on are after the drift."""
     n = min(len(impressions), len(labels))
@@ -75,6 +80,10 @@ def served_of(impressions: Sequence[Any], labels: Sequence[int] | F64, drift_ind
         arm=np.array([t[0] for t in tag], dtype=str),
         explored=np.array([t[1] for t in tag], dtype=bool),
         propensity=np.array([t[2] for t in tag], dtype=np.float64),
+        pctr=np.array([math.nan if i.pctr is None else i.pctr for i in impressions[:n]], dtype=np.float64),
+        oracle=None if oracle is None else np.asarray(oracle[:n], dtype=np.float64),
+        slot=np.array([i.slot for i in impressions[:n]], dtype=str),
+        position=np.array([i.position for i in impressions[:n]], dtype=np.int64),
     )
 
 
@@ -90,8 +99,13 @@ def pool(parts: Sequence[Served]) -> Served:
     def prefixed(name: str) -> STR:
         return np.concatenate([np.char.add(f"{k}:", getattr(p, name)) for k, p in enumerate(parts)])
 
+    pctr = None if any(p.pctr is None for p in parts) else cat("pctr")
+    oracle = None if any(p.oracle is None for p in parts) else cat("oracle")
+    slot = None if any(p.slot is None for p in parts) else cat("slot")
+    position = None if any(p.position is None for p in parts) else cat("position")
     return Served(cat("impression_id"), prefixed("user"), prefixed("request"), cat("price"), cat("clicked"),
-                  cat("after"), cat("arm"), cat("explored"), cat("propensity"))  # fmt: skip
+                  cat("after"), cat("arm"), cat("explored"), cat("propensity"), pctr, oracle, slot,
+                  position)  # fmt: skip
 
 
 def arm_data(served: Served, mask: NDArray[np.bool_] | None = None) -> dict[str, ArmData]:
@@ -314,15 +328,252 @@ class Run:
     resets: int
     adapters: int
     seconds: float
+    pre: PreCounts | None = None  # each user's history before the loop: the CUPED covariate
+
+
+@dataclass(frozen=True)
+class PreCounts:
+    """Impressions and clicks per user before the loop (the history the base was trained on,
+    simulated open-loop: no arm served it, so it is a pre-treatment covariate)."""
+
+    user: STR
+    impressions: F64
+    clicks: F64
+
+
+def read_history(path: Path) -> PreCounts:
+    """Per-user impressions and clicks of a demo's `history.jsonl` (one JSON event per line)."""
+    imps: dict[str, int] = {}
+    clicks: dict[str, int] = {}
+    with path.open("rb") as fh:
+        for line in fh:
+            event = json.loads(line)
+            kind = event.get("kind")
+            if kind == "impression":
+                imps[event["user_id"]] = imps.get(event["user_id"], 0) + 1
+            elif kind == "click":
+                clicks[event["user_id"]] = clicks.get(event["user_id"], 0) + 1
+    users = sorted(imps)
+    return PreCounts(np.array(users, dtype=str), np.array([imps[u] for u in users], dtype=np.float64),
+                     np.array([min(clicks.get(u, 0), imps[u]) for u in users], dtype=np.float64))  # fmt: skip
+
+
+def save_run(run: Run, path: Path) -> None:
+    """A run's arrays as one `.npz` (offline analysis: `load_run`)."""
+    s = run.served
+    arrays = {f"served_{k}": getattr(s, k) for k in Served.__dataclass_fields__ if getattr(s, k) is not None}
+    if run.pre is not None:
+        arrays |= {
+            "pre_user": run.pre.user,
+            "pre_impressions": run.pre.impressions,
+            "pre_clicks": run.pre.clicks,
+        }
+    meta = np.array([run.resets, run.adapters, run.seconds], dtype=np.float64)
+    np.savez_compressed(path, online=run.online, base=run.base, meta=meta, **arrays)
+
+
+def load_run(path: Path) -> Run:
+    """A run saved by `save_run`."""
+    z = np.load(path)
+    served = Served(**{k: z[f"served_{k}"] for k in Served.__dataclass_fields__ if f"served_{k}" in z})
+    pre = PreCounts(z["pre_user"], z["pre_impressions"], z["pre_clicks"]) if "pre_user" in z else None
+    resets, adapters, seconds = z["meta"].tolist()
+    return Run(served, z["online"], z["base"], int(resets), int(adapters), float(seconds), pre)
 
 
 def pool_runs(runs: Sequence[Run]) -> tuple[Run, NDArray[np.int64]]:
     """Runs as one (users kept apart per run), and each impression's run index (the strata)."""
     strata = np.concatenate([np.full(r.served.n, k, dtype=np.int64) for k, r in enumerate(runs)])
+    pre = None
+    if runs and all(r.pre is not None for r in runs):
+        parts = [r.pre for r in runs if r.pre is not None]
+        pre = PreCounts(np.concatenate([np.char.add(f"{k}:", p.user) for k, p in enumerate(parts)]),
+                        np.concatenate([p.impressions for p in parts]),
+                        np.concatenate([p.clicks for p in parts]))  # fmt: skip
     pooled = Run(pool([r.served for r in runs]), np.concatenate([r.online for r in runs]),
                  np.concatenate([r.base for r in runs]), sum(r.resets for r in runs),
-                 sum(r.adapters for r in runs), float(np.mean([r.seconds for r in runs])))  # fmt: skip
+                 sum(r.adapters for r in runs), float(np.mean([r.seconds for r in runs])), pre)  # fmt: skip
     return pooled, strata
+
+
+def _logit(p: F64) -> F64:
+    q = np.clip(p, 1e-6, 1 - 1e-6)
+    out: F64 = np.log(q / (1 - q))
+    return out
+
+
+def arm_users(served: Served, mask: NDArray[np.bool_] | None = None) -> dict[str, STR]:
+    """Per arm, its users in `arm_data`'s row order (sorted ids) over the impressions in `mask`."""
+    keep = served.arm != NO_ARM
+    if mask is not None:
+        keep &= mask
+    return {
+        arm: np.unique(served.user[keep & (served.arm == arm)])
+        for arm in sorted(set(served.arm[keep].tolist()))
+    }
+
+
+def history_rows(users: STR, arm: str, pre: PreCounts) -> ArmData:
+    """The history's impressions and clicks of `users` (zeros for a user without history)."""
+    index = {u: k for k, u in enumerate(pre.user.tolist())}
+    rows = np.array([index.get(u, -1) for u in users.tolist()], dtype=np.int64)
+    has = rows >= 0
+    imps = np.where(has, pre.impressions[np.maximum(rows, 0)], 0.0)
+    clicks = np.where(has, pre.clicks[np.maximum(rows, 0)], 0.0)
+    return ArmData.of(arm, imps, imps, clicks, np.zeros(users.shape[0]))
+
+
+def period_rows(users: STR, arm: str, data: Mapping[str, ArmData], data_users: Mapping[str, STR]) -> ArmData:
+    """`data`'s rows of `users` in arm `arm` (another period of the same arm; zeros where absent)."""
+    z = np.zeros(users.shape[0])
+    if arm not in data:
+        return ArmData.of(arm, z, z, z, z)
+    index = {u: k for k, u in enumerate(data_users[arm].tolist())}
+    rows = np.array([index.get(u, -1) for u in users.tolist()], dtype=np.int64)
+    has = rows >= 0
+    cols = [np.where(has, data[arm].column(c)[np.maximum(rows, 0)], 0.0) for c in ("requests", "impressions",
+            "clicks", "revenue")]  # fmt: skip
+    return ArmData.of(arm, *cols)
+
+
+def cuped_entry(arms: Mapping[str, ArmData], pre: Mapping[str, ArmData], arm: str, baseline: str,
+                covariate: str,
+                *, n_boot: int, seed: int) -> dict[str, Any]:  # fmt: skip
+    """`lift_entry` of the CTR, CUPED-adjusted by `pre` (the same users' rows in a pre-period),
+    with θ, the variance ratio (adjusted / raw) and which covariate it was."""
+    for name in (arm, baseline):
+        if name not in arms:
+            return {"error": f"arm {name!r} has no traffic in the range"}
+    try:
+        c = cuped_lift(arms[arm], arms[baseline], (pre[arm], pre[baseline]), "ctr", n_boot=n_boot, seed=seed)
+    except EstimationError as exc:
+        return {"error": str(exc)}
+    est = c.lift.estimate
+    return {"mean": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high, "users": est.n,
+            "theta": c.theta, "variance_ratio": c.variance_ratio, "covariate": covariate}  # fmt: skip
+
+
+def expected_served(served: Served) -> Served | None:
+    """The impressions with each click replaced by its true probability (the simulator's oracle):
+    the same policies' expected clicks, without the coin flip's noise (None without an oracle)."""
+    if served.oracle is None:
+        return None
+    return dataclasses.replace(served, clicked=served.oracle)
+
+
+def variance_reduced(run: Run, *, n_boot: int, seed: int) -> dict[str, Any]:
+    """The CTR lifts CUPED-adjusted by each user's history CTR (pre-treatment: the history was
+    simulated open-loop, before any arm served), by their pre-drift CTR in the loop (for the
+    after-drift lifts; the arms already differed then, so it removes any effect they had before
+    the drift too), and on the oracle's expected clicks (simulator only)."""
+    s = run.served
+    out: dict[str, Any] = {}
+    pairs = {"ctr_lift": ("learning", "control"), "adapter_lift": ("learning", "correction")}
+    before, after = arm_data(s, ~s.after), arm_data(s, s.after)
+    u_before, u_after = arm_users(s, ~s.after), arm_users(s, s.after)
+    for phase, arms, users in (("before", before, u_before), ("after", after, u_after)):
+        if run.pre is not None:
+            hist = {a: history_rows(users[a], a, run.pre) for a in arms}
+            for name, (a, b) in pairs.items():
+                out[f"{name}_{phase}_cuped"] = cuped_entry(
+                    arms, hist, a, b, "history CTR", n_boot=n_boot, seed=seed
+                )
+    pre_drift = {a: period_rows(u_after[a], a, before, u_before) for a in after}
+    for name, (a, b) in pairs.items():
+        why = "pre-drift CTR (post-treatment)"
+        out[f"{name}_after_cuped_predrift"] = cuped_entry(after, pre_drift, a, b, why,
+                                                          n_boot=n_boot, seed=seed)  # fmt: skip
+    exp = expected_served(s)
+    if exp is not None:
+        for phase, mask in (("before", ~exp.after), ("after", exp.after)):
+            arms = arm_data(exp, mask)
+            for name, (a, b) in pairs.items():
+                out[f"{name}_{phase}_expected"] = lift_entry(arms, a, b, n_boot=n_boot, seed=seed)
+    return out
+
+
+def position_gap(run: Run) -> tuple[dict[str, float], dict[str, Any]]:
+    """Serving scores every candidate as if at position 0 (`serving.ranking.build_input`) and logs
+    that pctr; the trainer scores the example at its real position. In the control arm (base
+    alone on both sides) the gap served − trainer's base logit per slot and position is that
+    difference (plus the serve/join feature skew: its sd). Also, per slot and position, the logged
+    pctr against the CTR: what the worker's correction, whose step is lr·(click − logged pctr),
+    sees as the base's error at that position."""
+    s = run.served
+    if s.pctr is None or s.slot is None or s.position is None:
+        return {}, {}
+    key = np.char.add(np.char.add(s.slot, ":"), s.position.astype(str))
+    ctl = (s.arm == "control") & np.isfinite(run.base) & np.isfinite(s.pctr)
+    gaps: dict[str, float] = {}
+    table: dict[str, Any] = {}
+    for k in sorted(set(key[ctl].tolist())):
+        m = ctl & (key == k)
+        g = _logit(s.pctr[m]) - _logit(run.base[m])
+        gaps[k] = float(g.mean())
+        table[k] = {"n": int(m.sum()), "served_minus_base_logit": gaps[k], "sd": float(g.std()),
+                    "logged_pctr": float(s.pctr[m].mean()), "ctr": float(s.clicked[m].mean())}  # fmt: skip
+    return gaps, table
+
+
+def decompose(run: Run) -> dict[str, Any]:
+    """What each part contributes on the same served impressions, per phase: logits of the frozen
+    base (trainer's), + correction, + adapters (trainer's online), + both. The correction is not
+    logged; it is read off the served pctr: served logit − trainer's online logit in the learning
+    arm (the adapter a few seconds newer than the one served), − base logit in the correction arm,
+    each less the control arm's gap at the impression's slot and position (`position_gap`).
+    AUC over all impressions and per user (GAUC: impression-weighted mean of each user's AUC, how
+    a user's ads are ordered, which is what the arms' CTR depends on), calibration (mean predicted
+    vs CTR), and the correlation of the adapter's and the correction's logit shifts (the
+    correction, learned on the served score, undoing the adapter's move reads as a negative one)."""
+    s = run.served
+    if s.pctr is None:
+        return {"error": "no served pctr"}
+    gaps, table = position_gap(run)
+    out: dict[str, Any] = {"control_gap_by_slot_position": table}
+    gap = np.zeros(s.n)
+    if gaps and s.slot is not None and s.position is not None:
+        key = np.char.add(np.char.add(s.slot, ":"), s.position.astype(str))
+        fallback = float(np.mean(list(gaps.values())))
+        gap = np.array([gaps.get(k, fallback) for k in key.tolist()])
+    ok = np.isfinite(run.online) & np.isfinite(run.base) & np.isfinite(s.pctr)
+    served_l, online_l, base_l = _logit(s.pctr) - gap, _logit(run.online), _logit(run.base)
+    for phase, mask in (("before", ~s.after), ("after", s.after)):
+        ph: dict[str, Any] = {}
+        for arm in ("learning", "correction"):
+            m = ok & mask & (s.arm == arm)
+            if m.sum() < 50:
+                continue
+            corr = served_l[m] - (online_l[m] if arm == "learning" else base_l[m])
+            adapter = online_l[m] - base_l[m]
+            y = s.clicked[m]
+            models = {"frozen": base_l[m], "frozen+correction": base_l[m] + corr,
+                      "frozen+adapters": online_l[m], "full": online_l[m] + corr}  # fmt: skip
+            if s.oracle is not None:
+                models["oracle"] = _logit(s.oracle[m])
+            entry: dict[str, Any] = {"impressions": int(m.sum()), "ctr": float(y.mean())}
+            for name, logit in models.items():
+                entry[name] = {"auc": float(auc(logit, y)), "gauc": _gauc(logit, y, s.user[m]),
+                               "mean_pctr": float((1 / (1 + np.exp(-logit))).mean())}  # fmt: skip
+            entry["correction"] = {"mean": float(corr.mean()), "sd": float(corr.std())}
+            entry["adapter"] = {"mean": float(adapter.mean()), "sd": float(adapter.std())}
+            if corr.std() > 0 and adapter.std() > 0:
+                entry["corr_adapter_correction"] = float(np.corrcoef(adapter, corr)[0, 1])
+            ph[arm] = entry
+        out[phase] = ph
+    return out
+
+
+def _gauc(score: F64, y: F64, users: STR) -> float:
+    """Impression-weighted mean over users (with both classes) of each user's AUC."""
+    order = np.argsort(users, kind="stable")
+    _, start = np.unique(users[order], return_index=True)
+    total, weight = 0.0, 0
+    for idx in np.split(order, start[1:]):
+        a = auc(score[idx], y[idx])
+        if math.isfinite(a):
+            total += a * idx.shape[0]
+            weight += idx.shape[0]
+    return total / weight if weight else math.nan
 
 
 def summarize(
@@ -352,6 +603,8 @@ def summarize(
         except EstimationError as exc:
             out[f"auc_online_minus_frozen_{phase}"] = {"error": str(exc)}
     out["adapter_shift"] = adapter_shift(run)
+    out |= variance_reduced(run, n_boot=n_boot, seed=seed)
+    out["decomposition"] = decompose(run)
     out["resets"] = run.resets
     out["resets_per_adapter_hour"] = (
         resets_per_adapter_hour(run.resets, run.adapters, run.seconds) if run.adapters else None
@@ -400,11 +653,11 @@ def read_tags(
 
 def loop_run(run: Any) -> tuple[Run, str | None]:
     """The arrays of a finished `deploy.demo.LoopRun` (ClickHouse read for serving's tags)."""
-    _, labels = run.market.outcomes()
+    oracle, labels = run.market.outcomes()
     imps = run.loop.impressions
     since = int(imps[0].ts.timestamp()) - 1 if imps else 0
     tags, why = read_tags(run.demo.settings, since, int(0.98 * len(imps)))
-    served = served_of(imps, labels, run.market.drift_impression, tags)
+    served = served_of(imps, labels, run.market.drift_impression, tags, oracle)
     if run.score_log.exists():
         scores = read_scores(run.score_log)
         online, base = scores_on(served, scores)
@@ -413,7 +666,9 @@ def loop_run(run: Any) -> tuple[Run, str | None]:
         online, base = np.full(served.n, math.nan), np.full(served.n, math.nan)
         resets, adapters = 0, 0
         why = (why + "; " if why else "") + f"no trainer score log at {run.score_log}"
-    return Run(served, online, base, resets, adapters, run.loop_s), why
+    history = run.demo.dir / "history.jsonl"
+    pre = read_history(history) if history.exists() else None
+    return Run(served, online, base, resets, adapters, run.loop_s, pre), why
 
 
 def loop_figures(run: Any) -> dict[str, Any]:
