@@ -8,7 +8,10 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
 2. takes one optimiser step on that adapter's LoRA tensors only (base frozen): Adam (`lr`) on
    the Linear targets, plain SGD (`embedding_lr`) on embedding targets (`emb.*`/`wide.*` id
    tables, when `lora.targets` name them; see `AdapterOptimizer` for why);
-   (groups smaller than `min_step_examples` wait for the next micro-batch);
+   (groups smaller than `min_step_examples` wait for the next micro-batch, but not past their
+   deadline, `trainers.service`; a step on n < `min_step_examples` examples is taken at
+   n / `min_step_examples` of the learning rates, so an adapter moves by its evidence, not by how
+   often the deadline cuts its examples into steps: see `AdapterOptimizer.step`);
 3. drops the step (restoring the adapter) if the loss, gradients or new weights are not finite
    or the step changed the adapter by more than `max_norm` — counted in `dropped`;
 4. **sparsifies**: the magnitude of rank direction i of module m is
@@ -109,6 +112,8 @@ class AdapterOptimizer:
         if tables:
             self.optimizers.append(torch.optim.SGD(tables, lr=spec.embedding_lr, fused=True))
         self.params: list[torch.Tensor] = [*dense, *tables]
+        self.lrs = [float(opt.param_groups[0]["lr"]) for opt in self.optimizers]
+        self.scale = 1.0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients of every LoRA tensor of the adapter (set to None: directly, without
@@ -120,8 +125,22 @@ class AdapterOptimizer:
         for p in self.params:
             p.grad = None
 
-    def step(self) -> None:
-        """One step of each optimiser."""
+    def step(self, scale: float = 1.0) -> None:
+        """One step of each optimiser, at `scale` times its learning rate.
+
+        Why scale: Adam moves every coordinate by about `lr` per step whatever the batch, and
+        SGD's step is a mean gradient; so cutting the same examples into more, smaller steps
+        (the trainer's deadline does that on quiet adapters: a step every few tens of ms instead
+        of one per `min_step_examples`) would move an adapter that many times further: at 30
+        steps/s of 3 examples, 15 times as far per second as 2 steps/s (a 3 × `lr` already made
+        the live loop's adapters diverge, `schemas.settings.loop`). A step on n examples at
+        n / `min_step_examples` of the rates moves it by its evidence, per example as far as a
+        replay's full steps (which this leaves unchanged: n ≥ `min_step_examples` there)."""
+        if scale != self.scale:
+            for opt, lr in zip(self.optimizers, self.lrs, strict=True):
+                for group in opt.param_groups:
+                    group["lr"] = lr * scale
+            self.scale = scale
         for opt in self.optimizers:
             opt.step()
 
@@ -453,7 +472,7 @@ class OnlineTrainer:
         ).sqrt_()  # [modules, r]
         if not torch.isfinite(magnitude).all():
             return self._drop(run, before, "non_finite_gradient")
-        run.optimizer.step()
+        run.optimizer.step(min(1.0, len(examples) / self.spec.min_step_examples))
         # one fused pass: a weight's norm is finite only when all its entries are
         norms = torch.stack(
             torch._foreach_norm([*weights, *torch._foreach_sub(weights, list(before.values()))])

@@ -1,9 +1,17 @@
 """`adstream trainer`: the online trainer on Kafka — a thin async shell around `OnlineTrainer`.
 
 Loop: collect a micro-batch from `ad.training-examples` (consumer group `settings.online.group`,
-keyed by adapter id, so each adapter has one owner) of at most `settings.online.micro_batch` records or
-`settings.online.micro_batch_s` seconds; validate (bad records go to `ad.dlq`, counted); learn; reserve
-the deltas' seqs in Redis, then produce them to `ad.adapter-deltas` (key = adapter id).
+keyed by adapter id, so each adapter has one owner); it closes at `settings.online.micro_batch` records
+or when its oldest example is due: `settings.online.max_wait_s` after that example was produced
+(its record's timestamp, clamped to [0, max_wait_s] before its arrival here: a skewed clock shortens
+or lengthens no wait beyond that); with nothing arriving the loop still wakes every
+`settings.online.micro_batch_s` (snapshots). Validate (bad records go to `ad.dlq`, counted); learn;
+reserve the deltas' seqs in Redis, then produce them to `ad.adapter-deltas` (key = adapter id)
+without waiting for their acknowledgements (`Deliveries`): the next micro-batch is collected and
+learned while they travel. A delivery that fails surfaces at the next turn of the loop (`run`
+raises it, as an awaited send raised it before) and no further delta is produced after it; every
+snapshot, and so every offset commit, first waits for all deliveries (nothing committed passes
+a delta that is not on the topic), and so do a revocation and `stop`.
 Every `settings.online.snapshot_every_s`, each adapter that learned something is snapshotted: the
 snapshot is published (next seq) and written to Redis with the input offsets it covers, and only
 then are those offsets committed to Kafka (see `trainers.snapshots` for the key layout).
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -82,19 +91,72 @@ from trainers.snapshots import (
 log = logging.getLogger(__name__)
 
 
-def collect_deadline(
-    now: float, micro_batch_s: float, max_wait_s: float, waiting_since: float | None
-) -> float:
-    """When a collect started at `now` must return: after `micro_batch_s`, or earlier when
-    examples waiting since `waiting_since` reach `max_wait_s` (they are learned right after).
+def collect_deadline(now: float, micro_batch_s: float, due: float | None) -> float:
+    """When a collect started at `now` must return: when the oldest example not learned yet is
+    `due`, or after `micro_batch_s` when none waits (the idle wake-up).
 
-    >>> collect_deadline(10.0, 0.5, 0.5, None), collect_deadline(10.0, 0.5, 0.5, 9.8)
-    (10.5, 10.3)
+    >>> collect_deadline(10.0, 0.5, None), collect_deadline(10.0, 0.5, 10.03)
+    (10.5, 10.03)
     """
-    deadline = now + micro_batch_s
-    if waiting_since is not None:
-        deadline = min(deadline, waiting_since + max_wait_s)
-    return deadline
+    return now + micro_batch_s if due is None else min(now + micro_batch_s, due)
+
+
+def due_at(arrived: float, now_wall: float, produced_ms: int | None, max_wait_s: float) -> float:
+    """When an example that arrived at `arrived` (monotonic) must be learned: `max_wait_s` after
+    it was produced (`produced_ms`, its record's timestamp), the time it already spent on the way
+    (the broker's fetch wait) counted, but clamped to [0, max_wait_s]: a producer's clock ahead
+    of ours waits the whole `max_wait_s`, one far behind learns at once, never later or sooner.
+
+    >>> due_at(50.0, 1000.0, 999_750, 0.5), due_at(50.0, 1000.0, 990_000, 0.5)
+    (50.25, 50.0)
+    >>> due_at(50.0, 1000.0, 1_000_500, 0.5), due_at(50.0, 1000.0, None, 0.5)
+    (50.5, 50.5)
+    """
+    if produced_ms is None or produced_ms <= 0:
+        return arrived + max_wait_s
+    waited = min(max(now_wall - produced_ms / 1000, 0.0), max_wait_s)
+    return arrived + max_wait_s - waited
+
+
+class Deliveries:
+    """Deltas produced but not acknowledged yet (`publish` does not wait for them).
+
+    `add` tracks a send's delivery future; a delivery that fails is kept (`error`) and `check`
+    raises it, so the loop stops as an awaited send stopped it; `wait` waits for every one
+    (before a snapshot's Redis write and offset commit, a revocation, `stop`) and raises a failure.
+    """
+
+    def __init__(self) -> None:
+        self.pending: set[asyncio.Future[Any]] = set()
+        self.error: BaseException | None = None
+        self.failed = 0
+
+    def add(self, future: asyncio.Future[Any]) -> None:
+        self.pending.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[Any]) -> None:
+        self.pending.discard(future)
+        if future.cancelled():
+            exc: BaseException | None = asyncio.CancelledError("delta delivery cancelled")
+        else:
+            exc = future.exception()
+        if exc is not None:
+            self.failed += 1
+            if self.error is None:
+                self.error = exc
+                log.error("a delta was not delivered (%s: %s); the trainer stops", type(exc).__name__, exc)
+
+    def check(self) -> None:
+        """Raise the first delivery failure (none: nothing)."""
+        if self.error is not None:
+            raise self.error
+
+    async def wait(self) -> None:
+        """Wait until every tracked delivery is settled; raise the first failure."""
+        while self.pending:
+            await asyncio.wait(list(self.pending))
+        self.check()
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -136,7 +198,9 @@ class TrainerService:
         self.published = 0
         self.learned = 0
         self._last_snapshot = time.monotonic()
-        self._waiting_since: float | None = None  # when examples were first seen waiting (freshness)
+        # when the oldest example not learned yet must be (monotonic; None: none waits)
+        self._due: float | None = None
+        self.deliveries = Deliveries()  # deltas produced, acknowledgements not awaited
         self._redis: Any = redis
         self.retry = retry or settings.online.redis_backoff
         self.failure: StoreError | None = None  # Redis gave up: no final snapshot, `run` re-raises
@@ -191,13 +255,16 @@ class TrainerService:
         """Snapshot and commit what was learned, then disconnect (no snapshot after Redis gave up:
         the offsets stay at the last snapshot, and a restart re-learns from there)."""
         try:
-            if self.failure is None:
+            if self.failure is None and self.deliveries.error is None:
                 if self.held is not None and len(self.held):
                     await self._learn(self.held.drain())
                 if self.consumer is not None and self.dirty:
                     await self.snapshot_all()
+            await self.deliveries.wait()
         except StoreError as exc:
             log.error("final snapshot not written, offsets not committed (a restart re-learns): %s", exc)
+        except Exception as exc:  # a delta not delivered: nothing committed past it, a restart re-learns
+            log.error("a delta was not delivered, offsets not committed (a restart re-learns): %s", exc)
         finally:
             if self.consumer is not None:
                 await self.consumer.stop()
@@ -211,10 +278,12 @@ class TrainerService:
         """Partitions are leaving: snapshot and commit, then forget their adapters (also when the
         snapshot failed: the new owner resumes from Redis and the committed offsets, realigning
         replicas past any seq we reserved)."""
-        if self.dirty and self.failure is None:
+        if self.dirty and self.failure is None and self.deliveries.error is None:
             try:
                 await self.snapshot_all()
             except StoreError as exc:
+                log.error("snapshot before revocation failed; the new owner re-learns from Redis: %s", exc)
+            except Exception as exc:  # a failed delivery: `run` raises it next
                 log.error("snapshot before revocation failed; the new owner re-learns from Redis: %s", exc)
         gone = {tp.partition for tp in revoked}
         for aid, part in list(self.adapter_partition.items()):
@@ -263,6 +332,7 @@ class TrainerService:
             while not stop.is_set():
                 if self.failure is not None:
                     raise self.failure
+                self.deliveries.check()
                 records = await self._collect(stop)
                 if records:
                     await self.process(records)
@@ -278,28 +348,34 @@ class TrainerService:
             self.store.abort = None
 
     async def _collect(self, stop: asyncio.Event) -> list[Any]:
-        """Up to `micro_batch` records within `micro_batch_s`, but never past the moment the
-        oldest waiting example (or the first record of this call) has waited
-        `online.max_wait_s`: a click that arrives early in a quiet window is not held for the
-        rest of it and then for the wait on top (freshness)."""
+        """A micro-batch: records until there are `micro_batch` of them or the oldest example
+        not learned yet is due (`due_at`: `online.max_wait_s` after it was produced), whichever
+        comes first; with nothing arriving, an empty one after `micro_batch_s` (the loop's
+        wake-up for snapshots). Examples still waiting in adapter buffers count as the oldest."""
         assert self.consumer is not None
-        deadline = collect_deadline(
-            time.monotonic(), self.s.online.micro_batch_s, self.s.online.max_wait_s, self._waiting_since
-        )
+        limit, max_wait = self.s.online.micro_batch, self.s.online.max_wait_s
+        deadline = collect_deadline(time.monotonic(), self.s.online.micro_batch_s, self._due)
         out: list[Any] = []
-        while len(out) < self.s.online.micro_batch and not stop.is_set():
+        while len(out) < limit and not stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             batch = await self.consumer.getmany(
-                timeout_ms=max(1, int(left * 1000)), max_records=self.s.online.micro_batch - len(out)
+                timeout_ms=max(1, math.ceil(left * 1000)), max_records=limit - len(out)
             )
+            if not batch:
+                continue
+            arrived, wall = time.monotonic(), time.time()
             for records in batch.values():
+                if not records:
+                    continue
                 out.extend(records)
-            if out and self._waiting_since is None:
-                # these records wait from now: learned by now + trainer_max_wait_s at the latest
-                self._waiting_since = time.monotonic()
-                deadline = min(deadline, self._waiting_since + self.s.online.max_wait_s)
+                # records of a partition come in produce order: its first is its oldest
+                due = due_at(arrived, wall, getattr(records[0], "timestamp", None), max_wait)
+                if self._due is None or due < self._due:
+                    self._due = due
+            if self._due is not None:
+                deadline = min(deadline, self._due)
         return out
 
     async def process(self, records: Sequence[Any]) -> None:
@@ -382,17 +458,18 @@ class TrainerService:
 
     async def _learn_waiting(self) -> None:
         """Freshness: an adapter whose group is smaller than `min_step_examples` waits for more
-        examples, but not longer than `settings.online.max_wait_s` — then it is learned as it is
-        (a quiet adapter's click still reaches replicas within seconds)."""
+        examples, but only until the oldest waiting example is due (`online.max_wait_s` after it
+        was produced) — then it is learned as it is (a quiet adapter's click reaches replicas in
+        tens of milliseconds; the step's size scales with its examples, `trainers.online`)."""
         if not self.trainer.waiting():
-            self._waiting_since = None
+            self._due = None
             return
         now = time.monotonic()
-        if self._waiting_since is None:  # set by _collect when the records arrived
-            self._waiting_since = now
-        if now - self._waiting_since < self.s.online.max_wait_s:
+        if self._due is None:  # set by _collect when the records arrived
+            self._due = now + self.s.online.max_wait_s
+        if now < self._due:
             return
-        self._waiting_since = None
+        self._due = None
         before = dict(self.trainer.counts)
         t0 = time.perf_counter()
         deltas = self.trainer.flush() + self.trainer.take_pending()
@@ -477,6 +554,7 @@ class TrainerService:
         evicted = {d.adapter_id for d in self.trainer.take_evicted()}
         if evicted:
             assert self.store is not None
+            await self.deliveries.wait()  # their last snapshots are on the topic before Redis has them
             last = {d.adapter_id: d for d in published if d.snapshot and d.adapter_id in evicted}
             await self.store.write([(d, d.learned_offsets or {}) for d in last.values()], {})
             for aid in evicted:
@@ -486,22 +564,24 @@ class TrainerService:
         return published
 
     async def publish(self, deltas: Sequence[AdapterDelta]) -> list[AdapterDelta]:
-        """Guard, reserve the seqs in Redis, then produce the deltas in order (acks=all); returns
-        what was produced (an adapter serving would refuse is replaced by a rollback snapshot)."""
+        """Guard, reserve the seqs in Redis, then produce the deltas in order (acks=all) without
+        waiting for the acknowledgements (`Deliveries`: a failure surfaces at the next turn of
+        the loop, and every snapshot waits for them all); returns what was produced (an adapter
+        serving would refuse is replaced by a rollback snapshot). Nothing more is produced once a
+        delivery failed: the trainer stops, and its restart re-aligns replicas from Redis."""
         if not deltas:
             return []
         assert self.store is not None and self.producer is not None
+        self.deliveries.check()
         deltas = await self._guard(deltas)
         await self.store.reserve(
             {d.adapter_id: d.seq for d in deltas}, {d.adapter_id: d.epoch for d in deltas}
         )
-        futures = []
         for d in deltas:
             payload = codec.encode(d)
-            futures.append(await self.producer.send(self.out_topic, payload, key=d.adapter_id.encode()))
+            self.deliveries.add(await self.producer.send(self.out_topic, payload, key=d.adapter_id.encode()))
             telemetry.DELTAS.labels("snapshot" if d.snapshot else "delta").inc()
             telemetry.DELTA_BYTES.observe(len(d.payload))
-        await asyncio.gather(*futures)
         self.published += len(deltas)
         return deltas
 
@@ -558,6 +638,7 @@ class TrainerService:
         await self.publish(self.trainer.flush() + self.trainer.take_pending())
         made = [self.trainer.snapshot(aid) for aid in sorted(self.dirty) if aid in self.trainer.runs]
         snaps = await self.publish(made)  # guarded: rolled-back adapters come back as their new snapshot
+        await self.deliveries.wait()  # every delta and snapshot on the topic before Redis and Kafka commit
         low = self.held.low_offsets() if self.held is not None else {}
         commit = {p: min(o + 1, low.get(p, o + 1)) for p, o in self.position.items()}
         covered = {p: c - 1 for p, c in commit.items()}

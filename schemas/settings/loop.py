@@ -188,8 +188,15 @@ class LoraSettings(Group):
 class OnlineSettings(Group):
     """The online LoRA trainer (trainers.online, trainers.service)."""
 
-    micro_batch: int = Field(256, ge=1)
-    micro_batch_s: float = Field(0.5, gt=0)
+    micro_batch: int = Field(
+        256, ge=1, description="A trainer micro-batch closes at this many records (or at online.max_wait_s)"
+    )
+    micro_batch_s: float = Field(
+        0.5,
+        gt=0,
+        description="With nothing arriving, the trainer's loop wakes this often (snapshots, waiting "
+        "examples)",
+    )
     delta_percentile: float = Field(95.0, gt=0, lt=100)
     delta_max_norm: float = Field(10.0, gt=0, description="Deltas with a larger norm are rejected")
     snapshot_every_s: float = Field(30.0, gt=0)
@@ -218,8 +225,15 @@ class OnlineSettings(Group):
         True,
         description="online.label_mode hold: learn examples in impression order after their window closes",
     )
+    # 0.5 s was the trainer's hop of click→served (0.53 s at P50 of 1.12 s in
+    # benchmarks/freshness.py); a step of a few examples costs a few ms, and is taken at its
+    # share of the learning rates (trainers.online.AdapterOptimizer.step)
     max_wait_s: float = Field(
-        0.5, gt=0, description="An adapter's examples wait at most this long for a full step (freshness)"
+        0.03,
+        gt=0,
+        description="A trainer micro-batch closes when its oldest example was produced this long ago (or "
+        "at online.micro_batch records); an adapter's examples wait at most this long for a full step "
+        "(freshness)",
     )
     # measured in benchmarks/online_drift.py (same seeds): see README / the benchmark's docstring
     label_mode: Literal["hold", "fn_weighted", "fn_calibrated"] = Field(
