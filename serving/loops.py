@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from schemas import topics
-from schemas.events import AdapterDelta, AdCreative, Click, Message
+from schemas.events import AdapterDelta, AdCreative, Campaign, Click, Message
 from schemas.settings import Settings
 from schemas.signing import check_event
 from serving.adapters import CANDIDATE, STABLE
@@ -31,13 +31,19 @@ log = logging.getLogger(__name__)
 
 
 def read_catalog_file(path: str | os.PathLike[str]) -> list[AdCreative]:
-    """The ads of a JSON-lines catalog file (`serving.catalog_file`): every line whose `kind` is
-    `ad` (or absent: the contract's default); other events are skipped, blank lines too.
+    """The ads of a JSON-lines catalog file (`read_catalog_entries`)."""
+    return read_catalog_entries(path)[0]
+
+
+def read_catalog_entries(path: str | os.PathLike[str]) -> tuple[list[AdCreative], list[Campaign]]:
+    """The ads and campaigns of a JSON-lines catalog file (`serving.catalog_file`): every line
+    whose `kind` is `ad` (or absent: the contract's default) or `campaign`; other events are
+    skipped, blank lines too.
 
     Each line is parsed as JSON, not searched for the text `"kind":"ad"` (an ad spelled with a
-    tab or without `kind` was left out). A line that is not a JSON object, or an ad the contract
-    refuses, raises SchemaError naming `file:line`: a replica must not start on a catalog that
-    is silently short.
+    tab or without `kind` was left out). A line that is not a JSON object, or an entry the
+    contract refuses, raises SchemaError naming `file:line`: a replica must not start on a catalog
+    that is silently short.
     """
     import json
 
@@ -45,6 +51,7 @@ def read_catalog_file(path: str | os.PathLike[str]) -> list[AdCreative]:
     from schemas.errors import SchemaError
 
     ads: list[AdCreative] = []
+    campaigns: list[Campaign] = []
     with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -56,15 +63,19 @@ def read_catalog_file(path: str | os.PathLike[str]) -> list[AdCreative]:
                 raise SchemaError(f"{where}: not JSON ({exc})") from exc
             if not isinstance(obj, dict):
                 raise SchemaError(f"{where}: not a JSON object")
-            if obj.get("kind", "ad") != "ad":
+            kind = obj.get("kind", "ad")
+            if kind not in ("ad", "campaign"):
                 continue
             try:
-                msg = decode(AdCreative, line)
+                msg = decode(AdCreative if kind == "ad" else Campaign, line)
             except SchemaError as exc:
                 raise SchemaError(f"{where}: {exc}") from exc
-            assert isinstance(msg, AdCreative)
-            ads.append(msg)
-    return ads
+            if isinstance(msg, AdCreative):
+                ads.append(msg)
+            else:
+                assert isinstance(msg, Campaign)
+                campaigns.append(msg)
+    return ads, campaigns
 
 
 class ReplicaLoops:
@@ -110,7 +121,9 @@ class ReplicaLoops:
         path = self.settings.serving.catalog_file
         if path is None:
             return
-        ads = read_catalog_file(path)
+        ads, campaigns = read_catalog_entries(path)
+        for campaign in campaigns:
+            self.catalog.upsert_campaign(campaign)
         vectors = self.towers.ad_vectors(ads) if self.towers is not None else [None] * len(ads)
         for ad, vec in zip(ads, vectors, strict=True):
             self.pipe.add_ad(ad, vec)
@@ -122,6 +135,7 @@ class ReplicaLoops:
         await self._load_adapters()
         if self.settings.serving.consume_deltas:
             self._supervise("catalog", lambda: self._follow(topics.CATALOG, self._on_ad, True))
+            self._supervise("campaigns", lambda: self._follow(topics.CAMPAIGNS, self._on_campaign, True))
             self._supervise("deltas", lambda: self._follow(topics.ADAPTER_DELTAS, self._on_delta, True))
             self._supervise("clicks", lambda: self._follow(topics.CLICKS, self._on_click, False))
             if wanted(self.settings):  # clicks teach the creative variant bandit (labelled examples)
@@ -218,6 +232,10 @@ class ReplicaLoops:
             # a new ad's title goes through MiniLM off the loop: requests keep being served meanwhile
             vec = await asyncio.to_thread(self.towers.ad_vector, msg)
         self.pipe.add_ad(msg, vec)
+
+    def _on_campaign(self, msg: Message) -> None:
+        assert isinstance(msg, Campaign)
+        self.catalog.upsert_campaign(msg)  # a full catalog's CatalogFull is counted by `follow`
 
     async def _on_delta(self, msg: Message) -> None:
         assert isinstance(msg, AdapterDelta)

@@ -45,3 +45,18 @@ def test_a_line_that_is_not_an_ad_or_an_event_names_its_line(tmp_path: Path, lin
     path.write_text(encode(ad(0)).decode() + "\n" + line + "\n")
     with pytest.raises(SchemaError, match=r"catalog\.jsonl:2"):
         read_catalog_file(path)
+
+
+def test_campaign_lines_are_read_beside_the_ads(tmp_path: Path) -> None:
+    from schemas.events import Campaign, Targeting
+    from serving.loops import read_catalog_entries
+
+    camp = Campaign(event_id="k", ts=TS, campaign_id="c0", advertiser_id="v0", daily_budget=5.0,
+                    targeting=Targeting(geo=("DE",)))  # fmt: skip
+    path = tmp_path / "catalog.jsonl"
+    path.write_text(encode(camp).decode() + "\n" + encode(ad(0)).decode() + "\n")
+    ads, campaigns = read_catalog_entries(path)
+    assert [a.ad_id for a in ads] == ["a0"] and campaigns == [camp]
+    path.write_text(encode(ad(0)).decode() + '\n{"kind": "campaign", "campaign_id": "c0"}\n')
+    with pytest.raises(SchemaError, match=r"catalog\.jsonl:2"):
+        read_catalog_entries(path)
