@@ -73,7 +73,8 @@ from workloads import Market, MarketConfig
 
 OUT = Path(__file__).parent / "results" / "dw_step.json"
 GOAL_P99_MS = 8.0  # learn() at micro-batch 256 on 2 cores
-GOAL_RATIO = 1.5  # learn() / core step (P50): featurize, guards, sparsify and encode cheap beside it
+# learn() / core step (P50) is reported, no longer a goal (issue 35 retired the 1.5 × ratio: the
+# freshness loop needs the step's absolute time, which P99 ≤ 8 ms bounds)
 
 
 def _examples(n: int, label_mode: LabelMode = "hold") -> list[Any]:
@@ -365,8 +366,7 @@ def main() -> None:
         "live_learn_to_core_p50": best["live_learn_p50_ms"] / best["core_p50_ms"],
         "resets": best["resets"],
         "goal_p99_ms": GOAL_P99_MS,
-        "goal_learn_to_core": GOAL_RATIO,
-        "goal_met": best["p99_ms"] <= GOAL_P99_MS and best["p50_ms"] / best["core_p50_ms"] <= GOAL_RATIO,
+        "goal_met": best["p99_ms"] <= GOAL_P99_MS,
         "load_average_1m_before": load_before,
         "load_average_1m_after": os.getloadavg()[0],
         "machine": machine(),
@@ -416,8 +416,8 @@ def main() -> None:
         "LoRA + optimiser, interleaved with learn() step by step; core+sparse adds "
         "magnitudes, thresholds, selection, encoding; service = decode raw JSON + featurize + learn() "
         "+ metrics export. "
-        f"Goals: learn() P99 ≤ {GOAL_P99_MS:g} ms, learn()/core (P50) ≤ {GOAL_RATIO:g}: "
-        f"{'met' if result['goal_met'] else 'NOT met'}."
+        f"Goal: learn() P99 ≤ {GOAL_P99_MS:g} ms: {'met' if result['goal_met'] else 'NOT met'} "
+        f"(load {result['load_average_1m_before']:.2f} → {result['load_average_1m_after']:.2f})."
     )
     write_result(args.out, result)
 

@@ -116,3 +116,41 @@ def test_the_raw_floor_does_not_credit_the_first_batch_to_no_time() -> None:
     assert r["events_per_s"] == 90_000.0  # not 100,000 records in 1.0 s
     assert r["mb_per_s"] == 0.0  # the first batch's bytes are outside the window too
     assert streams.arrival_rate([(1.0, 500, 10)])["events_per_s"] == 0.0  # one batch: no window
+
+
+def test_two_workers_report_the_machine_rate_and_the_per_worker_ratio() -> None:
+    """`--workers 2`: the machine-level rate of both workers, the per-worker rate and its ratio
+    to raw, the speed-up over one worker of the same rounds, each worker's CPU share; the
+    single-worker rows keep `engines.<name>.ratio_to_raw` and the core `core.ratio_to_raw`."""
+    import argparse
+
+    from rich.console import Console
+
+    bench = load_benchmark("streams")
+
+    def run(rate: float, **extra: object) -> dict[str, object]:
+        return {"events_per_s": rate, "cpu_us_per_event": 1e6 / rate, "worker_cpu_share": 0.9,
+                "seconds": 5.0, "events": 100_000, "machine_busy_share": 0.6, "dead_letters": 0,
+                "profile": {}, **extra}  # fmt: skip
+
+    two = {"workers": 2, "worker_cpu_shares": [0.8, 0.7]}
+    m = bench.Measured(
+        events=100_000,
+        rounds={"aiokafka": [run(10_000.0), run(12_000.0)]},
+        scaled={"aiokafka": [run(15_000.0, **two), run(21_000.0, **two)]},
+        raws=[{"events_per_s": 200_000.0}],
+        cores=[{"events_per_s": 20_000.0, "cpu_s": 5.0, "events": 100_000, "cpu_us_per_event": 50.0}],
+    )
+    sm = bench.summarize(m)
+    row = sm.scale["aiokafka"]
+    assert row["events_per_s"] == 18_000.0  # the median of the rounds
+    assert row["per_worker_events_per_s"] == 9_000.0 and row["per_worker_ratio_to_raw"] == 0.045
+    assert row["speedup_vs_one_worker"] == 1.636  # 18,000 / 11,000
+    assert row["speedup_rounds"] == [1.5, 1.75] and row["worker_cpu_shares"] == [0.8, 0.7]
+    args = argparse.Namespace(rounds=2)
+    b = bench.Bench(args, ["aiokafka"], Settings(), "t", Path("."), Console())
+    out = bench.result_json(b, m, sm, 0.5)
+    assert out["engines"]["aiokafka"]["ratio_to_raw"] == 0.055
+    assert out["core"]["ratio_to_raw"] == 0.1
+    assert out["scale"]["aiokafka"]["per_worker_ratio_to_raw"] == 0.045
+    bench.rates_table(m, sm)  # the table has the machine row
