@@ -7,13 +7,22 @@ headline figures of its JSON) with the machine it ran on. `--quick` passes each 
 sizes (`QUICK`; one without an entry there, or without `--out`, is skipped, not run at full
 size) and `--out benchmarks/results/quick/<name>.json`, so the committed results stay as they
 are; the table goes there too.
+
+The benchmarks ship in the wheel (package `benchmarks`, next to `deploy`; their extra
+dependencies are `adstream[bench]`), so `adstream bench` works from an installed package too.
+Installed, there are no committed results: runs write under `$ADSTREAM_BENCH_RESULTS`, default
+`./bench-results` of the working directory (a benchmark with `--out` gets one there unless given),
+and run in the working directory; in a source checkout they write `benchmarks/results/` as before.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import site
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +31,7 @@ import typer
 
 from deploy.machine import machine, write_result
 
+# the package `benchmarks` next to `deploy`: the source checkout's, or the installed wheel's
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 # small sizes for `bench all --quick` (a smoke run of every benchmark, minutes in all)
 QUICK: dict[str, list[str]] = {
@@ -61,6 +71,50 @@ def benchmarks() -> list[str]:
     return sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_"))
 
 
+def checkout() -> bool:
+    """Whether the benchmarks are a source checkout's, not an installed package's (in this
+    interpreter's site-packages, or the user's)."""
+    sites = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), site.getusersitepackages()}
+    return BENCH_DIR.parent not in {Path(s).resolve() for s in sites}
+
+
+def results_dir() -> Path:
+    """Where runs write their JSON: `benchmarks/results/` of a checkout; installed,
+    `$ADSTREAM_BENCH_RESULTS` or `./bench-results`."""
+    if checkout():
+        return BENCH_DIR / "results"
+    return Path(os.environ.get("ADSTREAM_BENCH_RESULTS", "bench-results")).resolve()
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the checkout (benchmarks/results/…) or to the working directory."""
+    for base in (BENCH_DIR.parent, Path.cwd()):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
+
+
+def _takes_out(name: str) -> bool:
+    """Whether `benchmarks/<name>.py` has an `--out` flag."""
+    return '"--out"' in (BENCH_DIR / f"{name}.py").read_text()
+
+
+def _command(name: str, args: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The child process of `benchmarks/<name>.py args`: in a checkout it runs from the repository
+    root; installed, from the working directory (relative paths in `args` mean what the user
+    meant), with the installed package first on the path and `--out` under `results_dir()`."""
+    cmd = [sys.executable, "-m", f"benchmarks.{name}", *args]
+    if checkout():
+        return cmd, {"cwd": BENCH_DIR.parent}
+    asked = {a.split("=", 1)[0] for a in args}
+    if _takes_out(name) and not asked & {"--out", "--help", "-h"}:
+        out = results_dir() / f"{name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd += ["--out", str(out)]
+    path = os.pathsep.join(p for p in (str(BENCH_DIR.parent), os.environ.get("PYTHONPATH")) if p)
+    return cmd, {"env": {**os.environ, "PYTHONPATH": path}}
+
+
 def headline(result: dict[str, Any], n: int = 6) -> str:
     """A few top-level scalar figures of a benchmark's JSON (goals, P50/P99, AUCs first); a JSON
     that gathers its judged figures under `figures` (attribution) shows those."""
@@ -77,19 +131,16 @@ def run_one(name: str, args: list[str], quick: bool) -> dict[str, Any]:
     """Run `benchmarks/<name>.py args`; its status, wall time, result file and headline.
 
     A quick run writes its JSON to `benchmarks/results/quick/<name>.json` (`--out`) and touches
-    nothing else; a full run's figures are read from `benchmarks/results/<name>.json`."""
-    result = BENCH_DIR / "results" / ("quick" if quick else "") / f"{name}.json"
-    if quick:
+    nothing else; a full run's figures are read from `benchmarks/results/<name>.json` (installed:
+    `results_dir()` in place of `benchmarks/results`)."""
+    result = results_dir() / ("quick" if quick else "") / f"{name}.json"
+    if quick or not checkout():
         result.parent.mkdir(parents=True, exist_ok=True)
         args = [*args, "--out", str(result)]
     before = result.stat().st_mtime if result.exists() else None
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", *args],
-        cwd=BENCH_DIR.parent,
-        capture_output=True,
-        text=True,
-    )
+    cmd, where = _command(name, args)
+    proc = subprocess.run(cmd, capture_output=True, text=True, **where)
     wall = time.monotonic() - t0
     wrote = result.exists() and result.stat().st_mtime != before
     figures = ""
@@ -103,7 +154,7 @@ def run_one(name: str, args: list[str], quick: bool) -> dict[str, Any]:
         "benchmark": name,
         "status": "ok" if proc.returncode == 0 else f"failed ({proc.returncode}): {' '.join(tail)[:200]}",
         "wall_s": round(wall, 1),
-        "results": [str(result.relative_to(BENCH_DIR.parent))] if wrote else [],
+        "results": [_shown(result)] if wrote else [],
         "headline": figures,
     }
 
@@ -182,7 +233,7 @@ def all_(
         console.print(f"[bold]{name}[/bold] …")
         rows.append(run_one(name, QUICK.get(name, []) if quick else [], quick))
         console.print(f"  {rows[-1]['status']} in {rows[-1]['wall_s']} s {rows[-1]['headline']}")
-    out = BENCH_DIR / "results" / ("quick" if quick else "") / "bench_all.md"
+    out = results_dir() / ("quick" if quick else "") / "bench_all.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(rows, quick))
     write_result(out.with_suffix(".json"), {"machine": start, "runs": rows})
@@ -209,6 +260,10 @@ def with_table(page: str, table: str) -> str:
 
 @app.command("table", help="The committed results as a table in benchmarks/RESULTS.md (runs nothing)")
 def table() -> None:
+    if not checkout():
+        typer.echo(f"bench table: no committed results here ({BENCH_DIR / 'results'}); it edits a source "
+                   "checkout's benchmarks/RESULTS.md", err=True)  # fmt: skip
+        raise typer.Exit(2)
     page = BENCH_DIR / "RESULTS.md"
     rows = results_table()
     page.write_text(with_table(page.read_text(), rows))
@@ -223,7 +278,8 @@ def _one(name: str) -> None:
         add_help_option=False,
     )
     def cmd(ctx: typer.Context) -> None:
-        rc = subprocess.call([sys.executable, "-m", f"benchmarks.{name}", *ctx.args], cwd=BENCH_DIR.parent)
+        cmd, where = _command(name, list(ctx.args))
+        rc = subprocess.call(cmd, **where)
         raise typer.Exit(rc)
 
 

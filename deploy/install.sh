@@ -4,8 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+# the first of python3.11…3.13 found (pyproject's requires-python), or $PYTHON
+supported() { "$1" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; }
+if [ -z "${PYTHON:-}" ]; then
+  for candidate in python3.11 python3.12 python3.13 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 && supported "$candidate"; then PYTHON=$candidate; break; fi
+  done
+fi
+if [ -z "${PYTHON:-}" ] || ! supported "$PYTHON"; then
+  echo "adstream needs Python 3.11, 3.12 or 3.13 (found: ${PYTHON:-none}; set PYTHON=/path/to/python3.x)" >&2
+  exit 1
+fi
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
@@ -29,7 +38,10 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt constrai
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
-# torch first and alone: the CPU build; asking for it inside a larger resolve may pull a CUDA build.
-"$VENV/bin/pip" install -q "torch==2.13.0"
+# torch first and alone: the CPU build where pip finds one (a local wheel here; elsewhere
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu, or …/cu128 for CUDA); asking for it inside a
+# larger resolve may pull PyPI's CUDA build. Then the project with every extra ([dev]: bench,
+# chdb, test, lint), what make test and make lint run.
+"$VENV/bin/pip" install -q "torch==2.13.0" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 "$VENV/bin/pip" install -q -c constraints.txt -e ".[dev]"
 touch "$stamp"
