@@ -18,6 +18,7 @@ from attribution.dashboard.events import (
 )
 from attribution.dashboard.figures import Panel, error, stamp
 from attribution.dashboard.runs import RUN_PANELS, attribution_runs, recent_runs
+from attribution.dashboard.variants import variant_ctr
 from attribution.sql import Backend
 from schemas.errors import StoreError
 
@@ -38,6 +39,7 @@ PANELS: tuple[tuple[PanelFn, tuple[tuple[str, str], ...]], ...] = (
     (event_rates, (("event_rates", "Event rates"),)),
     (ctr, (("ctr", "CTR by slot and campaign"),)),
     (ab_ctr, (("ab_ctr", "CTR per arm"),)),
+    (variant_ctr, (("variants", "Creative variants per ad"),)),
     (pacing, (("pacing", "Spend against budget pacing"),)),
     (campaign_economics, (("spend_budget", "Spend against budget"), ("cpa_roas", "CPA and ROAS"))),
     (attribution_runs, RUN_PANELS),

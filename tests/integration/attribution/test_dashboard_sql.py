@@ -63,6 +63,7 @@ def seeded_rows(
                     "pctr": round(market.oracle_pctr(event.event_id), 6),
                     "adapter_version": version,
                     "model_version": "ranker-1",
+                    **_variant(event.ad_id, seen),
                 }
             )
         elif isinstance(event, Click | Dwell) and event.impression_id in held_out:
@@ -70,6 +71,14 @@ def seeded_rows(
         table, row = row_of(event, 0, offset)
         rows[(table, (*COLUMNS[type(event)][1], "kafka_partition", "kafka_offset"))].append(row)
     return dict(rows)
+
+
+def _variant(ad_id: str, seen: int) -> dict[str, Any]:
+    """A creative variant (three, drawn in turn) on the impressions of about a third of the ads,
+    for the variants panel (serving's bandit chooses them; the seeded market has none)."""
+    if ord(ad_id[-1]) % 3:
+        return {}
+    return {"variant_id": f"v{seen % 3}", "variant_propensity": 1 / 3}
 
 
 def insert_rows(backend: Backend, rows: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]]) -> None:
