@@ -22,6 +22,9 @@ candidates, what one `@serve.batch` call scores); only the adapter of each candi
   grouped by slot, one forward per group without adapters; base_slot_groups: the base model over
   the same groups (what grouping alone costs). `folded_adapters_cost_ratio` is folded ÷ base
   (goal ≤ 1.02), next to the mixed path's `slot_adapters_mixed_cost_ratio`;
+  slot_adapters_folded_stacked (targets that only add to the logit, the default): the same
+  folded weights in one forward, the base trunk once, the slots' folded heads stacked into one
+  GEMM and their wide tables into one gather each (`StackedSlots`; `folded_stacked` ratio);
 - precision_* (issue 33): the plain ranker as fp32, int8 dynamic quantization
   (`torch.ao.quantization.quantize_dynamic` on nn.Linear), bf16 and `torch.compile`, on the
   same candidates through one chunked scorer (`--variants`). Each variant's served AUC on the
@@ -78,6 +81,7 @@ RATIO_PAIRS = {
     "slot_adapters_mixed": ("slot_adapters", "base"),
     "adapters_uniform_mixed": ("adapters_uniform", "base"),
     "folded_over_base_same_groups": ("slot_adapters_folded", "base_slot_groups"),
+    "folded_stacked": ("slot_adapters_folded_stacked", "base"),
 }
 
 
@@ -132,6 +136,7 @@ class Bench:
     large: list[RankInput]
     # bank row of each slot adapter → a rank model of the base with that adapter folded in
     folded: dict[int, RankModel]
+    stacked: StackedSlots | None  # the same folded slots in one forward (additive targets only)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -268,35 +273,50 @@ def build(args: argparse.Namespace) -> Bench:
     batches = {kind: batch(feats, draw(kind, args.requests)) for kind in ("uniform", "zipf", "slot", "one")}
     large_feats = features(rng, cfg, n, args.large) if args.large else []
     large = batch(large_feats, draw("uniform", args.large)) if args.large else []
-    folded = fold_slots(base_model, model, settings, device)
-    return Bench(args, settings, cfg, device, base_model, model, names, rng, feats, batches, large, folded)
+    plain = fold_slots(base_model, model)
+    folded = {
+        row: slot_model(copy.deepcopy(f).to(device), model, settings, device) for row, f in plain.items()
+    }
+    stacked = StackedSlots(base_model, plain, model.chunk) if additive(model) else None
+    return Bench(
+        args, settings, cfg, device, base_model, model, names, rng, feats, batches, large, folded, stacked
+    )
 
 
-def fold_slots(
-    base_model: Ranker, model: RankModel, settings: Settings, device: torch.device
-) -> dict[int, RankModel]:
-    """Per slot adapter (keyed by its bank row), a rank model of the plain base with that adapter
-    folded into its weights (`trainers.models.lora.fold_lora`, issue 33 item 2), scored without
-    adapters: what a replica that folds at swap time serves a slot's requests with. Same class,
-    chunk and code path as the base case; its own bank stays empty (capacity 1)."""
+def additive(model: RankModel) -> bool:
+    """Whether every adapted module only adds to the logit (`StackedSlots` applies)."""
+    from trainers.models.ranker import additive_in_logit
+
+    return all(additive_in_logit(m) for m in model.bank.shapes)
+
+
+def fold_slots(base_model: Ranker, model: RankModel) -> dict[int, Ranker]:
+    """Per slot adapter (keyed by its bank row), the plain base with that adapter folded into
+    its weights (`trainers.models.lora.fold_lora`, issue 33 item 2)."""
     from serving.adapters import CANDIDATE
-    from serving.ranking import RankModel
     from trainers.models.lora import fold_lora
 
     bank = model.bank
-    small = settings.model_copy(
-        update={"serving": settings.serving.model_copy(update={"adapter_capacity": 1})}
-    )
     out = {}
     for slot in SLOT_ADAPTERS:
         tensors = {}
         for layer, (a, b) in bank.weights(slot, CANDIDATE).items():  # A [r, in], B [out, r]
             tensors[f"{layer}.lora_A"], tensors[f"{layer}.lora_B"] = a.cpu(), b.cpu()
-        folded = RankModel(
-            fold_lora(base_model, tensors, bank.scale).to(device), "bench-folded", small, device
-        )
-        folded.chunk = model.chunk
-        out[bank.row(slot, CANDIDATE)] = folded
+        out[bank.row(slot, CANDIDATE)] = fold_lora(base_model, tensors, bank.scale)
+    return out
+
+
+def slot_model(folded: Ranker, model: RankModel, settings: Settings, device: torch.device) -> RankModel:
+    """A folded ranker as a rank model scored without adapters: what a replica that folds at
+    swap time serves a slot's requests with. Same class, chunk and code path as the base case;
+    its own bank stays empty (capacity 1)."""
+    from serving.ranking import RankModel
+
+    small = settings.model_copy(
+        update={"serving": settings.serving.model_copy(update={"adapter_capacity": 1})}
+    )
+    out = RankModel(folded, "bench-folded", small, device)
+    out.chunk = model.chunk
     return out
 
 
@@ -312,6 +332,58 @@ def score_groups(models: dict[int, RankModel], inputs: list[RankInput]) -> list[
         for k, p in zip(idx, scores, strict=True):
             out[k] = p
     return [p for p in out if p is not None]
+
+
+class StackedSlots:
+    """The folded slot adapters served in one forward when every target only adds to the logit
+    (`ranker.additive_in_logit`: the head and the wide tables, the default targets): the base
+    trunk once for the whole batch, then the slots' folded heads stacked into one GEMM
+    ([n, 155] × [155, slots], each candidate's column gathered) and the folded wide tables
+    stacked row-wise (one gather each). What a replica could build at swap time from
+    `fold_lora`'s copies instead of one forward per slot group."""
+
+    def __init__(self, base: Ranker, folded: dict[int, Ranker], chunk: int) -> None:
+        import torch
+        from torch import nn
+
+        from trainers.models.features import ID_COLUMNS
+
+        self.base, self.chunk = base, chunk
+        models = list(folded.values())
+        self.slot_of_row = torch.zeros(max(folded) + 1, dtype=torch.int64)
+        self.slot_of_row[list(folded)] = torch.arange(len(folded))
+        self.head_w = torch.cat([m.head.weight for m in models]).T.contiguous().detach()  # [in, slots]
+        self.head_b = torch.cat([m.head.bias for m in models]).detach()  # [slots]
+        # (id column, table rows, the slots' tables stacked; rows 0: a table no slot adapts, the base's)
+        self.wide: list[tuple[int, int, torch.Tensor]] = []
+        for col, name in enumerate(ID_COLUMNS):
+            if name in base.wide:
+                weights = [t.weight for m in models if isinstance(t := m.wide[name], nn.Embedding)]
+                if all(torch.equal(w, weights[0]) for w in weights):
+                    self.wide.append((col, 0, weights[0].detach().view(-1)))
+                else:
+                    self.wide.append((col, weights[0].shape[0], torch.cat(weights).detach().view(-1)))
+
+    def score(self, inputs: list[RankInput]) -> list[np.ndarray]:
+        """pCTR per candidate of each input (one adapter row per candidate, a slot's)."""
+        import numpy as np
+        import torch
+
+        dense = torch.cat([i.dense for i in inputs])
+        ids = torch.cat([i.ids for i in inputs])
+        slot = self.slot_of_row[torch.cat([i.rows for i in inputs])]
+        parts = []
+        with torch.inference_mode():
+            for start in range(0, max(1, ids.shape[0]), self.chunk):
+                sl = slice(start, start + self.chunk)
+                h, s, i = self.base.head_input(dense[sl], ids[sl]), slot[sl], ids[sl]
+                logit = torch.addmm(self.head_b, h, self.head_w).gather(1, s.unsqueeze(1)).squeeze(1)
+                for col, rows, table in self.wide:
+                    at = i[:, col] if rows == 0 else s * rows + i[:, col]
+                    logit = logit + table.index_select(0, at)
+                parts.append(torch.sigmoid(logit))
+        p = torch.cat(parts).numpy()
+        return list(np.split(p, np.cumsum([len(i.ids) for i in inputs])[:-1]))
 
 
 def describe(model: RankModel, inputs: list[RankInput]) -> dict[str, Any]:
@@ -388,6 +460,9 @@ def check_scores(b: Bench) -> dict[str, float]:
         checks[f"{kind}_per_sample"] = float(np.abs(np.concatenate(per_sample(b.model, inputs)) - want).max())
         if kind == "slot":
             checks["slot_folded"] = float(np.abs(np.concatenate(score_groups(b.folded, inputs)) - want).max())
+            if b.stacked is not None:
+                stacked = np.concatenate(b.stacked.score(inputs))
+                checks["slot_folded_stacked"] = float(np.abs(stacked - want).max())
     if max(checks.values()) > 1e-5:
         raise SystemExit(f"adapter scores differ from the per-candidate reference: {checks}")
     return checks
@@ -431,6 +506,8 @@ def build_cases(
         "one_request_base": lambda: model.score(batches["uniform"][:1], use_adapters=False),
         "one_request_adapters_uniform": lambda: model.score(batches["uniform"][:1], use_adapters=True),
     }
+    if b.stacked is not None:
+        cases["slot_adapters_folded_stacked"] = functools.partial(b.stacked.score, batches["slot"])
     # issue 16's user tower (off by default: it did not win offline) against the plain ranker, one
     # request of `n` candidates with a full history, raw `Ranker.score` on both sides
     one_dense, one_ids = b.feats[0]
@@ -761,7 +838,11 @@ def precision_json(
 
 def same_round_ratios(rounds: dict[str, list[float]], variants: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """`RATIO_PAIRS` (time ÷ time) and each precision variant's candidates/s ÷ fp32's."""
-    out = {key: ratio_summary(rounds[num], rounds[den]) for key, (num, den) in RATIO_PAIRS.items()}
+    out = {
+        key: ratio_summary(rounds[num], rounds[den])
+        for key, (num, den) in RATIO_PAIRS.items()
+        if num in rounds and den in rounds
+    }
     for name in variants:
         if name != "fp32" and f"precision_{name}" in rounds:
             out[f"precision_{name}"] = ratio_summary(rounds["precision_fp32"], rounds[f"precision_{name}"])

@@ -61,6 +61,7 @@ def test_small_run_writes_folded_and_precision_figures(tmp_path: Path) -> None:
     _rank().main([*argv.split(), "--out", str(out)])
     got = json.loads(out.read_text())
     assert got["max_abs_diff_vs_reference"]["slot_folded"] < 1e-5
+    assert got["max_abs_diff_vs_reference"]["slot_folded_stacked"] < 1e-5  # default targets: additive
     assert got["folded_adapters_cost_ratio"] > 0 and len(got["folded_adapters_cost_ratio_ci95"]) == 2
     assert set(got["adapter_cost_ratios"]) >= {"folded_adapters", "slot_adapters_mixed"}
     variants = got["precision"]["variants"]
