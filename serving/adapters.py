@@ -124,6 +124,9 @@ class AdapterStack:
         self.free_slots: list[int] = []  # slots of evicted adapters, reused before new ones
         self.generation = 0
         self.swaps = 0
+        # called after each swap, on the thread that swapped (the event loop): e.g. the rank
+        # model folding slot adapters into copies of the base (`serving.ranking.FoldedSlots`)
+        self.on_swap: list[Callable[[], None]] = []
 
     # -- reading ------------------------------------------------------------------------
     @property
@@ -235,6 +238,8 @@ class AdapterStack:
             self._active = 1 - self._active
             self.swaps += 1
             self.generation = version
+        for hook in self.on_swap:
+            hook()
 
     def _write(self, rows: list[int], weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write full weights into some rows (one swap)."""

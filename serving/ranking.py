@@ -4,16 +4,20 @@ in one forward pass; features are built from catalog columns (same spec as `trai
 
 from __future__ import annotations
 
+import copy
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
+from schemas.errors import AdapterError
 from schemas.events import SLOTS
 from schemas.settings import Settings
-from serving.adapters import AdapterStack
+from serving.adapters import CANDIDATE, STABLE, AdapterStack, BankBuffers
 from serving.banked import BankContext, install, target_layers
 from trainers.models.features import N_EXTRA_DENSE
 from trainers.models.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
@@ -91,6 +95,97 @@ def build_input(
     )
 
 
+class FoldedSlots:
+    """Copies of the plain base ranker with one slot adapter's ΔW folded into their weights
+    (`W + scale·B·A`; an id table `E + scale·(B·A)ᵀ`), refolded at swap time (the bank's
+    `on_swap`, on the loop), so a request whose candidates all use one slot adapter is scored
+    by the base model's forward at the base model's cost. Each copy is keyed by its bank row
+    and the row's version: a batch uses it only when the buffers it holds have that version
+    (else the banked path computes the same scores). The arms' empty rows (unknown adapters)
+    map to the plain model itself. The same fold as `trainers.models.lora.fold_lora` (float64
+    sum, rounded once; checked equal in tests/unit/serving/test_serving_folded.py), without
+    importing PEFT into the replica."""
+
+    def __init__(self, plain: nn.Module, bank: AdapterStack, fold_ids: frozenset[str]) -> None:
+        self.plain = plain
+        self.bank = bank
+        self.fold_ids = fold_ids
+        self.null_rows = frozenset({bank.row(None, STABLE), bank.row(None, CANDIDATE)})
+        # row -> (row version, folded model); replaced whole (the rank thread reads it)
+        self.models: dict[int, tuple[int, nn.Module]] = {}
+        self.folds = 0
+
+    def refold(self) -> None:
+        """Fold the slot adapters whose rows changed since their copy was made (and drop the
+        copies of adapters no longer in the bank)."""
+        buf = self.bank.active
+        rows = {
+            self.bank.row(aid, arm)
+            for aid in self.bank.meta
+            if aid in self.fold_ids
+            for arm in (STABLE, CANDIDATE)
+        }
+        models = {r: m for r, m in self.models.items() if r in rows}
+        for r in rows:
+            if r not in models or models[r][0] != buf.version[r]:
+                models[r] = (buf.version[r], self.fold(buf, r))
+                self.folds += 1
+        self.models = models
+
+    def fold(self, buf: BankBuffers, row: int) -> nn.Module:
+        """A copy of the plain model with bank row `row` of `buf` folded in: the adapted layers
+        get new weights, everything else is shared with the plain model (nothing else is
+        copied, so a fold at swap time costs the adapted layers' arithmetic only)."""
+        scale = self.bank.scale
+        weights: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name in self.bank.shapes:
+                layer = self.plain.get_submodule(name)
+                a, b = buf.a[name][row].double(), buf.b[name][row].double()  # Aᵀ [in, r], Bᵀ [r, out]
+                if isinstance(layer, nn.Linear):
+                    delta = (a @ b).T  # ΔW = scale·B·A, [out, in]
+                elif isinstance(layer, nn.Embedding):
+                    delta = a @ b  # (B·A)ᵀ, [num_embeddings, dim]
+                else:
+                    raise AdapterError(f"layer {name!r} is {type(layer).__name__}, not Linear or Embedding")
+                w = layer.weight
+                weights[name] = (w.double() + scale * delta.to(w.device)).to(w.dtype)
+        return _with_weights(self.plain, weights)
+
+    def model_for(self, rows: torch.Tensor, buf: BankBuffers) -> nn.Module | None:
+        """The folded (or plain) model that scores every candidate of `rows` exactly, if any:
+        all rows one slot adapter's, folded at the version `buf` holds, or all the empty row."""
+        if rows.numel() == 0:
+            return None
+        first = int(rows[0])
+        if first in self.null_rows:
+            return self.plain if bool((rows == first).all()) else None
+        hit = self.models.get(first)
+        if hit is None or hit[0] != buf.version[first] or not bool((rows == first).all()):
+            return None
+        return hit[1]
+
+
+def _with_weights(module: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn.Module:
+    """A shallow copy of `module` whose named submodules (dotted paths) have the given weights;
+    every other module and tensor is shared with `module`."""
+    out = copy.copy(module)
+    out._modules = dict(module._modules)
+    out._parameters = dict(module._parameters)
+    children: dict[str, dict[str, torch.Tensor]] = {}
+    for name, w in weights.items():
+        head, _, rest = name.partition(".")
+        if name == "":
+            out._parameters["weight"] = nn.Parameter(w, requires_grad=False)
+        else:
+            children.setdefault(head, {})[rest] = w
+    for head, sub in children.items():
+        child = module._modules[head]
+        assert child is not None
+        out._modules[head] = _with_weights(child, sub)
+    return out
+
+
 class RankModel:
     """The base ranker with banked LoRA layers; `score` takes several requests' inputs at once.
 
@@ -111,6 +206,7 @@ class RankModel:
         self.model = model
         self.version = version
         self.device = device
+        plain = copy.deepcopy(model).eval()  # before the bank's layers go in: the folds' base
         shapes = target_layers(model, list(settings.lora.targets))
         self.bank = AdapterStack(
             shapes,
@@ -126,6 +222,10 @@ class RankModel:
             merge_max=settings.serving.merge_max,
         )
         self.ctx: BankContext = install(model, self.bank, ctx)
+        # slot adapters (one per slot: every candidate of a request shares it) are folded into
+        # copies of the base at swap time; per-advertiser adapters take the banked (mixed) path
+        self.folded = FoldedSlots(plain, self.bank, frozenset(SLOTS))
+        self.bank.on_swap.append(self.folded.refold)
         self.config: RankerConfig = model.config
         self.chunk = settings.serving.rank_chunk
 
@@ -140,9 +240,39 @@ class RankModel:
         """
         if not inputs:
             return []
+        if use_adapters:
+            return self._score_folded(inputs)
         return self._split(inputs, self._forward(inputs, use_adapters))
 
-    def _forward(self, inputs: list[RankInput], use_adapters: bool) -> np.ndarray:
+    def _score_folded(self, inputs: list[RankInput]) -> list[np.ndarray]:
+        """With adapters: the inputs whose candidates share one folded slot adapter (or none)
+        go through that model's plain forward, one pass per model; the rest (mixed adapters)
+        through the banked layers."""
+        out: list[np.ndarray | None] = [None] * len(inputs)
+        with self.bank.reading() as buf:
+            groups: dict[int, tuple[nn.Module, list[int]]] = {}
+            rest: list[int] = []
+            for i, inp in enumerate(inputs):
+                model = self.folded.model_for(inp.rows, buf)
+                if model is None:
+                    rest.append(i)
+                else:
+                    groups.setdefault(id(model), (model, []))[1].append(i)
+            for model, idx in groups.values():
+                part = [inputs[i] for i in idx]
+                for i, p in zip(idx, self._split(part, self._forward(part, False, model)), strict=True):
+                    out[i] = p
+        if rest:
+            part = [inputs[i] for i in rest]
+            for i, p in zip(rest, self._split(part, self._forward(part, True)), strict=True):
+                out[i] = p
+        return [p if p is not None else np.zeros(0) for p in out]
+
+    def _forward(
+        self, inputs: list[RankInput], use_adapters: bool, model: nn.Module | None = None
+    ) -> np.ndarray:
+        """pCTR of the inputs' candidates in input order: through the banked model (with or
+        without adapters), or through `model` (a folded copy or the plain base) when given."""
         dense = torch.cat([i.dense for i in inputs]) if len(inputs) > 1 else inputs[0].dense
         ids = torch.cat([i.ids for i in inputs]) if len(inputs) > 1 else inputs[0].ids
         offset = self._offsets(inputs)
@@ -168,11 +298,14 @@ class RankModel:
         parts = []
         for start in range(0, max(1, dense.shape[0]), chunk):
             sl = slice(start, start + chunk)
-            with self.ctx.use(self.bank, None if rows is None else rows[sl]):
-                logit = self.model(dense[sl], ids[sl])
-                if offset is not None:
-                    logit = logit + offset[sl]
-                parts.append(torch.sigmoid(logit).float())
+            if model is not None:
+                logit = model(dense[sl], ids[sl])
+            else:
+                with self.ctx.use(self.bank, None if rows is None else rows[sl]):
+                    logit = self.model(dense[sl], ids[sl])
+            if offset is not None:
+                logit = logit + offset[sl]
+            parts.append(torch.sigmoid(logit).float())
         p = (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu()
         if order is not None:
             p = torch.empty_like(p).index_copy_(0, order, p)
