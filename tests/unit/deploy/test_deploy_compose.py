@@ -21,7 +21,11 @@ OUR_IMAGE = re.compile(r"^adstream:(?P<version>\d+\.\d+\.\d+)(-cuda)?$")
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    """The file as compose reads it: interpolated with the required secrets set (as .env would)."""
+    from deploy.manifests import _interpolate_tree
+
+    env = {k: "s" * 40 for k in re.findall(r"\$\{(\w+):\?", COMPOSE.read_text())}
+    data: dict[str, Any] = _interpolate_tree(yaml.safe_load(COMPOSE.read_text()), env)
     return data
 
 
@@ -79,13 +83,9 @@ def test_every_command_is_an_existing_cli_entry(compose: dict[str, Any]) -> None
         test = svc.get("healthcheck", {}).get("test", [])
         if test and test[0] == "CMD" and test[1] in groups:
             parse(groups, test[1:])
-    assert {seen[s] for s in ("serve", "streams", "trainer", "migrate", "topics")} == {
-        "serve",
-        "worker",
-        "trainer",
-        "migrate",
-        "up",
-    }
+    wanted = {"serve": "serve", "streams": "worker", "trainer": "trainer", "init": "init",
+              "dashboard": "dashboard", "scheduler": "schedule"}  # fmt: skip
+    assert {s: seen[s] for s in wanted} == wanted
     assert seen["ray-head"] == seen["ray-worker"] == "start"
 
 
@@ -103,8 +103,9 @@ def test_the_command_check_rejects_what_does_not_exist() -> None:
 
 def test_start_order_is_gated_on_health(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    one_shot = {n for n, s in services.items() if s.get("restart") == "no"}
-    assert one_shot == {"topics", "migrate"}
+    # init runs once; serve deploys the app detached and exits (retried only if the deploy fails)
+    one_shot = {n for n, s in services.items() if s.get("restart") in ("no", "on-failure")}
+    assert one_shot == {"init", "serve"} and services["init"]["restart"] == "no"
     for name, svc in services.items():
         if name not in one_shot:
             assert "healthcheck" in svc, f"{name} has no healthcheck"
@@ -114,7 +115,7 @@ def test_start_order_is_gated_on_health(compose: dict[str, Any]) -> None:
             assert cond == {"condition": want}, f"{name} → {dep}: {cond}"
     for name in ("serve", "streams", "trainer"):
         deps = services[name]["depends_on"]
-        assert {"kafka", "redis", "clickhouse", "topics", "migrate"} <= set(deps), name
+        assert {"kafka", "redis", "clickhouse", "init"} <= set(deps), name
     assert "ray-head" in services["serve"]["depends_on"]
 
 
@@ -143,6 +144,7 @@ def test_volumes_persistence_and_settings(compose: dict[str, Any]) -> None:
 def test_grafana_is_provisioned_from_deploy_grafana(compose: dict[str, Any]) -> None:
     grafana = compose["services"]["grafana"]
     mounts = [v for v in grafana["volumes"] if v.startswith("./")]
+    assert grafana["depends_on"]["prometheus"] == {"condition": "service_healthy"}
     assert mounts and all(m.startswith("./deploy/grafana/") for m in mounts)
     for mount in mounts:
         assert (ROOT / mount.split(":", 1)[0]).exists(), f"{mount}: deploy/grafana has no such path"
