@@ -191,8 +191,10 @@ def run_wrk(
     *,
     threads: int = 1,
     qos: str | None = None,
+    deadline_ms: float | None = None,
 ) -> dict[str, Any]:
-    """One wrk run; `threads == conns` (one connection per thread) adds the P99 of the 200s alone."""
+    """One wrk run; `threads == conns` (one connection per thread) adds the P99 of the 200s alone;
+    `deadline_ms`: every request asks for that deadline."""
     if shutil.which("wrk") is None:
         raise SystemExit("benchmarks need the HTTP load tool wrk: apt-get install wrk")
     env = {
@@ -203,6 +205,7 @@ def run_wrk(
         "USERS": str(users),
         "K": "10",
         "QOS": qos or "",
+        "DEADLINE_MS": "" if deadline_ms is None else f"{deadline_ms:g}",
     }
     out = subprocess.run(
         [
@@ -252,6 +255,10 @@ def wrk_row(res: dict[str, Any], rate: int, timed: bool = False) -> dict[str, An
 P99_LIMIT_MS = 50.0
 CAPACITY_GOAL = 0.3  # adstream's capacity over the floor's
 P99_OVER_FLOOR_GOAL_MS = 10.0  # adstream's P99 at 100 req/s over the floor's
+# issue 33: at half the model floor's capacity, P99 within 5 ms of the model floor's and CPU per
+# request within 2 x; capacity at least the model floor's
+MODEL_P99_GOAL_MS = 5.0
+MODEL_CPU_GOAL = 2.0
 
 
 def capacity(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -424,14 +431,39 @@ def floor_run(settings: Settings, args: argparse.Namespace, model: bool = False)
         print(f"{name} capacity: {cap['capacity_rps']}/s (unpaced {cap['unpaced']['rps']}/s)")
         profiled = args.profile_rate and not model
         profile = profile_replica(url, name, args.profile_rate, args) if profiled else None
+        half = at_half(url, name, cap["capacity_rps"], args) if model else None
     finally:
         serve.delete(name)
         time.sleep(3)  # its direct-ingress port drains (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)
-    return {"url": url, "at_100": at_100, "capacity": cap, "cpu_profile": profile}
+    return {"url": url, "at_100": at_100, "capacity": cap, "cpu_profile": profile, "at_half": half}
+
+
+def half_rate(model_floor_capacity: int) -> int:
+    """Half the model floor's capacity, in steps of 10 req/s (at least 10).
+
+    >>> half_rate(310), half_rate(0)
+    (150, 10)
+    """
+    return max(10, int(model_floor_capacity / 2 / 10) * 10)
+
+
+def at_half(url: str, app: str, model_floor_capacity: int, args: argparse.Namespace) -> dict[str, Any]:
+    """P99 (median of `--repeats` runs) and CPU per request at half the model floor's capacity."""
+    rate = half_rate(model_floor_capacity)
+    row = summarize([run_wrk(url, rate, args.duration, args.conns, args.users) for _ in range(args.repeats)])
+    cpu = profile_replica(url, app, rate, args)
+    print(f"{app} at {rate}/s (half the model floor): p99 {row['p99_ms']} ms, "
+          f"CPU {cpu.get('cpu_ms_per_request')} ms/request")  # fmt: skip
+    return {"rate": rate, **row, "cpu": cpu}
 
 
 def model_bounds(
-    null_cap: int, null_p99: float, model_floor: Mapping[str, Any] | None, cap: int, p99_at_100: float | None
+    null_cap: int,
+    null_p99: float,
+    model_floor: Mapping[str, Any] | None,
+    cap: int,
+    p99_at_100: float | None,
+    half: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """What the model floor (the floor + the rank forward of `recall.k` candidates, same run)
     says of the goals: the highest capacity ratio to the floor any one-replica ad server with this
@@ -446,9 +478,25 @@ def model_bounds(
         return None
     model_cap = model_floor["capacity"]["capacity_rps"]
     model_p99 = model_floor["at_100"]["p99_ms"]
+    floor_half = model_floor.get("at_half") or {}
+    p99_half = cpu_ratio = None
+    if half and floor_half:
+        p99_half = round(half["p99_ms"] - floor_half["p99_ms"], 2)
+        ours, theirs = half["cpu"].get("cpu_ms_per_request"), floor_half["cpu"].get("cpu_ms_per_request")
+        cpu_ratio = round(ours / theirs, 3) if ours and theirs else None
     return {
         "model_floor_capacity_rps": model_cap,
         "model_floor_p99_ms_at_100": model_p99,
+        "half_rate_rps": floor_half.get("rate"),
+        "model_floor_p99_ms_at_half": floor_half.get("p99_ms"),
+        "p99_ms_at_half": None if not half else half["p99_ms"],
+        "p99_over_model_floor_ms_at_half": p99_half,
+        "cpu_ratio_to_model_floor": cpu_ratio,
+        "goal_met": {
+            "capacity_ratio_to_model_floor": bool(model_cap and cap >= model_cap),
+            "p99_over_model_floor_ms_at_half": p99_half is not None and p99_half <= MODEL_P99_GOAL_MS,
+            "cpu_ratio_to_model_floor": cpu_ratio is not None and cpu_ratio <= MODEL_CPU_GOAL,
+        },
         "capacity_bound_ratio": round(model_cap / null_cap, 3) if null_cap else None,
         "capacity_ratio_to_model_floor": round(cap / model_cap, 3) if model_cap else None,
         "model_p99_over_null_ms_at_100": round(model_p99 - null_p99, 2),
@@ -847,6 +895,132 @@ def load_balanced(args: argparse.Namespace, model_dir: Path, catalog: Path) -> d
     }
 
 
+# -- a hung dependency (issue 33, item 5): the ad server's own Redis frozen under load ----------
+def hung_redis(args: argparse.Namespace, tmp: Path, catalog: Path, rate: int) -> dict[str, Any]:
+    """The ad server (the first scheme) at `rate` req/s, every request asking `--hung-deadline-ms`,
+    with its Redis (a redis-server of its own on `--hung-redis-port`) answering, then frozen
+    (SIGSTOP: connections accepted by the kernel, never answered) for one run, then thawed
+    (SIGCONT). `p99_ms` and `status_counts` are the frozen run's, as wrk saw them."""
+    import signal
+
+    from deploy.cli_serving import start
+    from schemas.settings import Settings
+
+    port = args.hung_redis_port
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return {"error": "redis-server is not installed"}
+    server = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = args.hung_deadline_ms
+    try:
+        time.sleep(1.0)
+        base = scheme_settings(args, tmp, catalog, args.schemes.split(",")[0])
+        settings = Settings(
+            **{
+                **base.model_dump(),
+                "redis": {**base.redis.model_dump(), "url": f"redis://127.0.0.1:{port}/0"},
+            }
+        )
+        warm_users(settings, args.users, catalog)
+        write_adapters(settings, tmp / "models", catalog)
+        url = start(settings, name="hung").best
+        try:
+            wait_ready(url)
+            run_wrk(url, 50, 5, args.conns, args.users)  # warm-up
+            runs = {}
+            runs["before"] = run_wrk(url, rate, args.duration, args.conns, args.users, deadline_ms=deadline)
+            os.kill(server.pid, signal.SIGSTOP)
+            try:
+                runs["frozen"] = run_wrk(
+                    url, rate, args.duration, args.conns, args.users, deadline_ms=deadline
+                )
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            time.sleep(2)
+            runs["after"] = run_wrk(url, rate, args.duration, args.conns, args.users, deadline_ms=deadline)
+        finally:
+            teardown(settings)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.terminate()
+        server.wait(10)
+    frozen = runs["frozen"]
+    fives = sum(n for code, n in frozen["codes"].items() if code.startswith("5"))
+    print(f"hung_redis at {rate}/s, deadline {deadline:g} ms: frozen p99 {frozen['p99_ms']} ms, "
+          f"codes {frozen['codes']}")  # fmt: skip
+    return {
+        "rate": rate,
+        "deadline_ms": deadline,
+        "frozen_s": args.duration,
+        "p50_ms": frozen["p50_ms"],
+        "p99_ms": frozen["p99_ms"],
+        "max_ms": frozen["max_ms"],
+        "status_counts": frozen["codes"],
+        "goal": {"p99_over_deadline_ms": MODEL_P99_GOAL_MS, "5xx": 0},
+        "goal_met": bool(
+            frozen["p99_ms"] <= deadline + MODEL_P99_GOAL_MS and fives == 0 and frozen["errors"] == 0
+        ),
+        "runs": runs,
+        "note": "the first scheme's ad server on a redis-server of its own, at half the model floor's "
+        "capacity (or --rates' first rate without it); every request asks deadline_ms; Redis frozen "
+        "with SIGSTOP for the whole 'frozen' run",
+    }
+
+
+def run_hung_redis(args: argparse.Namespace) -> None:
+    """`--hung-redis-only`: the hung-Redis scenario alone (at `--hung-rate`), into serve.json's
+    `hung_redis`."""
+    from deploy.machine import machine
+    from schemas.settings import Settings
+
+    start = machine()
+    tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-hung-"))
+    try:
+        catalog = tmp / "catalog.jsonl"
+        make_catalog(catalog, args.ads)
+        make_model(tmp / "models", Settings().model_dir)
+        result = hung_redis(args, tmp, catalog, args.hung_rate)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["machine"], result["machine_end"] = start, machine()
+    write_result(args.out, result, section="hung_redis")
+    print(f"wrote {args.out} (hung_redis)")
+
+
+def machine_level(
+    load_balanced: Mapping[str, Any] | None, model_floor_capacity: int | None
+) -> dict[str, Any] | None:
+    """The machine's capacity through the load-balanced endpoint (one replica per core, from
+    `--load-balanced`, its own run) as a ratio of that many times one replica's model floor
+    capacity (this run).
+
+    >>> lb = {"replicas": 2, "ingress": "haproxy_2", "cases": {"haproxy_2": {"capacity": {"rps": 300.0,
+    ...       "error_rate": 0.0}}}}
+    >>> machine_level(lb, 250)["capacity_ratio_to_model_floors"]
+    0.6
+    """
+    if not load_balanced or not model_floor_capacity:
+        return None
+    case = (load_balanced.get("cases") or {}).get(load_balanced.get("ingress") or "", {})
+    cap = case.get("capacity")
+    replicas = load_balanced.get("replicas")
+    if not cap or not replicas:
+        return None
+    served = round(cap["rps"] * (1 - cap.get("error_rate", 0.0)), 1)
+    return {
+        "replicas": replicas,
+        "ingress": load_balanced.get("ingress"),
+        "served_rps": served,
+        "model_floor_capacity_rps": model_floor_capacity,
+        "capacity_ratio_to_model_floors": round(served / (replicas * model_floor_capacity), 3),
+        "note": "served (unpaced) throughput of the load-balanced case of --load-balanced (its own run "
+        "and machine load: load_balanced.machine) over replicas x this run's model floor capacity",
+    }
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -909,6 +1083,20 @@ def parse_args() -> argparse.Namespace:
         type=Path,
         help="a folder to keep py-spy's raw stacks of the profiled replicas in (<app>.txt)",
     )
+    ap.add_argument(
+        "--hung-redis",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the hung-Redis scenario (serve.json `hung_redis`) at half the model floor's capacity",
+    )
+    ap.add_argument(
+        "--hung-redis-only",
+        action="store_true",
+        help="only the hung-Redis scenario, at --hung-rate → serve.json's `hung_redis`",
+    )
+    ap.add_argument("--hung-rate", type=int_at_least(1), default=30, help="rate of --hung-redis-only")
+    ap.add_argument("--hung-redis-port", type=int_at_least(1), default=18102, help="its own redis-server")
+    ap.add_argument("--hung-deadline-ms", type=float, default=50.0, help="deadline_ms of its requests")
     ap.add_argument(
         "--quick", action="store_true", help="development: 6 s runs, one repeat, the slot scheme only"
     )
@@ -1034,6 +1222,8 @@ def measure_scheme(
         proxy_row = None
         if first:
             capacity_and_qos(client, url, settings, args, head)
+            if head.get("model_floor"):  # issue 33: P99 and CPU at half the model floor's capacity
+                head["at_half"] = at_half(url, "bench", head["model_floor"]["capacity"]["capacity_rps"], args)
         if first and args.profile_rate:
             head["cpu_profile"] = profile_replica(url, "bench", args.profile_rate, args)
             shown = ("cpu_ms_per_request", "sampled_ms_per_request")
@@ -1142,7 +1332,7 @@ def serve_result(
     null_p99 = floor["at_100"]["p99_ms"]
     p99_100 = at_100["p99_ms"] if at_100 else None
     cpu = cpu_summary(floor.get("cpu_profile"), head.get("cpu_profile"))
-    bounds = model_bounds(null_cap, null_p99, head.get("model_floor"), cap, p99_100)
+    bounds = model_bounds(null_cap, null_p99, head.get("model_floor"), cap, p99_100, head.get("at_half"))
     return {
         "benchmark": "serve",
         "machine": machine_start,
@@ -1159,6 +1349,7 @@ def serve_result(
         },
         "capacity_rule": f"highest paced rate: P99 <= {P99_LIMIT_MS} ms, no errors, >= 97 % delivered",
         "model_bounds": bounds,
+        "at_half": head.get("at_half"),
         "breakdown_ms": head.get("breakdown"),
         "cpu_profile": cpu,
         "qos": head.get("qos"),
@@ -1193,6 +1384,9 @@ def main() -> None:
     if args.load_balanced:
         run_load_balanced(args)
         return
+    if args.hung_redis_only:
+        run_hung_redis(args)
+        return
 
     from deploy.machine import machine
     from schemas.settings import Settings
@@ -1205,6 +1399,10 @@ def main() -> None:
     head: dict[str, Any] = {}
     try:
         by_scheme = run_schemes(args, tmp, catalog, head)
+        if args.hung_redis:
+            floor_cap = (head.get("model_floor") or {}).get("capacity", {}).get("capacity_rps")
+            rate = half_rate(floor_cap) if floor_cap else int(args.rates.split(",")[0])
+            head["hung_redis"] = hung_redis(args, tmp, catalog, rate)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print_rates(by_scheme)
@@ -1214,6 +1412,12 @@ def main() -> None:
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     if "load_balanced" in previous:  # written by --load-balanced (its own machine and command); kept
         result["load_balanced"] = previous["load_balanced"]
+    if head.get("hung_redis"):
+        result["hung_redis"] = head["hung_redis"]
+    elif "hung_redis" in previous:  # written by --hung-redis-only; kept
+        result["hung_redis"] = previous["hung_redis"]
+    floor_cap = (head.get("model_floor") or {}).get("capacity", {}).get("capacity_rps")
+    result["machine_level"] = machine_level(result.get("load_balanced"), floor_cap)
     write_result(args.out, result)
     print(json.dumps({k: result[k] for k in ("null_capacity_rps", "null_p99_ms_at_100", "capacity_rps",
                                               "p99_ms_at_100", "goal_met", "model_bounds")}))  # fmt: skip

@@ -1,6 +1,7 @@
 -- wrk script: POST /v1/ads for random users at a fixed per-connection rate; prints JSON at the end.
 -- env: RATE (requests/s over all threads), THREADS (wrk -t, default 1), CONNS (wrk -c), USERS
--- (user pool), K, QOS (the requests' `qos` class; unset: none, the slot's default)
+-- (user pool), K, QOS (the requests' `qos` class; unset: none, the slot's default), DEADLINE_MS
+-- (the requests' `deadline_ms`; unset: none, the class's deadline)
 -- With one connection per thread (-tN -cN) each thread times its own requests, so the output also
 -- has status counts and the P99 of the 200s alone (`ok_p99_us`): a shed 503 answers fast and would
 -- pull wrk's overall percentiles down.
@@ -20,6 +21,7 @@ local threads_n = tonumber(os.getenv("THREADS") or "1")
 local users = tonumber(os.getenv("USERS") or "5000")
 local k = tonumber(os.getenv("K") or "10")
 local qos = os.getenv("QOS") or ""
+local deadline_ms = os.getenv("DEADLINE_MS") or ""
 local slots = {"feed", "search", "splash"}
 -- each thread paces its connections, so all threads together send RATE requests/s
 local interval = 1000.0 * threads_n / rate
@@ -50,6 +52,7 @@ end
 function request()
   local extra = ""
   if qos ~= "" then extra = string.format(',"qos":"%s"', qos) end
+  if deadline_ms ~= "" then extra = extra .. string.format(',"deadline_ms":%s', deadline_ms) end
   local body = string.format('{"user_id":"u%d","slot":"%s","k":%d%s}', math.random(users), slots[math.random(3)], k, extra)
   sent_at = now_ms()
   return wrk.format("POST", "/v1/ads", {["Content-Type"] = "application/json"}, body)
