@@ -14,13 +14,26 @@ units; `deploy.live_figures`):
 - `resets_per_adapter_hour`: the trainer's guard resets per adapter per hour of loop;
 - `exploration_ctr_cost`: CTR of explored vs greedy impressions;
 - `ope`: relative error of IPS / SNIPS / DR of a known policy against the simulator's truth
-  (`workloads.ope_truth`, `attribution.ope`).
+  (`workloads.ope_truth`, `attribution.ope`);
+- variance reduction, next to each lift: `*_cuped` (CUPED, `attribution.ab.cuped_lift`, with each
+  user's CTR in the history the base was trained on: pre-treatment), `*_cuped_predrift` (the
+  user's CTR before the drift: post-treatment, biased by any pre-drift effect) and `*_expected`
+  (simulator only: each impression's true click probability in place of its click);
+- `decomposition`: on the same served impressions of the learning and correction arms, AUC,
+  per-user AUC and calibration of frozen, frozen + correction, frozen + adapters and all of it,
+  and how the adapter's and the correction's logit shifts correlate (`deploy.live_figures.decompose`);
+- `sizes` (the argument) and `decides_5pct` (per run and figure: half-width, verdict, the seeds
+  that would decide).
+
+Each seed's arrays are saved next to its loop (`run.npz`) and a partial result after each seed
+(`<out>.<run>.partial.json`); `--combine A.json B.json` summarizes saved runs again with this
+code into one result (how the quiet and the loaded run, run apart, become one file).
 
 Arms, exploration flags and propensities are what serving records in each impression
 (`ab_arm`, `explored`, `propensity`); where this build's serving records none, the lifts say so.
 
-Usage: `.venv/bin/python benchmarks/live_loop.py [--seeds 1 2 3 4 5] [--requests 6000] [--quick]`;
-writes `benchmarks/results/live_loop.json`.
+Usage: `.venv/bin/python -m benchmarks.live_loop [--seeds 1 2 3 4 5] [--requests 6000] [--runs quiet]
+[--quick]`; writes `benchmarks/results/live_loop.json`.
 """
 
 # ruff: noqa: E402
@@ -28,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import subprocess
 import sys
 import time
@@ -44,6 +58,7 @@ from rich.table import Table
 
 from deploy.live_figures import Run, loop_run, pool_runs, save_run, summarize
 from deploy.machine import machine, process_cpu_s, write_result
+from schemas.errors import StackError
 
 OUT = ROOT / "benchmarks" / "results" / "live_loop.json"
 QUICK = {"seeds": [1], "requests": 900, "history": 6000, "users": 150, "ads": 120, "n_boot": 200}
@@ -65,6 +80,8 @@ SIZES = (
     "half-width (`seeds_for_5pct`) and for the interval to exclude 0 at the observed mean "
     "(`seeds_to_exclude_0`)."
 )
+# the loop's processes inherit these (1 keeps torch from spinning threads on an oversubscribed machine)
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # per-seed entries that are the loop's record, not figures (kept when figures are recomputed)
 META = ("seed", "loop_s", "dir", "load_avg_1m_start", "load_avg_1m_end", "errors", "cpu_s",
         "trainer_cpu_share", "scored_share", "note")  # fmt: skip
@@ -171,24 +188,34 @@ def one_seed(args: argparse.Namespace, seed: int, say: Any) -> tuple[Run, dict[s
 def one_mode(args: argparse.Namespace, mode: str, say: Any) -> dict[str, Any]:
     """Every seed in one machine condition, then the pooled figures."""
     runs, seeds, hog = [], [], None
+    failed: list[dict[str, Any]] = []
     t0 = time.monotonic()
     if mode == "loaded":
         hog = Hog().__enter__()
     try:
         for seed in args.seeds:
             say(f"[bold]{mode}: seed {seed}[/]")
-            run, figures = one_seed(args, seed, say)
+            try:
+                run, figures = one_seed(args, seed, say)
+            except (StackError, subprocess.TimeoutExpired) as exc:  # one seed's loop, not the run
+                failed.append({"seed": seed, "error": str(exc).splitlines()[0][:300]})
+                say(f"[red]{mode}: seed {seed} failed: {failed[-1]['error']}[/]")
+                continue
             runs.append(run)
             seeds.append(figures)
             # each finished seed on disk at once: a cut-short run still combines (--combine)
-            partial = {"runs": {mode: {"seeds": seeds}}, "config": {k: v for k, v in vars(args).items()
-                       if k != "out"}, "machine": machine(), "partial": True}  # fmt: skip
+            config = {k: v for k, v in vars(args).items() if k != "out"}
+            config["threads"] = {k: os.environ.get(k) for k in THREAD_VARS}
+            partial = {"runs": {mode: {"seeds": seeds, "failed": failed}}, "config": config,
+                       "machine": machine(), "partial": True}  # fmt: skip
             write_result(args.out.with_suffix(f".{mode}.partial.json"), partial, default=str)
     finally:
         if hog is not None:
             hog.__exit__(None, None, None)
+    if not runs:
+        return {"error": "every seed failed", "failed": failed}
     pooled, strata = pool_runs(runs)
-    out = summarize(pooled, strata, n_boot=args.n_boot, seed=0) | {"seeds": seeds}
+    out = summarize(pooled, strata, n_boot=args.n_boot, seed=0) | {"seeds": seeds, "failed": failed}
     out["wall_s"] = round(time.monotonic() - t0, 1)
     if hog is not None:
         out["hog"] = {"cpu_s": round(hog.cpu_s, 1), "wall_s": round(hog.wall_s, 1)}
@@ -354,7 +381,8 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {
         "runs": runs,
         "ope": ope_entry(args.seeds),
-        "config": {k: v for k, v in vars(args).items() if k != "out"} | {"ab_env": ab_env(args)},
+        "config": {k: v for k, v in vars(args).items() if k != "out"}
+        | {"ab_env": ab_env(args), "threads": {k: os.environ.get(k) for k in THREAD_VARS}},
         "sizes": SIZES,
         "decides_5pct": decisions(runs),
         "wall_s": round(time.perf_counter() - t0, 1),
