@@ -8,8 +8,9 @@ and the label join (`streams.processor`), and every `sink.batch_size` records or
 seconds commits a batch in this order:
 
 1. rows → ClickHouse (idempotent: ReplacingMergeTree on event_id) and, at the same time,
-   dead letters and training examples → Kafka (deterministic ids: a replay re-sends the same);
-   the dead letters of rows ClickHouse refuses for good follow;
+   dead letters → Kafka (deterministic ids: a replay re-sends the same); the batch's training
+   examples were produced already, as each was made (below), and are waited for here; the dead
+   letters of rows ClickHouse refuses for good follow;
 2. user states + pending labels + offsets → Redis in one MULTI/EXEC;
 3. the records are acked to the source (so Kafka's committed offset never passes Redis's).
 
@@ -21,6 +22,14 @@ dead-lettered and the rest written (`streams.delivery`), so one record never sta
 
 Records reach the merge only once every user they touch is loaded from Redis (a failed read is
 retried), so no record is ever applied to a user's state that was not read.
+
+Training examples do not wait for their batch (freshness: `sink.flush_s` was the worker's share
+of click→served): each release's examples are queued at once to a sender that produces them in
+order, one round at a time (`_Outbox`, with `delivery.produce_all`'s retries and stand-ins), and
+a batch's Redis commit waits until everything queued up to its end is delivered. So they still
+reach Kafka before the offsets that pass them are committed; a crash before the commit replays
+the batch, which re-sends the same examples (deterministic ids; the trainer skips ids it took),
+as a crash between the produce and the commit always did.
 
 The write of a batch overlaps the processing of the next one (its contents are fixed before it
 starts, and a batch's write starts only when the previous one has finished, so the order above
@@ -105,6 +114,53 @@ class _Batch:
     handles: list[Any] = field(default_factory=list)
     count: int = 0
     started: float = 0.0
+    queued: int = 0  # the outbox's count once this batch's examples were queued
+
+
+class _Outbox:
+    """Messages produced as they are made, in order, one `produce_all` round at a time (what
+    queues meanwhile goes in the next round); `delivered(n)` waits until the first `n` queued
+    are delivered (retried while the broker fails; a message it can never take replaced by its
+    dead letter) and raises what stopped the sender (a bug) to every waiter."""
+
+    def __init__(self, produce: Callable[[list[tuple[str, bytes, bytes]]], Awaitable[None]]) -> None:
+        self.produce = produce
+        self.queue: list[tuple[str, bytes, bytes]] = []
+        self.queued = 0  # messages ever queued
+        self.done = 0  # … and delivered (in queue order)
+        self.task: asyncio.Task[None] | None = None
+        self.failed: BaseException | None = None
+        self.changed = asyncio.Event()
+
+    def put(self, messages: list[tuple[str, bytes, bytes]]) -> None:
+        if not messages:
+            return
+        self.queue += messages
+        self.queued += len(messages)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self.queue and self.failed is None:
+                round_, self.queue = self.queue, []
+                await self.produce(round_)
+                self.done += len(round_)
+                self.changed.set()
+        except BaseException as exc:  # a bug, or a cancelled worker: every waiter gets it
+            self.failed = exc
+            self.changed.set()
+            if not isinstance(exc, Exception):
+                raise
+
+    async def delivered(self, upto: int) -> None:
+        while self.done < upto:
+            if self.failed is not None:
+                raise self.failed
+            self.changed.clear()
+            if self.task is None or self.task.done():  # cannot happen: `put` starts it
+                self.task = asyncio.create_task(self._send())
+            await self.changed.wait()
 
 
 class Pipeline:
@@ -150,6 +206,7 @@ class Pipeline:
         self._broken: BaseException | None = None  # why a batch write failed for good (`_check`)
         self.caught_up: CaughtUp = lambda topic, partition, last: False
         self._reported: Counter[str] = Counter()
+        self.outbox = _Outbox(self._produce_examples)  # examples, produced as they are made
 
     # -- intake ----------------------------------------------------------------------------
     async def _part(self, p: int) -> _Part:
@@ -408,8 +465,12 @@ class Pipeline:
             b.rows[table].append(row)
             b.raws[table].append(item.raw)
             events.append((item.event, item.raw, item.ts))
-        if events:
-            b.examples += part.proc.on_batch(events)
+        if events and (made := part.proc.on_batch(events)):
+            b.examples += made
+            # keyed by adapter_id, as `key_of` keys them (the contract's key of the topic)
+            topic, to_json = self.examples_topic, example_json
+            self.outbox.put([(topic, e.adapter_id.encode(), to_json(e)) for e in made])
+            b.queued = self.outbox.queued
 
     def _check(self) -> None:
         """Refuse to go on after a batch write failed with a non-transient error (a bug, a store
@@ -449,10 +510,7 @@ class Pipeline:
             join.dirty.clear()
             join.removed.clear()
             commit.stream_ts[p] = join.stream_ts
-        messages = [(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]
-        # keyed by adapter_id, as `key_of` keys them (the contract's key of the topic)
-        topic, to_json = self.examples_topic, example_json
-        messages += [(topic, e.adapter_id.encode(), to_json(e)) for e in b.examples]
+        messages = [(self.dlq_topic, key_of(d), encode(d)) for d in b.dead]  # the examples: `outbox`
         await self._settle()
         self._inflight = asyncio.create_task(self._finish(b, commit, messages))
 
@@ -503,9 +561,10 @@ class Pipeline:
                 )
 
         try:
-            async with asyncio.TaskGroup() as group:  # one failing for good cancels the other
+            async with asyncio.TaskGroup() as group:  # one failing for good cancels the others
                 inserted = group.create_task(rows())
                 group.create_task(produce(messages))
+                group.create_task(self.outbox.delivered(b.queued))  # examples, sent as they were made
         except BaseExceptionGroup as failed:  # the error itself, as a sequential write raised it
             raise failed.exceptions[0] from None
         letters = []
@@ -520,6 +579,11 @@ class Pipeline:
         t1 = time.perf_counter()
         await retrying(lambda: self.store.commit(commit), "batch commit", self.backoff)
         m.COMMIT_LATENCY.observe(time.perf_counter() - t1)
+
+    async def _produce_examples(self, messages: list[tuple[str, bytes, bytes]]) -> None:
+        self.counts["unsendable"] += await produce_all(
+            self.send, messages, "examples produce", self.dlq_topic, self.backoff, send_many=self.send_many
+        )
 
     def _over_cache(self) -> bool:
         limit = self.cache_users // max(1, len(self.parts))
