@@ -23,7 +23,9 @@ Hops (each from the producer timestamps of the Kafka records, one machine, one c
 worker consume, merge, label join, batched commit); `trainer` example produced → delta made
 (trainer collect + wait for a step + step); `publish` delta made → delta record produced (seq
 reserved in Redis, produced); `replica` delta produced → first response carrying it (replica
-consume, checks, apply, swap; includes up to `--poll-ms` of polling).
+consume, checks, apply, swap; includes up to `--poll-ms` of polling and the round trip of the
+poll that saw it: `poll_rtt`, reported beside the hops, is that request's round trip alone, so
+`replica` − `poll_rtt` is about what the replica itself took on a machine whose HTTP path is slow).
 
 Tracked users are drawn on the candidate arm of the canary (`serving.canary.arm_for`): that arm
 serves the live adapter version; the stable arm serves the last version the canary promoted,
@@ -60,6 +62,8 @@ from schemas.ids import impression_event_id
 from schemas.settings import Settings
 
 OUT = Path(__file__).parent / "results" / "freshness.json"
+GOAL_P99_S = 0.5  # click→served at the default settings (issue 35; issue 14's was 2 s)
+GOAL_TRIALS = 100  # … over at least this many completed trials
 HOPS = ("produce", "worker", "trainer", "publish", "replica")
 
 
@@ -81,6 +85,7 @@ class Trial:
     seq: int | None = None
     error: str | None = None
     replica: dict[str, float] = field(default_factory=dict)  # canary and delta counters, on failure
+    poll_rtt_s: float | None = None  # round trip of the poll that saw the delta
 
 
 REPLICA_METRICS = (
@@ -226,6 +231,7 @@ async def one_trial(
     deadline = time.monotonic() + args.trial_timeout_s
     probe = body | {"preview": True}  # polls are previews: they must not flood the canary's windows
     while time.monotonic() < deadline:
+        sent = time.time()
         r = await http.post("/v1/ads", json=probe)
         if (
             r.status_code == 200
@@ -234,6 +240,7 @@ async def one_trial(
             done = time.time()
             t.hops["replica"] = done - delta_ts
             t.total_s = done - t0
+            t.poll_rtt_s = done - sent
             return t
         await asyncio.sleep(args.poll_ms / 1000)
     t.error = "not_served"
@@ -323,6 +330,12 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
             "p99_s": q(x, 99),
             "mean_s": round(float(x.mean()), 4) if len(x) else None,
         }
+    rtt = np.asarray([t.poll_rtt_s for t in ok if t.poll_rtt_s is not None], dtype=float)
+    poll_rtt = {
+        "p50_s": q(rtt, 50),
+        "p99_s": q(rtt, 99),
+        "mean_s": round(float(rtt.mean()), 4) if len(rtt) else None,
+    }
     errors: dict[str, int] = {}
     for t in trials:
         if t.error:
@@ -335,6 +348,7 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
         "attempted": len(trials),
         "failed": errors,
         "hops": hops,
+        "poll_rtt": poll_rtt,
     }
 
 
@@ -350,6 +364,8 @@ PACE_SETTINGS = (
     "online.min_step_examples",
     "online.snapshot_every_s",
     "adapter_scheme",
+    "kafka.fetch_max_wait_ms",
+    "streams.produce_linger_ms",
 )
 
 
@@ -389,8 +405,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     res = summarize(trials)
     s = demo.settings
     res |= {
-        "goal_p99_s": 2.0,
-        "goal_met": res["p99_s"] is not None and res["p99_s"] <= 2.0 and not res["failed"],
+        "goal_p99_s": GOAL_P99_S,
+        "goal_trials": GOAL_TRIALS,
+        "goal_met": res["p99_s"] is not None
+        and res["p99_s"] <= GOAL_P99_S
+        and res["trials"] >= GOAL_TRIALS
+        and not res["failed"],
         "machine": machine() | {"load_avg_1m_start": round(load_start, 2)},
         "loop_s": round(time.monotonic() - t0, 1),
         "background_rate_rps": args.rate,
@@ -399,7 +419,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "arm": f"candidate (canary share {s.canary.share:.2f}); stable arm: the last promoted version",
         "settings": settings_summary(s),
         "per_trial": [
-            {"user": t.user, "total_s": t.total_s, "seq": t.seq, "error": t.error, **t.hops}
+            {
+                "user": t.user,
+                "total_s": t.total_s,
+                "seq": t.seq,
+                "error": t.error,
+                **t.hops,
+                "poll_rtt_s": t.poll_rtt_s,
+            }
             | ({"replica": t.replica} if t.replica else {})
             for t in trials
         ],
@@ -420,9 +447,13 @@ def print_table(res: dict[str, Any]) -> None:
         table.add_row(h, *(f"{v[k]:.3f}" if v[k] is not None else "-" for k in ("p50_s", "p99_s", "mean_s")))
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     table.add_row("total", fmt(res["p50_s"]), fmt(res["p99_s"]), "-", style="bold")
+    rtt = res.get("poll_rtt") or {}
+    table.add_row("(in replica: the seeing poll's round trip)", fmt(rtt.get("p50_s")), fmt(rtt.get("p99_s")),
+                  fmt(rtt.get("mean_s")), style="dim")  # fmt: skip
     Console(width=150).print(table)
     Console().print(
-        f"goal P99 ≤ 2 s: {res['goal_met']}; failed trials: {res['failed'] or 'none'}; "
+        f"goal P99 ≤ {GOAL_P99_S:g} s over ≥ {GOAL_TRIALS} trials: {res['goal_met']}; "
+        f"failed trials: {res['failed'] or 'none'}; "
         f"settings {res['settings']}"
     )
 

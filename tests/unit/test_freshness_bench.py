@@ -17,3 +17,20 @@ def test_the_settings_summary_reads_every_setting_it_names() -> None:
     assert summary["streams.attribution_window_s"] == s.streams.attribution_window_s
     assert summary["adapter_scheme"] == s.adapter_scheme
     assert len(summary) >= 8
+
+
+def test_the_summary_reports_every_hop_and_the_seeing_polls_round_trip() -> None:
+    """Per hop P50/P99 over the completed trials, failures counted by kind, and the round trip
+    of the poll that saw each delta (the HTTP share of the replica hop on a busy machine)."""
+    bench = load_benchmark("freshness")
+    ok = [
+        bench.Trial(
+            f"u{i}", total_s=0.2 + i / 100, hops={h: 0.01 * (i + 1) for h in bench.HOPS}, poll_rtt_s=0.01 * i
+        )
+        for i in range(10)
+    ]
+    res = bench.summarize([*ok, bench.Trial("x", error="not_served")])
+    assert res["trials"] == 10 and res["attempted"] == 11 and res["failed"] == {"not_served": 1}
+    assert set(res["hops"]) == set(bench.HOPS) and res["hops"]["trainer"]["p50_s"] == 0.055
+    assert res["poll_rtt"]["p50_s"] == 0.045
+    assert bench.GOAL_P99_S == 0.5 and bench.GOAL_TRIALS == 100  # issue 35
