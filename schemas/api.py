@@ -115,6 +115,38 @@ class AdResponse(Contract):
     adapter_version: Version | None = None
 
 
+MAX_CANDIDATES = 1000  # candidates per `/v1/rank` request (a retrieval stage's usual few hundred)
+
+
+def _distinct_ids(ids: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for i in ids:
+        if i in seen:
+            raise ValueError(f"lists the ad {i!r} more than once")
+        seen.add(i)
+    return ids
+
+
+class RankRequest(AdRequest):
+    """`POST /v1/rank`: rank ads the caller retrieved itself (its own candidate ids from the
+    catalog) for one user and slot, with the same ranker, adapters, deadlines, QoS, pacing and
+    caps as `/v1/ads`; the best `k` are served (signed impressions and click tokens as there)."""
+
+    candidates: Annotated[
+        list[Ident], Field(min_length=1, max_length=MAX_CANDIDATES), AfterValidator(_distinct_ids)
+    ]
+
+
+class RankResponse(AdResponse):
+    """`/v1/rank`'s answer: the ranked ads, and the candidates that were not ranked: ids the
+    catalog does not hold (`unknown`), and ads it holds that this request may not be shown
+    (`ineligible`: inactive, out of today's budget, outside their campaign's schedule or
+    audience, or frequency-capped for the user)."""
+
+    unknown: list[Ident] = Field(default_factory=list)
+    ineligible: list[Ident] = Field(default_factory=list)
+
+
 class AdapterInfo(Contract):
     """What a serving replica knows of one adapter (`GET /v1/adapters`)."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from schemas.api import AdapterInfo, AdRequest, AdResponse
+from schemas.api import AdapterInfo, AdRequest, AdResponse, RankRequest, RankResponse
 from schemas.collect import EventBatch, EventsResult
 from schemas.events import EVENT_MODELS
 from schemas.settings import env_example
@@ -19,6 +19,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "AdRequest": AdRequest,
     "AdResponse": AdResponse,
     "AdapterInfo": AdapterInfo,
+    "RankRequest": RankRequest,
+    "RankResponse": RankResponse,
     "EventBatch": EventBatch,
     "EventsResult": EventsResult,
 }

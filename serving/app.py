@@ -26,7 +26,7 @@ from pydantic import SecretStr
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
-from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass
+from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass, RankRequest, RankResponse
 from schemas.delta import resolve_signing_key
 from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
@@ -61,6 +61,26 @@ api.add_middleware(PublisherCors)  # CORS of /v1/ads and /v1/events for web page
 
 
 _error = error
+
+
+def _route(model: type[AdRequest]) -> dict[str, Any]:
+    """The OpenAPI of a ranking route: its request body and every error status."""
+    return {
+        "openapi_extra": {
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": model.model_json_schema()}},
+            }
+        },
+        "responses": {
+            400: _detail("client disconnected before the body ended"),
+            413: _detail("body over max_body_bytes (64 KiB)"),
+            415: _detail("Content-Type is not application/json"),
+            401: _detail("`serving.api_keys` are set and X-Api-Key is missing or unknown"),
+            422: {"description": "invalid request: `detail` lists each field (`loc`) and why"},
+            503: _detail("overloaded; retry after Retry-After seconds"),
+        },
+    }
 
 
 def _detail(description: str) -> dict[str, Any]:
@@ -236,26 +256,20 @@ class AdServer:
         return [p if p is not None else np.zeros(0) for p in out]
 
     # -- HTTP ---------------------------------------------------------------------------
-    @api.post(
-        "/v1/ads",
-        response_model=AdResponse,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": AdRequest.model_json_schema()}},
-            }
-        },
-        responses={
-            400: _detail("client disconnected before the body ended"),
-            413: _detail("body over max_body_bytes (64 KiB)"),
-            415: _detail("Content-Type is not application/json"),
-            401: _detail("`serving.api_keys` are set and X-Api-Key is missing or unknown"),
-            422: {"description": "invalid request: `detail` lists each field (`loc`) and why"},
-            503: _detail("overloaded; retry after Retry-After seconds"),
-        },
-    )
+    @api.post("/v1/ads", response_model=AdResponse, **_route(AdRequest))
     async def ads(self, request: Request) -> Response:
         """Ranked ads for one user and slot (see `AdRequest` / `AdResponse`)."""
+        return await self._answer(request, AdRequest)
+
+    @api.post("/v1/rank", response_model=RankResponse, **_route(RankRequest))
+    async def rank_candidates(self, request: Request) -> Response:
+        """The caller's own candidates ranked for one user and slot (see `RankRequest` /
+        `RankResponse`): the same ranker, adapters, deadlines, QoS, pacing and caps as `/v1/ads`."""
+        return await self._answer(request, RankRequest)
+
+    async def _answer(self, request: Request, model: type[AdRequest]) -> Response:
+        """A ranking request's way through the edge: key, media type, admission, body, QoS gate,
+        the request path, the response."""
         t0 = time.perf_counter()
         denied = check_api_key(request.headers.get("x-api-key"), self.api_keys)
         if denied is not None:
@@ -266,7 +280,7 @@ class AdServer:
             self.metrics.shed.inc()
             return self._status(503, _error(503, "overloaded, retry later", {"Retry-After": "1"}))
         # from the first byte to its class: a slow body holds its admission slot
-        req = await self.bodies.parse(request, self.settings.serving.max_body_bytes)
+        req = await self.bodies.parse(request, self.settings.serving.max_body_bytes, model)
         if not isinstance(req, AdRequest):
             return self._status(req.status_code, req)
         t_gate = time.perf_counter()

@@ -99,11 +99,14 @@ def unsupported_media() -> JSONResponse:
     return error(415, "Content-Type must be application/json")
 
 
-async def parse_ad_request(request: Request, limit: int) -> AdRequest | JSONResponse:
-    """The request edge of `POST /v1/ads` after the media type was checked: the body read within
-    `limit` bytes (413; 400 when the client left mid-body), duplicate keys refused (422) and the
-    `AdRequest` validated (422, each field located). The ad server and the benchmark's framework
-    floor (`serving.floor`) both answer through this, so the floor pays what the server pays."""
+async def parse_ad_request(
+    request: Request, limit: int, model: type[AdRequest] = AdRequest
+) -> AdRequest | JSONResponse:
+    """The request edge of `POST /v1/ads` (and `/v1/rank`, `model` = `RankRequest`) after the
+    media type was checked: the body read within `limit` bytes (413; 400 when the client left
+    mid-body), duplicate keys refused (422) and the request validated (422, each field located).
+    The ad server and the benchmark's framework floor (`serving.floor`) both answer through this,
+    so the floor pays what the server pays."""
     try:
         body = await read_body(request, limit)
     except BodyTooLarge:
@@ -116,7 +119,7 @@ async def parse_ad_request(request: Request, limit: int) -> AdRequest | JSONResp
         ]
         return JSONResponse({"detail": twice, "error": f"duplicate JSON key(s) {dupes}"}, status_code=422)
     try:
-        return AdRequest.model_validate_json(body)
+        return model.model_validate_json(body)
     except ValidationError as exc:
         # an error of the whole body (not JSON, not an object) is located at `body`
         detail = [
@@ -137,11 +140,13 @@ class BodyAdmission:
     def full(self) -> bool:
         return self.reading >= self.limit
 
-    async def parse(self, request: Request, max_bytes: int) -> AdRequest | JSONResponse:
+    async def parse(
+        self, request: Request, max_bytes: int, model: type[AdRequest] = AdRequest
+    ) -> AdRequest | JSONResponse:
         """`parse_ad_request` holding a slot for as long as the body takes to arrive."""
         self.reading += 1
         try:
-            return await parse_ad_request(request, max_bytes)
+            return await parse_ad_request(request, max_bytes, model)
         finally:
             self.reading -= 1
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
+from schemas.api import AdRequest, AdResponse, RankRequest, RankResponse, ServedAd, StageMs
 from schemas.events import AbArm, AdCreative, Impression
 from schemas.ids import adapter_id_for, impression_event_id
 from schemas.settings import Settings
@@ -111,6 +111,9 @@ class RequestContext:
     recalled: Recalled | None = None
     # the user read did not answer within its share of the deadline (or failed): served without it
     read_missed: bool = False
+    # `/v1/rank`: the caller's candidates the catalog does not hold, and those it may not show
+    unknown: list[str] = field(default_factory=list)
+    ineligible: list[str] = field(default_factory=list)
 
 
 class AdPipeline:
@@ -283,6 +286,38 @@ class AdPipeline:
             for r, u, (rows, scores) in zip(reqs, views, found, strict=True)
         ]
 
+    def candidates(
+        self, req: RankRequest, capped: Sequence[str], now: datetime
+    ) -> tuple[np.ndarray, list[str], list[str]]:
+        """A `/v1/rank` request's candidates as catalog rows, in the caller's order: those this
+        request may be shown (active, budget left, in their campaign's schedule and audience, not
+        frequency-capped), and the ids the catalog does not hold and those it may not show."""
+        cat = self.catalog
+        allowed = cat.servable(audience_of(req, now))
+        capped_ids = set(capped)
+        rows: list[int] = []
+        unknown: list[str] = []
+        ineligible: list[str] = []
+        for ad_id in req.candidates:
+            row = cat.row_of.get(ad_id)
+            if row is None:
+                unknown.append(ad_id)
+            elif not allowed[row] or ad_id in capped_ids:
+                ineligible.append(ad_id)
+            else:
+                rows.append(row)
+        return np.asarray(rows, dtype=np.int64), unknown, ineligible
+
+    def recall_candidates(
+        self, req: AdRequest, user: UserView | None, rows: np.ndarray, hour: int
+    ) -> Recalled:
+        """The caller's candidate rows in place of recall: their recall scores (the query's inner
+        product, for the `recall_score` rung) and rank input, as `recall` gives its own."""
+        user = self.with_interests(user, req.interests)
+        query = np.asarray(self.query(user, req.context, req.slot, hour), dtype=np.float32)
+        scores = self.catalog.vectors[rows] @ query
+        return self._recalled(req, user, rows, scores, hour)
+
     def _recalled(
         self, req: AdRequest, user: UserView | None, rows: np.ndarray, scores: np.ndarray, hour: int
     ) -> Recalled:
@@ -437,7 +472,7 @@ class AdPipeline:
             rank=round(max(ms.get("rank", 0.0), 0.0), 3),
             rerank=round(max(ms.get("rerank", 0.0), 0.0), 3),
         )
-        return AdResponse(
+        resp = AdResponse(
             request_id=ctx.request_id,
             ads=served.ads,
             degraded=ctx.rung != "adapter",
@@ -446,6 +481,9 @@ class AdPipeline:
             model_version=self.rank.version,
             adapter_version=served.adapter_version,
         )
+        if isinstance(ctx.req, RankRequest):
+            return RankResponse(**dict(resp), unknown=ctx.unknown, ineligible=ctx.ineligible)
+        return resp
 
 
 @dataclass

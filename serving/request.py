@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from schemas.api import AdResponse
+from schemas.api import AdResponse, RankRequest
 from schemas.events import Impression
 from serving.arms import uses_adapters, uses_correction
 from serving.deadline import io_budget_ms, lower, plan_rank, plan_start
@@ -193,16 +193,24 @@ class RequestPath:
 
     @timed("recall")
     def recall(self, batch: Batch) -> None:
-        """The batch's candidates (one matmul over the catalog) and their rank inputs."""
-        recalled = self.pipe.recall_many(
-            [c.req for c in batch],
-            [c.user for c in batch],
-            [c.capped for c in batch],
-            batch[0].now.hour,
-            batch[0].now,
-        )
-        for ctx, rec in zip(batch, recalled, strict=True):
-            ctx.recalled, ctx.rows = rec, rec.rows
+        """The batch's candidates (one matmul over the catalog) and their rank inputs; a
+        `/v1/rank` request's candidates are the ones it brought (those it may be shown)."""
+        own = [c for c in batch if not isinstance(c.req, RankRequest)]
+        if own:
+            recalled = self.pipe.recall_many(
+                [c.req for c in own],
+                [c.user for c in own],
+                [c.capped for c in own],
+                own[0].now.hour,
+                own[0].now,
+            )
+            for ctx, rec in zip(own, recalled, strict=True):
+                ctx.recalled, ctx.rows = rec, rec.rows
+        for ctx in batch:
+            if isinstance(ctx.req, RankRequest):
+                rows, ctx.unknown, ctx.ineligible = self.pipe.candidates(ctx.req, ctx.capped, ctx.now)
+                rec = self.pipe.recall_candidates(ctx.req, ctx.user, rows, ctx.now.hour)
+                ctx.recalled, ctx.rows = rec, rec.rows
 
     def rankable(self, batch: Batch) -> Batch:
         """The rung each request can still afford after recall; those on a model rung are returned
@@ -242,6 +250,10 @@ class RequestPath:
     def popular(self, ctx: RequestContext) -> None:
         """The last rung: cached popular ads (the user's known frequency caps still hold)."""
         ctx.rung = "popular"
+        if isinstance(ctx.req, RankRequest):  # the caller's own candidates (rerank orders them by bid)
+            ctx.rows, ctx.unknown, ctx.ineligible = self.pipe.candidates(ctx.req, ctx.capped, ctx.now)
+            ctx.pctr = np.full(ctx.rows.shape[0], 0.02)
+            return
         rows = self.pipe.popular(max(ctx.req.k * 4, 40))
         rows = rows[
             self.pipe.catalog.servable(audience_of(ctx.req, ctx.now))[rows]

@@ -52,3 +52,26 @@ def test_a_live_campaign_targets_its_audience(server: httpx.Client, serve_settin
         assert not mine & served(server, **outside), outside
     r = server.post("/v1/ads", json={"user_id": "u", "slot": "feed", "geo": "Germany"})
     assert r.status_code == 422 and "geo" in r.text
+
+
+def test_rank_route_over_http(server: httpx.Client, catalog: list[AdCreative]) -> None:
+    """`POST /v1/rank` on the real ad server: the caller's candidates ranked and served (click
+    tokens, as `/v1/ads`), unknown ids reported; bad lists are 422 naming the field."""
+    ids = [a.ad_id for a in catalog[:30]] + ["not-in-the-catalog"]
+    body = {
+        "user_id": f"rank-{uuid.uuid4().hex[:8]}",
+        "slot": "feed",
+        "k": 5,
+        "preview": True,
+        "candidates": ids,
+    }
+    r = server.post("/v1/rank", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["unknown"] == ["not-in-the-catalog"] and out["ineligible"] == []
+    assert len(out["ads"]) == 5 and {a["ad_id"] for a in out["ads"]} <= set(ids)
+    assert all(a["click_token"] for a in out["ads"])
+    for bad in ([], ["a", "a"], [1, 2]):
+        r = server.post("/v1/rank", json=body | {"candidates": bad})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][0] == "candidates", r.text
+    assert server.post("/v1/rank", content=b"x", headers={"content-type": "text/plain"}).status_code == 415

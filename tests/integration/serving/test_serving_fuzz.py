@@ -125,6 +125,8 @@ def test_api_fuzz_quick(server: httpx.Client) -> None:
             ("POST /v1/ads", "negative"): 150,
             ("POST /v1/events", "positive"): 100,
             ("POST /v1/events", "negative"): 100,
+            ("POST /v1/rank", "positive"): 60,
+            ("POST /v1/rank", "negative"): 60,
             ("*", "positive"): 15,
             ("*", "negative"): 15,
         },
