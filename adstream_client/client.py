@@ -26,7 +26,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from schemas.api import AdRequest, AdResponse
+from schemas.api import AdRequest, AdResponse, RankRequest, RankResponse
 from schemas.collect import EventsResult
 from schemas.errors import AdstreamError
 from schemas.events import Message
@@ -124,6 +124,16 @@ def _ad_request(user_id: str | AdRequest, fields: dict[str, Any]) -> AdRequest:
     return AdRequest.model_validate_json(json.dumps({"user_id": user_id, **fields}))
 
 
+def _rank_request(
+    user_id: str | RankRequest, candidates: Sequence[str], fields: dict[str, Any]
+) -> RankRequest:
+    if isinstance(user_id, RankRequest):
+        return user_id
+    return RankRequest.model_validate_json(
+        json.dumps({"user_id": user_id, "candidates": list(candidates), **fields})
+    )
+
+
 class _Base:
     def __init__(self, api_key: str | None, retry: RetryPolicy | None) -> None:
         self.headers = {"Content-Type": "application/json"}
@@ -158,6 +168,12 @@ class AdstreamClient(_Base):
         """Ranked ads for a user and slot (`AdRequest` fields as keywords, or an `AdRequest`)."""
         body = _ad_request(user_id, fields).model_dump_json(exclude_none=True).encode()
         return AdResponse.model_validate_json(self._post("/v1/ads", body, frozenset({200})).content)
+
+    def rank(self, user_id: str | RankRequest, candidates: Sequence[str] = (), **fields: Any) -> RankResponse:
+        """Your own candidate ad ids ranked for a user and slot (`RankRequest`): the best `k`,
+        and the ids that were unknown or ineligible."""
+        body = _rank_request(user_id, candidates, fields).model_dump_json(exclude_none=True).encode()
+        return RankResponse.model_validate_json(self._post("/v1/rank", body, frozenset({200})).content)
 
     def events(self, events: Sequence[Message]) -> EventsResult:
         """Send a batch; the answer counts what was produced and names each refused event."""
@@ -199,6 +215,14 @@ class AsyncAdstreamClient(_Base):
         body = _ad_request(user_id, fields).model_dump_json(exclude_none=True).encode()
         resp = await self._post("/v1/ads", body, frozenset({200}))
         return AdResponse.model_validate_json(resp.content)
+
+    async def rank(
+        self, user_id: str | RankRequest, candidates: Sequence[str] = (), **fields: Any
+    ) -> RankResponse:
+        """Your own candidate ad ids ranked for a user and slot (`RankRequest`)."""
+        body = _rank_request(user_id, candidates, fields).model_dump_json(exclude_none=True).encode()
+        resp = await self._post("/v1/rank", body, frozenset({200}))
+        return RankResponse.model_validate_json(resp.content)
 
     async def events(self, events: Sequence[Message]) -> EventsResult:
         """Send a batch; the answer counts what was produced and names each refused event."""

@@ -75,3 +75,8 @@ def test_rank_route_over_http(server: httpx.Client, catalog: list[AdCreative]) -
         r = server.post("/v1/rank", json=body | {"candidates": bad})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][0] == "candidates", r.text
     assert server.post("/v1/rank", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
+    from adstream_client import AdstreamClient  # the typed client says the same
+
+    with AdstreamClient(str(server.base_url)) as client:
+        got = client.rank(body["user_id"], ids, slot="feed", k=3, preview=True)
+    assert got.unknown == ["not-in-the-catalog"] and len(got.ads) == 3
