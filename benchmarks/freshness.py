@@ -247,8 +247,42 @@ async def one_trial(
     return t
 
 
+def histogram_quantiles(text: str, name: str, qs: Sequence[float] = (0.5, 0.99)) -> dict[str, Any]:
+    """From a Prometheus text page, histogram `name`'s count and, per quantile, the upper bound
+    of the bucket it falls in (`le`; None past the last finite bucket).
+
+    >>> page = ['x_bucket{le="0.01"} 50.0', 'x_bucket{le="0.05"} 99.0', 'x_bucket{le="+Inf"} 100.0']
+    >>> histogram_quantiles("\\n".join(page), "x")
+    {'count': 100, 'p50_le_s': 0.01, 'p99_le_s': 0.05}
+    """
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(line.rpartition(" ")[2])))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0.0
+    out: dict[str, Any] = {"count": int(total)}
+    for q in qs:
+        hit = next((le for le, n in buckets if total and n >= q * total), None)
+        out[f"p{round(q * 100):d}_le_s"] = None if hit is None or hit == float("inf") else hit
+    return out
+
+
+async def trainer_steps(port: int) -> dict[str, Any]:
+    """The live trainer's step time (`adstream_trainers_step_seconds`: each micro-batch's learn,
+    and each deadline flush) from its metrics page: count and the P50/P99 buckets."""
+    try:
+        async with httpx.AsyncClient(timeout=5) as http:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    except httpx.HTTPError as exc:
+        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+    return histogram_quantiles(text, "adstream_trainers_step_seconds")
+
+
 async def measure(demo: Any, url: str, args: argparse.Namespace) -> list[Trial]:
-    """Background traffic + consumers + `args.trials` sequential trials."""
+    """Background traffic + consumers + `args.trials` sequential trials (the trainer's step times
+    of the run go to `demo.trainer_steps`)."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     from schemas.clients import kafka_args
@@ -293,6 +327,7 @@ async def measure(demo: Any, url: str, args: argparse.Namespace) -> list[Trial]:
                         + (f"{t.total_s:.3f} s (seq {t.seq})" if t.total_s is not None else str(t.error))
                     )
                 demo.check_children()
+            demo.trainer_steps = await trainer_steps(demo.trainer_metrics_port)
         finally:
             if background is not None:
                 background.cancel()
@@ -404,6 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trials = asyncio.run(measure(demo, url, args))
     res = summarize(trials)
     s = demo.settings
+    res["trainer_step"] = getattr(demo, "trainer_steps", None)
     res |= {
         "goal_p99_s": GOAL_P99_S,
         "goal_trials": GOAL_TRIALS,
@@ -451,6 +487,12 @@ def print_table(res: dict[str, Any]) -> None:
     table.add_row("(in replica: the seeing poll's round trip)", fmt(rtt.get("p50_s")), fmt(rtt.get("p99_s")),
                   fmt(rtt.get("mean_s")), style="dim")  # fmt: skip
     Console(width=150).print(table)
+    steps = res.get("trainer_step") or {}
+    if steps.get("count"):
+        Console().print(
+            f"trainer steps in the loop: {steps['count']}, P50 ≤ {steps['p50_le_s']} s, "
+            f"P99 ≤ {steps['p99_le_s']} s (histogram buckets)"
+        )
     Console().print(
         f"goal P99 ≤ {GOAL_P99_S:g} s over ≥ {GOAL_TRIALS} trials: {res['goal_met']}; "
         f"failed trials: {res['failed'] or 'none'}; "
