@@ -362,3 +362,33 @@ def test_the_pinned_dependencies_resolve_for_every_supported_python(tmp_path: Pa
         assert got["torch"] == pins["torch"], (version, got["torch"])
         for name in {canonicalize_name(Requirement(r).name) for r in reqs}:
             assert got[name] == pins[name], (version, name, got[name], pins[name])
+
+
+def test_installed_bench_writes_under_bench_results_and_passes_out_only_where_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`adstream bench` from an installed package (no committed results to keep): a run writes its
+    JSON under $ADSTREAM_BENCH_RESULTS; a benchmark without `--out` is not handed one."""
+    from deploy import cli_bench
+
+    bench = tmp_path / "site" / "benchmarks"
+    bench.mkdir(parents=True)
+    (bench / "__init__.py").write_text("")
+    (bench / "takes_out.py").write_text(
+        "import argparse, json, pathlib\n"
+        'ap = argparse.ArgumentParser(); ap.add_argument("--out", type=pathlib.Path, required=True)\n'
+        "a = ap.parse_args(); a.out.write_text(json.dumps({'p99_s': 0.25}))\n"
+    )
+    (bench / "plain.py").write_text("import sys\nassert sys.argv[1:] == [], sys.argv\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(cli_bench, "BENCH_DIR", bench)
+    monkeypatch.setattr(cli_bench, "checkout", lambda: False)
+    monkeypatch.setenv("ADSTREAM_BENCH_RESULTS", str(work / "out"))
+    row = cli_bench.run_one("takes_out", [], quick=False)
+    assert row["status"] == "ok" and row["headline"] == "p99_s=0.25", row
+    assert row["results"] == ["out/takes_out.json"] and (work / "out" / "takes_out.json").exists()
+    plain = cli_bench.run_one("plain", [], quick=False)
+    assert plain["status"] == "ok" and plain["results"] == [], plain
+    assert not list(bench.rglob("*.json"))  # nothing written into the installed package
