@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -180,8 +181,8 @@ class RequestPath:
             ids = [ctx.req.user_id for ctx in batch]
             got = await _within(self.users.read_many(ids, batch[0].now), budget_ms / 1000)
         for i, ctx in enumerate(batch):
+            ctx.read_missed = got is None
             if got is None:
-                ctx.read_missed = True
                 ctx.rung = lower(ctx.rung, "base_model")
                 user, ctx.capped = None, self.users.pending_capped(ctx.req.user_id, ctx.now)
             else:
@@ -307,7 +308,7 @@ async def _within(read: Awaitable[_T], timeout_s: float) -> _T | None:
     read past its time is cancelled without waiting for the cancellation to finish (a client
     cleaning up a connection to a hung server could take as long as the server)."""
     task = asyncio.ensure_future(read)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s if math.isfinite(timeout_s) else None)
     if not done:
         task.cancel()
         task.add_done_callback(_retrieve)
