@@ -85,7 +85,7 @@ def wait_for_model(
     while True:
         found = ranker_checkpoint(where)
         if found is not None:
-            if time.monotonic() - t0 > 1:
+            if said >= 0:  # it did wait: say when the model came
                 say(f"base model found at {found} after {time.monotonic() - t0:.0f}s")
             return found
         waited = time.monotonic() - t0
