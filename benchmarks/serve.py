@@ -47,6 +47,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +183,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def run_wrk(
+@dataclass(frozen=True)
+class Route:
+    """Another route's load for `run_wrk`: request bodies (a file, one JSON per line) and the path."""
+
+    path: str
+    bodies: Path
+
+
+def run_wrk(  # noqa: PLR0913 - the load's knobs, keyword-only past the first five
     url: str,
     rate: int,
     duration: int,
@@ -192,9 +201,11 @@ def run_wrk(
     threads: int = 1,
     qos: str | None = None,
     deadline_ms: float | None = None,
+    route: Route | None = None,
 ) -> dict[str, Any]:
     """One wrk run; `threads == conns` (one connection per thread) adds the P99 of the 200s alone;
-    `deadline_ms`: every request asks for that deadline."""
+    `deadline_ms`: every request asks for that deadline; `route`: its bodies sent at random to its
+    path instead of generated `/v1/ads` requests."""
     if shutil.which("wrk") is None:
         raise SystemExit("benchmarks need the HTTP load tool wrk: apt-get install wrk")
     env = {
@@ -206,6 +217,8 @@ def run_wrk(
         "K": "10",
         "QOS": qos or "",
         "DEADLINE_MS": "" if deadline_ms is None else f"{deadline_ms:g}",
+        "BODIES": "" if route is None else str(route.bodies),
+        "PATHNAME": "/v1/ads" if route is None else route.path,
     }
     out = subprocess.run(
         [
@@ -261,17 +274,18 @@ MODEL_P99_GOAL_MS = 5.0
 MODEL_CPU_GOAL = 2.0
 
 
-def capacity(url: str, args: argparse.Namespace) -> dict[str, Any]:
+def capacity(url: str, args: argparse.Namespace, **wrk: Any) -> dict[str, Any]:
     """The highest paced rate with P99 ≤ 50 ms, no errors and ≥ 97 % of it delivered: an unpaced
     probe gives the served throughput (what was not shed); paced steps from 0.9 × it go up 15 %
-    while they pass or down 15 % until one passes, then one step halfway between pass and fail."""
+    while they pass or down 15 % until one passes, then one step halfway between pass and fail.
+    `wrk`: `run_wrk`'s request options (`route`: another route's requests)."""
     conns = args.capacity_conns
-    probe = run_wrk(url, 1_000_000, args.duration, conns, args.users)
+    probe = run_wrk(url, 1_000_000, args.duration, conns, args.users, **wrk)
     served = probe["rps"] * (1 - probe["error_rate"])
     steps: list[dict[str, Any]] = []
 
     def step(rate: int) -> bool:
-        row = run_wrk(url, rate, args.duration, conns, args.users)
+        row = run_wrk(url, rate, args.duration, conns, args.users, **wrk)
         row["passed"] = bool(
             row["p99_ms"] <= P99_LIMIT_MS and row["errors"] == 0 and row["rps"] >= 0.97 * rate
         )

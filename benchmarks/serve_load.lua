@@ -1,5 +1,5 @@
 -- wrk script: POST /v1/ads for random users at a fixed per-connection rate; prints JSON at the end.
--- env: RATE (requests/s over all threads), THREADS (wrk -t, default 1), CONNS (wrk -c), USERS
+-- env: RATE (requests/s over all threads), BODIES and PATHNAME (below), THREADS (wrk -t, default 1), CONNS (wrk -c), USERS
 -- (user pool), K, QOS (the requests' `qos` class; unset: none, the slot's default), DEADLINE_MS
 -- (the requests' `deadline_ms`; unset: none, the class's deadline)
 -- With one connection per thread (-tN -cN) each thread times its own requests, so the output also
@@ -23,6 +23,13 @@ local k = tonumber(os.getenv("K") or "10")
 local qos = os.getenv("QOS") or ""
 local deadline_ms = os.getenv("DEADLINE_MS") or ""
 local slots = {"feed", "search", "splash"}
+-- BODIES: a file of request bodies, one JSON per line, sent at random to PATHNAME (default
+-- /v1/ads) instead of the generated /v1/ads requests (`benchmarks/serve_routes.py`)
+local path = os.getenv("PATHNAME") or "/v1/ads"
+local bodies = {}
+if (os.getenv("BODIES") or "") ~= "" then
+  for line in io.lines(os.getenv("BODIES")) do table.insert(bodies, line) end
+end
 -- each thread paces its connections, so all threads together send RATE requests/s
 local interval = 1000.0 * threads_n / rate
 local next_at = nil
@@ -50,6 +57,10 @@ function delay()
 end
 
 function request()
+  if #bodies > 0 then
+    sent_at = now_ms()
+    return wrk.format("POST", path, {["Content-Type"] = "application/json"}, bodies[math.random(#bodies)])
+  end
   local extra = ""
   if qos ~= "" then extra = string.format(',"qos":"%s"', qos) end
   if deadline_ms ~= "" then extra = extra .. string.format(',"deadline_ms":%s', deadline_ms) end

@@ -62,6 +62,7 @@ QUICK: dict[str, list[str]] = {
     "rank": ["--seconds", "3", "--runs", "1"],
     "recall": ["--ads", "20000", "--queries", "200"],
     "serve": ["--rates", "50", "--duration", "5", "--repeats", "1"],
+    "serve_routes": ["--quick", "--served", "100"],
 }
 NEEDS_GPU = {"gpu_check"}
 
