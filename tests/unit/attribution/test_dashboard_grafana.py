@@ -134,3 +134,21 @@ def test_served_traffic_panels_leave_holdout_impressions_out(dashboard: dict[str
         sql = p["targets"][0]["rawSql"]
         if re.search(r"\bpctr\b|\bslot\b|adapter_version", sql) and "FROM impressions" in sql:
             assert f"ad_id != '{HOLDOUT_AD_ID}'" in sql, p["title"]
+
+
+def test_the_advertiser_dashboard_is_apart_from_operations_and_filters_every_panel() -> None:
+    adv = json.loads((GRAFANA / "dashboards" / "advertiser.json").read_text())
+    ops = json.loads((GRAFANA / "dashboards" / "adstream.json").read_text())
+    assert adv["uid"] != ops["uid"] and adv["timezone"] == "utc"
+    names = [v["name"] for v in adv["templating"]["list"]]
+    assert names == ["advertiser", "campaign", "currency"]
+    campaign = adv["templating"]["list"][1]
+    assert "${advertiser:singlequote}" in campaign["query"] and campaign["multi"] and campaign["includeAll"]
+    for p in adv["panels"]:
+        sql = p["targets"][0]["rawSql"]
+        assert "${advertiser:singlequote}" in sql and "${campaign:singlequote}" in sql, p["title"]
+        assert "$__timeFilter(hour)" in sql and "FROM rollup_hourly FINAL" in sql, p["title"]
+        assert "toStartOfInterval" not in sql and "$__timeInterval" not in sql
+    money = [p for p in adv["panels"] if "${currency}" in p["title"]]
+    assert len(money) >= 2
+    assert any("ahead of plan" in p["targets"][0]["rawSql"] for p in adv["panels"])
