@@ -100,7 +100,11 @@ def pool(parts: Sequence[Served]) -> Served:
         return np.concatenate([np.char.add(f"{k}:", getattr(p, name)) for k, p in enumerate(parts)])
 
     pctr = None if any(p.pctr is None for p in parts) else cat("pctr")
-    oracle = None if any(p.oracle is None for p in parts) else cat("oracle")
+    oracle = (  # nan for a run without one: expected-click figures use the runs that have it
+        None
+        if all(p.oracle is None for p in parts)
+        else np.concatenate([np.full(p.n, math.nan) if p.oracle is None else p.oracle for p in parts])
+    )
     slot = None if any(p.slot is None for p in parts) else cat("slot")
     position = None if any(p.position is None for p in parts) else cat("position")
     return Served(cat("impression_id"), prefixed("user"), prefixed("request"), cat("price"), cat("clicked"),
@@ -485,7 +489,9 @@ def variance_reduced(run: Run, *, n_boot: int, seed: int) -> dict[str, Any]:
                                                           n_boot=n_boot, seed=seed)  # fmt: skip
     exp = expected_served(s)
     if exp is not None:
-        for phase, mask in (("before", ~exp.after), ("after", exp.after)):
+        known = np.isfinite(exp.clicked)
+        exp = dataclasses.replace(exp, clicked=np.nan_to_num(exp.clicked))
+        for phase, mask in (("before", ~exp.after & known), ("after", exp.after & known)):
             arms = arm_data(exp, mask)
             for name, (a, b) in pairs.items():
                 out[f"{name}_{phase}_expected"] = lift_entry(arms, a, b, n_boot=n_boot, seed=seed)
@@ -548,7 +554,7 @@ def decompose(run: Run) -> dict[str, Any]:
             y = s.clicked[m]
             models = {"frozen": base_l[m], "frozen+correction": base_l[m] + corr,
                       "frozen+adapters": online_l[m], "full": online_l[m] + corr}  # fmt: skip
-            if s.oracle is not None:
+            if s.oracle is not None and np.isfinite(s.oracle[m]).all():
                 models["oracle"] = _logit(s.oracle[m])
             entry: dict[str, Any] = {"impressions": int(m.sum()), "ctr": float(y.mean())}
             for name, logit in models.items():

@@ -126,3 +126,17 @@ def test_variance_reduced_lifts_and_the_saved_arrays(tmp_path: Path) -> None:
     out = summarize(pooled, strata, n_boot=50)
     assert out["ctr_lift_after_expected"]["users"] > 0 and math.isfinite(out["ctr_lift_after_cuped"]["mean"])
     assert set(out["decomposition"]["after"]) == {"learning", "correction"}
+
+
+def test_a_run_without_the_oracle_pools_with_one_that_has_it() -> None:
+    import dataclasses
+
+    run, _ = _run()
+    other, _ = _run(seed=1)
+    blind = dataclasses.replace(other, served=dataclasses.replace(other.served, oracle=None))
+    pooled, _ = pool_runs([run, blind])
+    assert pooled.served.oracle is not None and np.isnan(pooled.served.oracle[run.served.n :]).all()
+    alone = variance_reduced(run, n_boot=50, seed=0)["ctr_lift_after_expected"]
+    both = variance_reduced(pooled, n_boot=50, seed=0)["ctr_lift_after_expected"]
+    assert both["mean"] == pytest.approx(alone["mean"]) and both["users"] == alone["users"]
+    assert "oracle" not in decompose(pooled)["after"]["learning"]
