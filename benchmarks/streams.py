@@ -684,6 +684,7 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
         help="also run this many workers of each engine at once on their shares of the partitions "
         "(the machine-level rate; 0: skip)",
     )
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the result JSON goes")
     ap.add_argument("--bare-faust-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--core-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -1000,7 +1001,7 @@ def print_report(b: Bench, m: Measured, sm: Summary, result: dict[str, Any]) -> 
     mach = result["machine"]
     console.print(f"machine: {mach['cpu']}, {mach['cores']} cores, load {mach['load_avg_1m']:.2f}")
     print_profiles(console, runs)
-    console.print(f"wrote {RESULTS}")
+    console.print(f"wrote {b.args.results}")
 
 
 def main() -> None:
@@ -1026,7 +1027,7 @@ def main() -> None:
     m = measure(b)
     sm = summarize(m)
     result = result_json(b, m, sm, load_start)
-    write_result(RESULTS, result)
+    write_result(args.results, result)
     print_report(b, m, sm, result)
 
 
