@@ -132,6 +132,9 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    argv: list[str]
+    env: dict[str, str]
+    restarted: bool = False
 
 
 @dataclass
@@ -156,8 +159,26 @@ class LocalRun:
                 resolve(argv), env=env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.tmp,
             )  # fmt: skip
-        self.procs[name] = Proc(name, popen, log)
+        self.procs[name] = Proc(name, popen, log, argv, env)
         return self.procs[name]
+
+    def restart_ray_node(self, name: str) -> bool:
+        """Start a Ray node again once when it died starting: `ray start` gives its raylet a fixed
+        30 s to register (ray/_private/node.py), which a loaded 2-core machine can miss. What the
+        failed attempt left running (found by this run's Ray temp dir) is stopped first."""
+        proc = self.procs[name]
+        if proc.argv[:2] != ["ray", "start"] or proc.restarted:
+            return False
+        self.say(f"{name} exited {proc.popen.returncode} while starting: once more")
+        for pid in leftover_pids(str(self.ray_tmp)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(3)
+        self.start(name, proc.argv, proc.env)
+        self.procs[name].restarted = True
+        return True
 
     def tail(self, name: str, n: int = 25) -> str:
         try:
@@ -184,11 +205,16 @@ class LocalRun:
         t0 = time.monotonic()
         last = ""
         while time.monotonic() - t0 < timeout_s:
-            if name in self.procs:
-                self.check_alive([name])
-            out = subprocess.run(
-                resolve(check), env=env, capture_output=True, text=True, timeout=60, check=False
-            )
+            if name in self.procs and self.procs[name].popen.poll() is not None:
+                if not self.restart_ray_node(name):
+                    self.check_alive([name])
+            try:
+                out = subprocess.run(
+                    resolve(check), env=env, capture_output=True, text=True, timeout=60, check=False
+                )
+            except subprocess.TimeoutExpired:  # the check itself hung: not healthy yet
+                last = "health check timed out"
+                continue
             if out.returncode == 0:
                 self.say(f"{name} healthy after {time.monotonic() - t0:.1f}s ({' '.join(check[:4])}…)")
                 return time.monotonic() - t0
