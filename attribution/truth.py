@@ -46,12 +46,21 @@ class ModelTruth:
     plan_true_value_delta: float | None = None
     outside_share: float | None = None  # the model's share of the outside channels (None: none)
     true_outside_share: float | None = None
+    campaign_error: float | None = None  # TV distance of shares per campaign (own) and outside channel
+    curve_error: float | None = None  # response curves against the true ones (`curve_error`)
+    gain_interval: tuple[float, float, float] | None = None  # a media-mix model's expected gain a day
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"error": round(self.error, 4), "retarget_share": round(self.retarget_share, 4)}
         if self.outside_share is not None:
             out["outside_share"] = round(self.outside_share, 4)
             out["true_outside_share"] = round(float(self.true_outside_share or 0.0), 4)
+        if self.campaign_error is not None:
+            out["campaign_error"] = round(self.campaign_error, 4)
+        if self.curve_error is not None:
+            out["curve_error"] = round(self.curve_error, 4)
+        if self.gain_interval is not None:
+            out["expected_gain_per_day"] = [round(x, 3) for x in self.gain_interval]
         if self.plan_true_conversions_delta is not None:
             out["budget_moves_true_conversions_delta"] = round(self.plan_true_conversions_delta, 2)
             out["budget_moves_true_value_delta"] = round(float(self.plan_true_value_delta or 0.0), 2)
@@ -89,11 +98,14 @@ def check_market(
     budget_moves: bool = True,
     write: bool = True,
     variants: dict[str, tuple[str, dict[str, Any]]] | None = None,
+    mmm: str | None = None,
 ) -> tuple[dict[str, ModelTruth], MarketData]:
     """Simulate, write, build paths, and score each model (and calibrated ones with holdouts).
 
     `variants` adds named runs of a model with other knobs, e.g.
-    `{"markov_null_removal": ("markov", {"markov_removal": "null"})}`.
+    `{"markov_null_removal": ("markov", {"markov_removal": "null"})}`. `mmm` ("quick" or "full")
+    adds the media-mix model (`mmm`, and `mmm+holdout` with holdouts) and scores every model per
+    campaign and on its response curves (`check_mmm`).
     """
     model_cfg = model_cfg or ModelConfig(seed=cfg.seed)
     data = simulate(cfg)
@@ -133,4 +145,132 @@ def check_market(
             _shares(truth, paths.channels), _shares(result.conversions, paths.channels), delta_c, delta_v,
             *shares,
         )  # fmt: skip
+    if mmm:
+        out.update(
+            check_mmm(backend, cfg, data, results, out, quick=mmm == "quick", budget_moves=budget_moves)
+        )
     return out, data
+
+
+CURVE_POINTS = (0.5, 0.75, 1.0, 1.25, 1.5)  # × each channel's mean daily spend
+ELASTICITY = 0.5  # attribution.roi's default: the curve a multi-touch model's budget moves assume
+
+
+def _unit(channel: str, outside: set[str]) -> str:
+    """A channel's media-mix unit: its campaign (own channels) or itself (outside channels)."""
+    return channel if channel in outside else channel.rsplit(":", 1)[0]
+
+
+def by_unit(
+    values: np.ndarray, channels: tuple[str, ...], units: tuple[str, ...], outside: set[str]
+) -> np.ndarray:
+    """Per-channel values summed per media-mix unit, in `units` order."""
+    out = np.zeros(len(units))
+    at = {u: i for i, u in enumerate(units)}
+    for v, c in zip(values, channels, strict=True):
+        u = _unit(c, outside)
+        if u in at:
+            out[at[u]] += float(v)
+    return out
+
+
+def true_curves(data: MarketData, units: tuple[str, ...], daily_spend: np.ndarray) -> np.ndarray:
+    """True caused conversions a day per unit at each of `CURVE_POINTS` × its mean daily spend
+    (points × units): an own campaign's impressions each cause with a fixed probability (linear in
+    its budget; the small synergy term taken as linear too); an outside channel's steady-state
+    adstock s/(1 − decay) through its Hill curve."""
+    cfg = data.config
+    outside = {o.name: o for o in cfg.outside}
+    caused = by_unit(data.true_credit()[0], data.channels, units, set(outside)) / cfg.days
+    m = np.array(CURVE_POINTS)[:, None]
+    out = caused[None, :] * m
+    for j, u in enumerate(units):
+        if u in outside:
+            o = outside[u]
+            out[:, j] = o.response(m[:, 0] * daily_spend[j] / (1 - o.decay))
+    return np.asarray(out)
+
+
+def curve_error(est: np.ndarray, true: np.ndarray) -> float:
+    """Σ |estimated − true| over the points and units, over Σ true (0: the curves are exact)."""
+    return float(np.abs(est - true).sum() / max(float(true.sum()), 1e-12))
+
+
+def check_mmm(
+    backend: Backend,
+    cfg: AttributionMarketConfig,
+    data: MarketData,
+    results: dict[str, AttributionResult],
+    scored: dict[str, ModelTruth],
+    *,
+    quick: bool = True,
+    budget_moves: bool = True,
+    seed: int = 0,
+) -> dict[str, ModelTruth]:
+    """The media-mix model on the market's daily data (per campaign and outside channel),
+    uncalibrated and holdout-calibrated, scored like the multi-touch models: TV error of shares
+    per unit, response-curve error, and the true outcome of its budget moves re-simulated. The
+    multi-touch models in `scored` gain their per-unit error and the error of the curve their
+    budget moves assume (credit a day × (s/s̄)^0.5)."""
+    from attribution.mmm import daily_data, fit_mmm, lift_tests, plan_mmm_budget
+    from workloads.attribution_market import SLOTS
+
+    since, until = period(cfg)
+    mdata = daily_data(backend, "campaign", since, until)
+    outside = {o.name for o in cfg.outside}
+    units = mdata.channels
+    truth_units = by_unit(data.true_credit()[0], data.channels, units, outside)
+    daily = mdata.spend.mean(axis=0)
+    true_c = true_curves(data, units, daily)
+    m = np.array(CURVE_POINTS)[:, None]
+    for name, result in results.items():
+        credit = by_unit(result.conversions, result.channels, units, outside)
+        old = scored[name]
+        scored[name] = replace(
+            old,
+            campaign_error=tv_distance(credit, truth_units),
+            curve_error=curve_error(credit[None, :] / cfg.days * m**ELASTICITY, true_c),
+        )
+    fits = {"mmm": None}
+    if cfg.holdout_share > 0:
+        fits["mmm+holdout"] = lift_tests(mdata, measure_lift(backend, since, until), "campaign")  # type: ignore[assignment]
+    base_conv, base_value = data.true_credit()
+    out: dict[str, ModelTruth] = {}
+    for name, lifts in fits.items():
+        fit = fit_mmm(mdata, lifts, quick=quick, seed=seed)
+        share = fit.shares()
+        est_c = fit.response(m * daily[None, :]).mean(axis=0)
+        plan = plan_mmm_budget(fit)
+        delta_c = delta_v = None
+        if budget_moves:
+            mult: dict[str, float] = {}
+            for u, f in plan.multipliers.items():
+                for c in [u] if u in outside else [f"{u}:{slot}" for slot in SLOTS]:
+                    mult[c] = f
+            conv, value = simulate(replace(cfg, spend_multiplier=mult)).true_credit()
+            delta_c, delta_v = float(conv.sum() - base_conv.sum()), float(value.sum() - base_value.sum())
+        is_out = np.array([u in outside for u in units], dtype=bool)
+        total = max(float(truth_units.sum()), 1e-12)
+        shares_ = (
+            (float(share[is_out].sum()), float(truth_units[is_out].sum()) / total)
+            if outside
+            else (None, None)
+        )
+        retarget = float(sum(s for u, s in zip(units, share, strict=True) if u == RETARGET))
+        err = tv_distance(share, truth_units)
+        g = plan.gain
+        out[name] = ModelTruth(
+            name,
+            err,
+            retarget,
+            _shares(truth_units, units),
+            _shares(share, units),
+            delta_c,
+            delta_v,
+            outside_share=shares_[0],
+            true_outside_share=shares_[1],
+            campaign_error=err,
+            curve_error=curve_error(est_c, true_c),
+            gain_interval=(g["mean"], g["low"], g["high"]),
+        )
+    return out

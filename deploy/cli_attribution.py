@@ -225,3 +225,65 @@ def lift(
             f"holdout {lf.holdout_rate:.4f} "
             f"({lf.holdout_users}), incremental {lf.incremental_conversions:,.1f} ± {lf.se:,.1f}"
         )
+
+
+@app.command()
+def mmm(
+    by: Annotated[Granularity, typer.Option(help="Channel granularity")] = Granularity.campaign,
+    since: Annotated[str | None, typer.Option(help="Start (ISO or epoch s); default until − 56 d")] = None,
+    until: Annotated[str | None, typer.Option(help="End, exclusive; default now")] = None,
+    advertiser: Annotated[
+        str | None, typer.Option(help="Only this advertiser's spend and conversions")
+    ] = None,
+    calibrate: Annotated[
+        bool, typer.Option(help="Calibrate with the holdouts' lift (--by campaign)")
+    ] = False,
+    quick: Annotated[bool, typer.Option("--quick/--full", help="ADVI in seconds, or NUTS")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the fit")] = 0,
+    max_change: Annotated[
+        float, typer.Option(help="Budget moves within ± this share of a channel's spend")
+    ] = 0.5,
+    meridian: Annotated[
+        str | None, typer.Option(help="Also write Meridian's CSV and spec into this folder")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Media-mix model (PyMC-Marketing: adstock, saturation) of daily spend and conversions, with
+    response curves and budget moves from the fitted curves."""
+    from pathlib import Path
+
+    from attribution.incrementality import measure_lift
+    from attribution.mmm import daily_data, fit_mmm, lift_tests, meridian_export, plan_mmm_budget
+
+    t_until = parse_time(until, "--until", int(time.time()))
+    t_since = parse_time(since, "--since", t_until - 56 * DAY)
+    backend, _ = _backend()
+    data = daily_data(backend, by.value, t_since, t_until, advertiser)
+    lifts = measure_lift(backend, t_since, t_until) if calibrate or meridian else {}
+    tests = lift_tests(data, lifts, by.value) if calibrate else None
+    if calibrate and not tests:
+        raise AttributionInputError("--calibrate: no channel of the range has a holdout lift")
+    fit = fit_mmm(data, tests, quick=quick, seed=seed)
+    plan = plan_mmm_budget(fit, max_change)
+    out = {
+        "channels": list(data.channels), "days": data.days, "fit": fit.meta,
+        "shares": dict(zip(data.channels, fit.shares().round(4).tolist(), strict=True)),
+        "curves": fit.curves(), "budget": plan.to_dict(),
+    }  # fmt: skip
+    if meridian:
+        out["meridian"] = meridian_export(data, lifts, Path(meridian))
+    if as_json:
+        typer.echo(json.dumps(out, default=float, indent=1))
+        return
+    g = plan.gain
+    typer.echo(f"media-mix model over {data.days} days, {len(data.channels)} channels ({fit.meta['method']})")
+    shares = dict(zip(data.channels, fit.shares().tolist(), strict=True))
+    rows: list[dict[str, Any]] = plan.to_dict()["channels"]
+    for row in rows:
+        c = row["channel"]
+        typer.echo(
+            f"{c}: share {shares[c]:.1%}, daily spend {row['daily_spend']:,.2f} → "
+            f"{row['recommended_daily_spend']:,.2f} ({row['gain']:+.2f} conversions/day, "
+            f"90% {row['gain_low']:+.2f}…{row['gain_high']:+.2f})"
+        )
+    typer.echo(f"budget moves: {g['mean']:+.2f} conversions a day (90% {g['low']:+.2f}…{g['high']:+.2f})")

@@ -160,6 +160,9 @@ class AttributionMarketConfig:
     outside: tuple[OutsideChannel, ...] = ()  # channels outside adstream (`default_outside()`)
     advertiser_id: str = "adv_attr"
     prefix: str = "am"
+    # day-to-day budget of each campaign: a lognormal factor (mean 1) per campaign and day, drawn
+    # from its own generator (0: none, the draws stay as they were); a media-mix model needs it
+    daily_jitter: float = 0.0
 
 
 @dataclass
@@ -284,6 +287,8 @@ def simulate(cfg: AttributionMarketConfig) -> MarketData:
     span_start = np.maximum(0.0, span_start)
     span_days = np.maximum(0.0, span_end - span_start) / 86400.0
     users, times, chans = [], [], []
+    day_factor = daily_factors(cfg)
+    thin_rng = np.random.default_rng([cfg.seed, 23])
     for ci, camp in enumerate(cfg.campaigns):
         for si, slot in enumerate(SLOTS):
             ch = ci * len(SLOTS) + si
@@ -293,9 +298,14 @@ def simulate(cfg: AttributionMarketConfig) -> MarketData:
             if retarget and cfg.confounded:
                 reach = prop**cfg.retarget_gamma
                 reach /= reach.mean()
-            counts = rng.poisson(camp.rate[slot] * span_days * mult * reach)
+            top = float(day_factor[ci].max()) if day_factor is not None else 1.0
+            counts = rng.poisson(camp.rate[slot] * span_days * mult * reach * top)
             u = np.repeat(np.arange(n), counts)
             t = span_start[u] + rng.beta(*camp.phase, u.shape[0]) * (span_end[u] - span_start[u])
+            if day_factor is not None:  # thinned to the day's budget (its own generator)
+                day = np.minimum((t // 86400).astype(np.int64), day_factor.shape[1] - 1)
+                kept = thin_rng.random(u.shape[0]) < day_factor[ci, day] / top
+                u, t = u[kept], t[kept]
             if retarget and cfg.confounded and org_user.shape[0]:
                 # a share lands in the hours before one of the user's organic conversions
                 pick = rng.random(u.shape[0]) < cfg.retarget_before_share
@@ -384,6 +394,15 @@ def simulate(cfg: AttributionMarketConfig) -> MarketData:
         o_spend,
         o_adstock,
     )  # fmt: skip
+
+
+def daily_factors(cfg: AttributionMarketConfig) -> np.ndarray | None:
+    """Each campaign's budget factor per day (campaigns × days; mean 1), None without jitter."""
+    if cfg.daily_jitter <= 0:
+        return None
+    rng = np.random.default_rng([cfg.seed, 22])
+    sigma = cfg.daily_jitter
+    return rng.lognormal(-0.5 * sigma**2, sigma, (len(cfg.campaigns), int(np.ceil(cfg.days))))
 
 
 def _first_touch(user: np.ndarray, t: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:

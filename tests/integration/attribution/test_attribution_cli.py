@@ -156,3 +156,68 @@ def test_spend_import_then_roi_shows_the_outside_channel(
     assert client.execute("SELECT sum(spend) FROM outside_spend FINAL")[0][0] == pytest.approx(40.0)
     assert "cmp_search" in budget
     client.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--since", "2020-01-01", "--until", "2020-01-20"], "no spend and conversions"),
+        (["--since", "2026-11-01", "--until", "2026-11-05"], "at least 14 days"),
+        (["--since", "2026-11-01T10:00", "--until", "2026-11-01T20:00"], "no whole UTC day"),
+        (["--by", "slot", "--calibrate", "--since", "2026-11-01", "--until", "2026-11-15"], "--by campaign"),
+        (["--by", "zone"], "'zone'"),
+    ],
+)
+def test_mmm_bad_input_exits_2_naming_it(
+    db: tuple[dict[str, str], str],
+    args: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("pymc_marketing")
+    from deploy.cli import main
+
+    env, _ = db
+    monkeypatch.setenv("ADSTREAM_CLICKHOUSE__URL", env["ADSTREAM_CLICKHOUSE__URL"])
+    monkeypatch.setattr(sys, "argv", ["adstream", "attribution", "mmm", "--quick", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(900)  # a quick fit: ~25 s of CPU, more wall time on a loaded machine
+def test_mmm_quick_fit_prints_curves_moves_and_writes_meridians_files(
+    db: tuple[dict[str, str], str], tmp_path: Any
+) -> None:
+    pytest.importorskip("pymc_marketing")
+    env, _ = db
+    args = [
+        "mmm",
+        "--quick",
+        "--json",
+        "--since",
+        "2026-11-01",
+        "--until",
+        "2026-11-15",
+        "--meridian",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", "from deploy.cli import main; main()", "attribution", *args],
+        env=env, capture_output=True, text=True, timeout=800,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert body["days"] == 14 and body["fit"]["method"] == "advi"
+    assert set(body["shares"]) == set(body["channels"]) == {c.campaign_id for c in CFG.campaigns}
+    assert sum(body["shares"].values()) == pytest.approx(1.0, abs=1e-3)
+    budget = body["budget"]
+    moved = sum(c["recommended_daily_spend"] for c in budget["channels"])
+    assert moved == pytest.approx(sum(c["daily_spend"] for c in budget["channels"]), rel=1e-4)
+    gain = budget["gain_conversions_per_day"]
+    assert gain["low"] <= gain["mean"] <= gain["high"]
+    assert (tmp_path / "meridian_data.csv").read_text().count("\n") == 15
+    assert body["meridian"]["coord_to_columns"]["kpi"] == "conversions"

@@ -1,0 +1,489 @@
+"""A media-mix model of every channel the advertiser pays for, on PyMC-Marketing, calibrated by
+adstream's holdouts.
+
+Daily spend per channel (served impressions' prices; imported outside spend) and daily
+conversions come from ClickHouse (`daily_data`). PyMC-Marketing's `MMM` fits conversions as an
+intercept plus, per channel, a geometric adstock (carry-over, normalised: a constant spend s
+adstocks to s) followed by a logistic saturation β·(1 − e^(−λx))/(1 + e^(−λx)) (`fit_mmm`). The
+lift that a campaign's holdout measured (`attribution.incrementality.measure_lift`) enters as
+PyMC-Marketing's lift-test calibration (`add_lift_test_measurements`): at daily spend x the
+campaign's curve from 0 to x must give the incremental conversions a day that the experiment
+saw, within its standard error.
+
+From the posterior: each channel's contribution (credit shares), its response curve (expected
+conversions a day at a steady daily spend, with an interval), and budget moves: the fixed total
+daily budget split to maximise the posterior-mean total response within per-channel bounds
+(`plan_mmm_budget`, the fitted curves in place of `attribution.roi`'s fixed elasticity), with
+the interval of the expected gain over the posterior. `meridian_export` writes the same data and
+lift-based ROI priors as Google Meridian's `CsvDataLoader` reads them.
+
+`quick=True` fits by mean-field ADVI (seconds to a minute, an approximate posterior: for tests
+and previews); the full fit is NUTS. A fit whose loss or draws are not finite, or whose NUTS
+chains disagree (r-hat > 1.1), is an `MmmFitError`, never a silent result.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attribution.incrementality import Lift
+from attribution.paths import AttributionInputError, channel_sql, check_range, outside_sql
+from attribution.roi import spend_params
+from attribution.sql import Backend
+
+DAY = 86400
+L_MAX = 7  # adstock carry-over window, days
+QUICK_ITERATIONS = 6000  # ADVI steps of a quick fit
+QUICK_DRAWS = 300  # approximate-posterior draws of a quick fit
+# Adam at this rate: PyMC's default (adagrad) had not converged after the same steps (loss 4,442
+# vs 4.7 on a 42-day, 4-channel test market)
+QUICK_LEARNING_RATE = 0.03
+FULL = {"draws": 500, "tune": 1000, "chains": 2, "target_accept": 0.95}
+RHAT_MAX = 1.1
+
+# one row per (UTC day number, channel): spend and impressions (own) / touches (outside)
+DAILY_SQL = """
+SELECT dn, channel, sum(spend) AS spend, sum(n) AS n
+FROM (
+    SELECT intDiv(toUInt32(ts), 86400) AS dn, {ch} AS channel, sum(price) AS spend, count() AS n
+    FROM impressions FINAL
+    WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s {adv}
+    GROUP BY dn, channel
+    UNION ALL
+    SELECT toUInt32(toRelativeDayNum(day)) AS dn, {outside} AS channel, sum(spend) AS spend,
+           toUInt64(0) AS n
+    FROM outside_spend FINAL
+    WHERE day >= toDate(%(since_day)s) AND day < toDate(%(until_day)s) {adv}
+    GROUP BY dn, channel
+    UNION ALL
+    SELECT intDiv(toUInt32(ts), 86400) AS dn, {outside} AS channel, toFloat64(0) AS spend, count() AS n
+    FROM touches FINAL
+    WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) {adv}
+    GROUP BY dn, channel
+)
+GROUP BY dn, channel
+ORDER BY dn, channel
+"""
+CONVERSIONS_SQL = """
+SELECT intDiv(toUInt32(ts), 86400) AS dn, count() AS conversions, sum(value) AS value
+FROM conversions FINAL
+WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) {adv}
+GROUP BY dn
+ORDER BY dn
+"""
+
+
+class MmmFitError(AttributionInputError):
+    """The media-mix model did not converge (or could not be fitted) on this data."""
+
+
+@dataclass(frozen=True)
+class MmmData:
+    """Whole UTC days [first_day, first_day + days) × channels."""
+
+    first_day: int  # days since 1970-01-01
+    channels: tuple[str, ...]
+    spend: np.ndarray  # (days, channels)
+    impressions: np.ndarray  # (days, channels): impressions (own) or touches (outside)
+    conversions: np.ndarray  # (days,)
+    value: np.ndarray  # (days,)
+
+    @property
+    def days(self) -> int:
+        return int(self.conversions.shape[0])
+
+    def dates(self) -> list[str]:
+        from datetime import UTC, datetime
+
+        return [
+            datetime.fromtimestamp((self.first_day + d) * DAY, UTC).date().isoformat()
+            for d in range(self.days)
+        ]
+
+
+def daily_data(backend: Backend, by: str, since: int, until: int, advertiser: str | None = None) -> MmmData:
+    """Daily spend per channel and daily conversions of the whole UTC days in [since, until)."""
+    check_range(since, until)
+    first, last = -(-since // DAY), until // DAY  # whole days only
+    if last - first < 1:
+        raise AttributionInputError(f"range {since}..{until} holds no whole UTC day for a media-mix model")
+    params = {**spend_params(first * DAY, last * DAY), "advertiser": advertiser or ""}
+    adv = "AND advertiser_id = %(advertiser)s" if advertiser else ""
+    rows = backend.execute(DAILY_SQL.format(ch=channel_sql(by), outside=outside_sql(by), adv=adv), params)
+    conv_rows = backend.execute(CONVERSIONS_SQL.format(adv=adv), params)
+    channels = tuple(sorted({str(r[1]) for r in rows}))
+    n = last - first
+    spend, imps = np.zeros((n, len(channels))), np.zeros((n, len(channels)))
+    idx = {c: i for i, c in enumerate(channels)}
+    for day, ch, s, k in rows:
+        if first <= int(day) < last:
+            spend[int(day) - first, idx[str(ch)]] += float(s)
+            imps[int(day) - first, idx[str(ch)]] += float(k)
+    conv, value = np.zeros(n), np.zeros(n)
+    for day, c, v in conv_rows:
+        if first <= int(day) < last:
+            conv[int(day) - first], value[int(day) - first] = float(c), float(v)
+    paid = spend.sum(axis=0) > 0
+    if not paid.any() or conv.sum() <= 0:
+        raise AttributionInputError(
+            f"no spend and conversions in {first * DAY}..{last * DAY} (whole UTC days): "
+            "nothing for a media-mix model"
+        )
+    return MmmData(
+        first,
+        tuple(c for c, p in zip(channels, paid, strict=True) if p),
+        spend[:, paid],
+        imps[:, paid],
+        conv,
+        value,
+    )
+
+
+def lift_tests(data: MmmData, lifts: dict[str, Lift], by: str) -> list[dict[str, Any]]:
+    """PyMC-Marketing lift-test rows (channel, x, delta_x, delta_y, sigma) from holdout lifts: the
+    campaign's curve from no spend to its mean daily spend must give its incremental conversions
+    a day (a negative estimate counts as no lift: the saturation curves cannot go down)."""
+    if by != "campaign":
+        raise AttributionInputError(
+            f"holdout calibration of the media-mix model needs --by campaign, not {by!r}"
+        )
+    rows = []
+    for c, name in enumerate(data.channels):
+        lift = lifts.get(name)
+        if lift is None:
+            continue
+        daily = float(data.spend[:, c].mean())
+        if daily <= 0:
+            continue
+        rows.append(
+            {
+                "channel": name,
+                "x": 0.0,
+                "delta_x": daily,
+                "delta_y": max(lift.incremental_conversions, 0.0) / data.days,
+                "sigma": max(lift.se / data.days, 1e-6),
+            }
+        )
+    return rows
+
+
+@dataclass
+class MmmFit:
+    """Posterior draws of the fitted model, in the data's units (spend a day → conversions a day)."""
+
+    data: MmmData
+    alpha: np.ndarray  # (draws, channels) adstock decay
+    lam: np.ndarray  # (draws, channels) saturation rate, per scaled spend
+    beta: np.ndarray  # (draws, channels) saturation ceiling, scaled conversions
+    channel_scale: np.ndarray  # (channels,)
+    target_scale: float
+    contribution: np.ndarray  # (draws, channels): conversions contributed over the data's days
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def response(self, daily_spend: np.ndarray) -> np.ndarray:
+        """Expected conversions a day per channel at a steady daily spend: (draws, ..., channels)."""
+        x = np.asarray(daily_spend, dtype=float) / self.channel_scale
+        u = self.lam.reshape(self.lam.shape[0], *([1] * (x.ndim - 1)), -1) * x
+        b = self.beta.reshape(self.beta.shape[0], *([1] * (x.ndim - 1)), -1)
+        return np.asarray(self.target_scale * b * (1 - np.exp(-u)) / (1 + np.exp(-u)))
+
+    def shares(self) -> np.ndarray:
+        """Posterior-mean share of the channels' contributions."""
+        mean: np.ndarray = self.contribution.mean(axis=0)
+        total = float(mean.sum())
+        return mean / total if total > 0 else mean
+
+    def curves(self, points: int = 11, top: float = 2.0) -> dict[str, Any]:
+        """Response curves per channel on 0..top × the mean daily spend: mean and 90 % interval."""
+        mean_spend = self.data.spend.mean(axis=0)
+        grid = np.linspace(0.0, top, points)[:, None] * mean_spend[None, :]
+        r = self.response(grid)  # (draws, points, channels)
+        lo, mid, hi = np.percentile(r, [5, 50, 95], axis=0)
+        return {
+            ch: {
+                "spend": grid[:, c].round(4).tolist(),
+                "conversions": r.mean(axis=0)[:, c].round(4).tolist(),
+                "median": mid[:, c].round(4).tolist(),
+                "low": lo[:, c].round(4).tolist(),
+                "high": hi[:, c].round(4).tolist(),
+            }
+            for c, ch in enumerate(self.data.channels)
+        }
+
+
+def _frame(data: MmmData) -> Any:
+    import pandas as pd
+
+    cols = [f"x{i}" for i in range(len(data.channels))]
+    x = pd.DataFrame(data.spend, columns=cols)
+    x["date"] = pd.to_datetime(data.dates())
+    return x, pd.Series(data.conversions, name="y"), cols
+
+
+def fit_mmm(
+    data: MmmData, lifts: list[dict[str, Any]] | None = None, *, quick: bool = True, seed: int = 0
+) -> MmmFit:
+    """Fit PyMC-Marketing's MMM (geometric adstock, logistic saturation) to `data`, calibrated by
+    lift tests when given (rows of `lift_tests`)."""
+    import logging
+    import warnings
+
+    if data.days < 2 * L_MAX:
+        raise AttributionInputError(
+            f"a media-mix model needs at least {2 * L_MAX} days of data, the range holds {data.days}"
+        )
+    import pandas as pd
+    import pymc as pm
+    from pymc_marketing.mmm import MMM, GeometricAdstock, LogisticSaturation
+
+    for name in ("pymc", "pytensor", "pymc_marketing", "pymc.stats.convergence", "arviz"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    x, y, cols = _frame(data)
+    mmm = MMM(
+        date_column="date",
+        channel_columns=cols,
+        adstock=GeometricAdstock(l_max=L_MAX),
+        saturation=LogisticSaturation(),
+    )
+    t0 = time.perf_counter()
+    meta: dict[str, Any] = {"library": "pymc-marketing", "quick": quick, "seed": seed}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mmm.build_model(x, y)
+        if lifts:
+            by_col = {ch: col for ch, col in zip(data.channels, cols, strict=True)}
+            df = pd.DataFrame([{**r, "channel": by_col[r["channel"]]} for r in lifts])
+            mmm.add_lift_test_measurements(df, dist=_normal())
+            meta["lift_tests"] = [r["channel"] for r in lifts]
+        with mmm.model:
+            if quick:
+                approx = pm.fit(
+                    n=QUICK_ITERATIONS,
+                    method="advi",
+                    obj_optimizer=pm.adam(learning_rate=QUICK_LEARNING_RATE),
+                    progressbar=False,
+                    random_seed=seed,
+                )
+                loss = np.asarray(approx.hist)
+                if not np.all(np.isfinite(loss[-100:])):
+                    raise MmmFitError(
+                        "the media-mix model's quick fit (ADVI) diverged: its loss is not finite"
+                    )
+                idata = approx.sample(QUICK_DRAWS, random_seed=seed)
+                meta.update(
+                    method="advi",
+                    iterations=QUICK_ITERATIONS,
+                    draws=QUICK_DRAWS,
+                    final_loss=round(float(loss[-100:].mean()), 3),
+                )
+            else:
+                idata = pm.sample(**FULL, cores=1, progressbar=False, random_seed=seed)
+                meta.update(method="nuts", **FULL, divergences=int(idata.sample_stats.diverging.sum()))
+                _check_rhat(idata)
+            post = idata.posterior
+            contrib = pm.compute_deterministics(post, var_names=["channel_contribution"], merge_dataset=False)
+    meta["fit_s"] = round(time.perf_counter() - t0, 2)
+
+    def draws(name: str, src: Any = post) -> np.ndarray:
+        a = np.asarray(src[name].values, dtype=float)
+        return a.reshape(-1, *a.shape[2:])
+
+    alpha, lam, beta = draws("adstock_alpha"), draws("saturation_lam"), draws("saturation_beta")
+    target_scale = float(getattr(mmm, "target_scale", 1.0))
+    channel_scale = np.asarray(getattr(mmm, "channel_scale", np.ones(len(cols))), dtype=float).reshape(-1)
+    contribution = draws("channel_contribution", contrib).sum(axis=1) * target_scale
+    for name, a in (
+        ("adstock", alpha),
+        ("saturation", lam),
+        ("ceiling", beta),
+        ("contribution", contribution),
+    ):
+        if not np.all(np.isfinite(a)):
+            raise MmmFitError(f"the media-mix model's {name} draws are not finite: the fit did not converge")
+    return MmmFit(data, alpha, lam, beta, channel_scale, target_scale, contribution, meta)
+
+
+def _normal() -> Any:
+    import pymc.dims as pmd
+
+    return pmd.Normal
+
+
+def _check_rhat(idata: Any) -> None:
+    import arviz as az
+
+    rhat = az.rhat(  # type: ignore[no-untyped-call]
+        idata, var_names=["adstock_alpha", "saturation_lam", "saturation_beta", "intercept"]
+    )
+    worst = max(float(np.nanmax(rhat[v].values)) for v in rhat.data_vars)
+    if not worst <= RHAT_MAX:
+        raise MmmFitError(f"the media-mix model did not converge: r-hat {worst:.3f} > {RHAT_MAX}")
+
+
+@dataclass(frozen=True)
+class MmmBudgetPlan:
+    """Daily budget moves from the fitted curves, with the posterior interval of their gain."""
+
+    channels: tuple[str, ...]
+    spend: np.ndarray  # current mean daily spend
+    recommended: np.ndarray  # daily
+    gain: dict[str, float]  # expected conversions a day gained: mean, low (5 %), high (95 %)
+    channel_gain: np.ndarray  # (channels, 3): mean, low, high per channel
+
+    @property
+    def multipliers(self) -> dict[str, float]:
+        return {
+            c: float(r / s)
+            for c, s, r in zip(self.channels, self.spend, self.recommended, strict=True)
+            if s > 0
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gain_conversions_per_day": {k: round(v, 4) for k, v in self.gain.items()},
+            "channels": [
+                {
+                    "channel": c,
+                    "daily_spend": round(float(s), 4),
+                    "recommended_daily_spend": round(float(r), 4),
+                    "gain": round(float(g[0]), 4),
+                    "gain_low": round(float(g[1]), 4),
+                    "gain_high": round(float(g[2]), 4),
+                }
+                for c, s, r, g in zip(
+                    self.channels, self.spend, self.recommended, self.channel_gain, strict=True
+                )
+            ],
+        }
+
+
+def plan_mmm_budget(fit: MmmFit, max_change: float = 0.5) -> MmmBudgetPlan:
+    """The fixed total daily budget re-split to maximise the posterior-mean response (each channel
+    within ±`max_change` of its spend; the curves are concave, so the optimum is where marginal
+    returns are equal or a bound binds: bisection on the common marginal return)."""
+    if not 0 <= max_change:
+        raise AttributionInputError(f"max change {max_change!r} must be ≥ 0")
+    spend = fit.data.spend.mean(axis=0)
+    lo, hi = spend * (1 - min(max_change, 1.0)), spend * (1 + max_change)
+    budget = float(spend.sum())
+    grid = np.linspace(0.0, 1.0, 401)[:, None] * (hi - lo)[None, :] + lo[None, :]  # (points, channels)
+    mean_r = fit.response(grid).mean(axis=0)
+    marginal = np.gradient(mean_r, axis=0) / np.maximum(np.gradient(grid, axis=0), 1e-12)
+
+    def alloc(level: float) -> np.ndarray:
+        # per channel: the largest spend whose marginal return is still ≥ level (concave: decreasing)
+        above = marginal >= level
+        k = np.where(above.any(axis=0), above.shape[0] - 1 - np.argmax(above[::-1], axis=0), -1)
+        out: np.ndarray = np.where(k >= 0, grid[np.maximum(k, 0), np.arange(grid.shape[1])], lo)
+        return out
+
+    a, b = 0.0, float(marginal.max()) + 1.0
+    for _ in range(100):
+        mid = 0.5 * (a + b)
+        if alloc(mid).sum() > budget:
+            a = mid
+        else:
+            b = mid
+    new = alloc(b)
+    short = budget - float(new.sum())  # the grid's last step: spread by headroom, never past a bound
+    room = hi - new
+    if short > 0 and room.sum() > 0:
+        new = new + room * min(1.0, short / float(room.sum()))
+    gain = fit.response(new[None, :])[:, 0, :] - fit.response(spend[None, :])[:, 0, :]  # (draws, channels)
+    total = gain.sum(axis=1)
+    q = np.percentile(total, [5, 95])
+    per = np.stack([gain.mean(axis=0), *np.percentile(gain, [5, 95], axis=0)], axis=1)
+    return MmmBudgetPlan(
+        fit.data.channels,
+        spend,
+        new,
+        {"mean": float(total.mean()), "low": float(q[0]), "high": float(q[1])},
+        per,
+    )
+
+
+def lognormal_prior(mean: float, sd: float) -> dict[str, float]:
+    """LogNormal(mu, sigma) with the given mean and standard deviation."""
+    sigma2 = float(np.log1p((sd / mean) ** 2))
+    return {"mu": round(float(np.log(mean)) - sigma2 / 2, 6), "sigma": round(float(np.sqrt(sigma2)), 6)}
+
+
+def meridian_export(data: MmmData, lifts: dict[str, Lift], out_dir: Path) -> dict[str, Any]:
+    """The data as Meridian's `CsvDataLoader` reads it (national: one row a day; kpi, revenue per
+    kpi, media and media spend per channel) and its load spec with ROI priors from the holdout
+    lifts (LogNormal `roi_m` per calibrated channel: incremental value / spend, its standard
+    error); returns the spec (also written as meridian_spec.json beside meridian_data.csv)."""
+    import csv
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    safe = [_column(c) for c in data.channels]
+    media = [f"{s}_impression" for s in safe]
+    spend_cols = [f"{s}_spend" for s in safe]
+    rpk = data.value.sum() / data.conversions.sum()
+    with (out_dir / "meridian_data.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time", "conversions", "revenue_per_conversion", *media, *spend_cols])
+        for d, day in enumerate(data.dates()):
+            per = data.value[d] / data.conversions[d] if data.conversions[d] > 0 else rpk
+            w.writerow(
+                [
+                    day,
+                    f"{data.conversions[d]:.0f}",
+                    f"{per:.6f}",
+                    *(f"{v:.0f}" for v in data.impressions[d]),
+                    *(f"{v:.6f}" for v in data.spend[d]),
+                ]
+            )
+    priors: dict[str, Any] = {}
+    for c, name in enumerate(data.channels):
+        lift, total = lifts.get(name), float(data.spend[:, c].sum())
+        if lift is None or total <= 0 or lift.incremental_conversions <= 0:
+            continue
+        roi = lift.incremental_conversions * rpk / total
+        sd = max(lift.se * rpk / total, 0.05 * roi)
+        priors[name] = {
+            "distribution": "LogNormal",
+            **lognormal_prior(roi, sd),
+            "roi_mean": round(roi, 6),
+            "roi_sd": round(sd, 6),
+            "source": f"holdout of {name}",
+        }
+    spec = {
+        "loader": "meridian.data.load.CsvDataLoader",
+        "csv_path": "meridian_data.csv",
+        "kpi_type": "non_revenue",
+        "coord_to_columns": {
+            "time": "time",
+            "kpi": "conversions",
+            "revenue_per_kpi": "revenue_per_conversion",
+            "media": media,
+            "media_spend": spend_cols,
+        },
+        "media_to_channel": dict(zip(media, data.channels, strict=True)),
+        "media_spend_to_channel": dict(zip(spend_cols, data.channels, strict=True)),
+        "roi_m_priors": priors,
+    }
+    (out_dir / "meridian_spec.json").write_text(json.dumps(spec, indent=2) + "\n")
+    return spec
+
+
+def _column(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+__all__ = [
+    "MmmData",
+    "MmmFit",
+    "MmmFitError",
+    "daily_data",
+    "fit_mmm",
+    "lift_tests",
+    "meridian_export",
+    "plan_mmm_budget",
+]
