@@ -146,7 +146,7 @@ class AdPipeline:
         self.interest_counts: Counter[str] = Counter()  # declared interests: used / faded / unknown
         self._on_interests = on_interests
         # creative variants of the ads that have them (`AdCreative.variants`): a contextual bandit
-        self.variants = VariantSelector(settings.state_dim)
+        self.variants = VariantSelector.from_settings(settings)
 
     # -- catalog ------------------------------------------------------------------------
     def add_ad(self, ad: AdCreative, vector: np.ndarray | None = None) -> None:

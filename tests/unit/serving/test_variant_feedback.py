@@ -117,3 +117,24 @@ def test_wanted_follows_the_settings() -> None:
     assert wanted(Settings())
     assert not wanted(Settings(variants={"learn": False}))
     assert not wanted(Settings(variants={"enabled": False}))
+
+
+def test_the_replica_pipeline_takes_its_variant_policy_from_settings() -> None:
+    """The pipeline built its selector with the defaults, so `variants.*` did nothing in a replica."""
+    import torch
+
+    from schemas.settings import Settings
+    from serving.catalog import Catalog
+    from serving.pipeline import AdPipeline, content_vectorizer
+    from serving.ranking import RankModel
+    from trainers.models.ranker import Ranker, RankerConfig
+
+    cfg = RankerConfig(state_dim=16, emb_dim=4, deep_hidden=16)
+    s = Settings(state_dim=16, variants={"enabled": False, "floor": 0.2, "prior": 3.0})
+    pipe = AdPipeline(
+        s,
+        RankModel(Ranker(cfg).eval(), "v0", s, torch.device("cpu")),
+        Catalog(16, cfg, content_vectorizer(16)),
+    )
+    assert pipe.variants.enabled is False
+    assert pipe.variants.policy.floor == 0.2 and pipe.variants.policy.prior == 3.0
