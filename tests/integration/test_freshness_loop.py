@@ -89,7 +89,7 @@ def test_every_click_reaches_a_served_version_that_learned_it(stack: Settings, t
         if res is not None:
             _clean(res["run_dir"], stack)
     assert res["attempted"] == 4 and res["trials"] == 4, res["failed"]
-    assert res["settings"]["label_mode"] == Settings().online.label_mode
+    assert res["settings"]["online.label_mode"] == Settings().online.label_mode  # dotted names (issue 17)
     for t in res["per_trial"]:
         assert t["error"] is None and t["seq"] is not None and t["seq"] >= 0
         assert set(bench.HOPS) <= set(t)
