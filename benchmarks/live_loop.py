@@ -110,6 +110,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="GROUP__FIELD=VALUE",
         help="a setting for the loop's processes (ONLINE__LR=0.001): the investigation's variants",
     )
+    ap.add_argument(
+        "--step-timeout",
+        type=float,
+        default=600.0,
+        help="seconds each of the loop's steps (the base's training) may take (an oversubscribed "
+        "machine needs more than the demo's 600)",
+    )
     ap.add_argument("--quick", action="store_true", help="one small seed: a smoke test of the whole path")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument(
@@ -165,9 +172,10 @@ class Hog:
 
 def one_seed(args: argparse.Namespace, seed: int, say: Any) -> tuple[Run, dict[str, Any]]:
     """One loop of one seed: its arrays and its figures."""
-    from deploy.demo import DemoSpec, run_loop
+    from deploy.demo import Demo, DemoSpec, run_loop
     from schemas.settings import Settings
 
+    Demo.run.__kwdefaults__ = {"timeout": args.step_timeout}  # the demo's steps: this run's patience
     spec = DemoSpec(users=args.users, ads=args.ads, history=args.history, requests=args.requests,
                     rate=args.rate, seed=seed, port=args.port)  # fmt: skip
     m0 = machine()
