@@ -108,9 +108,10 @@ def test_targeting_by_geo_device_and_interests() -> None:
     for i, c in enumerate(("geo", "dev", "int", "all", "none")):  # "none": a campaign with no entry
         cat.upsert(ad(i, c))
     assert ids(cat, at()) == {"a3", "a4"}  # nothing said: only the untargeted
-    assert ids(cat, at(geo="CA", device="tablet", interests=["running", "tea"])) == {f"a{i}" for i in range(5)}
+    everyone = {f"a{i}" for i in range(5)}
+    assert ids(cat, at(geo="CA", device="tablet", interests=["running", "tea"])) == everyone
     assert ids(cat, at(geo="MX", device="desktop", interests=["tea"])) == {"a3", "a4"}
-    assert ids(cat, None) == {f"a{i}" for i in range(5)}  # no request (priors): budget and active only
+    assert ids(cat, None) == everyone  # no request (priors): budget and active only
 
 
 def test_inactive_campaign_hides_its_ads_and_an_update_replaces_the_entry() -> None:
