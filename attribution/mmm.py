@@ -287,7 +287,9 @@ def fit_mmm(
                 meta.update(method="nuts", **FULL, divergences=int(idata.sample_stats.diverging.sum()))
                 _check_rhat(idata)
             post = idata.posterior
-            contrib = pm.compute_deterministics(post, var_names=["channel_contribution"], merge_dataset=False)
+            contrib = pm.compute_deterministics(
+                post, var_names=["channel_contribution"], merge_dataset=False, progressbar=False
+            )
     meta["fit_s"] = round(time.perf_counter() - t0, 2)
 
     def draws(name: str, src: Any = post) -> np.ndarray:

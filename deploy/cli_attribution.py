@@ -250,6 +250,8 @@ def mmm(
 ) -> None:
     """Media-mix model (PyMC-Marketing: adstock, saturation) of daily spend and conversions, with
     response curves and budget moves from the fitted curves."""
+    import contextlib
+    import sys
     from pathlib import Path
 
     from attribution.incrementality import measure_lift
@@ -263,7 +265,8 @@ def mmm(
     tests = lift_tests(data, lifts, by.value) if calibrate else None
     if calibrate and not tests:
         raise AttributionInputError("--calibrate: no channel of the range has a holdout lift")
-    fit = fit_mmm(data, tests, quick=quick, seed=seed)
+    with contextlib.redirect_stdout(sys.stderr):  # the libraries' progress lines stay off --json's stdout
+        fit = fit_mmm(data, tests, quick=quick, seed=seed)
     plan = plan_mmm_budget(fit, max_change)
     out = {
         "channels": list(data.channels), "days": data.days, "fit": fit.meta,
