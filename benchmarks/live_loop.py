@@ -239,25 +239,35 @@ def resummarize(run: dict[str, Any], n_boot: int) -> dict[str, Any]:
         arrays = load_run(Path(entry["dir"]) / "run.npz")
         runs.append(arrays)
         keep = {k: v for k, v in entry.items() if k in META}
-        seeds.append(summarize(arrays, n_boot=n_boot, seed=entry["seed"]) | keep)
+        # per seed fewer resamples (its interval is a side figure; the pooled one decides)
+        seeds.append(summarize(arrays, n_boot=min(n_boot, 200), seed=entry["seed"]) | keep)
     pooled, strata = pool_runs(runs)
     out = summarize(pooled, strata, n_boot=n_boot, seed=0) | {"seeds": seeds}
     return out | {k: run[k] for k in ("wall_s", "hog", "command") if k in run}
 
 
 def combine(args: argparse.Namespace) -> dict[str, Any]:
-    """The runs of several results as one (a later file's run replaces an earlier one's)."""
+    """The runs of several results as one: the seeds of one run (quiet, loaded) in several files
+    (a run cut short and resumed) are pooled; each file's config, machine and command are kept."""
     import json
 
-    runs: dict[str, Any] = {}
-    config: dict[str, Any] = {}
-    machines: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
     for path in args.combine:
         body = json.loads(path.read_text())
         for mode, run in body["runs"].items():
-            runs[mode] = resummarize(run | {"command": body.get("command")}, args.n_boot)
-            config[mode] = body.get("config")
-            machines[mode] = body.get("machine")
+            part = parts.setdefault(mode, {"seeds": [], "failed": [], "sources": []})
+            part["seeds"] += run.get("seeds", [])
+            part["failed"] += run.get("failed", [])
+            source = {k: body.get(k) for k in ("command", "config", "machine")}
+            part["sources"].append(
+                source | {"file": str(path), "hog": run.get("hog"), "wall_s": run.get("wall_s")}
+            )
+    runs: dict[str, Any] = {}
+    for mode, part in parts.items():
+        runs[mode] = resummarize({"seeds": part["seeds"]}, args.n_boot)
+        runs[mode] |= {"failed": part["failed"], "sources": part["sources"]}
+    config = {mode: [s["config"] for s in part["sources"]] for mode, part in parts.items()}
+    machines = {mode: [s["machine"] for s in part["sources"]] for mode, part in parts.items()}
     seeds = sorted({e["seed"] for r in runs.values() for e in r["seeds"]})
     return {"runs": runs, "ope": ope_entry(seeds), "config": config, "sizes": SIZES,
             "decides_5pct": decisions(runs), "machine": machines,
@@ -367,8 +377,11 @@ def decisions(runs: dict[str, Any]) -> dict[str, Any]:
     """`sizing` of every sized figure and variant of every run."""
     out: dict[str, Any] = {}
     for mode, r in runs.items():
-        n = len(r.get("seeds", [])) or 1
-        out[mode] = {f + v: sizing(r[f + v], n) for f in SIZED for v in VARIANTS if f + v in r}
+        out[mode] = {}
+        for key in (f + v for f in SIZED for v in VARIANTS):
+            if key in r:  # the seeds that have the figure (an early seed saved no oracle)
+                n = sum("mean" in s.get(key, {}) for s in r.get("seeds", [])) or len(r.get("seeds", [])) or 1
+                out[mode][key] = sizing(r[key], n)
     return out
 
 
