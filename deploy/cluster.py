@@ -187,3 +187,176 @@ def create_distributed(
             f"CREATE TABLE IF NOT EXISTS {dist_db}.{t} AS {local_db}.{t} "
             f"ENGINE = Distributed({cluster}, {local_db}, {t}, {key})"
         )
+
+
+# -- Ray: a head and a second node on this machine ---------------------------------------------
+@dataclass(frozen=True)
+class RayPorts:
+    """The listening ports of one Ray node (two nodes on one machine must not share any)."""
+
+    node_manager: int
+    object_manager: int
+    dashboard_agent_listen: int
+    dashboard_agent_grpc: int
+    runtime_env_agent: int
+    metrics_export: int
+    min_worker: int
+    max_worker: int
+
+    def args(self) -> list[str]:
+        return [
+            f"--node-manager-port={self.node_manager}",
+            f"--object-manager-port={self.object_manager}",
+            f"--dashboard-agent-listen-port={self.dashboard_agent_listen}",
+            f"--dashboard-agent-grpc-port={self.dashboard_agent_grpc}",
+            f"--runtime-env-agent-port={self.runtime_env_agent}",
+            f"--metrics-export-port={self.metrics_export}",
+            f"--min-worker-port={self.min_worker}",
+            f"--max-worker-port={self.max_worker}",
+        ]
+
+
+HEAD_PORTS = RayPorts(18834, 18835, 18833, 18837, 18836, 18838, 18870, 18884)
+WORKER_PORTS = RayPorts(18844, 18845, 18843, 18847, 18846, 18848, 18885, 18899)
+
+
+@dataclass
+class RayNode:
+    """A `ray start --block` process and its session (raylet, agents and workers share it)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def session_pids(self) -> list[int]:
+        return session_pids(self.proc.pid)
+
+
+def ray_node_argv(
+    ray: str,
+    ports: RayPorts,
+    temp_dir: Path,
+    *,
+    head_port: int | None = None,
+    address: str | None = None,
+    dashboard_port: int = 18831,
+    client_port: int = 18832,
+    num_cpus: int = 2,
+) -> list[str]:
+    """`ray start` for a head (`head_port`) or a node joining `address`, loopback only."""
+    if (head_port is None) == (address is None):
+        raise StackError("ray_node_argv: give exactly one of head_port and address")
+    argv = [ray, "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+    argv += [f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}", *ports.args()]
+    if head_port is not None:
+        argv += ["--head", f"--port={head_port}", "--include-dashboard=false"]
+        argv += [f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}"]
+    else:
+        argv += [f"--address={address}"]
+    return argv
+
+
+def start_ray_node(name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path) -> RayNode:
+    """Start `ray start --block` in its own session (so the node can be killed as a whole)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    return RayNode(name, proc, log)
+
+
+def session_pids(sid: int) -> list[int]:
+    """The live processes of session `sid` (a `start_new_session` child's pid is its session id)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_ray_node(node: RayNode, sig: int = signal.SIGKILL) -> list[int]:
+    """Kill every process of the node's session at once (a machine failing: no clean shutdown)."""
+    pids = node.session_pids()
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        node.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+    return pids
+
+
+def start_ray_node_up(
+    name: str,
+    argv: Sequence[str],
+    env: dict[str, str],
+    log_dir: Path,
+    tries: int = 3,
+    timeout_s: float = 240.0,
+) -> RayNode:
+    """`start_ray_node` until the node says it runs: `ray start` gives its raylet a fixed 30 s to
+    register with the GCS (ray/_private/node.py), which a loaded 2-core machine can miss; what a
+    failed attempt left (its session) is killed before the next."""
+    for attempt in range(1, tries + 1):
+        node = start_ray_node(name, argv, env, log_dir)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and node.proc.poll() is None:
+            if "Ray runtime started" in node.log.read_text(errors="replace"):
+                return node
+            time.sleep(1)
+        kill_ray_node(node)
+        if attempt == tries:
+            tail = "\n".join(node.log.read_text(errors="replace").splitlines()[-15:])
+            raise StackError(f"ray node {name} did not start in {tries} tries; last lines:\n{tail}")
+        time.sleep(3)
+    raise AssertionError("unreachable")
+
+
+def spread_app(settings: Any) -> Any:
+    """The ad server app as `serving.app.build_app` binds it, with at most one replica per node:
+    its replicas ask for no CPU, so Serve would otherwise pack them onto one node, and losing that
+    node would lose them all."""
+    from ray import serve
+
+    from serving.admin import api_key_digests, token_digest
+    from serving.app import AdServer, deployment_options, settings_payload
+    from serving.io import UserRecordCodec
+
+    deployment = serve.deployment(
+        AdServer, name="AdServer", **deployment_options(settings), max_replicas_per_node=1
+    )
+    return deployment.bind(  # type: ignore[attr-defined]
+        settings_payload(settings),
+        UserRecordCodec(settings.state),
+        token_digest(settings.serving.admin_token),
+        api_key_digests(settings.serving.api_keys),
+    )
+
+
+def deploy_spread(replicas: int, port: int) -> str:
+    """`adstream serve --detach --replicas N --port P`, one replica per node: join the running
+    cluster (RAY_ADDRESS), deploy, disconnect (the app keeps serving). Returns the balancer's URL."""
+    import ray
+
+    from deploy.cli_serving import connect_cluster, start
+    from schemas.settings import Settings, nested
+
+    settings = Settings(**nested({"serving.replicas": replicas, "serving.http_port": port}))
+    connect_cluster()
+    try:
+        return start(settings, app=spread_app(settings)).proxy
+    finally:
+        ray.shutdown()
