@@ -214,3 +214,14 @@ def test_lift_tests_from_holdouts(market: tuple[ChdbBackend, object]) -> None:
         assert r["delta_x"] == pytest.approx(d.spend[:, c].mean())
         assert r["delta_y"] == pytest.approx(max(lift.incremental_conversions, 0.0) / 16)
         assert r["sigma"] == pytest.approx(lift.se / 16)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_full_fit_by_nuts_converges() -> None:
+    data, _ = _synthetic(seed=3)
+    fit = fit_mmm(data, quick=False, seed=2)  # r-hat ≤ 1.1 on every parameter, else MmmFitError
+    assert fit.meta["method"] == "nuts" and fit.alpha.shape == (2 * 500, 4)
+    assert fit.shares().sum() == pytest.approx(1.0)
+    plan = plan_mmm_budget(fit)
+    assert plan.gain["low"] <= plan.gain["mean"] <= plan.gain["high"]
