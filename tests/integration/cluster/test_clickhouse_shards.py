@@ -8,6 +8,7 @@ merged: the path table, and every model's result on it, equal the single server'
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,8 +54,9 @@ def _write(client: Any, data: Any) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def cluster(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    local = start_shards(Path(f"/tmp/mn-ch-{uuid.uuid4().hex[:6]}"))
+def cluster(stack: Settings) -> Iterator[dict[str, Any]]:
+    base = Path(f"/tmp/mn-ch-{uuid.uuid4().hex[:6]}")
+    local = start_shards(base)
     clients: list[Any] = []
     try:
         for shard in local.shards:
@@ -83,6 +85,7 @@ def cluster(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         for c in clients:
             c.disconnect()
         stop_shards(local)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_rows_split_by_user_and_none_lost(cluster: dict[str, Any]) -> None:
