@@ -10,7 +10,7 @@ paced so that all of them together send RATE requests/s).
 
 In one run (→ `benchmarks/results/serve.json`, with the machine: CPU model, cores, load):
 
-- the floor (`serving.floor`): the same Serve deployment and request edge answering a fixed
+- the floor (`benchmarks.lib.floor`): the same Serve deployment and request edge answering a fixed
   `AdResponse` after validating the `AdRequest` — `null_capacity_rps`, `null_p99_ms_at_100`;
 - adstream: `capacity_rps` (the highest paced rate with P99 ≤ 50 ms and no errors: an unpaced
   probe, then paced steps down from it) and `p99_ms_at_100`; the goals are capacity ≥ 0.3 × the
@@ -428,8 +428,8 @@ def floor_run(settings: Settings, args: argparse.Namespace, model: bool = False)
     (`model`: the model floor, which also runs the ad server's rank forward per request)."""
     from ray import serve
 
+    from benchmarks.lib.floor import FLOOR_VERSION, MODEL_FLOOR_VERSION, build_floor_app
     from deploy.cli_serving import start
-    from serving.floor import FLOOR_VERSION, MODEL_FLOOR_VERSION, build_floor_app
 
     name = "model_floor" if model else "floor"
     endpoints = start(settings, name=name, app=build_floor_app(settings, model))

@@ -1,7 +1,7 @@
 """`POST /v1/events` and `POST /v1/rank` on one ad server replica (issue 34), beside the framework
 floor and `/v1/ads` in the same run → `serve.json`'s `routes`.
 
-- `floor`: the framework floor's capacity (`serving.floor`: a Serve endpoint that parses a
+- `floor`: the framework floor's capacity (`benchmarks.lib.floor`: a Serve endpoint that parses a
   request and answers; `benchmarks/serve.py`'s floor), requests/s.
 - `ads`: the ad server's `/v1/ads` capacity in the same run (the reference for `/v1/rank`).
 - `events`: batches of `--batch` valid clicks (each echoing the click token of an ad the server
@@ -99,10 +99,10 @@ def measure(args: argparse.Namespace, tmp: Path, catalog: Path) -> dict[str, Any
     """The floor, then the ad server's three routes, in one Ray cluster."""
     from ray import serve
 
+    from benchmarks.lib.floor import FLOOR_VERSION, build_floor_app
     from deploy.cli_serving import start
     from deploy.stack import create_topics
     from schemas.settings import Settings
-    from serving.floor import FLOOR_VERSION, build_floor_app
 
     base = scheme_settings(args, tmp, catalog, "slot")
     # the route's capacity, not the per-key limiter's (200 events/s by default): one client here

@@ -44,7 +44,7 @@ def start(
     settings: Settings, name: str = "adstream", throughput_optimized: bool = True, app: Any = None
 ) -> Endpoints:
     """Start a local Ray cluster (own ports: never Redis' 6379) and deploy the app (`app`: another
-    bound application deployed the same way, e.g. the benchmark's floor `serving.floor`).
+    bound application deployed the same way, e.g. the benchmark's floor `benchmarks.lib.floor`).
 
     Throughput-optimized Serve runs user code on the replica's main loop and gives each ingress
     replica its own HTTP port ("direct ingress", here `http_port + 1 …`): a request that goes

@@ -13,8 +13,9 @@ Modules, each a pure core or a thin shell:
 - `qos`       — QoS classes Guaranteed / Burstable / BestEffort: the priority gate in front of the
                 pipeline (per-class queue limits and timeouts; the lowest class is shed first).
 - `http`      — the request edge (media type, bounded body, duplicate keys, `AdRequest`) and the
-                refusal answers, shared with `floor`.
-- `floor`     — the benchmark's framework floor: the same deployment and edge, a fixed answer.
+                refusal answers, shared with the benchmarks' framework floor (`benchmarks.lib.floor`).
+- `request`   — the request path, top-down over a batch: plan, user read, recall, rank, rerank,
+                record (timing as a wrapper).
 - `loops`     — start-up loading and background loops (catalog, deltas, clicks, counters, canary).
 - `pipeline`  — per-request recall and rerank over the catalog (no Ray).
 - `catalog`   — ads as numpy columns (vectors, bids, budgets, spend, ranker id buckets).

@@ -105,7 +105,7 @@ async def parse_ad_request(
     """The request edge of `POST /v1/ads` (and `/v1/rank`, `model` = `RankRequest`) after the
     media type was checked: the body read within `limit` bytes (413; 400 when the client left
     mid-body), duplicate keys refused (422) and the request validated (422, each field located).
-    The ad server and the benchmark's framework floor (`serving.floor`) both answer through this,
+    The ad server and the benchmark's framework floor (`benchmarks.lib.floor`) both answer through this,
     so the floor pays what the server pays."""
     try:
         body = await read_body(request, limit)

@@ -1,4 +1,4 @@
-"""The framework floors of `benchmarks/serve.py` (`serving.floor`): the model floor ranks what the
+"""The framework floors of `benchmarks/serve.py` (`benchmarks.lib.floor`): the model floor ranks what the
 ad server ranks for a request — `recall.k` candidates through the same `RankModel` — so its
 capacity bounds the ad server's."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.lib.floor import ModelFloor
 from schemas.events import SLOTS
 from schemas.settings import Settings
-from serving.floor import ModelFloor
 from serving.ranking import RankModel
 from trainers.models.ranker import Ranker, RankerConfig, save_checkpoint
 
@@ -67,7 +67,7 @@ def test_both_floors_answer_the_fixed_response_and_the_model_floor_ranks_first(t
     failed to start would leave the benchmark without its bound."""
     import asyncio
 
-    from serving.floor import MODEL_FLOOR_VERSION, FloorServer, fixed_response
+    from benchmarks.lib.floor import MODEL_FLOOR_VERSION, FloorServer, fixed_response
 
     s = _settings(tmp_path, 200)
     user_class = next(c for c in FloorServer.__mro__ if "ads" in vars(c))  # under Serve's wrapper
@@ -111,7 +111,9 @@ print(missing)
 """
 
 
-@pytest.mark.parametrize(("module", "name"), [("serving.floor", "FloorServer"), ("serving.app", "AdServer")])
+@pytest.mark.parametrize(
+    ("module", "name"), [("benchmarks.lib.floor", "FloorServer"), ("serving.app", "AdServer")]
+)
 def test_what_serve_ingress_freezes_sees_every_module_name_its_methods_read(module: str, name: str) -> None:
     """`@serve.ingress` freezes a cloudpickle copy of the class when it decorates it, at import:
     a method that reads a module name defined further down (the model floor's class, first
