@@ -449,12 +449,22 @@ class PathBuild:
         return max(0.0, self.conversions_in_range - float(self.paths.conversions.sum()))
 
 
-def build_paths(backend: Backend, by: str, since: int, until: int, window: Window) -> PathBuild:
-    """Build the aggregated path table of [since, until) in ClickHouse and load it."""
+def query_paths(
+    backend: Backend, by: str, since: int, until: int, window: Window
+) -> tuple[tuple[np.ndarray, ...], dict[int, str], float, float]:
+    """The path rows of [since, until) as ClickHouse builds them (flat columns), the channel
+    names by hash, and the range's conversions and value: what `build_paths` loads, and what each
+    shard of a cluster answers (`attribution.shards`)."""
     check_range(since, until)
     params = path_params(since, until, window)
     columns = backend.execute_columns(flat_paths_query(by), params)
     names_of = {int(h): n for h, n in backend.execute(channel_names_query(by), params)}
     totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
     conv, value = totals[0] if totals else (0, 0.0)
-    return PathBuild(paths_from_columns(columns, names_of), float(conv or 0), float(value or 0.0))
+    return tuple(columns), names_of, float(conv or 0), float(value or 0.0)
+
+
+def build_paths(backend: Backend, by: str, since: int, until: int, window: Window) -> PathBuild:
+    """Build the aggregated path table of [since, until) in ClickHouse and load it."""
+    columns, names_of, conv, value = query_paths(backend, by, since, until, window)
+    return PathBuild(paths_from_columns(columns, names_of), conv, value)

@@ -18,15 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from attribution.paths import (
-    CONVERSION_TOTALS_SQL,
     AttributionInputError,
     PathBuild,
     Window,
-    channel_names_query,
-    check_range,
-    flat_paths_query,
-    path_params,
     paths_from_columns,
+    query_paths,
 )
 from attribution.sql import Backend
 
@@ -45,13 +41,8 @@ class ShardPaths:
 
 def shard_paths(backend: Backend, by: str, since: int, until: int, window: Window) -> ShardPaths:
     """The path rows one shard builds from its local tables (as `build_paths` does on one server)."""
-    check_range(since, until)
-    params = path_params(since, until, window)
-    columns = backend.execute_columns(flat_paths_query(by), params)
-    names_of = {int(h): n for h, n in backend.execute(channel_names_query(by), params)}
-    totals = backend.execute(CONVERSION_TOTALS_SQL, {"since": since, "until": until})
-    conv, value = totals[0] if totals else (0, 0.0)
-    return ShardPaths(_normal(columns), names_of, float(conv or 0), float(value or 0.0))
+    columns, names_of, conv, value = query_paths(backend, by, since, until, window)
+    return ShardPaths(_normal(columns), names_of, conv, value)
 
 
 def _normal(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
