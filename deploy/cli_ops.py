@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -206,17 +205,12 @@ def schedule(
     """Run adstream commands on a timer (rollups, attribution runs): each job first at start,
     then every EVERY; a failing run is logged and retried at its next time."""
     jobs = [parse_job(j) for j in job]
+    from deploy.cli_serving import stop_requested
+
     worst = 0
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stopped = stop_requested()
     due = [time.monotonic()] * len(jobs)
-    while not stop:
+    while not stopped():
         for i, (every, argv) in enumerate(jobs):
             if time.monotonic() >= due[i]:
                 worst = max(worst, run_job(argv))

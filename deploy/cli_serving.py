@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -193,17 +194,22 @@ def connect_cluster() -> None:
         ) from exc
 
 
-def run_until_signalled() -> None:
-    """Keep the Serve app up until SIGTERM or SIGINT, then shut Serve and Ray down."""
-    stop = False
+def stop_requested() -> Callable[[], bool]:
+    """A flag that SIGTERM or SIGINT raises, for the CLIs that run until told to stop."""
+    stop = [False]
 
     def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
+        stop[0] = True
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    while not stop:
+    return lambda: stop[0]
+
+
+def run_until_signalled() -> None:
+    """Keep the Serve app up until SIGTERM or SIGINT, then shut Serve and Ray down."""
+    stopped = stop_requested()
+    while not stopped():
         time.sleep(0.5)
     import ray
     from ray import serve
