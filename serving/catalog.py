@@ -16,7 +16,7 @@ when they grow past twice the rows, so ids that came and went do not accumulate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar
@@ -124,6 +124,18 @@ class CampaignTable:
                 table[code] = frozenset(values)
             else:
                 table.pop(code, None)
+
+    def restricts(self) -> bool:
+        """Whether any campaign entry limits who or when (inactive, a schedule, targeting):
+        without one, every audience sees every campaign and requests skip the masks."""
+        return bool(
+            self.geo
+            or self.interests
+            or not self.active.all()
+            or np.isfinite(self.start).any()
+            or np.isfinite(self.end).any()
+            or self.devices.any()
+        )
 
     def eligible(self, n: int, audience: Audience) -> np.ndarray:
         """Campaign codes [0, n) whose ads this audience may see now (budget aside)."""
@@ -301,9 +313,27 @@ class Catalog:
         camp = self.campaign[:n]
         t = self.campaigns
         ok: np.ndarray = self.active[:n] & (t.spend[camp] < t.budget[camp])
-        if audience is not None:
+        if audience is not None and t.restricts():
             ok &= t.eligible(len(self.codes["campaign"]), audience)[camp]
         return ok
+
+    def servable_many(self, audiences: Sequence[Audience]) -> np.ndarray:
+        """`servable` of a batch's requests, one row each: the budget mask once, and each
+        distinct audience's campaign mask once (none while no campaign restricts its audience)."""
+        base = self.servable()
+        out = np.repeat(base[None, :], len(audiences), axis=0)
+        t = self.campaigns
+        if not t.restricts():
+            return out
+        camp = self.campaign[: self.n]
+        n_codes = len(self.codes["campaign"])
+        masks: dict[Audience, np.ndarray] = {}
+        for i, audience in enumerate(audiences):
+            mask = masks.get(audience)
+            if mask is None:
+                mask = masks[audience] = t.eligible(n_codes, audience)[camp]
+            out[i] &= mask
+        return out
 
     def spend_of(self, rows: np.ndarray) -> np.ndarray:
         out: np.ndarray = self.campaigns.spend[self.campaign[rows]]

@@ -266,7 +266,8 @@ class AdPipeline:
         cat = self.catalog
         if not isinstance(self.index, ExactIndex) or len(reqs) == 1:
             return [self.recall(r, u, c, hour, now) for r, u, c in zip(reqs, users, capped, strict=True)]
-        allowed = np.stack([cat.servable(audience_of(r, now)) for r in reqs])
+        now = now or datetime.now(UTC)  # one time for the batch: requests of one audience share a mask
+        allowed = cat.servable_many([audience_of(r, now) for r in reqs])
         for i, ads in enumerate(capped):
             for ad_id in ads:
                 row = cat.row_of.get(ad_id)

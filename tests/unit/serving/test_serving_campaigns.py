@@ -147,3 +147,16 @@ def test_request_audience_fields_follow_the_contract() -> None:
     for bad in ('"geo": "USA"', '"geo": "us"', '"device": "watch"'):
         with pytest.raises(ValueError):
             AdRequest.model_validate_json('{"user_id": "u", "slot": "feed", ' + bad + "}")
+
+
+def test_a_batch_mask_equals_each_requests_own() -> None:
+    cat = _catalog()
+    for i in range(6):
+        cat.upsert(ad(i, f"c{i % 3}"))
+    audiences = [at(geo="DE"), at(), at(geo="FR", device="mobile"), at(geo="DE")]
+    assert not cat.campaigns.restricts()  # no entries yet: one mask serves every request
+    assert (cat.servable_many(audiences) == np.stack([cat.servable(a) for a in audiences])).all()
+    cat.upsert_campaign(campaign("c1", targeting=Targeting(geo=("DE",))))
+    cat.upsert_campaign(campaign("c2", targeting=Targeting(devices=("mobile",))))
+    assert cat.campaigns.restricts()
+    assert (cat.servable_many(audiences) == np.stack([cat.servable(a) for a in audiences])).all()
