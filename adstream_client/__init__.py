@@ -5,6 +5,7 @@ tenacity. It imports only the contract (`schemas`), so what it sends is what the
 >>> from adstream_client import AdstreamClient, click_for
 >>> with AdstreamClient("http://127.0.0.1:8000", api_key="pub-…") as client:  # doctest: +SKIP
 ...     resp = client.ads("u-42", slot="feed", k=3)
+...     shown = client.view(resp, 0, "u-42")  # the render beacon, once the ad is in view
 ...     result = client.events([click_for(resp, 0, "u-42")])
 """
 
@@ -14,7 +15,7 @@ from adstream_client.client import (
     AsyncAdstreamClient,
     RetryPolicy,
 )
-from adstream_client.events import click_for, view_for
+from adstream_client.events import click_for, dwell_for, view_for
 
 __all__ = [
     "AdstreamClient",
@@ -22,5 +23,6 @@ __all__ = [
     "AsyncAdstreamClient",
     "RetryPolicy",
     "click_for",
+    "dwell_for",
     "view_for",
 ]

@@ -26,6 +26,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from adstream_client.events import view_for
 from schemas.api import AdRequest, AdResponse, RankRequest, RankResponse
 from schemas.collect import EventsResult
 from schemas.errors import AdstreamError
@@ -179,6 +180,11 @@ class AdstreamClient(_Base):
         """Send a batch; the answer counts what was produced and names each refused event."""
         return _result(self._post("/v1/events", _batch(events), EVENT_STATUSES))
 
+    def view(self, response: AdResponse, position: int, user_id: str) -> EventsResult:
+        """The render beacon of the ad at `position` of `response`, served to `user_id`: call it
+        when the ad is in view; until then the served ad is no impression (`view_for`)."""
+        return self.events([view_for(response, position, user_id)])
+
     def close(self) -> None:
         self.http.close()
 
@@ -227,6 +233,10 @@ class AsyncAdstreamClient(_Base):
     async def events(self, events: Sequence[Message]) -> EventsResult:
         """Send a batch; the answer counts what was produced and names each refused event."""
         return _result(await self._post("/v1/events", _batch(events), EVENT_STATUSES))
+
+    async def view(self, response: AdResponse, position: int, user_id: str) -> EventsResult:
+        """The render beacon of the ad at `position` of `response` (`AdstreamClient.view`)."""
+        return await self.events([view_for(response, position, user_id)])
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -2,11 +2,14 @@
 
 Users are the unit of randomisation (the arm is a stable hash of the user), so every interval
 treats users as the independent draws: the input is one row per user of an arm, with that
-user's requests, impressions, clicks and revenue (the price of clicked impressions) over the
-range. Each metric is a ratio of sums over the arm's users:
+user's requests, impressions (served), shown impressions (`schemas.billing`: a client-rendered
+one with its render beacon, a server-rendered one when served), clicks and revenue (what the
+impressions were billed: `attribution.ab_rollups`) over the range. Each metric is a ratio of sums
+over the arm's users:
 
-- CTR = Σ clicks / Σ impressions, clicks per request = Σ clicks / Σ requests, revenue per
-  request = Σ revenue / Σ requests; impressions are the arm's total.
+- CTR = Σ clicks / Σ shown, clicks per request = Σ clicks / Σ requests, revenue per request =
+  Σ revenue / Σ requests; impressions are the arm's served total. Data without a shown count
+  (rolled up before migration 010, or built without one) takes its impressions as shown.
 
 Intervals (95 % by default) come from either
 - `bootstrap` (default): the arm's users resampled with replacement (vectorised over `n_boot`
@@ -16,7 +19,7 @@ Intervals (95 % by default) come from either
 A relative lift of arm A over arm B is R_A / R_B − 1 with arms resampled independently
 (bootstrap) or the delta method on log R (var = var(R_A)/R_A² + var(R_B)/R_B²), so the interval
 stays above −1 and is asymmetric as a ratio's is. An arm without users or a zero denominator
-(no impressions, no requests, a baseline whose metric is 0) is an `EstimationError` naming the
+(no shown impressions, no requests, a baseline whose metric is 0) is an `EstimationError` naming the
 arm and the metric, never a division by zero.
 """
 
@@ -38,12 +41,12 @@ Method = Literal["bootstrap", "delta"]
 
 # ratio metrics: (numerator column, denominator column)
 RATIOS: dict[str, tuple[str, str]] = {
-    "ctr": ("clicks", "impressions"),
+    "ctr": ("clicks", "shown"),
     "clicks_per_request": ("clicks", "requests"),
     "revenue_per_request": ("revenue", "requests"),
 }
 METRICS = ("impressions", *RATIOS)
-COLUMNS = ("requests", "impressions", "clicks", "revenue")
+COLUMNS = ("requests", "impressions", "clicks", "revenue", "shown")
 DEFAULT_PAIRS = (("learning", "control"), ("learning", "correction"))
 # bound on the elements of one resample block (users × resamples): keeps memory flat
 _BLOCK = 2_000_000
@@ -58,6 +61,7 @@ class ArmData:
     impressions: Array
     clicks: Array
     revenue: Array
+    shown: Array  # served impressions that were shown (CTR's denominator)
 
     @classmethod
     def of(
@@ -67,10 +71,14 @@ class ArmData:
         impressions: ArrayLike,
         clicks: ArrayLike,
         revenue: ArrayLike,
+        shown: ArrayLike | None = None,
     ) -> ArmData:
-        """Checked arrays: one-dimensional, equal lengths, finite, non-negative, clicks ≤ impressions."""
+        """Checked arrays: one-dimensional, equal lengths, finite, non-negative, clicks ≤ impressions,
+        shown ≤ impressions (None: every impression shown). A user may have more clicks than shown
+        impressions (a click whose render beacon was lost)."""
         cols = {}
-        for name, values in zip(COLUMNS, (requests, impressions, clicks, revenue), strict=True):
+        shown_in = impressions if shown is None else shown
+        for name, values in zip(COLUMNS, (requests, impressions, clicks, revenue, shown_in), strict=True):
             arr = np.asarray(values, dtype=np.float64)
             if arr.ndim != 1:
                 raise EstimationError(f"arm {arm!r}: {name} must be one-dimensional, got shape {arr.shape}")
@@ -86,7 +94,10 @@ class ArmData:
         over = np.flatnonzero(cols["clicks"] > cols["impressions"])
         if over.size:
             raise EstimationError(f"arm {arm!r}: user {over[0]} has more clicks than impressions")
-        return cls(arm, cols["requests"], cols["impressions"], cols["clicks"], cols["revenue"])
+        over = np.flatnonzero(cols["shown"] > cols["impressions"])
+        if over.size:
+            raise EstimationError(f"arm {arm!r}: user {over[0]} has more shown than served impressions")
+        return cls(arm, cols["requests"], cols["impressions"], cols["clicks"], cols["revenue"], cols["shown"])
 
     @property
     def users(self) -> int:
@@ -97,7 +108,7 @@ class ArmData:
         return arr
 
     def matrix(self) -> Array:
-        """Users × (requests, impressions, clicks, revenue)."""
+        """Users × (requests, impressions, clicks, revenue, shown)."""
         return np.column_stack([self.column(c) for c in COLUMNS])
 
 
@@ -168,7 +179,8 @@ def ratio(data: ArmData, metric: str) -> float:
     num, den = RATIOS[metric]
     total = float(data.column(den).sum())
     if total == 0.0:
-        raise EstimationError(f"arm {data.arm!r}: {metric} is undefined, the arm has no {den}")
+        what = "shown impressions" if den == "shown" else den
+        raise EstimationError(f"arm {data.arm!r}: {metric} is undefined, the arm has no {what}")
     return float(data.column(num).sum()) / total
 
 

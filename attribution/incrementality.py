@@ -9,11 +9,14 @@ for the comparison, out). The lift is the difference of conversion rates; increm
 conversions are that difference times the exposed users (with a normal-approximation
 standard error from the two Poisson rates).
 
-`calibrate(result, lifts)` replaces each measured campaign's credited conversions by its
-incremental conversions (never below 0), spreads that over the campaign's channels in the
-model's proportions, and rescales all channels so the credits again sum to the conversions
-(efficiency), leaving the shares as the experiment says. Only granularities that name the
-campaign (campaign, slot_campaign) can be calibrated.
+`calibrate(result, lifts, by, design)` replaces each measured campaign's credited conversions by
+its incremental conversions (never below 0; with the holdouts' `design`, less half of its
+measured interactions with other campaigns: their Shapley split, `channel_lift`), spreads that
+over the campaign's channels (the model's proportions, pulled toward the per-slot lifts by their
+precision; where the model gave the campaign nothing, the exposed impressions'), and rescales all
+channels so the credits again sum to the conversions (efficiency), leaving the shares as the
+experiment says. Only granularities that name the campaign (campaign, slot_campaign) can be
+calibrated.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attribution.channel_lift import ChannelLift, HoldoutDesign, shapley_lifts
 from attribution.models.result import AttributionResult
 from attribution.paths import AttributionInputError
 from attribution.sql import Backend
@@ -97,21 +101,98 @@ def campaign_of(channel: str, by: str) -> str:
     raise AttributionInputError(f"calibration needs channels that name the campaign; --by {by!r} does not")
 
 
-def calibrate(result: AttributionResult, lifts: dict[str, Lift], by: str) -> AttributionResult:
-    """The model's credits with measured campaigns set to their incremental conversions."""
+def calibrate(
+    result: AttributionResult,
+    lifts: dict[str, Lift],
+    by: str,
+    design: HoldoutDesign | None = None,
+) -> AttributionResult:
+    """The model's credits with measured campaigns set to their incremental conversions.
+
+    With the holdouts' `design` (`channel_lift.measure_design`), a campaign's incremental
+    conversions lose half of its measured interactions with other campaigns (their Shapley
+    split, `shapley_lifts`) and its split over channels uses the per-slot lifts; without it, the
+    lifts are taken as they are and split as the model splits. Each measured campaign's
+    incremental conversions (never below 0) are split over its channels by `split_campaigns`; the
+    channels of campaigns without a holdout keep the model's credit; all are then rescaled so
+    that the credits again sum to the conversions (efficiency).
+    """
+    if design is not None:
+        lifts = shapley_lifts(lifts, design.interactions)
+    channel_lifts = design.channels if design is not None else {}
     campaigns = np.array([campaign_of(c, by) for c in result.channels])
     conv = result.conversions.astype(float).copy()
-    factors: dict[str, float] = {}
-    for campaign, lift in lifts.items():
-        mask = campaigns == campaign
-        credited = float(conv[mask].sum())
-        if not mask.any() or credited <= 0:
-            continue
-        factors[campaign] = max(lift.incremental_conversions, 0.0) / credited
-        conv[mask] *= factors[campaign]
+    measured: dict[str, np.ndarray] = {}
+    for campaign in lifts:
+        mask = np.flatnonzero(campaigns == campaign)
+        if mask.size:
+            measured[campaign] = mask
+    splits = split_campaigns(result, measured, channel_lifts, by)
+    incremental: dict[str, float] = {}
+    for campaign, mask in measured.items():
+        incremental[campaign] = max(lifts[campaign].incremental_conversions, 0.0)
+        conv[mask] = incremental[campaign] * splits[campaign]
     total, new_total = float(result.conversions.sum()), float(conv.sum())
     scale = total / new_total if new_total > 0 else 0.0
     share = conv * scale / total if total > 0 else conv
     value = share * float(result.value.sum())
-    meta = {**result.meta, "calibrated": {k: round(v, 6) for k, v in factors.items()}}
+    meta = {**result.meta, "calibrated": {k: round(v, 6) for k, v in incremental.items()}}
     return AttributionResult(f"{result.model}+holdout", result.channels, conv * scale, value, meta=meta)
+
+
+def split_campaigns(
+    result: AttributionResult,
+    measured: dict[str, np.ndarray],
+    channel_lifts: dict[str, ChannelLift],
+    by: str,
+) -> dict[str, np.ndarray]:
+    """How each measured campaign's incremental conversions split over its channels (shares).
+
+    The prior is the model's split of the campaign's credit; where the model gave the campaign no
+    credit at all (Markov can: a campaign whose removal its chain does not miss), it is the split
+    of the exposed users' impressions (one impression, one unit of effect), or an even one.
+    Where the holdout measured the campaign per slot (`channel_lift`), each channel's measured
+    incremental conversions pull its share toward them by their precision: normal-normal
+    shrinkage, the prior's spread τ² estimated from all measured channels at once (method of
+    moments: the mean squared gap between measurement and prior, less the measurements' own
+    variance). Measurements much noisier than their gap to the prior leave the prior as it is.
+    """
+    conv = result.conversions.astype(float)
+    # an outside channel (`source/medium`) names no slot; it is in no measured campaign anyway
+    slot_of = [c.rsplit(":", 1)[-1] if by == "slot_campaign" and ":" in c else "" for c in result.channels]
+    prior: dict[str, np.ndarray] = {}
+    seen: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for campaign, mask in measured.items():
+        lift = channel_lifts.get(campaign)
+        at = {s: j for j, s in enumerate(lift.slots)} if lift is not None and by == "slot_campaign" else {}
+        slots = [slot_of[i] for i in mask]
+        credited = float(conv[mask].sum())
+        if credited > 0:
+            q = conv[mask] / credited
+        elif at and all(s in at for s in slots) and sum(lift.exposed_impressions[at[s]] for s in slots) > 0:  # type: ignore[union-attr]
+            dose = np.array([lift.exposed_impressions[at[s]] for s in slots])  # type: ignore[union-attr]
+            q = dose / dose.sum()
+        else:
+            q = np.full(mask.size, 1.0 / mask.size)
+        prior[campaign] = q
+        if at and all(s in at for s in slots):
+            x = np.array([lift.incremental[at[s]] for s in slots])  # type: ignore[union-attr]
+            se = np.array([lift.se[at[s]] for s in slots])  # type: ignore[union-attr]
+            if np.all(np.isfinite(x)) and np.all(se > 0):
+                seen[campaign] = (x, se)
+    if not seen:
+        return prior
+    scale = {c: max(float(channel_lifts[c].incremental.sum()), 0.0) for c in seen}
+    gaps = np.concatenate([seen[c][0] - prior[c] * scale[c] for c in seen])
+    noise = np.concatenate([seen[c][1] ** 2 for c in seen])
+    tau2 = max(0.0, float(np.mean(gaps**2 - noise)))
+    if tau2 == 0.0:
+        return prior
+    out = dict(prior)
+    for campaign, (x, se) in seen.items():
+        m = prior[campaign] * scale[campaign]
+        w = tau2 / (tau2 + se**2)
+        post = np.maximum(w * x + (1 - w) * m, 0.0)
+        if post.sum() > 0:
+            out[campaign] = post / post.sum()
+    return out

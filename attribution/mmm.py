@@ -1,13 +1,13 @@
 """A media-mix model of every channel the advertiser pays for, on PyMC-Marketing, calibrated by
 adstream's holdouts.
 
-Daily spend per channel (served impressions' prices; imported outside spend) and daily
-conversions come from ClickHouse (`daily_data`). PyMC-Marketing's `MMM` fits conversions as an
-intercept plus, per channel, a geometric adstock (carry-over, normalised: a constant spend s
-adstocks to s) followed by a logistic saturation β·(1 − e^(−λx))/(1 + e^(−λx)) (`fit_mmm`). The
-lift that a campaign's holdout measured (`attribution.incrementality.measure_lift`) enters as
-PyMC-Marketing's lift-test calibration (`add_lift_test_measurements`): at daily spend x the
-campaign's curve from 0 to x must give the incremental conversions a day that the experiment
+Daily spend per channel (what own impressions were billed, `attribution.roi.BILLED_SQL`; imported
+outside spend) and daily conversions come from ClickHouse (`daily_data`). PyMC-Marketing's `MMM`
+fits conversions as an intercept plus, per channel, a geometric adstock (carry-over, normalised: a
+constant spend s adstocks to s) followed by a logistic saturation β·(1 − e^(−λx))/(1 + e^(−λx))
+(`fit_mmm`). The lift that a campaign's holdout measured (`attribution.incrementality.measure_lift`)
+enters as PyMC-Marketing's lift-test calibration (`add_lift_test_measurements`): at daily spend x
+the campaign's curve from 0 to x must give the incremental conversions a day that the experiment
 saw, within its standard error.
 
 From the posterior: each channel's contribution (credit shares), its response curve (expected
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ import numpy as np
 
 from attribution.incrementality import Lift
 from attribution.paths import AttributionInputError, channel_sql, check_range, outside_sql
-from attribution.roi import spend_params
+from attribution.roi import billed_sql, spend_params
 from attribution.sql import Backend
 
 DAY = 86400
@@ -51,9 +52,8 @@ RHAT_MAX = 1.1
 DAILY_SQL = """
 SELECT dn, channel, sum(spend) AS spend, sum(n) AS n
 FROM (
-    SELECT intDiv(toUInt32(ts), 86400) AS dn, {ch} AS channel, sum(price) AS spend, count() AS n
-    FROM impressions FINAL
-    WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s {adv}
+    SELECT intDiv(toUInt32(ts), 86400) AS dn, {ch} AS channel, sum(spend) AS spend, count() AS n
+    FROM ({billed}) AS b
     GROUP BY dn, channel
     UNION ALL
     SELECT toUInt32(toRelativeDayNum(day)) AS dn, {outside} AS channel, sum(spend) AS spend,
@@ -115,7 +115,8 @@ def daily_data(backend: Backend, by: str, since: int, until: int, advertiser: st
         raise AttributionInputError(f"range {since}..{until} holds no whole UTC day for a media-mix model")
     params = {**spend_params(first * DAY, last * DAY), "advertiser": advertiser or ""}
     adv = "AND advertiser_id = %(advertiser)s" if advertiser else ""
-    rows = backend.execute(DAILY_SQL.format(ch=channel_sql(by), outside=outside_sql(by), adv=adv), params)
+    daily = DAILY_SQL.format(ch=channel_sql(by), outside=outside_sql(by), adv=adv, billed=billed_sql(adv))
+    rows = backend.execute(daily, params)
     conv_rows = backend.execute(CONVERSIONS_SQL.format(adv=adv), params)
     channels = tuple(sorted({str(r[1]) for r in rows}))
     n = last - first
@@ -374,29 +375,7 @@ def plan_mmm_budget(fit: MmmFit, max_change: float = 0.5) -> MmmBudgetPlan:
     spend = fit.data.spend.mean(axis=0)
     lo, hi = spend * (1 - min(max_change, 1.0)), spend * (1 + max_change)
     budget = float(spend.sum())
-    grid = np.linspace(0.0, 1.0, 401)[:, None] * (hi - lo)[None, :] + lo[None, :]  # (points, channels)
-    mean_r = fit.response(grid).mean(axis=0)
-    marginal = np.gradient(mean_r, axis=0) / np.maximum(np.gradient(grid, axis=0), 1e-12)
-
-    def alloc(level: float) -> np.ndarray:
-        # per channel: the largest spend whose marginal return is still ≥ level (concave: decreasing)
-        above = marginal >= level
-        k = np.where(above.any(axis=0), above.shape[0] - 1 - np.argmax(above[::-1], axis=0), -1)
-        out: np.ndarray = np.where(k >= 0, grid[np.maximum(k, 0), np.arange(grid.shape[1])], lo)
-        return out
-
-    a, b = 0.0, float(marginal.max()) + 1.0
-    for _ in range(100):
-        mid = 0.5 * (a + b)
-        if alloc(mid).sum() > budget:
-            a = mid
-        else:
-            b = mid
-    new = alloc(b)
-    short = budget - float(new.sum())  # the grid's last step: spread by headroom, never past a bound
-    room = hi - new
-    if short > 0 and room.sum() > 0:
-        new = new + room * min(1.0, short / float(room.sum()))
+    new = equalise_marginal(lo, hi, budget, lambda grid: fit.response(grid).mean(axis=0))
     gain = fit.response(new[None, :])[:, 0, :] - fit.response(spend[None, :])[:, 0, :]  # (draws, channels)
     total = gain.sum(axis=1)
     q = np.percentile(total, [5, 95])
@@ -408,6 +387,46 @@ def plan_mmm_budget(fit: MmmFit, max_change: float = 0.5) -> MmmBudgetPlan:
         {"mean": float(total.mean()), "low": float(q[0]), "high": float(q[1])},
         per,
     )
+
+
+def equalise_marginal(
+    lo: np.ndarray,
+    hi: np.ndarray,
+    budget: float,
+    curve: Callable[[np.ndarray], np.ndarray],
+    points: int = 401,
+) -> np.ndarray:
+    """Spend per channel within [lo, hi] summing to `budget` that maximises Σ curve (concave curves:
+    where the marginal returns are equal, or a bound binds). `curve` maps spend (points, channels)
+    to response (points, channels). Bisection on the common marginal return; the budget that the
+    grid's steps leave goes to the channels at that return (with linear curves a whole channel's
+    range can be at it: spreading it over every channel with room would fund worse ones)."""
+    grid = np.linspace(0.0, 1.0, points)[:, None] * (hi - lo)[None, :] + lo[None, :]  # (points, channels)
+    marginal = np.gradient(curve(grid), axis=0) / np.maximum(np.gradient(grid, axis=0), 1e-12)
+
+    def alloc(level: float) -> np.ndarray:
+        # per channel: the largest spend whose marginal return is still ≥ level (concave: decreasing)
+        above = marginal >= level
+        k = np.where(above.any(axis=0), above.shape[0] - 1 - np.argmax(above[::-1], axis=0), -1)
+        out: np.ndarray = np.where(k >= 0, grid[np.maximum(k, 0), np.arange(grid.shape[1])], lo)
+        return out
+
+    a, b = float(marginal.min()) - 1.0, float(marginal.max()) + 1.0
+    for _ in range(100):
+        mid = 0.5 * (a + b)
+        if alloc(mid).sum() > budget:
+            a = mid
+        else:
+            b = mid
+    new, over = alloc(b), alloc(a)
+    short = budget - float(new.sum())
+    if short <= 0:
+        return new
+    step = over - new  # what the channels at the common marginal return would take
+    if step.sum() >= short:
+        return np.asarray(new + step * (short / float(step.sum())))
+    room = hi - new  # only when even every channel at its top cannot hold the budget
+    return np.asarray(new + room * min(1.0, short / max(float(room.sum()), 1e-300)))
 
 
 def lognormal_prior(mean: float, sd: float) -> dict[str, float]:
@@ -484,6 +503,7 @@ __all__ = [
     "MmmFit",
     "MmmFitError",
     "daily_data",
+    "equalise_marginal",
     "fit_mmm",
     "lift_tests",
     "meridian_export",

@@ -1,7 +1,9 @@
 """Spend, ROI and CPA per channel under a model, and a budget reallocation with its expected uplift.
 
-Spend is the sum of the served impressions' prices per own channel (holdouts cost nothing) and
-the imported daily spend per outside channel (`adstream spend import`). The
+Spend is what the impressions served in the range were billed per own channel (`schemas.billing`:
+a CPC impression its price if clicked, a CPM one price / 1000 if shown, one from before billing
+its price when served; holdouts cost nothing) and the imported daily spend per outside channel
+(`adstream spend import`). The
 reallocation keeps the total budget fixed, moves each channel within its bounds (default
 ±`max_change` of its spend), and assumes diminishing returns: a channel's credited value scales
 as (spend'/spend)^elasticity. It maximises the total value (a concave problem: KKT water-filling,
@@ -19,17 +21,52 @@ import numpy as np
 
 from attribution.models.result import AttributionResult
 from attribution.paths import AttributionInputError, channel_sql, outside_sql
-from attribution.sql import Backend
+from attribution.sql import (
+    BILLED_COST_SQL,
+    CLICKED_BY_IMPRESSION_SQL,
+    SHOWN_AT_SERVE_SQL,
+    VIEWED_BY_IMPRESSION_SQL,
+    Backend,
+)
 from schemas.holdout import HOLDOUT_AD_ID
 
-# Own channels: the served impressions' prices; outside channels: the imported daily spend
-# (`attribution.spend`) of the days that lie in the range (a day counts when it starts in it).
+# What each served impression of [since, until) was billed (`schemas.billing`, as the rollups'
+# spend: CPC its price once clicked, CPM price / 1000 once shown or clicked, no bid type its price
+# when served), the holdout's excluded; `{adv}` an extra filter on the impressions (an advertiser). One
+# JOIN per SELECT (18.16): clicks, then views. Shared by the ROI table and the media-mix model's
+# daily spend (`attribution.mmm`).
+BILLED_SQL = f"""
+SELECT imp, ts, slot, campaign_id,
+       {BILLED_COST_SQL} AS spend
+FROM (
+    SELECT imp, ts, slot, campaign_id, bid_type, price, shown_at_serve, clicked
+    FROM (
+        SELECT event_id AS imp, ts, slot, campaign_id, bid_type, price,
+               {SHOWN_AT_SERVE_SQL} AS shown_at_serve
+        FROM impressions FINAL
+        WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s {{adv}}
+    ) AS i
+    ANY LEFT JOIN ({CLICKED_BY_IMPRESSION_SQL}
+    ) AS c USING imp
+) AS ic
+ANY LEFT JOIN ({VIEWED_BY_IMPRESSION_SQL}
+) AS v USING imp
+"""
+
+
+def billed_sql(adv: str = "") -> str:
+    """`BILLED_SQL` with its impressions filtered by `adv` (SQL with bound parameters, or "")."""
+    return BILLED_SQL.format(adv=adv)
+
+
+# Own channels: what their impressions were billed (`BILLED_SQL`); outside channels: the imported
+# daily spend (`attribution.spend`) of the days that lie in the range (a day counts when it starts
+# in it).
 SPEND_SQL = """
 SELECT channel, sum(spend) AS spend, sum(impressions) AS impressions
 FROM (
-    SELECT {ch} AS channel, sum(price) AS spend, count() AS impressions
-    FROM impressions FINAL
-    WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s
+    SELECT {ch} AS channel, sum(spend) AS spend, count() AS impressions
+    FROM ({billed}) AS b
     GROUP BY channel
     UNION ALL
     SELECT {outside} AS channel, sum(spend) AS spend, toUInt64(0) AS impressions
@@ -44,7 +81,7 @@ ORDER BY channel
 
 def spend_query(by: str) -> str:
     """Spend and impressions per channel at granularity `by` (params: `spend_params`)."""
-    return SPEND_SQL.format(ch=channel_sql(by), outside=outside_sql(by))
+    return SPEND_SQL.format(ch=channel_sql(by), outside=outside_sql(by), billed=billed_sql())
 
 
 def spend_params(since: int, until: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from attribution.channel_lift import measure_design
 from attribution.incrementality import calibrate, measure_lift
 from attribution.models import AttributionResult, ModelConfig, attribute, check_model
 from attribution.paths import AttributionInputError, PathBuild, Window, build_paths, channel_sql, check_range
@@ -122,13 +123,14 @@ def run_attribution(  # noqa: PLR0913 - keyword-only knobs of one run
     lifts = measure_lift(backend, since, until) if calibrate_holdout else {}
     if calibrate_holdout and not lifts:
         raise AttributionInputError(f"no campaign has holdout users between {_iso(since)} and {_iso(until)}")
+    design = measure_design(backend, since, until) if calibrate_holdout else None
     for m in models:
         t1 = time.perf_counter()
         result = attribute(m, build.paths, config)
         run.seconds[m] = time.perf_counter() - t1
         run.results[m] = result
         if calibrate_holdout:
-            cal = calibrate(result, lifts, by)
+            cal = calibrate(result, lifts, by, design)
             run.results[cal.model] = cal
     for name, result in run.results.items():
         run.plans[name] = plan_budget(

@@ -27,6 +27,37 @@ def _insert_errors() -> tuple[type[BaseException], ...]:
     return (*clickhouse_errors(), TypeError, ValueError, OverflowError, struct.error)
 
 
+# Per impression, whether it was clicked / shown by a view beacon since `%(since)s` (one row per
+# impression id, 1 in the flag column): the right sides of the ANY LEFT JOINs with which the ROI
+# table (`attribution.roi.BILLED_SQL`) and the A/B rollup (`attribution.ab_rollups`) bill and count
+# shown impressions (`schemas.billing`); joined `USING imp`.
+CLICKED_BY_IMPRESSION_SQL = """
+    SELECT impression_id AS imp, toUInt8(1) AS clicked FROM clicks FINAL
+    WHERE ts >= toDateTime(%(since)s) GROUP BY impression_id"""
+VIEWED_BY_IMPRESSION_SQL = """
+    SELECT impression_id AS imp, toUInt8(1) AS viewed FROM views FINAL
+    WHERE ts >= toDateTime(%(since)s) GROUP BY impression_id"""
+
+
+# Whether an impression counts as shown when served (`schemas.billing.shown_at_serve`): its slot
+# renders on the server, or it says nothing of rendering (from before render beacons); as a 0/1
+# column `shown_at_serve` beside the joins' flags. One definition for the ROI, the A/B rollup and
+# the dashboard page's queries.
+SHOWN_AT_SERVE_SQL = "toUInt8(ifNull(render, '') != 'client')"
+
+
+# What an impression was billed (`schemas.billing`), from its `bid_type` and `price` and the flags
+# of the joins above (`clicked`, `viewed`) with `shown_at_serve` (rendered on the server, or from
+# before render beacons): CPM price / 1000 once shown (a click shows it too), CPC its price once
+# clicked, an impression without a bid type (from before bid types) its price when served. The ROI
+# table's spend (`attribution.roi.BILLED_SQL`), the rollups' and the A/B rollup's revenue
+# (`attribution.ab_rollups`) use it; tests hold it equal to the streams worker's billing.
+BILLED_COST_SQL = (
+    "if(isNull(bid_type), price, if(bid_type = 'cpc', clicked * price,\n"
+    "           if(shown_at_serve OR viewed OR clicked, price / 1000., 0.)))"
+)
+
+
 class Backend(Protocol):
     """Runs a query with bound parameters and returns its rows as tuples."""
 

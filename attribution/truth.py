@@ -17,20 +17,64 @@ from typing import Any
 
 import numpy as np
 
+from attribution.channel_lift import measure_design
 from attribution.incrementality import calibrate, measure_lift
 from attribution.models import AttributionResult, ModelConfig, attribute, tv_distance
 from attribution.paths import Window, build_paths
 from attribution.roi import plan_budget
 from attribution.sql import Backend
 from workloads.attribution_market import (
+    SLOTS,
     AttributionMarketConfig,
     MarketData,
+    channel_names,
     period,
     simulate,
     write_raw,
 )
 
 RETARGET = "cmp_retarget"
+# the plan a model with exactly the true credit would make (same assumed curve and bounds as every
+# multi-touch model's): what credit alone can gain, the reference for every model's budget moves
+EXACT = "exact_credit"
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """A budget plan re-simulated (the same market, channel budgets scaled by `multipliers`): the
+    caused conversions and value it adds to the unchanged market, expected given the touches
+    served (`MarketData.expected_credit`: what plans are compared by) and as one draw realised
+    them (`true_credit`: tens of conversions of noise, whatever the plan)."""
+
+    multipliers: dict[str, float]
+    expected_conversions: float
+    expected_value: float
+    conversions: float
+    value: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_moves_expected_conversions_delta": round(self.expected_conversions, 2),
+            "budget_moves_expected_value_delta": round(self.expected_value, 2),
+            "budget_moves_true_conversions_delta": round(self.conversions, 2),
+            "budget_moves_true_value_delta": round(self.value, 2),
+            "budget_moves": {c: round(m, 3) for c, m in self.multipliers.items()},
+        }
+
+
+def plan_outcome(
+    cfg: AttributionMarketConfig, base: MarketData, multipliers: dict[str, float]
+) -> PlanOutcome:
+    """What the plan's budget `multipliers` (channel → factor) change in the market `base` was
+    simulated from: caused conversions and value, expected and realised."""
+    moved = simulate(replace(cfg, spend_multiplier=multipliers))
+    ec, bc = moved.expected_credit()[0], base.expected_credit()[0]
+    # the outside channels on the base's days, their spend scaled (a re-simulation redraws it)
+    ec[len(ec) - len(cfg.outside) :] = base.outside_expected(multipliers)
+    (rc, rv), (tc, tv) = moved.true_credit(), base.true_credit()
+    gain = float(ec.sum() - bc.sum())
+    return PlanOutcome(dict(multipliers), gain, gain * cfg.value_mean, float(rc.sum() - tc.sum()),
+                       float(rv.sum() - tv.sum()))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,13 +86,12 @@ class ModelTruth:
     retarget_share: float
     true_share: dict[str, float]
     model_share: dict[str, float]
-    plan_true_conversions_delta: float | None = None
-    plan_true_value_delta: float | None = None
     outside_share: float | None = None  # the model's share of the outside channels (None: none)
     true_outside_share: float | None = None
     campaign_error: float | None = None  # TV distance of shares per campaign (own) and outside channel
     curve_error: float | None = None  # response curves against the true ones (`curve_error`)
     gain_interval: tuple[float, float, float] | None = None  # a media-mix model's expected gain a day
+    outcome: PlanOutcome | None = None  # its budget moves re-simulated (None: not re-simulated)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"error": round(self.error, 4), "retarget_share": round(self.retarget_share, 4)}
@@ -61,9 +104,8 @@ class ModelTruth:
             out["curve_error"] = round(self.curve_error, 4)
         if self.gain_interval is not None:
             out["expected_gain_per_day"] = [round(x, 3) for x in self.gain_interval]
-        if self.plan_true_conversions_delta is not None:
-            out["budget_moves_true_conversions_delta"] = round(self.plan_true_conversions_delta, 2)
-            out["budget_moves_true_value_delta"] = round(float(self.plan_true_value_delta or 0.0), 2)
+        if self.outcome is not None:
+            out.update(self.outcome.to_dict())
         return out
 
 
@@ -119,37 +161,104 @@ def check_market(
         results[name] = replace(attribute(model, paths, replace(model_cfg, **knobs)), model=name)
     if cfg.holdout_share > 0:
         lifts = measure_lift(backend, since, until)
+        design = measure_design(backend, since, until)
         for m in list(results):
-            cal = calibrate(results[m], lifts, "slot_campaign")
+            cal = calibrate(results[m], lifts, "slot_campaign", design)
             results[cal.model] = cal
     spend = dict(zip(data.channels, data.spend(), strict=True))
     outside_names = {o.name for o in cfg.outside}
-    base_conv, base_value = data.true_credit()
+    _, base_value = data.true_credit()
+    scored = dict(results)
+    if budget_moves:  # the reference: the budget plan of a model whose credit is the exact truth
+        true_value = np.array([base_value[data.channels.index(c)] for c in paths.channels])
+        scored[EXACT] = AttributionResult(EXACT, paths.channels, truth, true_value)
     out: dict[str, ModelTruth] = {}
-    for name, result in results.items():
-        delta_c = delta_v = None
+    for name, result in scored.items():
+        outcome = None
         if budget_moves:
             plan = plan_budget(result, spend)
             mult = {c.channel: c.recommended_spend / c.spend for c in plan.channels if c.spend > 0}
-            moved = simulate(replace(cfg, spend_multiplier=mult))
-            conv, value = moved.true_credit()
-            delta_c, delta_v = float(conv.sum() - base_conv.sum()), float(value.sum() - base_value.sum())
+            outcome = plan_outcome(cfg, data, mult)
         outside = np.array([c in outside_names for c in paths.channels], dtype=bool)
-        shares = (
+        shares: tuple[float | None, float | None] = (
             (float(result.share[outside].sum()), float(truth[outside].sum() / max(truth.sum(), 1e-12)))
             if outside_names
             else (None, None)
         )
         out[name] = ModelTruth(
             name, tv_distance(result.conversions, truth), _retarget(result),
-            _shares(truth, paths.channels), _shares(result.conversions, paths.channels), delta_c, delta_v,
-            *shares,
+            _shares(truth, paths.channels), _shares(result.conversions, paths.channels),
+            outside_share=shares[0], true_outside_share=shares[1], outcome=outcome,
         )  # fmt: skip
+    if budget_moves:
+        # their credit is the truth's
+        exact = _shares(truth, paths.channels)
+        share = out[EXACT].true_outside_share
+        for name, mult in oracle_plans(cfg, data).items():
+            out[name] = ModelTruth(
+                name, 0.0, 0.0, exact, exact, share, share, outcome=plan_outcome(cfg, data, mult)
+            )
     if mmm:
         out.update(
             check_mmm(backend, cfg, data, results, out, quick=mmm == "quick", budget_moves=budget_moves)
         )
     return out, data
+
+
+# the plans that know the true curves: per channel, and per media-mix unit (what a media-mix model
+# can move); the ceiling of what any model's budget moves can gain within the same bounds
+ORACLE = "true_curves"
+ORACLE_BY_UNIT = "true_curves_by_campaign"
+ORACLE_POINTS = np.linspace(0.5, 1.5, 9)  # × every channel's budget, re-simulated
+
+
+def unit_multipliers(per_unit: dict[str, float], outside: set[str]) -> dict[str, float]:
+    """A plan per media-mix unit (campaign, outside channel) as budget factors per market channel."""
+    return {c: f for u, f in per_unit.items() for c in ([u] if u in outside else [f"{u}:{s}" for s in SLOTS])}
+
+
+def expected_curves(cfg: AttributionMarketConfig, data: MarketData) -> np.ndarray:
+    """Each channel's expected caused conversions with every budget scaled by each of
+    `ORACLE_POINTS` (points × channels): re-simulated, the outside channels on `data`'s days."""
+    rows = []
+    for m in ORACLE_POINTS:
+        row = simulate(replace(cfg, spend_multiplier=_all(cfg, float(m)))).expected_credit()[0]
+        row[len(row) - len(cfg.outside) :] = data.outside_expected(_all(cfg, float(m)))
+        rows.append(row)
+    return np.stack(rows)
+
+
+def _all(cfg: AttributionMarketConfig, m: float) -> dict[str, float]:
+    return {c: m for c in channel_names(cfg)}
+
+
+def oracle_plans(
+    cfg: AttributionMarketConfig, data: MarketData, max_change: float = 0.5
+) -> dict[str, dict[str, float]]:
+    """The budget plans from the true curves (`expected_curves`, linear between their points),
+    marginal returns equalised within ±`max_change` at a fixed total: per channel (`ORACLE`) and
+    per campaign / outside channel (`ORACLE_BY_UNIT`)."""
+    from attribution.mmm import equalise_marginal
+
+    curves, spend = expected_curves(cfg, data), data.spend()
+    outside = {o.name for o in cfg.outside}
+    units = tuple(dict.fromkeys(_unit(c, outside) for c in data.channels))
+    member = np.array([[_unit(c, outside) == u for c in data.channels] for u in units], dtype=float)
+    plans: dict[str, dict[str, float]] = {}
+    for name, weights in ((ORACLE, np.eye(len(data.channels))), (ORACLE_BY_UNIT, member)):
+        s, curve = weights @ spend, curves @ weights.T  # (units,), (points, units)
+        paid = s > 0
+
+        def response(grid: np.ndarray, s: np.ndarray = s[paid], c: np.ndarray = curve[:, paid]) -> np.ndarray:
+            return np.stack([np.interp(grid[:, j] / s[j], ORACLE_POINTS, c[:, j]) for j in range(s.size)], 1)
+
+        lo, hi = s[paid] * (1 - min(max_change, 1.0)), s[paid] * (1 + max_change)
+        new = equalise_marginal(lo, hi, float(s[paid].sum()), response)
+        keys = units if name == ORACLE_BY_UNIT else data.channels
+        names = [n for n, p in zip(keys, paid, strict=True) if p]
+        per = {n: float(x / y) for n, x, y in zip(names, new, s[paid], strict=True)}
+        plans[name] = unit_multipliers(per, outside) if name == ORACLE_BY_UNIT else per
+    return plans
 
 
 CURVE_POINTS = (0.5, 0.75, 1.0, 1.25, 1.5)  # × each channel's mean daily spend
@@ -213,7 +322,6 @@ def check_mmm(
     multi-touch models in `scored` gain their per-unit error and the error of the curve their
     budget moves assume (credit a day × (s/s̄)^0.5)."""
     from attribution.mmm import daily_data, fit_mmm, lift_tests, plan_mmm_budget
-    from workloads.attribution_market import SLOTS
 
     since, until = period(cfg)
     mdata = daily_data(backend, "campaign", since, until)
@@ -234,21 +342,15 @@ def check_mmm(
     fits = {"mmm": None}
     if cfg.holdout_share > 0:
         fits["mmm+holdout"] = lift_tests(mdata, measure_lift(backend, since, until), "campaign")  # type: ignore[assignment]
-    base_conv, base_value = data.true_credit()
     out: dict[str, ModelTruth] = {}
     for name, lifts in fits.items():
         fit = fit_mmm(mdata, lifts, quick=quick, seed=seed)
         share = fit.shares()
         est_c = fit.response(m * daily[None, :]).mean(axis=0)
         plan = plan_mmm_budget(fit)
-        delta_c = delta_v = None
+        outcome = None
         if budget_moves:
-            mult: dict[str, float] = {}
-            for u, f in plan.multipliers.items():
-                for c in [u] if u in outside else [f"{u}:{slot}" for slot in SLOTS]:
-                    mult[c] = f
-            conv, value = simulate(replace(cfg, spend_multiplier=mult)).true_credit()
-            delta_c, delta_v = float(conv.sum() - base_conv.sum()), float(value.sum() - base_value.sum())
+            outcome = plan_outcome(cfg, data, unit_multipliers(plan.multipliers, outside))
         is_out = np.array([u in outside for u in units], dtype=bool)
         total = max(float(truth_units.sum()), 1e-12)
         shares_ = (
@@ -265,12 +367,11 @@ def check_mmm(
             retarget,
             _shares(truth_units, units),
             _shares(share, units),
-            delta_c,
-            delta_v,
             outside_share=shares_[0],
             true_outside_share=shares_[1],
             campaign_error=err,
             curve_error=curve_error(est_c, true_c),
             gain_interval=(g["mean"], g["low"], g["high"]),
+            outcome=outcome,
         )
     return out

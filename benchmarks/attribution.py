@@ -16,13 +16,16 @@
    holdouts on the confounded one), every model and its calibrated variant (and Markov with the
    textbook null removal, `markov_null_removal`, beside the default redistribution): TV distance of
    credit shares against the exact causal credit, and the true change in caused conversions
-   and value when each model's budget plan is re-simulated → `results/attribution_truth.json`.
+   and value when each model's budget plan is re-simulated (expected given the touches served,
+   and as one draw realised them), beside the plans from the true curves (the ceiling) →
+   `results/attribution_truth.json`.
    A third market, `outside`, is the confounded one plus three channels outside adstream
    (`Touch` touchpoints and imported daily spend) whose effect has a known adstock and Hill
    saturation; each model's total share of them is reported beside the true share
    (`--truth-only outside` runs just that market).
 
-Run: `.venv/bin/python -m benchmarks.attribution` (`--quick` for a smaller run while developing).
+Run: `.venv/bin/python -m benchmarks.attribution` (`--quick` for a smaller run while developing;
+`--only paths` for figures 1 and 2 alone, printed, no result file written).
 Prints a table; writes `benchmarks/results/attribution.json`. The ClickHouse server of the
 settings is used (a database of its own, dropped at the end).
 """
@@ -49,6 +52,7 @@ from attribution.sql import DriverBackend
 from attribution.truth import check_market
 from deploy.machine import machine, write_result
 from schemas.clients import clickhouse_client
+from schemas.errors import StoreError
 from schemas.settings import Settings
 from streams.sink import ClickHouseSink
 from workloads.attribution_market import (
@@ -128,7 +132,7 @@ def bench_sink_and_paths(settings: Settings, users: int) -> dict[str, Any]:
             backend.insert_columnar("bulk_impressions", names, [c[lo : lo + 200_000] for c in cols])
         bulk_s = time.perf_counter() - t0
         bulk_rows = len(cols[0])
-        client.execute("OPTIMIZE TABLE impressions FINAL")  # merged parts, as a settled table would be
+        merge_fully(client, name, "impressions")  # merged parts, as a settled table would be
         since, until = period(cfg)
         window = Window(click_s=3 * 86400, view_s=86400, gap_s=3 * 86400)
         build_paths(backend, "slot_campaign", since, until, window)  # warm the caches
@@ -149,6 +153,41 @@ def bench_sink_and_paths(settings: Settings, users: int) -> dict[str, Any]:
     finally:
         client.execute(f"DROP DATABASE IF EXISTS {name}")
         client.disconnect()
+
+
+def merge_fully(client: Any, database: str, table: str, wait_s: float = 120.0) -> None:
+    """Merge each partition of `table` into one part (OPTIMIZE … FINAL), waiting for the server.
+
+    A plain `OPTIMIZE TABLE … FINAL` does nothing, without a word on 18.16, while background
+    merges hold some of the parts, which is just when the sink's small parts have been written:
+    the benchmark then timed path building over four parts read with FINAL (a merging read,
+    about 12 % more server CPU on this market). So each partition that still has several parts
+    is optimized with `optimize_throw_if_noop`, and retried while the server cannot assign it."""
+    from clickhouse_driver.errors import ServerException
+
+    cannot_assign = 388  # CANNOT_ASSIGN_OPTIMIZE: parts are being merged in the background
+    deadline = time.monotonic() + wait_s
+    while True:
+        split = client.execute(
+            "SELECT partition_id FROM system.parts WHERE database = %(db)s AND table = %(table)s"
+            " AND active GROUP BY partition_id HAVING count() > 1",
+            {"db": database, "table": table},
+        )
+        if not split:
+            return
+        if time.monotonic() > deadline:
+            raise StoreError(f"{table}: partitions {split} still have several parts after {wait_s} s")
+        for (partition,) in split:
+            try:
+                client.execute(
+                    f"OPTIMIZE TABLE {table} PARTITION ID %(p)s FINAL",
+                    {"p": partition},
+                    settings={"optimize_throw_if_noop": 1},
+                )
+            except ServerException as exc:
+                if exc.code != cannot_assign:
+                    raise
+                time.sleep(0.5)
 
 
 def bench_models(n: int) -> dict[str, Any]:
@@ -193,25 +232,36 @@ def chunked_paths(n: int, channels: int, lo: int, hi: int, seed: int, chunk: int
                  cat("conversions"), cat("value"), cat("nulls"))  # fmt: skip
 
 
-def markets(users: int) -> dict[str, AttributionMarketConfig]:
+def markets(users: int, seed: int = 1) -> dict[str, AttributionMarketConfig]:
     """The truth check's markets: unconfounded, confounded (with holdouts), and the confounded one
     with three outside channels of known adstock and saturation (`default_outside`)."""
-    confounded = AttributionMarketConfig(seed=1, n_users=2 * users, confounded=True, holdout_share=0.3)
+    confounded = AttributionMarketConfig(seed=seed, n_users=2 * users, confounded=True, holdout_share=0.3)
+    mmm = replace(confounded, outside=default_outside(), days=42.0, n_users=6 * users, daily_jitter=0.4)
     return {
-        "unconfounded": AttributionMarketConfig(seed=1, n_users=users),
+        "unconfounded": AttributionMarketConfig(seed=seed, n_users=users),
         "confounded": confounded,
         "outside": replace(confounded, outside=default_outside()),
         # six weeks with day-to-day campaign budgets: what a media-mix model needs (daily users as above)
-        "mmm": replace(confounded, outside=default_outside(), days=42.0, n_users=6 * users, daily_jitter=0.4),
+        "mmm": mmm,
+        # every channel with diminishing returns within ±50 % of its budget and returns of one order:
+        # campaigns wear out with frequency (the third impression to a user is worth half the
+        # first), the outside channels' effects ×10 (their cost per caused conversion in the own
+        # campaigns' range, where it was 3–30 × it); what a media-mix model's curves are for
+        "mmm_saturating": replace(mmm, wearout=0.7, outside=default_outside(effect=10.0)),
     }
 
 
 def truth(
-    settings: Settings, users: int, only: list[str] | None = None, mmm: str = "quick"
+    settings: Settings,
+    users: int,
+    only: list[str] | None = None,
+    mmm: str = "quick",
+    seed: int = 1,
+    budget_moves: bool = True,
 ) -> dict[str, Any]:
     url = urlparse(settings.clickhouse.url)
     out: dict[str, Any] = {}
-    for market, cfg in markets(users).items():
+    for market, cfg in markets(users, seed).items():
         if only and market not in only:
             continue
         name = f"adstream_bench_truth_{uuid.uuid4().hex[:6]}"
@@ -228,7 +278,7 @@ def truth(
             res, data = check_market(
                 DriverBackend(client), cfg, list(MODELS), ModelConfig(seed=1),
                 variants={"markov_null_removal": ("markov", {"markov_removal": "null"})},
-                mmm=mmm if cfg.daily_jitter > 0 else None,
+                mmm=mmm if cfg.daily_jitter > 0 else None, budget_moves=budget_moves,
             )  # fmt: skip
         finally:
             client.execute(f"DROP DATABASE IF EXISTS {name}")
@@ -263,12 +313,20 @@ def main() -> None:
     ap.add_argument("--truth-only", nargs="*", metavar="MARKET", default=None,
                     help=f"only the truth check, of these markets (default all: {', '.join(markets(1))}); "
                     "writes attribution_truth_<markets>.json")  # fmt: skip
+    ap.add_argument("--only", choices=["paths"], default=None,
+                    help="only the sink and path building (figures 1 and 2), printed, no result file "
+                    "written (a quick check of path building between full runs)")  # fmt: skip
     args = ap.parse_args()
     settings = Settings()
     if args.truth_only is not None:
         truth_table(settings, args.quick, args.truth_only or None, "full" if args.mmm_full else "quick")
         return
     sink_users = 20_000 if args.quick else 100_000
+    if args.only == "paths":
+        start = machine()
+        part = bench_sink_and_paths(settings, sink_users)
+        Console().print({"machine": {**start, "load_avg_1m_end": machine()["load_avg_1m"]}, **part})
+        return
     n_models, n_shapley = (20_000, 100_000) if args.quick else (100_000, 1_000_000)
     result: dict[str, Any] = {"machine": machine()}
     result["sink_and_paths"] = bench_sink_and_paths(settings, sink_users)
@@ -302,7 +360,7 @@ def truth_table(settings: Settings, quick: bool, only: list[str] | None, mmm: st
     """Run the truth check, print its table and write its result file."""
     truth_result = {"machine": machine(), "markets": truth(settings, 10_000 if quick else 20_000, only, mmm)}
     t = Table("market", "model", "TV error", "per campaign", "curve error", "retarget share",
-              "outside share (true)", "Δ true conv. of budget moves")  # fmt: skip
+              "outside share (true)", "Δ true conv. of budget moves: expected", "realised")  # fmt: skip
     for market, body in truth_result["markets"].items():
         for model, r in body["models"].items():
             outside = (
@@ -310,6 +368,7 @@ def truth_table(settings: Settings, quick: bool, only: list[str] | None, mmm: st
             )
             per = [f"{r[k]:.3f}" if k in r else "" for k in ("campaign_error", "curve_error")]
             t.add_row(market, model, f"{r['error']:.3f}", *per, f"{r['retarget_share']:.3f}", outside,
+                      f"{r.get('budget_moves_expected_conversions_delta', float('nan')):+.1f}",
                       f"{r.get('budget_moves_true_conversions_delta', float('nan')):+.0f}")  # fmt: skip
     Console().print(t)
     stem = "attribution_truth" + (f"_{'_'.join(only)}" if only else "") + ("_quick" if quick else "")

@@ -193,6 +193,7 @@ class _Candidate:
     slot: str
     hour: int
     recall_score: float | None = None
+    query_match: float | None = None  # a cold-start request carries no query
     position: int = 0
 
 

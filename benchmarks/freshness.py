@@ -412,7 +412,7 @@ def settings_summary(s: Settings) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the loop, measure, stop it; returns (and writes) the result."""
     from deploy import stack
-    from deploy.demo import Demo, DemoSpec, free_port, running, write_history
+    from deploy.demo import Demo, DemoSpec, campaigns_file, free_port, running, write_history
 
     base = Settings()
     stack.up(base)
@@ -428,6 +428,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "train", "train", "--events", str(history), "--epochs", "1", "--json", str(demo.dir / "train.json")
     )
     demo.run("catalog", "produce", "ad.catalog", str(catalog))
+    demo.run("campaigns", "produce", "ad.campaigns", str(campaigns_file(catalog)))
     load_start = os.getloadavg()[0]
     t0 = time.monotonic()
     with running(demo):

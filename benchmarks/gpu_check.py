@@ -68,7 +68,7 @@ def main() -> None:
         ids = np.stack([rng.integers(0, s, n) for s in sizes], axis=1)
         aids = [f"adv:{i}" for i in rng.integers(0, args.adapters, n)]
         rows = np.array([cpu.bank.row(a, CANDIDATE) for a in aids])
-        dense = rng.normal(size=(n, cfg.state_dim + 3)).astype(np.float32)
+        dense = rng.normal(size=(n, cfg.dense_dim)).astype(np.float32)
         return RankInput(torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(rows)), aids
 
     reqs = [request() for _ in range(args.requests)]

@@ -480,7 +480,7 @@ def rank_cost(variants: Sequence[str], n: int, settings: Settings, reps: int = 3
         torch.manual_seed(0)
         model = Ranker(rcfg).eval()
         ids = torch.stack([torch.randint(0, m, (n,), generator=gen) for m in rcfg.table_sizes.values()], 1)
-        dense = torch.randn(n, rcfg.state_dim + 3, generator=gen)
+        dense = torch.randn(n, rcfg.dense_dim, generator=gen)
         out[key] = rank_ms(model, RankerBatch(dense, ids), seq, reps)
     return out
 

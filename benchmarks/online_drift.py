@@ -35,7 +35,7 @@ progressive validation, sparse ΔW, guards). Models scored on every example befo
   `wide.category` if they lack it: the head and the per-category, per-slot and per-position
   bias tables, LoRA on `nn.Embedding`s), `--lr` (Adam, Linear targets) and `--embedding-lr`
   (SGD, id tables);
-- `online_served`: what a replica applying the published deltas (`schemas.delta.apply_delta`)
+- `online_served`: what a replica applying the published deltas (`serving.hotswap.DeltaApplier`)
   scores, progressively, with the state it holds when the micro-batch arrives;
 - `online_default`: the online trainer on `settings.lora.targets` only (the same as `online`
   unless `--targets` differs; `--no-default-targets` skips it);
@@ -115,6 +115,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import copy
 import math
 import os
 import time
@@ -130,10 +131,12 @@ from rich.console import Console
 from rich.table import Table
 
 from deploy.machine import machine, write_result  # CPU model, cores, load: one definition for every benchmark
-from schemas.delta import AdapterState, apply_delta, empty_state, resolve_signing_key
-from schemas.errors import AdapterError
+from schemas.delta import resolve_signing_key
 from schemas.events import AdapterDelta, TrainingExample
 from schemas.settings import LoraSettings, OnlineSettings, Settings
+from serving.adapters import CANDIDATE, STABLE
+from serving.hotswap import DeltaApplier
+from serving.ranking import RankInput, RankModel
 from streams.in_memory import corrected_scores, training_examples
 from trainers.models.features import featurize
 from trainers.models.lora import AdapterBank
@@ -344,34 +347,33 @@ def _replay_timed(
 
 # -- one replay -------------------------------------------------------------------------------
 class _Replica:
-    """A serving replica's view: applies every published delta (all guards on) and scores each
-    micro-batch, before the trainer learns it, with the adapter states it holds then."""
+    """A serving replica's view, through serving's own code: `serving.hotswap.DeltaApplier`
+    applies every published delta (signature, seq order, ΔW norm and drift bounds: all guards
+    on, promoted at once as a canary at full share does) into a `serving.ranking.RankModel`'s
+    bank, which scores each micro-batch, before the trainer learns it, with the adapters it
+    holds then (the examples' own features: `trainers.models.features.featurize`)."""
 
-    def __init__(self, base: Ranker, lora: LoraSettings, version: str, max_norm: float) -> None:
-        self.bank = AdapterBank(base, lora, version)
-        self.version, self.max_norm = version, max_norm
-        self.states: dict[str, AdapterState] = {}
+    def __init__(self, base: Ranker, settings: Settings, lora: LoraSettings, version: str) -> None:
+        s = settings.model_copy(update={"lora": lora})
+        self.rank = RankModel(copy.deepcopy(base), version, s, torch.device("cpu"))
+        self.applier = DeltaApplier.for_replica(self.rank.bank, version, s)
         self.scores: dict[str, float] = {}
-        self.rejected = 0
+
+    @property
+    def rejected(self) -> int:
+        """Deltas the replica did not apply (anything but `applied`)."""
+        return sum(n for outcome, n in self.applier.outcomes.items() if outcome != "applied")
 
     def apply(self, deltas: list[AdapterDelta]) -> None:
         for d in deltas:
-            state = self.states.get(d.adapter_id) or empty_state(
-                d.adapter_id, self.version, self.bank.shapes, self.bank.spec.rank
-            )
-            try:
-                state = apply_delta(state, d, self.max_norm)
-            except AdapterError:
-                self.rejected += 1  # serving keeps the previous state
-                continue
-            self.states[d.adapter_id] = state
-            self.bank.set_state(d.adapter_id, dict(state.tensors))
+            self.applier.apply(d, (STABLE, CANDIDATE))
 
     def score(self, chunk: list[TrainingExample]) -> None:
-        batch = featurize(chunk, self.bank.config)
-        ids = [e.adapter_id if e.adapter_id in self.states else None for e in chunk]
-        p = torch.sigmoid(self.bank.logits(batch, ids)).tolist()
-        self.scores.update(zip((e.impression_id for e in chunk), p, strict=True))
+        batch = featurize(chunk, self.rank.config)
+        bank = self.rank.bank
+        rows = torch.tensor([bank.row(e.adapter_id, STABLE) for e in chunk], dtype=torch.int64)
+        (p,) = self.rank.score([RankInput(batch.dense, batch.ids, rows)], use_adapters=True)
+        self.scores.update(zip((e.impression_id for e in chunk), p.tolist(), strict=True))
 
 
 def _replay_online(
@@ -390,7 +392,7 @@ def _replay_online(
     trainer = OnlineTrainer(
         AdapterBank(base, lora, version), spec, signing_key=resolve_signing_key(settings), keep_log=True
     )
-    replica = _Replica(base, lora, version, spec.delta_max_norm) if served else None
+    replica = _Replica(base, settings, lora, version) if served else None
     t0, c0 = time.perf_counter(), time.process_time()
     replay(
         stream,

@@ -217,7 +217,7 @@ def features(
     for j in range(requests):
         ids = np.stack([rng.integers(0, s, n) for s in sizes], axis=1)
         ids[:, 4] = j % 3
-        dense = rng.normal(size=(n, cfg.state_dim + 3)).astype(np.float32)
+        dense = rng.normal(size=(n, cfg.dense_dim)).astype(np.float32)
         out.append((torch.from_numpy(dense), torch.from_numpy(ids)))
     return out
 

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     import httpx
 
@@ -167,8 +169,11 @@ def write_adapters(settings: Settings, model_dir: Path, catalog: Path) -> int:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from repeated runs at a rate: the run with the median p99 (the machine is shared, so
     single runs swing), plus every run's p99 and the errors over all runs."""
+    hists = [r.pop("hist") for r in runs if "hist" in r]
     ordered = sorted(runs, key=lambda r: r["p99_ms"])
     row = dict(ordered[len(ordered) // 2])
+    if hists:
+        row["hists"] = hists  # every run's latencies (`p99_interval`), dropped before writing
     requests = sum(r["requests"] for r in runs)
     errors = sum(r["errors"] for r in runs)
     row.update(
@@ -202,8 +207,10 @@ def run_wrk(  # noqa: PLR0913 - the load's knobs, keyword-only past the first fi
     qos: str | None = None,
     deadline_ms: float | None = None,
     route: Route | None = None,
+    hist: bool = False,
 ) -> dict[str, Any]:
     """One wrk run; `threads == conns` (one connection per thread) adds the P99 of the 200s alone;
+    `hist`: the row keeps every latency wrk recorded (`hist`: [µs, count] pairs, for `p99_interval`);
     `deadline_ms`: every request asks for that deadline; `route`: its bodies sent at random to its
     path instead of generated `/v1/ads` requests."""
     if shutil.which("wrk") is None:
@@ -237,9 +244,11 @@ def run_wrk(  # noqa: PLR0913 - the load's knobs, keyword-only past the first fi
         text=True,
         env=env,
     ).stdout
-    return wrk_row(
-        json.loads(next(line for line in out.splitlines() if line.startswith("{"))), rate, threads == conns
-    )
+    res = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    row = wrk_row(res, rate, threads == conns)
+    if hist:
+        row["hist"] = res.get("hist", [])
+    return row
 
 
 def wrk_row(res: dict[str, Any], rate: int, timed: bool = False) -> dict[str, Any]:
@@ -660,6 +669,17 @@ LB_CASES = {
     # name: (replicas, extra environment, which URL)
     "direct_1": (1, {}, "replica"),
     "haproxy_2": (2, {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}, "proxy"),
+    # the same without Serve's per-request HAProxy metrics: HAProxy logs every request to a socket
+    # that a Python actor (HAProxyManager) reads and parses, one more process woken per request
+    "haproxy_2_nometrics": (
+        2,
+        {
+            "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            "RAY_SERVE_HAPROXY_NBTHREAD": "1",
+            "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
+        },
+        "proxy",
+    ),
     "serve_proxy_2": (2, {"RAY_SERVE_ENABLE_HA_PROXY": "0"}, "proxy"),
 }
 
@@ -718,10 +738,12 @@ def lb_case(
         direct_share_runs: list[dict[str, Any]] = []
         for _ in range(args.repeats):
             runs.append(run_wrk(url, 100, args.duration, args.conns, args.users))
-            share_runs.append(run_wrk(url, rate, args.duration, args.conns, args.users))
+            share_runs.append(run_wrk(url, rate, args.duration, args.conns, args.users, hist=True))
             if direct is not None:
                 direct_runs.append(run_wrk(direct, 100, args.duration, args.conns, args.users))
-                direct_share_runs.append(run_wrk(direct, rate, args.duration, args.conns, args.users))
+                direct_share_runs.append(
+                    run_wrk(direct, rate, args.duration, args.conns, args.users, hist=True)
+                )
         out: dict[str, object] = {
             "case": case,
             "replicas": replicas,
@@ -790,6 +812,46 @@ def lb_share_rate(direct: Mapping[str, Any], share: float) -> int:
     return max(10, int(share * ok_rps(direct["capacity"])))
 
 
+def _p99(values: np.ndarray, counts: np.ndarray) -> float:
+    """The 99th percentile of a latency histogram (the value at rank ceil(0.99 n), as wrk's)."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(counts[order])
+    return float(values[order][np.searchsorted(cum, np.ceil(0.99 * cum[-1]))])
+
+
+def p99_ratio_interval(
+    mine: list[list[list[int]]], theirs: list[list[list[int]]], draws: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """P99 of every request of `mine`'s repeats over `theirs`', with a 95 % bootstrap interval:
+    each draw resamples the repeats (the machine's state between runs), then the requests within
+    each (`mine`, `theirs`: per repeat, wrk's [latency µs, count] pairs).
+
+    >>> p99_ratio_interval([[[2000, 100]]] * 3, [[[1000, 100]]] * 3, draws=50)
+    (2.0, 2.0, 2.0)
+    >>> fast = [[[1000, 980], [4000, 10], [9000, 10]]] * 3  # the P99 at the edge of the 1 % tail
+    >>> ratio, low, high = p99_ratio_interval(fast, fast, draws=400)
+    >>> ratio, low < 1.0 < high
+    (1.0, True)
+    """
+    rng = np.random.default_rng(seed)
+
+    def arrays(runs: list[list[list[int]]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(np.asarray([v for v, _ in h], float), np.asarray([c for _, c in h], float)) for h in runs]
+
+    def pooled(runs: list[tuple[np.ndarray, np.ndarray]]) -> float:
+        return _p99(np.concatenate([v for v, _ in runs]), np.concatenate([c for _, c in runs]))
+
+    def draw(runs: list[tuple[np.ndarray, np.ndarray]]) -> float:
+        picked = [runs[i] for i in rng.integers(0, len(runs), len(runs))]
+        resampled = [(v, rng.multinomial(int(c.sum()), c / c.sum()).astype(float)) for v, c in picked]
+        return pooled(resampled)
+
+    a, b = arrays(mine), arrays(theirs)
+    ratios = np.asarray([draw(a) / draw(b) for _ in range(draws)])
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return pooled(a) / pooled(b), float(low), float(high)
+
+
 def lb_ratios(cases: dict[str, dict[str, Any]]) -> str | None:
     """Add each balanced case's ratios to one replica's direct port (capacity: served requests per
     second at saturation; P99 at 100 req/s), and to replica 0's own port in the same deployment;
@@ -799,7 +861,7 @@ def lb_ratios(cases: dict[str, dict[str, Any]]) -> str | None:
         return None
     direct["capacity_ok_rps"] = ok_rps(direct["capacity"])
     best = None
-    for name in ("haproxy_2", "serve_proxy_2"):
+    for name in (n for n in LB_CASES if n != "direct_1"):
         c = cases.get(name, {})
         if "capacity" not in c:
             continue
@@ -821,6 +883,10 @@ def lb_ratios(cases: dict[str, dict[str, Any]]) -> str | None:
                 round(min(mine) / max(theirs), 3),
                 round(max(mine) / min(theirs), 3),
             ]
+            if c["at_share"].get("hists") and direct["at_share"].get("hists"):
+                pooled, low, high = p99_ratio_interval(c["at_share"]["hists"], direct["at_share"]["hists"])
+                c["p99_ratio_to_direct_at_share_pooled"] = round(pooled, 3)
+                c["p99_ratio_to_direct_at_share_interval"] = [round(low, 3), round(high, 3)]
             c["direct_errors_at_share"] = direct["at_share"].get("errors_all_runs", 0)
         same = c.get("same_deployment_direct")
         if isinstance(same, dict):  # the balancer's own cost: vs replica 0's port, same deployment
@@ -842,10 +908,17 @@ def _share_goal(case: Mapping[str, Any]) -> dict[str, Any]:
     it, else not judged (inside the runs' noise); not judged either when the direct replica shed
     at that rate (then its P99 is a queue's)."""
     limit = LB_GOALS["p99_ratio_to_direct_at_share"]
-    low, high = case.get("p99_ratio_to_direct_at_share_range") or [case["p99_ratio_to_direct_at_share"]] * 2
+    if "p99_ratio_to_direct_at_share_interval" in case:  # every request of every repeat, bootstrapped
+        measured = case["p99_ratio_to_direct_at_share_pooled"]
+        low, high = case["p99_ratio_to_direct_at_share_interval"]
+        noise = f"the 95 % interval [{low}, {high}] (repeats and requests resampled)"
+    else:  # older results: the range over every pairing of the repeats' P99s
+        measured = case["p99_ratio_to_direct_at_share"]
+        low, high = case.get("p99_ratio_to_direct_at_share_range") or [measured] * 2
+        noise = f"the range over the repeats [{low}, {high}]"
     goal: dict[str, Any] = {
         "goal": limit,
-        "measured": case["p99_ratio_to_direct_at_share"],
+        "measured": measured,
         "interval": [low, high],
         "met": True if high <= limit else False if low > limit else None,
     }
@@ -853,7 +926,7 @@ def _share_goal(case: Mapping[str, Any]) -> dict[str, Any]:
         goal["met"] = None
         goal["why"] = "the direct replica shed requests at the share rate: its P99 is a queue's"
     elif goal["met"] is None:
-        goal["why"] = f"the range over the repeats [{low}, {high}] holds {limit}: inside the noise"
+        goal["why"] = f"{noise} holds {limit}: inside the noise"
     return goal
 
 
@@ -927,6 +1000,9 @@ def load_balanced(args: argparse.Namespace, model_dir: Path, catalog: Path) -> d
             cases[case] = {"case": case, "error": f"exit {proc.returncode}"}
         out.unlink(missing_ok=True)
     best = lb_ratios(cases)
+    for c in cases.values():  # the latencies behind the intervals stay out of the result file
+        for part in (c, c.get("same_deployment_direct") or {}):
+            (part.get("at_share") or {}).pop("hists", None)
     head = cases.get(best or "", {})
     return {
         "replicas": head.get("replicas"),
@@ -1662,18 +1738,33 @@ def main() -> None:
     if result["cpu_profile"] is not None:
         print_cpu(result["cpu_profile"])
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
-    if "load_balanced" in previous:  # written by --load-balanced (its own machine and command); kept
-        result["load_balanced"] = previous["load_balanced"]
     if head.get("hung_redis"):
         result["hung_redis"] = head["hung_redis"]
-    elif "hung_redis" in previous:  # written by --hung-redis-only; kept
-        result["hung_redis"] = previous["hung_redis"]
+    keep_sections(result, previous)
     floor_cap = (head.get("model_floor") or {}).get("capacity", {}).get("capacity_rps")
     result["machine_level"] = machine_level(result.get("load_balanced"), floor_cap)
     write_result(args.out, result)
     print(json.dumps({k: result[k] for k in ("null_capacity_rps", "null_p99_ms_at_100", "capacity_rps",
                                               "p99_ms_at_100", "goal_met", "model_bounds")}))  # fmt: skip
     print(f"wrote {args.out}")
+
+
+# sections of serve.json that other commands write, each stamped with its own machine and command:
+# `--load-balanced`, `--hung-redis-only` and `benchmarks.serve_routes`
+OTHER_RUNS_SECTIONS = ("load_balanced", "hung_redis", "routes")
+
+
+def keep_sections(result: dict[str, Any], previous: Mapping[str, Any]) -> None:
+    """Carry over into `result` what other runs wrote to the file (unless this run measured it).
+
+    >>> r = {"capacity_rps": 170, "hung_redis": {"p99_ms": 50}}
+    >>> keep_sections(r, {"capacity_rps": 110, "routes": {"rank": 1}, "hung_redis": {"p99_ms": 80}})
+    >>> r
+    {'capacity_rps': 170, 'hung_redis': {'p99_ms': 50}, 'routes': {'rank': 1}}
+    """
+    for section in OTHER_RUNS_SECTIONS:
+        if section in previous and section not in result:
+            result[section] = previous[section]
 
 
 def qos_metrics(text: str) -> dict[str, dict[str, float]]:

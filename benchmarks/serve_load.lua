@@ -94,11 +94,18 @@ function done(summary, latency, requests)
   end
   local parts = {}
   for c, n in pairs(all_codes) do table.insert(parts, string.format('"%s":%d', c, n)) end
+  -- every latency wrk recorded, as (value in us, count) pairs: callers pool repeats and
+  -- bootstrap a percentile's interval (wrk's stats object: #latency distinct values, latency(i))
+  local hist = {}
+  for i = 1, #latency do
+    local v, n = latency(i)
+    table.insert(hist, string.format("[%d,%d]", v, n))
+  end
   io.write(string.format(
     '{"requests":%d,"duration_us":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d,"mean_us":%d,' ..
     '"err_connect":%d,"err_read":%d,"err_write":%d,"err_status":%d,"err_timeout":%d,' ..
-    '"ok_p50_us":%d,"ok_p99_us":%d,"codes":{%s}}\n',
+    '"ok_p50_us":%d,"ok_p99_us":%d,"codes":{%s},"hist":[%s]}\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
     latency:percentile(99), latency.max, latency.mean, e.connect, e.read, e.write, e.status, e.timeout,
-    ok_p50, ok_p99, table.concat(parts, ",")))
+    ok_p50, ok_p99, table.concat(parts, ","), table.concat(hist, ",")))
 end

@@ -197,7 +197,16 @@ def main() -> None:
     args.warmup = max(args.warmup, min(0.8, (args.attribution_window_s + 60) / (args.minutes * 60)))
 
     from deploy import stack
-    from deploy.demo import Demo, DemoSpec, free_port, produce_file, running, wait_rows, write_history
+    from deploy.demo import (
+        Demo,
+        DemoSpec,
+        campaigns_file,
+        free_port,
+        produce_file,
+        running,
+        wait_rows,
+        write_history,
+    )
 
     settings = Settings()
     stack.up(settings)
@@ -210,6 +219,7 @@ def main() -> None:
     truth = write_history(spec, history, catalog)
     demo.run("train", "train", "--events", str(history), "--epochs", "2")
     demo.run("catalog", "produce", "ad.catalog", str(catalog))
+    demo.run("campaigns", "produce", "ad.campaigns", str(campaigns_file(catalog)))
     samples: list[dict[str, Any]] = []
     with running(demo):
         demo.start("worker", "worker", "--loglevel", "warn")

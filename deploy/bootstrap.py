@@ -138,7 +138,7 @@ def _train(settings: Settings, events: list[Any], spec: InitSpec, two_tower: boo
     import shutil
 
     from deploy.training_data import examples_from_events
-    from trainers.models.ranker import resolve_device
+    from trainers.models.ranker import resolve_device, slot_buckets_for
     from trainers.offline import TrainSpec
     from trainers.train_all import set_threads, train_all
 
@@ -156,6 +156,7 @@ def _train(settings: Settings, events: list[Any], spec: InitSpec, two_tower: boo
         spec=TrainSpec(epochs=spec.epochs, device=device),
         two_tower=two_tower,
         baseline=False,
+        slot_buckets=slot_buckets_for(settings.slots.names),
     )
     for part in ("two_tower", "ranker"):  # the ranker last: its presence is what waiters look for
         if (staging / part).exists():

@@ -122,13 +122,14 @@ def ab(
     per request with 95 % intervals over users, and the lifts of learning over the others."""
     from attribution.ab import DEFAULT_PAIRS, compare
     from attribution.ab_rollups import read_arms, refresh_ab_rollups
-    from schemas.events import SLOTS
+    from schemas.settings import Settings
 
     with clean_errors():
-        if slot is not None and slot not in SLOTS:
+        slots = Settings().slots.names
+        if slot is not None and slot not in slots:
             from attribution.paths import AttributionInputError
 
-            raise AttributionInputError(f"--slot {slot!r} is not a slot (choose from {', '.join(SLOTS)})")
+            raise AttributionInputError(f"--slot {slot!r} is not a slot (choose from {', '.join(slots)})")
         t_since, t_until = _range(since, until)
         pairs = parse_pairs(pair)
         backend = _backend()

@@ -32,6 +32,10 @@ def demo(
     cold: Annotated[
         bool, typer.Option(help="Do not produce the history to Kafka (users served with empty state)")
     ] = False,
+    cpm_share: Annotated[
+        float,
+        typer.Option(help="Share of campaigns paying per thousand shown (CPM); the rest pay per click"),
+    ] = 0.2,
 ) -> None:
     """Simulate, train, serve, click and learn: the whole loop on the local stack, shown live."""
     from deploy import stack
@@ -42,7 +46,7 @@ def demo(
     stack.up(settings)
     spec = DemoSpec(users=users, ads=ads, history=history, requests=requests, rate=rate, seed=seed,
                     port=port, dashboard_port=dashboard_port, drift_mode=drift_mode.value,
-                    warm_state=not cold)  # fmt: skip
+                    warm_state=not cold, cpm_share=cpm_share)  # fmt: skip
     report = run_demo(spec, settings, console.print, live=live)
     console.rule("what the loop did")
     console.print(summary_table(report))

@@ -91,7 +91,7 @@ def default_group(role: Role, settings: Settings) -> tuple[str, list[str]]:
 
     if role is Role.trainer:
         return f"{settings.topic_prefix}{settings.online.group}", [topics.TRAINING_EXAMPLES]
-    user = [topics.IMPRESSIONS, topics.CLICKS, topics.DWELL, topics.CONVERSIONS]
+    user = list(topics.USER_INPUTS)  # what the worker's pipeline consumes (`streams.pipeline.INPUTS`)
     return f"{settings.topic_prefix}adstream-streams-aiokafka", user
 
 

@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here")] = None,
     ) -> None:
         """Train the ranker and the two-tower model offline; report holdout AUC/log loss."""
-        from trainers.models.ranker import resolve_device
+        from trainers.models.ranker import resolve_device, slot_buckets_for
         from trainers.offline import TrainSpec
         from trainers.train_all import set_threads, train_all
 
@@ -78,6 +78,7 @@ def register(app: typer.Typer) -> None:
             state_dim=settings.state_dim,
             spec=TrainSpec(epochs=epochs, holdout=holdout, device=str(resolve_device(settings.device))),
             two_tower=two_tower,
+            slot_buckets=slot_buckets_for(settings.slots.names),
         )
         rows = [("ranker (DCN-v2)", report["ranker"]["auc"], report["ranker"]["logloss"])]
         if "logistic_baseline" in report:

@@ -117,11 +117,27 @@ def simulate(
     new_ads_at: Annotated[float, typer.Option(help="Arrival point of new ads, like --drift-at")] = 0.5,
     rate: Annotated[float, typer.Option(help="Ad requests per second of simulated time")] = 100.0,
     policy: Annotated[LoggingPolicy, typer.Option(help="Logging policy")] = LoggingPolicy.random,
+    cpm_share: Annotated[
+        float,
+        typer.Option(
+            help="Share of campaigns paying per thousand shown (CPM), the rest per click; above 0 the "
+            "stream starts with every campaign's entry (ad.campaigns) and impressions name their bid type"
+        ),
+    ] = 0.0,
     out: OutOpt = None,
     kafka: KafkaOpt = False,
     pace: PaceOpt = 0.0,
 ) -> None:
-    """Run the market simulator (open loop) and write its events to a file or Kafka."""
+    """Run the market simulator (open loop) and write its events to a file or Kafka.
+
+    With `--cpm-share` the stream starts with the market's `Campaign` entries: a CPM campaign's
+    creatives bid per mille (`Market.bid`), so whoever serves this catalog (its `ad.catalog` and
+    `ad.campaigns` on Kafka, or the file as `serving.catalog_file`) must know how each campaign
+    pays. Its default is 0, not `adstream demo`'s 0.2: at 0 the stream is byte for byte what it
+    was (the catalogs benchmarks and tests build with it), with no campaign entries.
+    """
+    from itertools import chain
+
     from workloads import Market, MarketConfig
 
     try:
@@ -130,14 +146,18 @@ def simulate(
             drift_at=drift_at if drift_at > 0 else None, drift_share=drift_share, n_new_ads=new_ads,
             drift_mode=drift_mode.value,
             new_ads_at=new_ads_at if new_ads_at > 0 else None, rate=rate, policy=policy.value,
+            cpm_share=cpm_share,
         )  # fmt: skip
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
     market = Market(cfg)
+    # how each campaign pays (and its targeting), before the ads that bid in its unit
+    campaigns = market.campaigns(include_new=True) if cpm_share > 0 else []
     # Impressions drive the bar's total; clicks, dwell and conversions add about 8% on top.
-    _emit(market.open_loop(impressions), impressions, out, kafka, pace, "simulate")
+    _emit(chain(campaigns, market.open_loop(impressions)), impressions, out, kafka, pace, "simulate")
     s = market.summary()
-    console.print(_events_table(s.events, f"simulate seed={seed} → {out or 'kafka'}"))
+    counts = {**s.events, "campaign": len(campaigns)} if campaigns else s.events
+    console.print(_events_table(counts, f"simulate seed={seed} → {out or 'kafka'}"))
     table = Table("measure", "value", title="ground truth")
     table.add_row("CTR", _fmt(s.ctr))
     table.add_row("mean oracle pCTR", _fmt(s.mean_oracle_pctr))

@@ -26,8 +26,9 @@ from xml.sax.saxutils import escape
 from schemas.errors import StackError
 
 SHARD_KEY = "cityHash64(user_id)"
-# the tables of attribution/migrations that carry events of a user (the path build reads them)
-USER_TABLES = ("impressions", "clicks", "conversions", "touches")
+# the tables of attribution/migrations that carry events of a user (the path build reads them;
+# `views`: the render beacons that make impressions shown, attribution's views)
+USER_TABLES = ("impressions", "views", "clicks", "conversions", "touches")
 
 
 @dataclass(frozen=True)

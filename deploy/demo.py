@@ -50,6 +50,10 @@ class DemoSpec:
     drift_mode: str = "handover"
     drift_share: float = 0.5
     warm_state: bool = True  # produce the history to Kafka so users are served with their state
+    # the share of the market's campaigns that pay per thousand shown impressions (CPM), the rest
+    # per click (`MarketConfig.cpm_share`); 0 here, so the benchmarks built on the demo (soak,
+    # freshness, live loop) keep the markets of their earlier runs; `adstream demo` sets 0.2
+    cpm_share: float = 0.0
 
 
 def free_port() -> int:
@@ -206,14 +210,16 @@ def market_config(spec: DemoSpec, *, history: bool) -> Any:
         span_s = spec.history / 3.0 / 100.0
         start = datetime.now(UTC) - timedelta(seconds=span_s + 5)
         return MarketConfig(seed=spec.seed, n_users=spec.users, n_ads=spec.ads, drift_at=None,
-                            new_ads_at=None, n_new_ads=0, start=start, rate=100.0)  # fmt: skip
+                            new_ads_at=None, n_new_ads=0, start=start, rate=100.0,
+                            cpm_share=spec.cpm_share)  # fmt: skip
     return MarketConfig(seed=spec.seed, n_users=spec.users, n_ads=spec.ads, drift_at=0.5,
                         drift_mode=spec.drift_mode, drift_share=spec.drift_share,
-                        new_ads_at=None, n_new_ads=0)  # fmt: skip
+                        new_ads_at=None, n_new_ads=0, cpm_share=spec.cpm_share)  # fmt: skip
 
 
 def write_history(spec: DemoSpec, history: Path, catalog: Path) -> dict[str, Any]:
-    """Simulate the history into a file (and the catalog into another); its ground truth."""
+    """Simulate the history into a file (and the catalog into another, its campaigns, some with
+    targeting, into `campaigns.jsonl` beside it); its ground truth."""
     from schemas.codec import encode
     from workloads import Market
 
@@ -224,8 +230,15 @@ def write_history(spec: DemoSpec, history: Path, catalog: Path) -> dict[str, Any
             out.write(line)
             if m.kind == "ad":
                 cat.write(line)
+    entries = market.campaigns(include_new=True)
+    campaigns_file(catalog).write_bytes(b"".join(encode(c) + b"\n" for c in entries))
     s = market.summary()
     return {"impressions": s.impressions, "clicks": s.clicks, "oracle_auc": s.oracle_auc, "users": spec.users}
+
+
+def campaigns_file(catalog: Path) -> Path:
+    """Where `write_history` puts the campaign entries of the catalog at `catalog`."""
+    return catalog.with_name("campaigns.jsonl")
 
 
 async def produce_file(settings: Settings, path: Path) -> int:
@@ -357,6 +370,7 @@ def run_loop(
     )
     train = json.loads((demo.dir / "train.json").read_text())
     demo.run("catalog", "produce", "ad.catalog", str(catalog))
+    demo.run("campaigns", "produce", "ad.campaigns", str(campaigns_file(catalog)))
 
     with running(demo):
         say("2. the loop's processes: streams worker, online LoRA trainer, Ray Serve ad server, dashboard")

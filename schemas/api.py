@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from schemas.events import (
+    TEXT_PATTERN,
     ClickToken,
     Contract,
     CountryCode,
@@ -20,6 +28,7 @@ from schemas.events import (
 )
 
 MAX_INTERESTS = 8  # declared interests per request: a sign-up form's few picks, not a profile
+MAX_QUERY_CHARS = 256  # a search box's query, not a document
 
 
 def _integral(value: object) -> object:
@@ -78,6 +87,22 @@ class AdRequest(Contract):
     # alpha-2) and device class; a campaign that targets either is not shown when it is not said
     geo: CountryCode | None = None
     device: Device | None = None
+    # the user's search text (meaningful for a search slot): recall adds each ad's match of its
+    # words to the query vector's score (`serving.text`), so ads naming them are recalled first
+    query: (
+        Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUERY_CHARS, pattern=TEXT_PATTERN)]
+        | None
+    ) = None
+
+    @field_validator("slot")
+    @classmethod
+    def _configured_slot(cls, slot: str, info: ValidationInfo) -> str:
+        """Serving validates with `context={"slots": settings.slots.names}`: any other slot is
+        refused (422 naming `slot`); without a context every well-formed slot name passes."""
+        slots = info.context.get("slots") if isinstance(info.context, dict) else None
+        if slots is not None and slot not in slots:
+            raise ValueError(f"{slot!r} is not a configured slot (slots.names: {', '.join(slots)})")
+        return slot
 
 
 class ServedAd(Contract):
@@ -87,6 +112,9 @@ class ServedAd(Contract):
     campaign_id: Ident
     score: Annotated[float, Field(allow_inf_nan=False)]
     pctr: Probability
+    # the auction's second price in the campaign's bid unit (`Campaign.bid_type`): per click for
+    # CPC (charged at the first click), per thousand shown impressions for CPM (an impression
+    # costs price / 1000 once shown); `schemas.billing`
     price: NonNegFloat
     # echo it in the Click / Dwell of this ad (`Click.click_token`): the streams worker drops
     # clicks without the token of an impression served to that user (`schemas.signing`)

@@ -23,6 +23,7 @@ from schemas.events import (
     Message,
     Touch,
     TrainingExample,
+    View,
 )
 
 MODEL_BY_TOPIC: Final[dict[str, type[Message]]] = {
@@ -31,6 +32,7 @@ MODEL_BY_TOPIC: Final[dict[str, type[Message]]] = {
     topics.DWELL: Dwell,
     topics.CONVERSIONS: Conversion,
     topics.TOUCHES: Touch,
+    topics.VIEWS: View,
     topics.CATALOG: AdCreative,
     topics.CAMPAIGNS: Campaign,
     topics.DLQ: DeadLetter,

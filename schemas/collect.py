@@ -7,16 +7,16 @@ from typing import Annotated, Final, Literal, TypeAlias
 
 from pydantic import Field
 
-from schemas.events import Click, Contract, Conversion, Dwell, Impression, Touch
+from schemas.events import Click, Contract, Conversion, Dwell, Impression, Touch, View
 
 # the kinds a publisher may send over HTTP; catalog, dead letters, training examples and adapter
 # deltas are the platform's own records and only travel on Kafka
-HTTP_KINDS: Final[tuple[str, ...]] = ("impression", "click", "dwell", "conversion", "touch")
+HTTP_KINDS: Final[tuple[str, ...]] = ("impression", "view", "click", "dwell", "conversion", "touch")
 
 # what the collector validates, by `kind` (the OpenAPI request schema; the collector itself
 # reads each event apart, so one bad event never hides the verdicts of the others)
 AnyHttpEvent: TypeAlias = Annotated[
-    Impression | Click | Dwell | Conversion | Touch, Field(discriminator="kind")
+    Impression | View | Click | Dwell | Conversion | Touch, Field(discriminator="kind")
 ]
 
 # low-cardinality reasons (also the `reason` label of the refusal counter)

@@ -8,8 +8,8 @@ the contract) instead of being skipped. The rules the schema runs as Python vali
 re-applied afterwards, for the batch:
 
 - ids (`_fits_bytes`): printable text of at most 255 UTF-8 bytes (the length limits stay in the
-  Struct); a record whose every byte is printable ASCII has only such ids (its longest id is 128
-  characters), so `ids_fit` runs only on records with other bytes;
+  Struct); a record of ASCII bytes without DEL has only such ids (JSON text holds no raw control
+  character, and its longest id is 128 characters), so `ids_fit` runs only on other records;
 - timestamps (`_not_a_number`, `_in_range`): read as text matching `TS_TEXT` (RFC 3339 with a
   four-digit year, `T`, at most six fractional digits and an offset: text the contract's
   datetime parser reads as the same instant, never a number), then parsed
@@ -25,7 +25,10 @@ dead-letters. So every record the fast path accepts, the contract accepts as an 
 verdict; `tests/unit/schemas/test_decode.py` holds both on valid and hostile records. The
 events are built as pydantic builds them (`__dict__` in declaration order), at a fraction of
 `model_validate_json`'s cost: the Python validators called from the schema cost more than the
-rest of validation.
+rest of validation. A record is read first by a Struct that requires every field (what producers
+write: `model_dump_json` writes them all), so the common event's fields set is every field
+without a look for left-out ones; a record that fails it is read again by the Struct whose
+optional fields may be left out.
 """
 
 from __future__ import annotations
@@ -66,7 +69,6 @@ TS_TEXT: Final = (
 )
 _MIN_S: Final = MIN_TS.timestamp()
 _MAX_S: Final = MAX_TS.timestamp()
-_PRINTABLE_ASCII: Final = bytes(range(0x20, 0x7F))
 _new = object.__new__
 _setattr = object.__setattr__
 _fromiso = datetime.fromisoformat
@@ -167,9 +169,12 @@ class _Rules:
         raise TypeError(f"{self.model.__name__}.{name}: a validator the fast path does not know: {fn}")
 
 
-def derive_struct(model: type[Message]) -> tuple[type[msgspec.Struct], _Rules, dict[str, Any]]:
+def derive_struct(
+    model: type[Message], *, every: bool = False
+) -> tuple[type[msgspec.Struct], _Rules, dict[str, Any]]:
     """The model's fields as a msgspec Struct (optional fields default to UNSET, so that the
-    fields a record sets are known), the Python validators' rules, and the defaults."""
+    fields a record sets are known; with `every`, every field is required), the Python
+    validators' rules, and the defaults."""
     schema = model.__pydantic_core_schema__
     if schema.get("type") != "model" or schema["schema"].get("type") != "model-fields":
         raise TypeError(f"{model.__name__}: not a plain model schema (a model validator?)")
@@ -191,11 +196,18 @@ def derive_struct(model: type[Message]) -> tuple[type[msgspec.Struct], _Rules, d
             if not isinstance(node["default"], str | int | float | bool | type(None)):
                 raise TypeError(f"{model.__name__}.{name}: a default that is not a constant")
             defaults[name] = node["default"]
-            fields.append((name, rules.annotation(node["schema"], name) | msgspec.UnsetType, _UNSET))
+            kind = rules.annotation(node["schema"], name)
+            fields.append(
+                (name, kind, msgspec.NODEFAULT) if every else (name, kind | msgspec.UnsetType, _UNSET)
+            )
         else:
             fields.append((name, rules.annotation(node, name), msgspec.NODEFAULT))
     struct = msgspec.defstruct(
-        f"{model.__name__}Struct", fields, kw_only=True, forbid_unknown_fields=True, frozen=True
+        f"{model.__name__}{'Every' if every else ''}Struct",
+        fields,
+        kw_only=True,
+        forbid_unknown_fields=True,
+        frozen=True,
     )
     if struct.__struct_fields__ != tuple(model.model_fields):
         raise TypeError(f"{model.__name__}: the Struct's fields are not in the model's order")
@@ -222,6 +234,8 @@ class BatchDecoder(Generic[M]):
         self.ids, self.times, self.vectors = rules.ids, rules.times, rules.vectors
         self.struct = struct
         self._decode = msgspec.json.Decoder(struct).decode
+        # every field written, none left to its default: the common record, read first
+        self._decode_every = msgspec.json.Decoder(derive_struct(model, every=True)[0]).decode
         self._optional = tuple(self.defaults)
         self._required = frozenset(self.fields) - frozenset(self._optional)
         self._every = set(self.fields)
@@ -231,14 +245,22 @@ class BatchDecoder(Generic[M]):
         """Whether the fast path is on for this model (a Struct could be derived)."""
         return self._decode is not None
 
-    def _fields(self, value: bytes | None) -> dict[str, Any] | None:
-        """The record's fields (times parsed) if it passes the Struct and the per-record rules."""
+    def _fields(self, value: bytes | None) -> tuple[dict[str, Any], bool] | None:
+        """The record's fields (times parsed) if it passes the Struct and the per-record rules,
+        and whether it writes every field."""
         if value is None or b"\\" in value:
             return None
+        every = True
         try:
-            rec = self._decode(value)  # type: ignore[misc]
+            rec = self._decode_every(value)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
+            if not self._optional:  # the same Struct: it would fail again
+                return None
+            every = False
+            try:
+                rec = self._decode(value)  # type: ignore[misc]
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return None
         fields: dict[str, Any] = msgspec.structs.asdict(rec)
         for name in self.times:  # `_not_a_number` (the Struct's TS_TEXT) and `_in_range`
             try:
@@ -247,21 +269,21 @@ class BatchDecoder(Generic[M]):
                 return None
             if not _MIN_S <= t.timestamp() < _MAX_S:
                 return None
-        if value.translate(None, _PRINTABLE_ASCII):  # bytes other than printable ASCII: `_fits_bytes`
+        if not value.isascii() or b"\x7f" in value:  # other than printable ASCII text: `_fits_bytes`
             ids = [v for n in self.ids if isinstance(v := fields[n], str)]
             if not ids_fit(ids):
                 return None
-        return fields
+        return fields, every
 
-    def _event(self, fields: dict[str, Any]) -> M:
-        if _UNSET in fields.values():  # an optional field left out: its default, not in the fields set
+    def _event(self, fields: dict[str, Any], every: bool) -> M:
+        if not every and _UNSET in fields.values():  # an optional field left out: its default
             fields_set = set(self._required)
             for name in self._optional:
                 if fields[name] is _UNSET:
                     fields[name] = self.defaults[name]
                 else:
                     fields_set.add(name)
-        else:  # the common case: a producer writes every field
+        else:  # the common case: a producer wrote every field
             fields_set = self._every.copy()
         event: M = _new(self.model)  # as the model's own validator makes it
         _setattr(event, "__dict__", fields)
@@ -277,14 +299,14 @@ class BatchDecoder(Generic[M]):
         found = [self._fields(v) for v in values]
         if self.vectors:
             self._check_vectors(found)
-        return [None if f is None else self._event(f) for f in found]
+        return [None if f is None else self._event(*f) for f in found]
 
-    def _check_vectors(self, found: list[dict[str, Any] | None]) -> None:
+    def _check_vectors(self, found: list[tuple[dict[str, Any], bool] | None]) -> None:
         """`_finite_vector` for the batch: the records holding a component that is not finite or
         beyond ±MAX_FEATURE are handed to the contract (set to None in `found`)."""
         for name in self.vectors:
             rows = [i for i, f in enumerate(found) if f is not None]
-            vectors = [found[i][name] for i in rows]  # type: ignore[index]
+            vectors = [found[i][0][name] for i in rows]  # type: ignore[index]
             total = sum(map(len, vectors))
             if not total:
                 continue

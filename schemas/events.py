@@ -24,11 +24,22 @@ from pydantic import (
     model_validator,
 )
 
-Slot: TypeAlias = Literal["feed", "search", "splash"]
+# A slot is a surface where ads are shown (a feed, search results, a splash screen, a sidebar):
+# a bounded identifier (a lowercase letter, then up to 31 lowercase letters, digits, `_` or `-`).
+# Which slots exist is configuration (`slots.names`); serving refuses a request naming another.
+SLOT_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,31}$"
+Slot: TypeAlias = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=SLOT_PATTERN)]
+# the default slots (`slots.names`), in the order of the models' fixed slot indices 0, 1, 2
+# (`trainers.models.features.slot_index`): other slots hash into extra rows
+SLOTS: Final[tuple[str, ...]] = ("feed", "search", "splash")
+# how a campaign pays: per shown impression ("cpm") or per click ("cpc"); `schemas.billing`
+BidType: TypeAlias = Literal["cpm", "cpc"]
+BID_TYPES: Final[tuple[BidType, ...]] = ("cpm", "cpc")
+# where a slot's ads are rendered: by the client (shown on its render beacon) or by the server
+Render: TypeAlias = Literal["client", "server"]
 # the A/B arms of live learning (`serving.arms`, settings group `ab`)
 AB_ARMS: Final = ("learning", "correction", "control")
 AbArm: TypeAlias = Literal["learning", "correction", "control"]
-SLOTS: Final[tuple[Slot, ...]] = ("feed", "search", "splash")
 
 MAX_ID_BYTES: Final = 255
 # Timestamps must fit the stores downstream (ClickHouse DateTime: 1970-01-01 … 2106-02-07 UTC).
@@ -106,6 +117,9 @@ Money = Annotated[float, Field(ge=0, le=MAX_MONEY, allow_inf_nan=False)]
 # float32 (1e39) would become inf there; bounded to a range far inside float32 and the features'.
 MAX_FEATURE: Final = 1e6
 Feature = Annotated[float, Field(ge=-MAX_FEATURE, le=MAX_FEATURE, allow_inf_nan=False)]
+# How well a request's query names an ad: the cosine of their hashed bags of words
+# (`schemas.vectors.text_vector`; signed hashing, so a collision can make it negative)
+QueryMatch = Annotated[float, Field(ge=-1, le=1, allow_inf_nan=False)]
 
 
 def _from_base64(value: object) -> object:
@@ -169,6 +183,9 @@ class Impression(UserEvent):
     advertiser_id: Ident
     slot: Slot
     position: Annotated[int, Field(ge=0, le=10_000)]
+    # the auction's generalized second price in the campaign's bid unit (`bid_type`): per click
+    # for "cpc" (billed at the first click), per thousand shown impressions for "cpm" (billed
+    # price / 1000 when shown); `schemas.billing`
     price: Money
     pctr: Probability | None = None
     model_version: Version | None = None
@@ -185,6 +202,18 @@ class Impression(UserEvent):
     # evaluation of another ranker or policy needs (`attribution.ope`)
     propensity: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     explored: bool | None = None
+    # how the campaign pays (`Campaign.bid_type`: "cpm" on shown impressions, "cpc" on clicks)
+    # and how the slot renders: "client" ads become impressions when their render beacon (`View`)
+    # arrives, "server" ads are shown when served (`serving.shown_on_serve`). None (impressions
+    # from before these fields, or other producers): counted as shown, never billed
+    bid_type: BidType | None = None
+    render: Render | None = None
+    # how well the request's `query` names this ad (`serving.text.text_match`: the cosine of their
+    # bags of words), what the ranker's query columns read (`trainers.models.features`): logged
+    # so that training featurizes the value serving ranked with, not one recomputed later from a
+    # title that may have changed. None: the request carried no query (or serving keeps no ad
+    # text, `recall.text_dim` 0)
+    query_match: QueryMatch | None = None
     # the serving replica's HMAC over the other fields (`schemas.signing`); the streams worker
     # dead-letters impressions without a valid one (`streams.verify_impressions`)
     sig: Signature | None = None
@@ -199,6 +228,19 @@ class Click(UserEvent):
     campaign_id: Ident
     # the `ServedAd.click_token` of the impression, echoed (`schemas.signing.click_token`)
     click_token: ClickToken | None = None
+
+
+class View(UserEvent):
+    """The render beacon of a served ad: it was in view on the user's screen (the web snippet
+    sends it once the ad was half visible for a second). It turns the served impression into a
+    shown one, which CPM campaigns pay for and attribution counts as a view; the streams worker
+    takes the first view of each served impression inside the attribution window, and only with
+    the served ad's token (a view of an ad never served cannot carry one)."""
+
+    kind: Literal["view"] = "view"
+    impression_id: EventId
+    ad_id: Ident
+    click_token: ClickToken | None = None  # the served ad's token, as `Click.click_token`
 
 
 class Dwell(UserEvent):
@@ -267,6 +309,7 @@ class AdCreative(Message):
     advertiser_id: Ident
     category: Ident
     title: Text
+    # per click for a CPC campaign, per thousand shown impressions for a CPM one (`Campaign.bid_type`)
     bid: Annotated[float, Field(gt=0, le=MAX_MONEY, allow_inf_nan=False)]
     daily_budget: Annotated[float, Field(gt=0, le=MAX_MONEY, allow_inf_nan=False)]
     active: bool
@@ -320,6 +363,12 @@ class Campaign(Message):
     end: Timestamp | None = None
     targeting: Targeting = Targeting()
     active: bool = True
+    # what the campaign pays for (`schemas.billing`), and so the unit of its creatives' `bid`:
+    # "cpc" each first click on a served ad (bid and second price per click), "cpm" each shown
+    # impression (bid and second price per thousand shown: an impression costs price / 1000);
+    # the auction ranks a CPC ad by pCTR × bid, a CPM ad by bid / 1000 (`serving.rerank`);
+    # spend and pacing count only these billable events
+    bid_type: BidType = "cpc"
 
     @model_validator(mode="after")
     def _schedule_in_order(self) -> Campaign:
@@ -381,6 +430,8 @@ class TrainingExample(Message):
     user_vector: Annotated[list[float], Field(max_length=MAX_VECTOR_DIM)]
     intent_score: Feature
     recall_score: Feature | None = None
+    # the impression's `query_match` (None: no query), as served: the ranker's query columns
+    query_match: QueryMatch | None = None
     served_pctr: Probability | None = None
     model_version: Version | None = None
     adapter_version: Version | None = None
@@ -437,6 +488,7 @@ EVENT_MODELS: Final[dict[str, type[Message]]] = {
     "Impression": Impression,
     "Click": Click,
     "Dwell": Dwell,
+    "View": View,
     "Conversion": Conversion,
     "Touch": Touch,
     "AdCreative": AdCreative,

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 from typing import Final
 
-from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message, Touch
+from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Message, Touch, View
 
 RAW_ROWS: Final[dict[type[Message], tuple[str, tuple[str, ...]]]] = {
     Impression: (
         "impressions",
         ("event_id", "ts", "ts_ms", "user_id", "request_id", "ad_id", "campaign_id", "advertiser_id",
          "slot", "position", "price", "pctr", "model_version", "adapter_version", "ab_arm",
-         "propensity", "explored", "variant_id", "variant_propensity"),
+         "propensity", "explored", "variant_id", "variant_propensity", "bid_type", "render", "query_match"),
     ),
+    # the first view of each served impression in its window (the worker's join decides which:
+    # duplicate, late and unserved beacons are counted, not stored), so a row is a shown impression
+    View: ("views", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id")),
     Click: ("clicks", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "campaign_id")),
     Dwell: ("dwell", ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "dwell_ms")),
     Conversion: (
@@ -49,6 +52,7 @@ NOT_STORED: Final[dict[type[Message], frozenset[str]]] = {
     Impression: frozenset({"kind", "sig"}),
     Click: frozenset({"kind", "click_token"}),  # the token is checked by the worker
     Dwell: frozenset({"kind", "click_token"}),
+    View: frozenset({"kind", "click_token"}),
     Conversion: frozenset({"kind"}),
     Touch: frozenset({"kind"}),
     # the creative's assembled variants live on ad.catalog (the serving catalog), not in ClickHouse

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final, TypeVar, overload
 from pydantic import SecretStr
 
 from schemas.errors import ConfigError
-from schemas.events import Click, Dwell, Impression, Message
+from schemas.events import Click, Dwell, Impression, Message, View
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
@@ -132,6 +132,8 @@ def impression_bytes(imp: Impression, ts: float | None = None) -> bytes:
         # the variant fields only when set: impressions without them keep their v1 bytes
         + _variant_suffix(d.get("variant_id"), d.get("variant_propensity"))
         + _policy_suffix(d.get("ab_arm"), d.get("propensity"), d.get("explored"))
+        + _billing_suffix(d.get("bid_type"), d.get("render"))
+        + _query_suffix(d.get("query_match"))
     ).encode()
 
 
@@ -153,6 +155,20 @@ def _policy_suffix(arm: str | None, propensity: float | None, explored: bool | N
     return f"|policy|{'-' if arm is None else arm}|{p}|{e}"
 
 
+def _billing_suffix(bid_type: str | None, render: str | None) -> str:
+    """How the impression is billed and rendered, in its canonical bytes (only when one is set:
+    impressions without them keep their earlier bytes)."""
+    if bid_type is None and render is None:
+        return ""
+    return f"|billing|{'-' if bid_type is None else bid_type}|{'-' if render is None else render}"
+
+
+def _query_suffix(match: float | None) -> str:
+    """The request query's match with the ad in an impression's canonical bytes (only when set:
+    impressions without a query keep their earlier bytes)."""
+    return "" if match is None else f"|query|{float(match)!r}"
+
+
 def impression_sig(imp: Impression, key: bytes, ts: float | None = None) -> str:
     """HMAC-SHA256 (hex) of `impression_bytes(imp)` (`ts`: `imp.ts.timestamp()` if known)."""
     return _mac(key, impression_bytes(imp, ts)).hexdigest()
@@ -164,7 +180,7 @@ def sign_impression(imp: Impression, key: bytes) -> Impression:
 
 
 def click_token(key: bytes, impression_id: str, user_id: str, ad_id: str) -> str:
-    """The token a served ad carries and its click (or dwell) echoes: 16 bytes of
+    """The token a served ad carries and its view, click or dwell echoes: 16 bytes of
     HMAC-SHA256(impression id, user, ad), base64url without padding."""
     msg = f"adstream-click-v1|{_text(impression_id)}|{_text(user_id)}|{_text(ad_id)}".encode()
     digest = _mac(key, msg).digest()[:TOKEN_BYTES]
@@ -172,11 +188,11 @@ def click_token(key: bytes, impression_id: str, user_id: str, ad_id: str) -> str
 
 
 def seal(event: M, key: bytes) -> M:
-    """What a trusted producer sends: an Impression signed, a Click or Dwell with its click
-    token; any other event unchanged."""
+    """What a trusted producer sends: an Impression signed, a View, Click or Dwell with its
+    click token; any other event unchanged."""
     if isinstance(event, Impression):
         update = {"sig": impression_sig(event, key)}
-    elif isinstance(event, Click | Dwell):
+    elif isinstance(event, Click | Dwell | View):
         update = {"click_token": click_token(key, event.impression_id, event.user_id, event.ad_id)}
     else:
         return event
@@ -187,7 +203,7 @@ def check_event(
     event: Message, key: bytes, *, impressions: bool = True, clicks: bool = True, ts: float | None = None
 ) -> tuple[str, str] | None:
     """None when `event` passes; else (reason, error): an impression without a valid `sig`
-    (with `impressions`), a click or dwell without a valid `click_token` (with `clicks`).
+    (with `impressions`), a view, click or dwell without a valid `click_token` (with `clicks`).
     `ts` is `event.ts.timestamp()` when the caller has it already."""
     if isinstance(event, Impression):
         if not impressions:
@@ -200,7 +216,7 @@ def check_event(
                 f"bad impression signature on {event.event_id!r}: field 'sig' does not verify",
             )
         return None
-    if isinstance(event, Click | Dwell):
+    if isinstance(event, Click | Dwell | View):
         if not clicks:
             return None
         if event.click_token is None:

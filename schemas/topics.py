@@ -18,6 +18,7 @@ class TopicSpec:
 IMPRESSIONS: Final = "ad.impressions"
 CLICKS: Final = "ad.clicks"
 DWELL: Final = "ad.dwell"
+VIEWS: Final = "ad.views"  # render beacons of served ads (`View`): what makes them impressions
 CONVERSIONS: Final = "ad.conversions"
 TOUCHES: Final = "ad.touches"  # touchpoints on channels outside adstream (`Touch`)
 CATALOG: Final = "ad.catalog"
@@ -37,6 +38,7 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
     TopicSpec(DWELL, "user_id", 8),
     TopicSpec(CONVERSIONS, "user_id", 8),
     TopicSpec(TOUCHES, "user_id", 8),
+    TopicSpec(VIEWS, "user_id", 8),
     TopicSpec(CATALOG, "ad_id", 1),
     TopicSpec(CAMPAIGNS, "campaign_id", 1),
     TopicSpec(DLQ, "source_topic", 1),
@@ -48,7 +50,7 @@ TOPICS_BY_NAME: Final[dict[str, TopicSpec]] = {t.name: t for t in TOPICS}
 
 # The co-partitioned user topics the streams worker consumes, in merge tie-break order (an
 # impression before its click, …): what `streams.pipeline.INPUTS` reads.
-USER_INPUTS: Final[tuple[str, ...]] = (IMPRESSIONS, CLICKS, DWELL, CONVERSIONS, TOUCHES)
+USER_INPUTS: Final[tuple[str, ...]] = (IMPRESSIONS, CLICKS, DWELL, CONVERSIONS, TOUCHES, VIEWS)
 
 
 def topic_name(base: str, prefix: str = "") -> str:

@@ -41,3 +41,28 @@ def content_vector(category: str, title: str, dim: int, category_weight: float =
         vec[idx] += sign
     norm = math.sqrt(sum(x * x for x in vec))
     return [x / norm for x in vec] if norm > 0 else vec
+
+
+_WORD = re.compile(r"[^\W_]+")
+
+
+def text_vector(text: str, dim: int) -> list[float]:
+    """A unit vector of a text's words (signed feature hashing of lower-cased letter/digit runs,
+    any script): ads' text (`serving.catalog`: category and title) and a request's `query` are
+    put in this one space, so their inner product is how well the query names the ad. A bag of
+    words costs microseconds where a sentence encoder costs milliseconds per query.
+
+    >>> ad = text_vector("shoes Red running shoes", 64)
+    >>> sum(a * b for a, b in zip(text_vector("running", 64), ad)) > 0.3
+    True
+    >>> text_vector("", 8) == [0.0] * 8
+    True
+    """
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    vec = [0.0] * dim
+    for word in _WORD.findall(text.lower()):
+        idx, sign = _bucket(f"word:{word}", dim)
+        vec[idx] += sign
+    norm = math.sqrt(sum(x * x for x in vec))
+    return [x / norm for x in vec] if norm > 0 else vec

@@ -27,7 +27,6 @@ from ray import serve
 from ray.serve.config import BackpressureConfig
 
 from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass, RankRequest, RankResponse
-from schemas.delta import resolve_signing_key
 from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
@@ -136,11 +135,19 @@ class AdServer:
         self.towers = TowerSpace.load(s.model_dir, s.serving.title_cache_size)
         if self.towers is not None:
             self.catalog = Catalog(
-                self.towers.dim, model.config, self.towers.ad_vector, max_ads=s.serving.catalog_max_ads
+                self.towers.dim,
+                model.config,
+                self.towers.ad_vector,
+                max_ads=s.serving.catalog_max_ads,
+                text_dim=s.recall.text_dim,
             )
         else:
             self.catalog = Catalog(
-                s.state_dim, model.config, content_vectorizer(s.state_dim), max_ads=s.serving.catalog_max_ads
+                s.state_dim,
+                model.config,
+                content_vectorizer(s.state_dim),
+                max_ads=s.serving.catalog_max_ads,
+                text_dim=s.recall.text_dim,
             )
         self.pipe = AdPipeline(
             s,
@@ -149,13 +156,7 @@ class AdServer:
             self.towers,
             lambda outcome, n: self.metrics.interests.labels(outcome).inc(n),
         )
-        self.applier = DeltaApplier(
-            self.rank.bank,
-            version,
-            s.online.delta_max_norm,
-            key=resolve_signing_key(s),
-            max_drift=s.serving.adapter_max_drift,
-        )
+        self.applier = DeltaApplier.for_replica(self.rank.bank, version, s)
         self.canary = Canary(
             s.canary.share,
             s.canary,
@@ -175,7 +176,7 @@ class AdServer:
             self.canary.served,
             _MetricsRecorder(self.metrics),
         )
-        self.bodies = BodyAdmission(s.serving.admission_limit)
+        self.bodies = BodyAdmission(s.serving.admission_limit, s.slots.names)
         self.collector = EventCollector(s, self.api_keys, self.metrics.registry)  # POST /v1/events
         PublisherCors.configure(s.collector.cors_origins)
         self.gate = Admission(s.qos.slots, qos_policies(s))

@@ -23,12 +23,17 @@ from typing import ClassVar
 
 import numpy as np
 
+from schemas.billing import PER_MILLE
 from schemas.errors import SchemaError
 from schemas.events import DEVICES, AdCreative, Campaign, Device
+from schemas.vectors import text_vector
 from trainers.models.features import stable_bucket
 from trainers.models.ranker import RankerConfig
 
 Vectorizer = Callable[[AdCreative], np.ndarray]
+
+# the pCTR the popular rung (no model) assumes for every ad (serving.request)
+POPULAR_PCTR = 0.02
 
 
 class CatalogFull(SchemaError):
@@ -78,6 +83,7 @@ class CampaignTable:
     start: np.ndarray = field(init=False)
     end: np.ndarray = field(init=False)
     devices: np.ndarray = field(init=False)  # bit mask over DEVICES; 0: every device
+    cpm: np.ndarray = field(init=False)  # bid type "cpm" (else "cpc", also without an entry)
     # the codes of campaigns that target by geo or interests, with their sets (few campaigns do)
     geo: dict[int, frozenset[str]] = field(default_factory=dict)
     interests: dict[int, frozenset[str]] = field(default_factory=dict)
@@ -88,8 +94,11 @@ class CampaignTable:
         self.entity, self.active = np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
         self.start, self.end = np.full(n, -np.inf), np.full(n, np.inf)
         self.devices = np.zeros(n, dtype=np.uint8)
+        self.cpm = np.zeros(n, dtype=bool)
 
-    _COLUMNS: ClassVar[tuple[str, ...]] = ("spend", "budget", "entity", "active", "start", "end", "devices")
+    _COLUMNS: ClassVar[tuple[str, ...]] = (
+        "spend", "budget", "entity", "active", "start", "end", "devices", "cpm"
+    )  # fmt: skip
 
     def grow(self, size: int) -> None:
         fresh = CampaignTable(size)
@@ -115,6 +124,7 @@ class CampaignTable:
         self.entity[code] = True
         self.budget[code] = c.daily_budget
         self.active[code] = c.active
+        self.cpm[code] = c.bid_type == "cpm"
         self.start[code] = -np.inf if c.start is None else c.start.timestamp()
         self.end[code] = np.inf if c.end is None else c.end.timestamp()
         t = c.targeting
@@ -164,8 +174,13 @@ class Catalog:
         vectorize: Vectorizer,
         capacity: int = 1024,
         max_ads: int = 1_000_000,
+        text_dim: int = 128,
     ) -> None:
         self.dim = dim
+        # each row's words (category and title) as a hashed bag of words, what a request's
+        # `query` is matched against (`schemas.vectors.text_vector`); 0: none kept
+        self.text_dim = text_dim
+        self.text = np.zeros((capacity, text_dim), dtype=np.float32)
         self.max_ads = max_ads
         self.refused = 0  # new ads refused by a catalog full of active ones
         self.ranker = ranker
@@ -193,6 +208,7 @@ class Catalog:
         cap = self.vectors.shape[0] * 2
         for name in (
             "vectors",
+            "text",
             "bid",
             "budget",
             "active",
@@ -271,6 +287,8 @@ class Catalog:
         cfg = self.ranker
         vec = self.vectorize(ad) if vector is None else vector
         self.vectors[row] = np.asarray(vec, dtype=np.float32)[: self.dim]
+        if self.text_dim:
+            self.text[row] = text_vector(f"{ad.category} {ad.title}", self.text_dim)
         self.bid[row] = ad.bid
         self.budget[row] = ad.daily_budget
         self.active[row] = ad.active
@@ -343,10 +361,17 @@ class Catalog:
         out: np.ndarray = self.campaigns.budget[self.campaign[rows]]
         return out
 
-    def record_served(self, rows: np.ndarray, cost: np.ndarray) -> None:
-        """Count impressions and expected spend of what this replica just served."""
+    def record_served(self, rows: np.ndarray, cost: np.ndarray | None = None) -> None:
+        """Count the impressions of what this replica just served (and `cost`, when given, as
+        spend: serving bills nothing itself; the day's billed spend comes from Redis)."""
         np.add.at(self.impressions, rows, 1.0)
-        np.add.at(self.campaigns.spend, self.campaign[rows], cost)
+        if cost is not None:
+            np.add.at(self.campaigns.spend, self.campaign[rows], cost)
+
+    def cpm_of(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row's campaign pays per shown impression (`Campaign.bid_type` "cpm")."""
+        out: np.ndarray = self.campaigns.cpm[self.campaign[rows]]
+        return out
 
     def set_spend(self, spend: dict[str, float]) -> None:
         """Take the shared day's spend per campaign (from Redis), never lowering a local count."""
@@ -359,11 +384,13 @@ class Catalog:
         self.campaigns.spend[:] = 0.0
 
     def popular(self, k: int, audience: Audience | None = None) -> np.ndarray:
-        """Servable rows (for `audience`, when given) by popularity prior (impressions + 1) ×
-        bid, best first."""
+        """Servable rows (for `audience`, when given) by popularity prior (impressions + 1) × the
+        bid's value per impression, best first: a CPC bid (per click) at the `POPULAR_PCTR` the
+        popular rung assumes, a CPM bid (per thousand shown) / 1000, as the auction compares them."""
         ok = np.flatnonzero(self.servable(audience))
         if ok.shape[0] == 0:
             return ok
-        prior = (self.impressions[ok] + 1.0) * self.bid[ok]
+        per_imp = np.where(self.cpm_of(ok), 1.0 / PER_MILLE, POPULAR_PCTR)
+        prior = (self.impressions[ok] + 1.0) * self.bid[ok] * per_imp
         top = np.argsort(-prior, kind="stable")[:k]
         return ok[top]

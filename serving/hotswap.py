@@ -49,10 +49,12 @@ from schemas.delta import (
     empty_state,
     full_parts,
     make_delta,
+    resolve_signing_key,
     verify_delta,
 )
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta
+from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE, AdapterStack
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,19 @@ class DeltaApplier:
     pinned: dict[str, int] = field(default_factory=dict)  # adapter → the seq it is pinned at
     held: set[str] = field(default_factory=set)  # a rollback is storing its pin: no delta lands
     unavailable_pins: set[tuple[str, int]] = field(default_factory=set)  # logged once each
+
+    @classmethod
+    def for_replica(cls, bank: AdapterStack, base_version: str, settings: Settings) -> DeltaApplier:
+        """The applier a replica runs with `settings`: the trainer's per-delta norm bound and
+        signing key, serving's drift bound (`serving.app.AdServer`, and the replay benchmark's
+        replica, `benchmarks.online_drift`)."""
+        return cls(
+            bank,
+            base_version,
+            settings.online.delta_max_norm,
+            key=resolve_signing_key(settings),
+            max_drift=settings.serving.adapter_max_drift,
+        )
 
     def _empty(self, adapter_id: str) -> AdapterState:
         shapes = {n: (s.fan_in, s.fan_out) for n, s in self.bank.shapes.items()}

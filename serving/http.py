@@ -4,6 +4,7 @@ read with a hard byte limit (a chunked body has no Content-Length to trust)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 from pydantic import ValidationError
@@ -100,11 +101,15 @@ def unsupported_media() -> JSONResponse:
 
 
 async def parse_ad_request(
-    request: Request, limit: int, model: type[AdRequest] = AdRequest
+    request: Request,
+    limit: int,
+    model: type[AdRequest] = AdRequest,
+    slots: Collection[str] | None = None,
 ) -> AdRequest | JSONResponse:
     """The request edge of `POST /v1/ads` (and `/v1/rank`, `model` = `RankRequest`) after the
     media type was checked: the body read within `limit` bytes (413; 400 when the client left
-    mid-body), duplicate keys refused (422) and the request validated (422, each field located).
+    mid-body), duplicate keys refused (422) and the request validated (422, each field located;
+    a slot not among `slots`, the configured ones, is refused there too).
     The ad server and the benchmark's framework floor (`benchmarks.lib.floor`) both answer through this,
     so the floor pays what the server pays."""
     try:
@@ -119,7 +124,7 @@ async def parse_ad_request(
         ]
         return JSONResponse({"detail": twice, "error": f"duplicate JSON key(s) {dupes}"}, status_code=422)
     try:
-        return model.model_validate_json(body)
+        return model.model_validate_json(body, context=None if slots is None else {"slots": slots})
     except ValidationError as exc:
         # an error of the whole body (not JSON, not an object) is located at `body`
         detail = [
@@ -133,8 +138,9 @@ class BodyAdmission:
     request holds its slot from its first byte until its body is parsed, so slow clients cannot
     sit in the body phase uncounted; past the limit the ingress answers 503 at once."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, slots: Collection[str] | None = None) -> None:
         self.limit = limit
+        self.slots = None if slots is None else frozenset(slots)  # the configured slots
         self.reading = 0  # requests inside `parse`
 
     def full(self) -> bool:
@@ -146,7 +152,7 @@ class BodyAdmission:
         """`parse_ad_request` holding a slot for as long as the body takes to arrive."""
         self.reading += 1
         try:
-            return await parse_ad_request(request, max_bytes, model)
+            return await parse_ad_request(request, max_bytes, model, self.slots)
         finally:
             self.reading -= 1
 

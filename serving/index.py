@@ -8,6 +8,7 @@ it is exact; `serving.ann.UsearchIndex` (HNSW) fits the same protocol for large 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -58,16 +59,27 @@ class ExactIndex:
 
 
 def exact_search(
-    vectors: np.ndarray, query: np.ndarray, k: int, allowed: np.ndarray | None
+    vectors: np.ndarray,
+    query: np.ndarray,
+    k: int,
+    allowed: np.ndarray | None,
+    extra: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k inner product over `vectors` among `allowed` rows (best first)."""
-    return _top_k(vectors @ np.asarray(query, dtype=np.float32), k, allowed)
+    """Exact top-k inner product over `vectors` among `allowed` rows (best first); `extra`: a
+    score per row added first (a query text's match, `serving.text`)."""
+    scores = vectors @ np.asarray(query, dtype=np.float32)
+    return top_k(scores if extra is None else scores + extra, k, allowed)
 
 
 def exact_search_many(
-    vectors: np.ndarray, queries: np.ndarray, k: int, allowed: np.ndarray
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    k: int,
+    allowed: np.ndarray,
+    extra: Sequence[np.ndarray | None] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`exact_search` of a batch of queries ([b, dim]) with one matmul; `allowed` is [b, n].
+    """`exact_search` of a batch of queries ([b, dim]) with one matmul; `allowed` is [b, n];
+    `extra[i]`, when given, is added to query i's scores.
 
     >>> v = np.eye(3, dtype=np.float32)
     >>> [r.tolist() for r, _ in exact_search_many(v, v[[2, 0]], 1, np.ones((2, 3), bool))]
@@ -75,10 +87,14 @@ def exact_search_many(
     """
     # [n, b] then rows: the catalog-major product is ~7x faster than queries @ vectors.T here
     scores = np.ascontiguousarray((vectors @ np.asarray(queries, dtype=np.float32).T).T)
-    return [_top_k(scores[i], k, allowed[i]) for i in range(scores.shape[0])]
+    for i, add in enumerate(extra or ()):
+        if add is not None:
+            scores[i] += add
+    return [top_k(scores[i], k, allowed[i]) for i in range(scores.shape[0])]
 
 
-def _top_k(scores: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def top_k(scores: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The best `k` rows of `scores` among `allowed` ones, and their scores, best first."""
     n = scores.shape[0]
     if allowed is not None:
         scores = np.where(allowed[:n], scores, -np.inf)

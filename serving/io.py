@@ -5,8 +5,8 @@ Redis keys written/read by serving (under `settings.redis_prefix`):
 - `fcap:{yyyymmdd}:{h}` hash ad_id → impressions today of the user whose id hashes to `h`
   (`fcap_key`: 32 hex, whatever the id's length), expiring an hour after that UTC day ends: the
   only per-user key serving writes, for ids that passed the contract, and it cannot outlive its day
-- `spend:{yyyymmdd}` hash campaign_id → expected spend today (pCTR × price, per campaign, never
-  per user; TTL 2 days)
+- `spend:{yyyymmdd}` hash campaign_id → spend billed today (`schemas.billing`: written by the
+  streams worker on shown CPM impressions and CPC clicks; read here for pacing; TTL 2 days)
 - the user record (`schemas.user_record`, written by streams; read through a `UserCodec`, by default
   `UserRecordCodec`)
 - adapter snapshots (`adapter:{adapter_id}`: an `AdapterDelta` JSON with `snapshot=true`)
@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from schemas import codec, topics
+from schemas.billing import spend_key
 from schemas.clients import fetch_args, kafka_args, redis_args
 from schemas.errors import AdstreamError, SchemaError
 from schemas.events import AdapterDelta, Impression, Message
@@ -195,14 +196,21 @@ class RedisIO:
                 counts[ad] = counts.get(ad, 0) + n
         return [ad for ad, n in counts.items() if n >= self.cap]
 
-    def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None:
-        """Count impressions per user/ad (frequency cap) and expected spend per campaign, in memory
-        until the next `flush` (the cap check adds what is pending, so it holds in between)."""
+    def record(
+        self, user_id: str, now: datetime, imps: list[Impression], spend: list[float] | None = None
+    ) -> None:
+        """Count impressions per user/ad (frequency cap) and, when given, spend per campaign, in
+        memory until the next `flush` (the cap check adds what is pending, so it holds in between).
+        Serving passes no spend: what campaigns pay is billed by the streams worker on views and
+        clicks (`schemas.billing`) into the same hash."""
         day = day_of(now)
         fcap = self._fcap.setdefault((day, user_id), {})
+        for imp in imps:
+            fcap[imp.ad_id] = fcap.get(imp.ad_id, 0) + 1
+        if spend is None:
+            return
         camp = self._spend.setdefault(day, {})
         for imp, cost in zip(imps, spend, strict=True):
-            fcap[imp.ad_id] = fcap.get(imp.ad_id, 0) + 1
             camp[imp.campaign_id] = camp.get(imp.campaign_id, 0.0) + float(cost)
 
     async def flush(self) -> int:
@@ -236,7 +244,7 @@ class RedisIO:
             args += ("a", index, str(max(fcap_expiry(day), int(time.time()) + FCAP_GRACE_S)), "")
             what.append(None)
         for day, camps in spend.items():
-            key = f"{self.prefix}spend:{day}"
+            key = spend_key(self.prefix, day)
             keys.append(key)
             index = str(len(keys))
             for camp, cost in camps.items():
@@ -263,7 +271,7 @@ class RedisIO:
         return len(what)
 
     async def spend(self, now: datetime) -> dict[str, float]:
-        raw = await self.client.hgetall(f"{self.prefix}spend:{day_of(now)}")
+        raw = await self.client.hgetall(spend_key(self.prefix, day_of(now)))
         return {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
 
     async def snapshot(self, adapter_id: str) -> AdapterDelta | None:

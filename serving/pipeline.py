@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 import numpy as np
 
 from schemas.api import AdRequest, AdResponse, RankRequest, RankResponse, ServedAd, StageMs
-from schemas.events import AbArm, AdCreative, Impression
+from schemas.billing import PER_MILLE
+from schemas.events import AbArm, AdCreative, Impression, Render
 from schemas.ids import adapter_id_for, impression_event_id
 from schemas.settings import Settings
 from schemas.signing import click_token, event_key, sign_impression
@@ -26,11 +27,12 @@ from serving.arms import uses_adapters
 from serving.catalog import Audience, Catalog
 from serving.deadline import Deadline, Rung, StageCosts
 from serving.explore import explore
-from serving.index import ExactIndex, exact_search_many
+from serving.index import ExactIndex, exact_search, exact_search_many
 from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
 from serving.recall_index import make_index
 from serving.rerank import pacing_factor, rerank
+from serving.text import join_matches, query_match, query_matches, text_match
 from serving.towers import TowerSpace
 from serving.variants import VariantSelector
 
@@ -130,6 +132,8 @@ class AdPipeline:
         self.settings = settings
         # every impression is signed and every served ad carries its click token (M10)
         self.event_key = event_key(settings)
+        # slots rendered on the server: their ads are shown when served (`schemas.billing`)
+        self.shown_on_serve = frozenset(settings.serving.shown_on_serve)
         self.towers = towers
         self.rank = rank
         self.catalog = catalog
@@ -250,8 +254,24 @@ class AdPipeline:
                 allowed[row] = False
         user = self.with_interests(user, req.interests)
         query = self.query(user, req.context, req.slot, hour)
-        rows, scores = self.index.search(query, self.settings.recall.k, allowed)
+        k, match = self.settings.recall.k, self.match(req)
+        if match is None:
+            rows, scores = self.index.search(query, k, allowed)
+        elif isinstance(self.index, ExactIndex):
+            rows, scores = exact_search(cat.vectors[: cat.n], query, k, allowed, match)
+        else:
+            rows, scores = join_matches(
+                self.index.search(query, k, allowed), match, cat.vectors, query, k, allowed
+            )
         return self._recalled(req, user, rows, scores, hour)
+
+    def match(self, req: AdRequest, rows: np.ndarray | None = None) -> np.ndarray | None:
+        """How well the request's `query` names each catalog row (or each of `rows`), weighted
+        (`serving.text`); None without a query."""
+        cat, recall = self.catalog, self.settings.recall
+        if not recall.text_dim:
+            return None
+        return query_match(cat.text, cat.n, req.query, recall.text_weight, rows)
 
     def recall_many(
         self,
@@ -281,7 +301,10 @@ class AdPipeline:
             ]
         )
         index = self.index
-        found = exact_search_many(index.vectors[: index.n], queries, self.settings.recall.k, allowed)
+        recall = self.settings.recall
+        texts: list[str | None] = [r.query if recall.text_dim else None for r in reqs]
+        matches = query_matches(cat.text, cat.n, texts, recall.text_weight)
+        found = exact_search_many(index.vectors[: index.n], queries, self.settings.recall.k, allowed, matches)
         return [
             self._recalled(r, u, rows, scores, hour)
             for r, u, (rows, scores) in zip(reqs, views, found, strict=True)
@@ -317,6 +340,9 @@ class AdPipeline:
         user = self.with_interests(user, req.interests)
         query = np.asarray(self.query(user, req.context, req.slot, hour), dtype=np.float32)
         scores = self.catalog.vectors[rows] @ query
+        match = self.match(req, rows)
+        if match is not None:
+            scores = scores + match
         return self._recalled(req, user, rows, scores, hour)
 
     def _recalled(
@@ -331,8 +357,19 @@ class AdPipeline:
         intents = _by_code(user.intents if user is not None else {}, codes)
         bias = _by_code(user.bias, codes) if user is not None and user.bias else None
         vec = user.vector if user is not None else np.zeros(self.settings.state_dim, dtype=np.float32)
+        config = self.rank.config
         inp = build_input(
-            vec, intents, cat.ids[rows], cat.category[rows], req.slot, hour, self.settings.state_dim, bias
+            vec,
+            intents,
+            cat.ids[rows],
+            cat.category[rows],
+            req.slot,
+            hour,
+            self.settings.state_dim,
+            bias,
+            config.slot_buckets,
+            config.query_features,
+            text_match(cat.text, req.query, rows) if config.query_features else None,
         )
         return Recalled(rows, scores, inp)
 
@@ -393,6 +430,7 @@ class AdPipeline:
             cat.spend_of(rows), cat.budget_of(rows), day_fraction, self.params.pacing_slack
         )
         eps, top_m = self.settings.explore.epsilon, self.settings.explore.top_m
+        cpm_rows = cat.cpm_of(rows)  # the auction prices CPM bids per thousand shown, CPC per click
         res = rerank(
             pctr,
             cat.bid[rows],
@@ -402,6 +440,7 @@ class AdPipeline:
             cat.impressions[rows],
             req.k + top_m - 1 if eps > 0 else req.k,  # the greedy list and what exploration draws from
             self.params,
+            cpm_rows,
         )
         # seeded by the request id: the same request explores the same way (tests, replays)
         rng = request_rng(request_id) if eps > 0 else _GREEDY_RNG  # greedy draws nothing
@@ -418,6 +457,13 @@ class AdPipeline:
         picks = self.variant_picks(chosen, ctx.user_vector)
         prices, scores = res.prices[ex.picks], res.scores[ex.picks]
         ab_arm, propensities, explored = ctx.ab_arm, ex.propensity.tolist(), ex.explored.tolist()
+        render: Render = "server" if slot in self.shown_on_serve else "client"
+        chosen_cpm = cpm_rows[order]
+        cpm = chosen_cpm.tolist()
+        # the ranker's query feature of each served ad, logged whatever rung served it (training
+        # featurizes every impression): the value the ranker read, or would have read
+        matched = text_match(cat.text, req.query, chosen)
+        query = [None] * len(chosen) if matched is None else matched.tolist()
         for pos, (row, p, score, price) in enumerate(
             zip(
                 chosen.tolist(),
@@ -457,12 +503,16 @@ class AdPipeline:
                         ab_arm=ab_arm,
                         propensity=propensities[pos],
                         explored=explored[pos],
+                        bid_type="cpm" if cpm[pos] else "cpc",
+                        render=render,
+                        query_match=query[pos],
                     ),
                     key,
                 )
             )
         top_adapter = imps[0].adapter_version if imps and with_adapters else None
-        return Served(ads, imps, chosen, chosen_pctr * prices, top_adapter)
+        expected = np.where(chosen_cpm, prices / PER_MILLE, chosen_pctr * prices)
+        return Served(ads, imps, chosen, expected, top_adapter)
 
     def respond(self, ctx: RequestContext, served: Served) -> AdResponse:
         """The response of a served request, with the time each stage took (`ctx.stage_ms`:
@@ -490,7 +540,9 @@ class AdPipeline:
 @dataclass
 class Served:
     """What `AdPipeline.finish` chose for one request: the ads, their signed impressions, the
-    catalog rows served and the expected spend of each (pCTR × price), and the version of the
+    catalog rows served and the expected spend of each once shown (CPM: price / 1000, what it
+    pays when shown; CPC: pCTR × price, its expected click cost; nothing is billed at serving,
+    `schemas.billing`), and the version of the
     top ad's adapter (None without adapters)."""
 
     ads: list[ServedAd]

@@ -15,15 +15,20 @@ import torch
 from torch import nn
 
 from schemas.errors import AdapterError
-from schemas.events import SLOTS
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE, AdapterStack, BankBuffers
 from serving.banked import BankContext, install, target_layers
-from trainers.models.features import N_EXTRA_DENSE
-from trainers.models.ranker import CONFIG_FILE, Ranker, RankerConfig, load_checkpoint, weights_version
+from trainers.models.features import N_EXTRA_DENSE, N_QUERY_DENSE, slot_index
+from trainers.models.ranker import (
+    CONFIG_FILE,
+    Ranker,
+    RankerConfig,
+    load_checkpoint,
+    slot_buckets_for,
+    weights_version,
+)
 
 log = logging.getLogger(__name__)
-SLOT_INDEX: dict[str, int] = {s: i for i, s in enumerate(SLOTS)}
 
 
 def find_checkpoint(model_dir: Path) -> Path | None:
@@ -43,7 +48,9 @@ def load_ranker(settings: Settings, device: torch.device) -> tuple[Ranker, str]:
     gen = torch.random.fork_rng()
     with gen:
         torch.manual_seed(0)
-        model = Ranker(RankerConfig(state_dim=settings.state_dim))
+        model = Ranker(
+            RankerConfig(state_dim=settings.state_dim, slot_buckets=slot_buckets_for(settings.slots.names))
+        )
     model.eval().to(device)
     return model, weights_version(model)
 
@@ -59,7 +66,7 @@ class RankInput:
     offset: torch.Tensor | None = None
 
 
-def build_input(
+def build_input(  # noqa: PLR0913 - the user's columns, the candidates', and the ranker's slot rows
     user_vector: np.ndarray,
     intent_by_category: np.ndarray,
     cand_ids: np.ndarray,
@@ -68,6 +75,9 @@ def build_input(
     hour: int,
     state_dim: int,
     bias_by_category: np.ndarray | None = None,
+    slot_buckets: int = 0,
+    query_features: bool = False,
+    query_match: np.ndarray | None = None,
 ) -> RankInput:
     """Tensors for n candidates of one user, column for column as `trainers.models.features.featurize`
     builds them for the training example of the same impression (position 0: rank scores every
@@ -76,15 +86,23 @@ def build_input(
     an input the model was never fitted to (tests/unit/serving/test_feature_parity.py). Bank rows
     start at 0 (the base model); `AdPipeline.adapter_rows` fills them for the adapter rung.
     `bias_by_category` (the user's per-category logit bias, `streams.state`) becomes each
-    candidate's logit offset."""
+    candidate's logit offset. `slot_buckets`: the ranker's hashed slot rows (its
+    `RankerConfig.slot_buckets`), for slots beyond the three defaults. `query_features`: the
+    ranker has the query columns (`RankerConfig.query_features`); `query_match` is each
+    candidate's match with the request's query (`serving.text.text_match`; None: no query), the
+    value its impression logs and its training example carries."""
     n = cand_ids.shape[0]
-    dense = np.zeros((n, state_dim + N_EXTRA_DENSE), dtype=np.float32)
+    width = state_dim + N_EXTRA_DENSE + (N_QUERY_DENSE if query_features else 0)
+    dense = np.zeros((n, width), dtype=np.float32)
     vec = np.asarray(user_vector, dtype=np.float32)[:state_dim]
     dense[:, : vec.shape[0]] = vec
     dense[:, state_dim] = intent_by_category[cand_category] if intent_by_category.size else 0.0
+    if query_features and query_match is not None:
+        dense[:, state_dim + N_EXTRA_DENSE] = query_match
+        dense[:, state_dim + N_EXTRA_DENSE + 1] = 1.0
     ids = np.empty((n, 7), dtype=np.int64)
     ids[:, :4] = cand_ids
-    ids[:, 4] = SLOT_INDEX[slot]
+    ids[:, 4] = slot_index(slot, slot_buckets)
     ids[:, 5] = 0
     ids[:, 6] = hour
     offset = None
@@ -224,7 +242,7 @@ class RankModel:
         self.ctx: BankContext = install(model, self.bank, ctx)
         # slot adapters (one per slot: every candidate of a request shares it) are folded into
         # copies of the base at swap time; per-advertiser adapters take the banked (mixed) path
-        self.folded = FoldedSlots(plain, self.bank, frozenset(SLOTS))
+        self.folded = FoldedSlots(plain, self.bank, frozenset(settings.slots.names))
         self.bank.on_swap.append(self.folded.refold)
         self.config: RankerConfig = model.config
         self.chunk = settings.serving.rank_chunk
@@ -336,7 +354,7 @@ class RankModel:
     def warmup(self, n: int = 512, rounds: int = 3) -> None:
         """Run the forward paths once (allocator, kernels, lazy init) before taking traffic."""
         cfg = self.config
-        dense = torch.zeros(n, cfg.state_dim + N_EXTRA_DENSE)
+        dense = torch.zeros(n, cfg.dense_dim)
         ids = torch.zeros(n, 7, dtype=torch.int64)
         rows = torch.arange(n) % (self.bank.stride * 2)
         for _ in range(rounds):

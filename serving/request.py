@@ -34,6 +34,7 @@ import torch
 from schemas.api import AdResponse, RankRequest
 from schemas.events import Impression
 from serving.arms import uses_adapters, uses_correction
+from serving.catalog import POPULAR_PCTR
 from serving.deadline import io_budget_ms, lower, plan_rank, plan_start
 from serving.pipeline import AdPipeline, RequestContext, Served, UserView, audience_of, recall_pctr
 from serving.ranking import RankInput
@@ -53,7 +54,9 @@ class UserStore(Protocol):
 
     def pending_capped(self, user_id: str, now: datetime) -> list[str]: ...
 
-    def record(self, user_id: str, now: datetime, imps: list[Impression], spend: list[float]) -> None: ...
+    def record(
+        self, user_id: str, now: datetime, imps: list[Impression], spend: list[float] | None = None
+    ) -> None: ...
 
 
 class Recorder(Protocol):
@@ -253,7 +256,7 @@ class RequestPath:
         ctx.rung = "popular"
         if isinstance(ctx.req, RankRequest):  # the caller's own candidates (rerank orders them by bid)
             ctx.rows, ctx.unknown, ctx.ineligible = self.pipe.candidates(ctx.req, ctx.capped, ctx.now)
-            ctx.pctr = np.full(ctx.rows.shape[0], 0.02)
+            ctx.pctr = np.full(ctx.rows.shape[0], POPULAR_PCTR)
             return
         rows = self.pipe.popular(max(ctx.req.k * 4, 40))
         rows = rows[
@@ -263,7 +266,7 @@ class RequestPath:
             row_of = self.pipe.catalog.row_of
             capped_rows = {row_of.get(a) for a in ctx.capped}
             rows = np.asarray([r for r in rows if int(r) not in capped_rows], dtype=np.int64)
-        ctx.rows, ctx.pctr = rows, np.full(rows.shape[0], 0.02)
+        ctx.rows, ctx.pctr = rows, np.full(rows.shape[0], POPULAR_PCTR)
 
     @timed("rerank")
     def rerank(self, batch: Batch) -> list[Served]:
@@ -272,17 +275,17 @@ class RequestPath:
 
     @timed("record")
     def record(self, batch: Batch, served: Sequence[Served]) -> None:
-        """What was served (previews are not): catalog counts, frequency caps and spend, the
+        """What was served (previews are not): catalog counts, frequency caps, the
         canary's view of learning-arm impressions, and the batch's impressions in one produce."""
         out: list[Impression] = []
         for ctx, s in zip(batch, served, strict=True):
             if ctx.req.preview or not s.impressions:
                 continue
-            self.pipe.catalog.record_served(s.rows, s.spend)
+            self.pipe.catalog.record_served(s.rows)  # spend: billed on views and clicks
             if self.served is not None and uses_adapters(ctx.ab_arm):  # the canary: learning arm only
                 for imp in s.impressions:
                     self.served(ctx.canary_arm, imp.event_id, imp.pctr or 0.0)
-            self.users.record(ctx.req.user_id, ctx.now, s.impressions, s.spend.tolist())
+            self.users.record(ctx.req.user_id, ctx.now, s.impressions)
             out.extend(s.impressions)
         if out:
             self.emit(out)

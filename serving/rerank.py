@@ -1,7 +1,14 @@
 """Rerank: eCPM, budget pacing, long-tail boost, diversity and generalized second-price prices.
 
 Pure numpy functions over the candidate arrays of one request; no I/O, no state.
-Prices are per click (classic GSP); the expected spend of an impression is `pctr × price`.
+
+The auction knows how each ad's campaign pays (`Campaign.bid_type`, the catalog's `cpm` column):
+a CPC ad bids per click and is worth `pCTR × bid` per impression; a CPM ad bids per thousand
+shown impressions and is worth `bid / 1000` per impression whatever its pCTR. Both are ranked by
+that value per impression (× pacing × long-tail boost) and priced by generalized second price in
+their own unit: a CPC ad pays per click the least bid that keeps its position, a CPM ad per
+thousand shown the least CPM bid that keeps it (`schemas.billing` charges a CPM impression
+`price / 1000` when shown, a CPC one `price` at its first click).
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from schemas.billing import PER_MILLE
 from schemas.settings import RerankSettings
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -28,9 +37,23 @@ class RerankResult:
     prices: FloatArray
 
 
-def ecpm(pctr: FloatArray, bid: FloatArray) -> FloatArray:
-    """Expected revenue of showing each ad once: pCTR × bid (per-click bid)."""
-    return np.asarray(pctr, dtype=np.float64) * np.asarray(bid, dtype=np.float64)
+def bid_quality(pctr: FloatArray, cpm: BoolArray | None = None) -> FloatArray:
+    """What one unit of each ad's bid is worth per impression: pCTR for a CPC ad (its bid is per
+    click), 1/1000 for a CPM ad (its bid is per thousand shown), whatever its pCTR.
+
+    >>> bid_quality(np.array([0.05, 0.05]), np.array([False, True])).tolist()
+    [0.05, 0.001]
+    """
+    p = np.asarray(pctr, dtype=np.float64)
+    if cpm is None:
+        return p
+    return np.where(np.asarray(cpm, dtype=bool), 1.0 / PER_MILLE, p)
+
+
+def ecpm(pctr: FloatArray, bid: FloatArray, cpm: BoolArray | None = None) -> FloatArray:
+    """Expected revenue of showing each ad once: pCTR × bid for a per-click bid, bid / 1000 for a
+    per-thousand (CPM) bid (`cpm`: which ads bid per thousand; None: none)."""
+    return bid_quality(pctr, cpm) * np.asarray(bid, dtype=np.float64)
 
 
 def pacing_factor(
@@ -162,12 +185,19 @@ def _diversify_lazy(
 
 
 def gsp_prices(
-    scores: FloatArray, quality: FloatArray, bid: FloatArray, runner_up: float, reserve: float
+    scores: FloatArray,
+    quality: FloatArray,
+    bid: FloatArray,
+    runner_up: float,
+    reserve: float | FloatArray,
 ) -> FloatArray:
-    """Generalized second price per click: each ad pays the least bid that keeps its position.
+    """Generalized second price in each ad's bid unit: each ad pays the least bid that keeps its
+    position.
 
     `scores[i] = quality[i] × bid[i]` in display order; ad i pays `scores[i+1] / quality[i]`, the last
-    one pays against `runner_up` (best score not shown), floored at `reserve` and capped at its bid.
+    one pays against `runner_up` (best score not shown), floored at `reserve` (one for all, or one
+    per ad) and capped at its bid. With `quality` pCTR (× factors) the price is per click; with
+    1/1000 (× factors) per thousand impressions.
 
     >>> gsp_prices(np.array([2.0, 1.0]), np.array([0.1, 0.1]), np.array([20.0, 10.0]), 0.5, 0.01).tolist()
     [10.0, 5.0]
@@ -178,10 +208,10 @@ def gsp_prices(
         return np.zeros(0, dtype=np.float64)
     nxt = np.append(scores[1:], max(runner_up, 0.0))
     q = np.maximum(np.asarray(quality, dtype=np.float64), 1e-12)
-    return np.minimum(bid, np.maximum(nxt / q, reserve))
+    return np.minimum(bid, np.maximum(nxt / q, np.asarray(reserve, dtype=np.float64)))
 
 
-def rerank(
+def rerank(  # noqa: PLR0913 - the candidates' columns, k, the settings and the bid types
     pctr: FloatArray,
     bid: FloatArray,
     advertiser: IntArray,
@@ -190,14 +220,16 @@ def rerank(
     impressions: FloatArray,
     k: int,
     params: RerankSettings,
+    cpm: BoolArray | None = None,
 ) -> RerankResult:
     """The whole stage: eCPM × pacing × long-tail boost → diversified top k → GSP prices.
 
-    Candidates whose pacing factor is 0 (budget spent) are never picked.
+    `cpm` says which candidates bid per thousand shown impressions (None: every bid is per
+    click): their eCPM is bid / 1000 and their price is per thousand, floored at
+    `params.reserve_cpm` (a CPC price at `params.reserve_price`). Candidates whose pacing factor
+    is 0 (budget spent) are never picked.
     """
-    quality = (
-        np.asarray(pctr, dtype=np.float64) * pacing * long_tail_factor(impressions, params.long_tail_boost)
-    )
+    quality = bid_quality(pctr, cpm) * pacing * long_tail_factor(impressions, params.long_tail_boost)
     score = quality * np.asarray(bid, dtype=np.float64)
     score = np.where(pacing > 0, score, -np.inf)
     order, adjusted = diversify(
@@ -210,7 +242,8 @@ def rerank(
     runner_up = float(rest.max()) if rest.shape[0] and np.isfinite(rest.max()) else 0.0
     # the adjusted score of a diversified pick is what it competed with: price against that
     q_eff = quality[order] * (adjusted / np.maximum(score[order], 1e-300))
-    prices = gsp_prices(
-        adjusted, q_eff, np.asarray(bid, dtype=np.float64)[order], runner_up, params.reserve_price
-    )
+    reserve: float | FloatArray = params.reserve_price
+    if cpm is not None:
+        reserve = np.where(np.asarray(cpm, dtype=bool)[order], params.reserve_cpm, params.reserve_price)
+    prices = gsp_prices(adjusted, q_eff, np.asarray(bid, dtype=np.float64)[order], runner_up, reserve)
     return RerankResult(order=order, scores=adjusted, prices=prices)

@@ -85,7 +85,11 @@ class TowerSpace:
     def query(self, state_vector: np.ndarray, slot: str, hour: int) -> np.ndarray:
         """The user tower's unit vector for this user (zeros for a cold one) in this slot and hour."""
         x = user_features(
-            [np.asarray(state_vector, dtype=np.float32).tolist()], [slot], [hour], self.model.config.state_dim
+            [np.asarray(state_vector, dtype=np.float32).tolist()],
+            [slot],
+            [hour],
+            self.model.config.state_dim,
+            self.model.config.slot_buckets,
         )
         out: np.ndarray = self.model.user_vectors(x)[0].numpy().astype(np.float32)
         return out

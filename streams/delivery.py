@@ -43,6 +43,7 @@ TABLE_TOPIC = {
     "dwell": topics.DWELL,
     "conversions": topics.CONVERSIONS,
     "touches": topics.TOUCHES,
+    "views": topics.VIEWS,
     "ads": topics.CATALOG,
 }
 

@@ -26,14 +26,18 @@ from schemas.user_record import UserState
 from streams.state import AdInfo, Folding, fold_event
 
 
-@dataclass(slots=True)
-class _Step:
-    user: int  # the user's row
-    decay: float
-    forget: float
-    weight: float
-    ad: np.ndarray | None
-    feature: int  # the impression's row in the features, or -1
+class _Round:
+    """One round's steps, as columns: per step its user's row and its (decay, forget), the
+    impressions' (step, features row) and the additions' (step, weight, ad vector)."""
+
+    __slots__ = ("added", "decays", "features", "forgets", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.decays: list[float] = []
+        self.forgets: list[float] = []
+        self.features: list[tuple[int, int]] = []
+        self.added: list[tuple[int, float, np.ndarray]] = []
 
 
 @dataclass
@@ -60,9 +64,10 @@ def fold_batch(
     users: dict[str, int] = {}
     works: list[Folding] = []
     starts: list[np.ndarray] = []
-    rounds: list[list[_Step]] = []
+    rounds: list[_Round] = []
     count: list[int] = []  # steps per user so far
     out = Folded()
+    applied, feature_rows, scores = out.applied, out.feature_row, out.scores
     n_features = 0
     for event, ad, ts, category in events:
         uid: str = event.user_id  # type: ignore[attr-defined]
@@ -73,24 +78,32 @@ def fold_batch(
             works.append(Folding.of(before))
             starts.append(before.vector)
             count.append(0)
-        score = works[row].intents.get(category, 0.0) if category is not None else 0.0
-        steps = fold_event(works[row], event, ad, params, ts)
+        w = works[row]
+        score = w.intents.get(category, 0.0) if category is not None else 0.0
+        steps = fold_event(w, event, ad, params, ts)
         if steps is None:  # a duplicate: nothing changes
-            out.applied.append(False)
-            out.feature_row.append(-1)
+            applied.append(False)
+            feature_rows.append(-1)
             continue
-        feature = -1
-        if category is not None:
-            feature, n_features = n_features, n_features + 1
-            out.scores.append(score * steps[0] if score else 0.0)
+        decay, forget, weight = steps
         k = count[row]
         count[row] = k + 1
         if k == len(rounds):
-            rounds.append([])
-        vec = ad.vector if ad is not None and steps[2] else None
-        rounds[k].append(_Step(row, steps[0], steps[1], steps[2], vec, feature))
-        out.applied.append(True)
-        out.feature_row.append(feature)
+            rounds.append(_Round())
+        r = rounds[k]
+        at = len(r.rows)
+        r.rows.append(row)
+        r.decays.append(decay)
+        r.forgets.append(forget)
+        feature = -1
+        if category is not None:
+            feature, n_features = n_features, n_features + 1
+            scores.append(score * decay if score else 0.0)
+            r.features.append((at, feature))
+        if ad is not None and weight:
+            r.added.append((at, weight, ad.vector))
+        applied.append(True)
+        feature_rows.append(feature)
     vectors, out.features = _step_vectors(starts, rounds, n_features, dim)
     for (uid, row), w in zip(users.items(), works, strict=True):
         if count[row]:
@@ -99,7 +112,7 @@ def fold_batch(
 
 
 def _step_vectors(
-    starts: list[np.ndarray], rounds: list[list[_Step]], n_features: int, dim: int
+    starts: list[np.ndarray], rounds: list[_Round], n_features: int, dim: int
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """The users' vectors after their steps, and the features rows (each the user's vector after
     the decay of that impression's step)."""
@@ -107,19 +120,15 @@ def _step_vectors(
     if not rounds:
         return None, features
     v = np.array(starts, dtype=np.float32).reshape(len(starts), dim)
-    for steps in rounds:
-        rows = np.fromiter((s.user for s in steps), dtype=np.intp, count=len(steps))
-        decay = np.fromiter((s.decay for s in steps), dtype=np.float64, count=len(steps))
-        _multiply(v, rows, decay)
-        wanted = [(i, s.feature) for i, s in enumerate(steps) if s.feature >= 0]
-        if wanted:
-            at, to = zip(*wanted, strict=True)
+    for r in rounds:
+        rows = np.array(r.rows, dtype=np.intp)
+        _multiply(v, rows, np.array(r.decays, dtype=np.float64))
+        if r.features:
+            at, to = zip(*r.features, strict=True)
             features[list(to)] = v[rows[list(at)]]
-        forget = np.fromiter((s.forget for s in steps), dtype=np.float64, count=len(steps))
-        _multiply(v, rows, forget)
-        added = [(i, s.weight, s.ad) for i, s in enumerate(steps) if s.ad is not None]
-        if added:
-            at, weights, ads = zip(*added, strict=True)
+        _multiply(v, rows, np.array(r.forgets, dtype=np.float64))
+        if r.added:
+            at, weights, ads = zip(*r.added, strict=True)
             sel = rows[list(at)]
             w32 = np.asarray(weights, dtype=np.float64).astype(np.float32)
             v[sel] = v[sel] + w32[:, None] * np.stack(ads)

@@ -16,11 +16,29 @@ a click after its window is late in both modes.
 * The first click inside the window emits a positive example at once (with the dwell if it was
   already known) and marks the entry done; later clicks/dwells for it are counted, not re-emitted.
 * When stream time passes ``impression ts + window`` an entry that was never clicked is emitted
-  as a negative (its `dwell_ms` = the longest dwell seen, e.g. a view without a click).
+  as a negative (its `dwell_ms` = the longest dwell seen) — if it was shown (below). A served ad
+  never shown (a client-rendered slot whose render beacon never came: the user never saw it) is
+  no example at all, counted `unshown`: "not clicked" means nothing of an ad never seen.
 * A click or dwell that arrives before its impression (out of order) is kept as an orphan for one
   window and applied when the impression arrives; one whose impression window already closed is
   late: counted and dropped. Orphans expire through their own deadline heap, so a stream full of
   clicks whose impression never comes costs O(log n) per event, not a rescan of all of them.
+
+Served, shown, billed (`schemas.billing`): a pending impression is *shown* once its first render
+beacon (`View`) inside the window joins it, or at once when its slot renders on the server. The
+first view is kept for the event store (`views`, drained by the worker: one row per shown
+impression), a repeated or late one is counted only, and a view whose impression never comes
+(never served, or its window closed before it came) expires as an orphan, counted
+`view_unserved`. The costs of the first showing (CPM) and of the first click (CPC) are kept in
+`billed` for the worker, which adds them to the day's spend in the transaction of their offsets.
+
+Training learns what billing bills: an impression is an example only once it is shown by the
+same rule (`schemas.billing`: when served where `counts_as_shown`, else at its first view inside
+the window). A click shows its impression
+(`schemas.billing`: a click implies the ad was seen; its beacon was lost or is late): a CPM
+impression clicked before any view is billed its showing at the click, and learned as clicked.
+In the fake-negative modes the fake negative is emitted at the showing (the impression itself
+when shown when served), not at the impression: an ad never shown is never learned.
 
 Stream time is a `schemas.watermark.Watermark` over the event times seen (the median of the last
 `watermark_window`), never a running max: one record dated a day ahead closes no window.
@@ -39,7 +57,8 @@ from typing import Any, Final, Literal
 import numpy as np
 from pydantic_core import TzInfo
 
-from schemas.events import Click, Dwell, Impression, TrainingExample
+from schemas.billing import cost_when_clicked, cost_when_shown, counts_as_shown
+from schemas.events import Click, Dwell, Impression, TrainingExample, View
 from schemas.ids import adapter_id_for
 from schemas.watermark import DEFAULT_WINDOW, Watermark
 
@@ -92,7 +111,8 @@ def unchecked_example(values: dict[str, Any]) -> TrainingExample:
     return ex
 
 
-_PENDING = struct.Struct("<ddBIHB")  # deadline, intent, clicked, dwell_ms, dim, len(category)
+_PENDING = struct.Struct("<ddBIHB")  # deadline, intent, flags, dwell_ms, dim, len(category)
+_CLICKED, _SHOWN = 1, 2  # the flags byte (a record from before `shown` holds 0 or 1)
 
 
 @dataclass(eq=False)
@@ -110,14 +130,22 @@ class Pending:
     deadline: float
     clicked: bool = False
     dwell_ms: int = 0
+    shown: bool = False  # a view joined it, or it was shown when served (`schemas.billing`)
     raw: bytes | None = field(default=None, compare=False, repr=False)
 
     def same(self, other: Pending) -> bool:
         """Field-wise equality (the vector compared element-wise)."""
         return (
             self.impression == other.impression
-            and (self.category, self.intent_score, self.deadline, self.clicked, self.dwell_ms)
-            == (other.category, other.intent_score, other.deadline, other.clicked, other.dwell_ms)
+            and (self.category, self.intent_score, self.deadline, self.clicked, self.dwell_ms, self.shown)
+            == (
+                other.category,
+                other.intent_score,
+                other.deadline,
+                other.clicked,
+                other.dwell_ms,
+                other.shown,
+            )
             and bool(np.array_equal(self.user_vector, other.user_vector))
         )
 
@@ -127,13 +155,18 @@ class Pending:
         cat = self.category.encode()
         vec = self.user_vector.astype("<f4", copy=False)
         head = _PENDING.pack(
-            self.deadline, self.intent_score, self.clicked, self.dwell_ms, len(vec), len(cat)
+            self.deadline,
+            self.intent_score,
+            (_CLICKED if self.clicked else 0) | (_SHOWN if self.shown else 0),
+            self.dwell_ms,
+            len(vec),
+            len(cat),
         )
         return b"".join((head, cat, vec.tobytes(), self.raw))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Pending:
-        deadline, intent, clicked, dwell, dim, n = _PENDING.unpack_from(data, 0)
+        deadline, intent, flags, dwell, dim, n = _PENDING.unpack_from(data, 0)
         off = _PENDING.size
         cat = data[off : off + n].decode()
         off += n
@@ -142,16 +175,18 @@ class Pending:
         raw = data[off:]
         imp = Impression.model_validate_json(raw)
         assert isinstance(imp, Impression)
-        return cls(imp, cat, vec, intent, deadline, bool(clicked), dwell, raw)
+        return cls(imp, cat, vec, intent, deadline, bool(flags & _CLICKED), dwell, bool(flags & _SHOWN), raw)
 
 
 @dataclass
 class Orphan:
-    """A click/dwell that arrived before its impression."""
+    """A click/dwell/view that arrived before its impression."""
 
     first_ts: float
     click_ts: float | None = None
     dwell_ms: int = 0
+    view: View | None = None  # the first view (applied when the impression comes)
+    view_ts: float = 0.0
 
 
 @dataclass
@@ -172,6 +207,10 @@ class LabelJoin:
     # ids whose Redis copy must be written / deleted (drained by the worker each batch)
     dirty: set[str] = field(default_factory=set)
     removed: set[str] = field(default_factory=set)
+    # drained by the worker each batch: the views that made an impression shown (first in its
+    # window, one per impression), and the costs billed: (campaign_id, event time, cost)
+    views: list[tuple[View, float]] = field(default_factory=list)
+    billed: list[tuple[str, float, float]] = field(default_factory=list)
     _deadlines: list[tuple[float, str]] = field(default_factory=list)
     _orphan_deadlines: list[tuple[float, str]] = field(default_factory=list)
     _clock: Watermark = field(init=False, repr=False)
@@ -228,6 +267,7 @@ class LabelJoin:
                 "user_vector": p.user_vector.tolist(),
                 "intent_score": p.intent_score,
                 "recall_score": None,
+                "query_match": imp.query_match,  # the ranker's query feature, as served
                 "served_pctr": imp.pctr,
                 "model_version": imp.model_version,
                 "adapter_version": imp.adapter_version,
@@ -238,6 +278,43 @@ class LabelJoin:
                 "variant_propensity": imp.variant_propensity,
             }
         )
+
+    def _bill(self, imp: Impression, ts: float, cost: float) -> None:
+        if cost > 0:
+            self.billed.append((imp.campaign_id, ts, cost))
+            self.counts["billed"] += 1
+
+    def _show(
+        self, iid: str, p: Pending, ts: float, view: View | None, at: datetime | None = None
+    ) -> list[TrainingExample]:
+        """The impression's first showing by a beacon or when served: kept (its view); billed
+        (CPM) and, in the fake-negative modes, learned as a negative at once, unless its click
+        showed it already (`_clicked`: billed and learned then)."""
+        p.shown = True
+        self.dirty.add(iid)
+        self.counts["shown"] += 1
+        if view is not None:
+            self.views.append((view, ts))
+        if p.clicked:
+            return []
+        return self._first_showing(p, ts, view.ts if view is not None else at)
+
+    def _first_showing(self, p: Pending, ts: float, at: datetime | None) -> list[TrainingExample]:
+        self._bill(p.impression, ts, cost_when_shown(p.impression))
+        if self.fake_negatives:
+            return [self._example(p, ts, False, "fake_negative", at=at)]
+        return []
+
+    def _clicked(self, iid: str, p: Pending, ts: float, at: datetime | None = None) -> list[TrainingExample]:
+        """The impression's first click in its window: billed (CPC), its positive example. A
+        click shows an impression no beacon showed yet (`schemas.billing`): its showing is billed
+        (CPM) and learned (fake negative) first; a later beacon is kept, billed nothing."""
+        out = [] if p.shown else self._first_showing(p, ts, at)
+        p.clicked = True
+        self.dirty.add(iid)
+        self._bill(p.impression, ts, cost_when_clicked(p.impression))
+        out.append(self._positive(p, ts, at))
+        return out
 
     def _positive(self, p: Pending, ts: float, at: datetime | None = None) -> TrainingExample:
         if self.fake_negatives:
@@ -270,16 +347,17 @@ class LabelJoin:
         orphan = self.orphans.pop(iid, None)
         if orphan is not None:
             p.dwell_ms = max(p.dwell_ms, orphan.dwell_ms)
-        if self.fake_negatives:  # every impression is first learned as a negative, at once
-            out.append(self._example(p, ts, False, "fake_negative", at=imp.ts))
+        if counts_as_shown(imp):  # rendered on the server (or from before render beacons)
+            out += self._show(iid, p, ts, None, imp.ts)
+        elif orphan is not None and orphan.view is not None and orphan.view_ts <= p.deadline:
+            out += self._show(iid, p, max(orphan.view_ts, ts), orphan.view)
         if orphan is not None and orphan.click_ts is not None and orphan.click_ts <= p.deadline:
-            p.clicked = True
-            out.append(self._positive(p, max(orphan.click_ts, ts)))
+            out += self._clicked(iid, p, max(orphan.click_ts, ts))
         return out
 
-    def _late_or_orphan(self, iid: str, ts: float) -> Orphan | None:
+    def _late_or_orphan(self, iid: str, ts: float, late: str = "late") -> Orphan | None:
         if ts + self.window_s < self.stream_ts:
-            self.counts["late"] += 1
+            self.counts[late] += 1
             return None
         self.counts["out_of_order"] += 1
         orphan = self.orphans.get(iid)
@@ -293,6 +371,8 @@ class LabelJoin:
                 if o is not None and o.first_ts + self.window_s == expiry:
                     del self.orphans[old]
                     self.counts["orphan_evicted"] += 1
+                    if o.view is not None:
+                        self.counts["view_unserved"] += 1
         return orphan
 
     def on_click(self, click: Click, ts: float | None = None) -> list[TrainingExample]:
@@ -311,9 +391,30 @@ class LabelJoin:
         if ts > p.deadline:
             self.counts["late"] += 1
             return []
-        p.clicked = True
-        self.dirty.add(click.impression_id)
-        return [self._positive(p, ts, click.ts)]
+        return self._clicked(click.impression_id, p, ts, click.ts)
+
+    def on_view(self, view: View, ts: float | None = None) -> list[TrainingExample]:
+        """A render beacon: the first one inside the impression's window makes it shown (kept in
+        `views`, billed when CPM, its fake negative in those modes); a repeated, late or unserved
+        one is counted, nothing more."""
+        if ts is None:
+            ts = view.ts.timestamp()
+        iid = view.impression_id
+        p = self.pending.get(iid)
+        if p is None:
+            orphan = self._late_or_orphan(iid, ts, "view_late")
+            if orphan is not None and orphan.view is None:
+                orphan.view, orphan.view_ts = view, ts
+            elif orphan is not None:
+                self.counts["view_repeat"] += 1
+            return []
+        if p.shown:
+            self.counts["view_repeat"] += 1
+        elif ts > p.deadline:
+            self.counts["view_late"] += 1
+        else:
+            return self._show(iid, p, ts, view)
+        return []
 
     def on_dwell(self, dwell: Dwell, ts: float | None = None) -> list[TrainingExample]:
         """A dwell: remembered for the impression's example (if not emitted yet)."""
@@ -327,6 +428,9 @@ class LabelJoin:
             return []
         if ts > p.deadline:
             self.counts["late"] += 1
+        elif self.fake_negatives and not (p.shown or p.clicked):  # its showing's example carries it
+            p.dwell_ms = max(p.dwell_ms, dwell.dwell_ms)
+            self.dirty.add(dwell.impression_id)
         elif self.fake_negatives:  # emitted already: a label update, when it says more
             if dwell.dwell_ms > p.dwell_ms:
                 p.dwell_ms = dwell.dwell_ms
@@ -354,7 +458,7 @@ class LabelJoin:
         return self._close(lambda deadline: deadline < now)
 
     def close_all(self) -> list[TrainingExample]:
-        """End of input: every open window closes (unclicked impressions become negatives)."""
+        """End of input: every open window closes (unclicked shown impressions become negatives)."""
         out = self._close(lambda deadline: True)
         self.orphans.clear()
         self._orphan_deadlines.clear()
@@ -367,7 +471,9 @@ class LabelJoin:
             p = self.pending.get(iid)
             if p is None or p.deadline != deadline:
                 continue
-            if not p.clicked and not self.fake_negatives:
+            if not (p.shown or p.clicked):
+                self.counts["unshown"] += 1  # served, never seen: no example (nor bill)
+            elif not p.clicked and not self.fake_negatives:
                 out.append(self._example(p, deadline, False))
             self._drop(iid)
         heap = self._orphan_deadlines
@@ -378,4 +484,6 @@ class LabelJoin:
                 continue  # joined by its impression meanwhile (or re-opened later)
             del self.orphans[iid]
             self.counts["orphan_expired"] += 1
+            if orphan.view is not None:  # no impression came for it: never served (or long gone)
+                self.counts["view_unserved"] += 1
         return out

@@ -51,10 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import topics
+from schemas.billing import day_of
 from schemas.codec import encode, example_json, key_of, model_for_topic
 from schemas.decode import BatchDecoder
 from schemas.errors import StoreError
-from schemas.events import DeadLetter, Message, TrainingExample
+from schemas.events import DeadLetter, Message, TrainingExample, View
 from schemas.settings import Settings
 from schemas.signing import event_key
 from schemas.user_record import UserState
@@ -115,6 +116,7 @@ class _Batch:
     count: int = 0
     started: float = 0.0
     queued: int = 0  # the outbox's count once this batch's examples were queued
+    spend: dict[str, dict[str, float]] = field(default_factory=dict)  # day → campaign → billed
 
 
 class _Outbox:
@@ -454,6 +456,7 @@ class Pipeline:
         b.count += len(items)
         b.parts.add(p)
         events: list[tuple[Message, bytes | None, float]] = []
+        views: dict[int, tuple[int, bytes | None]] = {}  # a view's offset and record, by its object
         for item in items:
             b.offsets[item.topic, p] = item.offset
             part.applied[item.topic] = item.offset
@@ -461,16 +464,37 @@ class Pipeline:
             if item.event is None:
                 b.dead.append(item.dead)
                 continue
+            events.append((item.event, item.raw, item.ts))
+            if isinstance(item.event, View):  # stored only if the join takes it (below)
+                views[id(item.event)] = (item.offset, item.raw)
+                continue
             table, row = row_of(item.event, p, item.offset, item.ts)
             b.rows[table].append(row)
             b.raws[table].append(item.raw)
-            events.append((item.event, item.raw, item.ts))
-        if events and (made := part.proc.on_batch(events)):
+        made = part.proc.on_batch(events) if events else []
+        self._shown(p, part, views)
+        if made:
             b.examples += made
             # keyed by adapter_id, as `key_of` keys them (the contract's key of the topic)
             topic, to_json = self.examples_topic, example_json
             self.outbox.put([(topic, e.adapter_id.encode(), to_json(e)) for e in made])
             b.queued = self.outbox.queued
+
+    def _shown(self, p: int, part: _Part, views: dict[int, tuple[int, bytes | None]]) -> None:
+        """The join's shown impressions and billed costs into the open batch: a row per view that
+        made an impression shown (offset 0: a view that came in an earlier fetch, before its
+        impression) and the costs, summed per UTC day and campaign for the Redis commit."""
+        join, b = part.proc.join, self.batch
+        for view, ts in join.views:
+            offset, raw = views.get(id(view), (0, None))
+            table, row = row_of(view, p, offset, ts)
+            b.rows[table].append(row)
+            b.raws[table].append(raw)
+        for campaign_id, ts, cost in join.billed:
+            day = b.spend.setdefault(day_of(ts), {})
+            day[campaign_id] = day.get(campaign_id, 0.0) + cost
+        join.views.clear()
+        join.billed.clear()
 
     def _check(self) -> None:
         """Refuse to go on after a batch write failed with a non-transient error (a bug, a store
@@ -497,7 +521,7 @@ class Pipeline:
             self._trim_cache()
         b, self.batch = self.batch, _Batch()
         # everything the batch will write is fixed first, so a retry writes exactly the same
-        commit = Commit(offsets={f"{t}:{p}": off for (t, p), off in b.offsets.items()})
+        commit = Commit(offsets={f"{t}:{p}": off for (t, p), off in b.offsets.items()}, spend=b.spend)
         for p in b.parts:
             proc = self.parts[p].proc
             commit.users += [proc.states[u] for u in proc.dirty_users]

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample
+from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample, View
 from schemas.settings import Settings, StateSettings
 from schemas.user_record import UserState, decay_factor
 from schemas.watermark import DEFAULT_WINDOW
-from streams.fold import fold_batch
+from streams.fold import Folded, fold_batch
 from streams.join import AdapterScheme, LabelJoin, LabelMode
 from streams.state import USER_EVENTS, AdInfo, apply_event
 
@@ -91,11 +91,8 @@ class Processor:
         `raw` is the event's JSON as received (kept for the pending impression, not re-encoded);
         `ts` is `event.ts.timestamp()` when the caller has it already.
         """
-        if isinstance(event, AdCreative):
-            self.catalog.update(event)
-            return []
         if not isinstance(event, USER_EVENTS):
-            return []
+            return self._other(event, ts)
         uid = event.user_id
         before = self.states.get(uid)
         if before is None:
@@ -135,15 +132,27 @@ class Processor:
             out += closed
         return out
 
+    def _other(self, event: Message, ts: float | None) -> list[TrainingExample]:
+        """`on_event` of what is no user event: a catalog entry, or a render beacon (no user
+        state: the join's alone)."""
+        if isinstance(event, AdCreative):
+            self.catalog.update(event)
+        elif isinstance(event, View):
+            ts = event.ts.timestamp() if ts is None else ts
+            return self.join.on_view(event, ts) + self.join.advance(ts)
+        return []
+
     def on_batch(self, items: Sequence[tuple[Message, bytes | None, float]]) -> list[TrainingExample]:
         """`on_event` of each (event, raw, ts) in order, the same states, examples and counts,
         with the user states folded per user and their vectors stepped as arrays
         (`streams.fold`); then the label join, in order, on the features the fold gave."""
         users: list[tuple[Message, AdInfo | None, float, str | None]] = []
-        kept: list[tuple[Message, bytes | None, float, str]] = []  # the user events, in order
+        kept: list[tuple[Message, bytes | None, float, str]] = []  # user events and views, in order
         for event, raw, ts in items:
             if isinstance(event, AdCreative):  # in order: later events of the batch see it
                 self.catalog.update(event)
+            elif isinstance(event, View):  # no user state: the join's alone (below, in order)
+                kept.append((event, raw, ts, ""))
             elif isinstance(event, USER_EVENTS):
                 ad_id = event.ad_id
                 ad = self.catalog.get(ad_id) if ad_id is not None else None
@@ -159,13 +168,24 @@ class Processor:
         folded = fold_batch(self.states, users, self.params, self.dim)
         self.states.update(folded.states)
         self.dirty_users.update(folded.states)
+        return self._join_all(kept, folded)
+
+    def _join_all(
+        self, kept: list[tuple[Message, bytes | None, float, str]], folded: Folded
+    ) -> list[TrainingExample]:
+        """The label join of a batch's user events and views, in order, on the fold's features."""
         out: list[TrainingExample] = []
         features, scores = folded.features, folded.scores
         bounded = ~(np.abs(features).max(axis=1, initial=0.0) <= MAX_FEATURE) if len(features) else features
         join = self.join
-        for (event, raw, ts, category), applied, row in zip(
-            kept, folded.applied, folded.feature_row, strict=True
-        ):
+        folded_at = iter(zip(folded.applied, folded.feature_row, strict=True))
+        for event, raw, ts, category in kept:
+            if isinstance(event, View):
+                out += join.on_view(event, ts)  # a showing's fake negative (those modes)
+                if closed := join.advance(ts):
+                    out += closed
+                continue
+            applied, row = next(folded_at)
             if not applied:
                 self.counts["duplicate"] += 1
                 continue

@@ -47,9 +47,7 @@ from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Mes
 from schemas.settings import StateSettings
 from schemas.user_record import (
     UserState,
-    bias_factor,
     decay,
-    decay_factor,
 )
 from schemas.vectors import content_vector
 
@@ -76,7 +74,11 @@ class AdInfo:
 
 def id_hash(value: str) -> int:
     """A stable 32-bit hash of an id (duplicate and click rings; stable across processes)."""
-    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=4).digest(), "little")
+    return _from_bytes(_blake2b(value.encode(), digest_size=4).digest(), "little")
+
+
+_blake2b = hashlib.blake2b
+_from_bytes = int.from_bytes
 
 
 def feedback_step(event: Message, params: StateSettings) -> float:
@@ -221,25 +223,33 @@ def fold_event(
     """Fold one user event into `w`'s scalars; return the vector's steps, (decay, forget,
     weight): the vector becomes `v·f32(decay)` (when ≠ 1: the features an impression is served
     with), then `·f32(forget)` (when ≠ 1) and `+ f32(weight)·ad.vector` (when ≠ 0), in float32;
-    None for a duplicate (nothing changes). The one definition of a state step (`apply_event`)."""
-    h = id_hash(event.event_id)
+    None for a duplicate (nothing changes). The one definition of a state step (`apply_event`).
+
+    It runs once per event of the worker: the clock's decay (`decay_factor`, `bias_factor`:
+    the same `decay(1.0, Δt, τ)`) is computed once for both, with their very operations."""
+    h = _from_bytes(_blake2b(event.event_id.encode(), digest_size=4).digest(), "little")  # id_hash
     if h in w.recent_ids:
         return None
+    clicked = isinstance(event, Click)
     vec_w, inc, mult = _evidence(event, w, params)
-    late = ts < w.last_ts and w.events > 0
+    events, last_ts = w.events, w.last_ts
+    late = ts < last_ts and events > 0
     step = feedback_step(event, params)
     f = 1.0
     if late:
-        age = decay(1.0, w.last_ts - ts, params.half_life_s)
+        age = decay(1.0, last_ts - ts, params.half_life_s)
         vec_w *= age
         inc *= age
         step *= age
     else:
-        fb = bias_factor(w, ts, params)
-        if w.bias and fb != 1.0:
-            w.bias = {c: b * fb for c, b in w.bias.items()}
-        f = decay_factor(w, ts, params)
-        if w.events == 0 or ts - w.last_ts > params.session_gap_s:
+        gap = ts - last_ts
+        if events and ts > last_ts:  # `bias_factor`, then `decay_factor` (the session discount)
+            fb = f = math.pow(0.5, gap / params.half_life_s)  # `decay(1.0, …)`: 1.0 · x is x
+            if w.bias and fb != 1.0:
+                w.bias = {c: b * fb for c, b in w.bias.items()}
+            if gap > params.session_gap_s:
+                f *= params.alpha_session
+        if not events or gap > params.session_gap_s:
             w.sessions += 1
             w.session_events = 0
             w.session_start_ts = ts
@@ -249,18 +259,20 @@ def fold_event(
     forget = 1.0
     if ad is not None:
         forget = _fold_intents(w, ad, (vec_w, inc, mult), params)
-        w.bias = _fold_bias(w.bias, ad.category, step, isinstance(event, Click), params)
+        if step:
+            w.bias = _fold_bias(w.bias, ad.category, step, clicked, params)
     else:
         vec_w = 0.0
-    if isinstance(event, Click):
-        w.recent_clicks = (*w.recent_clicks, id_hash(event.impression_id))[-RECENT_CLICKS:]
+    if clicked:
+        w.recent_clicks = (*w.recent_clicks, id_hash(event.impression_id))[-RECENT_CLICKS:]  # type: ignore[attr-defined]
+        w.clicks += 1
+    elif isinstance(event, Impression):
+        w.impressions += 1
     w.session_events += 1
-    w.events += 1
-    w.impressions += isinstance(event, Impression)
-    w.clicks += isinstance(event, Click)
+    w.events = events + 1
     w.late += late
     w.version += 1
-    w.recent_ids = (*w.recent_ids, h)[-RECENT_IDS:]
+    w.recent_ids = (*w.recent_ids[1 - RECENT_IDS :], h)  # `(*ids, h)[-RECENT_IDS:]`, one tuple made
     return f, forget, vec_w
 
 

@@ -5,7 +5,9 @@ Keys (all under `settings.redis_prefix`):
 * ``user:{user_id}`` — the compact user record (`schemas.user_record`), TTL `state.ttl_s`;
 * ``streams:offsets`` — hash ``{physical topic}:{partition}`` → last applied offset, plus
   ``stream_ts:{partition}`` → the label join's stream time;
-* ``streams:pending:{partition}`` — hash impression_id → pending impression of the label join.
+* ``streams:pending:{partition}`` — hash impression_id → pending impression of the label join;
+* ``spend:{yyyymmdd}`` — hash campaign_id → spend billed that UTC day (`schemas.billing`), which
+  serving reads for pacing and budgets.
 
 `commit` writes a batch's state changes and the offsets that produced them in ONE MULTI/EXEC
 transaction: after a crash either both are there or neither, and records at or below the stored
@@ -21,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.billing import SPEND_TTL_S, spend_key
 from schemas.errors import StoreError
 from schemas.retry import redis_errors
 from schemas.user_record import UserState, decode_state, encode_state, user_key
@@ -57,6 +60,8 @@ class Commit:
     pending_del: dict[int, list[str]] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" → offset
     stream_ts: dict[int, float] = field(default_factory=dict)
+    # billed spend (`schemas.billing`): UTC day → campaign_id → cost, added to `spend:{day}`
+    spend: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class RedisStateStore:
@@ -118,6 +123,11 @@ class RedisStateStore:
         for p, ids in c.pending_del.items():
             if ids:
                 pipe.hdel(self.pending_key(p), *ids)
+        for day, costs in c.spend.items():  # in the offsets' transaction: billed exactly once
+            key = spend_key(self.prefix, day)
+            for campaign_id, cost in costs.items():
+                pipe.hincrbyfloat(key, campaign_id, cost)
+            pipe.expire(key, SPEND_TTL_S)
         mapping: dict[str, str] = {k: str(v) for k, v in c.offsets.items()}
         mapping.update({f"stream_ts:{p}": repr(ts) for p, ts in c.stream_ts.items()})
         if mapping:

@@ -24,7 +24,7 @@ _QUERIES: dict[str, tuple[str, str]] = {
     "ads": ("ad_id, campaign_id, advertiser_id, category, title, bid, daily_budget, active", "ad"),
     "impressions": (
         "user_id, request_id, ad_id, campaign_id, advertiser_id, slot, position, price, pctr, "
-        "model_version, adapter_version",
+        "model_version, adapter_version, query_match",  # query_match: the ranker's query feature as served
         "impression",
     ),
     "clicks": ("user_id, impression_id, ad_id, campaign_id", "click"),

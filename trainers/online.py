@@ -31,8 +31,18 @@ groups it by `adapter_id` (PEFT trains one adapter per forward) and for each gro
    full snapshot instead;
 5. **guards quality**: if the adapter's rolling AUC stays significantly below the base's (paired
    DeLong test on the same examples, `guard_z`) by more than
-   `reset_margin` for `reset_patience` micro-batches in a row, the adapter is reset to the
-   base (its initial LoRA weights) and a snapshot of the reset state is published.
+   `reset_margin` for `reset_patience` micro-batches and `reset_patience_examples` examples in
+   a row, the adapter is reset to the base (its initial LoRA weights) and a snapshot of the
+   reset state is published.
+
+The per-user correction as an offset (`learn(corrections=…)`): serving adds the streams worker's
+per-(user, category) logit bias to the adapted logit, and that correction learns from the served
+score, adapters included. An adapter trained on base + adapter alone learns what the correction
+already serves (the mean calibration, a category's shift), and the correction then cancels it
+(measured in the live loop: ρ(adapter shift, correction) −0.54 where both are served, +0.33 where
+the correction is served alone). With `corrections` each example's loss is taken on base +
+adapter + its correction (a fixed offset, no gradient): the adapter learns the residual of what is
+served. Progressive validation and the guard still score base + adapter against the base.
 
 Delayed feedback (`settings.online.label_mode`, see `streams.join`): examples with final labels are
 learned with log loss. In the fake-negative modes every impression arrives at once as a negative
@@ -163,7 +173,11 @@ class AdapterRun:
     # the buffer's rows featurized by the caller (`learn(features=…)`), in chunks; None where a
     # chunk came without them (then the step featurizes the examples itself)
     buffer_rows: list[RankerBatch | None] = field(default_factory=list)
+    # the buffer's per-example logit offsets (`learn(corrections=…)`), chunk by chunk (zeros where
+    # a chunk came without them); None while no chunk of the buffer had any
+    buffer_corrections: list[np.ndarray] | None = None
     below: int = 0
+    below_examples: int = 0  # examples learned since the guard's loss was first significant
     # the guard's last paired online − base AUC difference and its standard error (DeLong)
     paired: tuple[float, float] | None = None
     counts: Counter[str] = field(default_factory=Counter)
@@ -212,6 +226,26 @@ def module_thresholds(window: Sequence[np.ndarray], percentile: float) -> np.nda
     diff = above - below
     out: np.ndarray = above - diff * (1 - gamma) if gamma >= 0.5 else below + diff * gamma
     return out
+
+
+def _checked_corrections(corrections: np.ndarray, n: int) -> np.ndarray:
+    """`corrections` as float32 logit offsets of `n` examples (ValueError naming what is wrong)."""
+    out = np.asarray(corrections, dtype=np.float32).reshape(-1)
+    if len(out) != n:
+        raise ValueError(f"corrections has {len(out)} values for {n} examples")
+    if not np.isfinite(out).all():
+        raise ValueError("corrections: not finite")
+    return out
+
+
+def _add_corrections(run: AdapterRun, corrections: np.ndarray | None, n: int) -> None:
+    """Buffer the corrections of `n` examples added to `run` (zeros for none, once any chunk of
+    the buffer has some)."""
+    if corrections is None and run.buffer_corrections is None:
+        return
+    if run.buffer_corrections is None:  # the waiting examples came without: offset 0
+        run.buffer_corrections = [np.zeros(len(run.buffer) - n, np.float32)]
+    run.buffer_corrections.append(np.zeros(n, np.float32) if corrections is None else corrections)
 
 
 def _utcnow() -> datetime:
@@ -352,6 +386,7 @@ class OnlineTrainer:
         *,
         flush: bool = False,
         features: RankerBatch | None = None,
+        corrections: np.ndarray | None = None,
     ) -> list[AdapterDelta]:
         """Score, learn and sparsify one micro-batch; returns the deltas to publish, in order.
 
@@ -362,9 +397,13 @@ class OnlineTrainer:
         adapter once learned, for restart); omit it in replay mode. `features` may carry
         `featurize(examples)` when the caller has it already (the service validates a batch by
         featurizing it): the step then reuses those rows instead of featurizing again.
+        `corrections[i]`: the per-user correction served with `examples[i]` (a logit offset its
+        loss is taken with, see the module docstring); None: no offset.
         """
         if features is not None and len(features) != len(examples):
             raise ValueError(f"features has {len(features)} rows for {len(examples)} examples")
+        if corrections is not None:
+            corrections = _checked_corrections(corrections, len(examples))
         ids = list(map(_ADAPTER_ID, examples))
         groups: dict[str, list[int] | None]  # adapter → positions, in order (None: all of them)
         if ids and ids.count(ids[0]) == len(ids):  # one adapter (a partition of one slot's examples)
@@ -381,6 +420,7 @@ class OnlineTrainer:
             if index is None:
                 run.buffer += examples
                 run.buffer_rows.append(features)
+                _add_corrections(run, corrections, len(examples))
                 if offsets is not None:
                     run.buffer_offsets += offsets
                 continue
@@ -388,6 +428,7 @@ class OnlineTrainer:
             run.buffer_rows.append(
                 None if features is None else features.select(torch.as_tensor(index, dtype=torch.int64))
             )
+            _add_corrections(run, None if corrections is None else corrections[index], len(index))
             if offsets is not None:
                 run.buffer_offsets += [offsets[i] for i in index]
         out: list[AdapterDelta] = []
@@ -416,16 +457,23 @@ class OnlineTrainer:
         return sum(len(r.buffer) for r in self.runs.values())
 
     @staticmethod
-    def _take_buffer(run: AdapterRun) -> tuple[list[TrainingExample], RankerBatch | None]:
-        examples, chunks = run.buffer, run.buffer_rows
-        run.buffer, run.buffer_rows = [], []
+    def _take_buffer(
+        run: AdapterRun,
+    ) -> tuple[list[TrainingExample], RankerBatch | None, np.ndarray | None]:
+        examples, chunks, corr = run.buffer, run.buffer_rows, run.buffer_corrections
+        run.buffer, run.buffer_rows, run.buffer_corrections = [], [], None
+        offset = None if corr is None else np.concatenate(corr)
         if not chunks or any(c is None for c in chunks):
-            return examples, None
+            return examples, None, offset
         rows = [c for c in chunks if c is not None]
-        return examples, rows[0] if len(rows) == 1 else RankerBatch.cat(rows)
+        return examples, rows[0] if len(rows) == 1 else RankerBatch.cat(rows), offset
 
     def _step(
-        self, run: AdapterRun, examples: list[TrainingExample], rows: RankerBatch | None = None
+        self,
+        run: AdapterRun,
+        examples: list[TrainingExample],
+        rows: RankerBatch | None = None,
+        corrections: np.ndarray | None = None,
     ) -> AdapterDelta | None:
         kinds = list(map(_LABEL_KIND, examples))
         if "dwell" in kinds:  # dwell label updates: not click labels
@@ -438,6 +486,7 @@ class OnlineTrainer:
                 return None
             examples = clicks
             rows = None if rows is None else rows.select(torch.tensor(keep))
+            corrections = None if corrections is None else corrections[np.asarray(keep)]
         batch = rows if rows is not None and rows.label is not None else featurize(examples, self.bank.config)
         assert batch.label is not None
         # the live weights, not a copy: they become the stepped weights in place, read until the
@@ -456,7 +505,9 @@ class OnlineTrainer:
         else:
             mark = np.fromiter(map("final".__ne__, kinds), dtype=bool, count=len(kinds))
             fake = torch.from_numpy(mark).to(logits.device)
-        loss = click_loss(logits, batch.label, fake, self.spec.fn_loss)
+        # the loss of what is served: base + adapter + the per-user correction (a fixed offset)
+        fit = logits if corrections is None else logits + torch.from_numpy(corrections).to(logits)
+        loss = click_loss(fit, batch.label, fake, self.spec.fn_loss)
         if not torch.isfinite(loss):
             return self._drop(run, before, "non_finite_loss")
         loss.backward()  # type: ignore[no-untyped-call]
@@ -486,7 +537,7 @@ class OnlineTrainer:
         run.counts["examples"] += len(examples)
         self.counts["steps"] += 1
         delta = self._sparse_delta(run, after, magnitude.numpy())
-        self._guard(run)
+        self._guard(run, len(examples))
         return delta
 
     @staticmethod
@@ -579,26 +630,40 @@ class OnlineTrainer:
         self.counts["directions"] += int(np.count_nonzero(chosen))
         return delta
 
-    def _guard(self, run: AdapterRun) -> None:
+    def _guard(self, run: AdapterRun, examples: int) -> None:
         """Reset an adapter that scores significantly below the frozen base on the same examples
-        for `reset_patience` micro-batches in a row: the paired difference of their AUCs (DeLong)
-        plus `guard_z` standard errors still below −`reset_margin`. A difference inside its noise
-        (~500 examples with 10–40 clicks give a standard error of ~0.02) never resets."""
+        for `reset_patience` micro-batches and `reset_patience_examples` examples (at most one
+        `progressive_window`; this step's `examples` included) in a row: the paired difference of
+        their AUCs (DeLong) plus `guard_z` standard errors still below −`reset_margin`. A
+        difference inside its noise (~500 examples with 10–40 clicks give a standard error of
+        ~0.02) never resets.
+
+        Why examples: the test is repeated after every step on a sliding window, and steps are as
+        small as the trainer's deadline makes them (a few examples at `online.max_wait_s`), so 20
+        micro-batches in a row were ~60 new examples of a 2,000-example window: one look, not
+        twenty. A loss that holds while a window's worth of new examples arrives is seen on
+        evidence none of which was in the window that first showed it. Measured on two scorers
+        fed in steps of 4 examples (4 seeds of 10,000): a loss lasting 1,000 or 1,500 examples
+        (an adapter lagging a drift for a while) reset 3 and 4 of 4 adapters at 20 micro-batches,
+        none at a window of examples; a loss that lasts (6,000 examples) still resets, 1–2 times
+        instead of 6–7; two equally good scorers reset none under either rule (4 × 50,000)."""
         spec = self.spec
         if run.online.count < spec.min_guard_examples or run.online.positives < spec.min_guard_positives:
             return
         a_online, a_base = run.online.auc(), run.base.auc()
         if math.isnan(a_online) or math.isnan(a_base) or a_online >= a_base - spec.reset_margin:
-            run.below = 0  # not even the point estimate is a loss: no test needed (the common case)
+            run.below = run.below_examples = 0  # not even the point estimate is a loss (the common case)
             return
         (p_online, y), (p_base, _) = run.online.pairs(), run.base.pairs()
         diff, se = paired_auc_difference(p_online, p_base, y)
         run.paired = (diff, se)
         if math.isnan(diff) or diff + spec.guard_z * se >= -spec.reset_margin:
-            run.below = 0
+            run.below = run.below_examples = 0
             return
         run.below += 1
-        if run.below >= spec.reset_patience:
+        run.below_examples += examples
+        patience_examples = min(spec.reset_patience_examples, spec.progressive_window)
+        if run.below >= spec.reset_patience and run.below_examples >= patience_examples:
             self.reset(
                 run.adapter_id,
                 f"rolling AUC {a_online:.4f} < base {a_base:.4f}: difference {diff:.4f} "
@@ -615,7 +680,7 @@ class OnlineTrainer:
         run.online.clear()
         run.base.clear()
         run.magnitudes.clear()
-        run.below = 0
+        run.below = run.below_examples = 0
         run.counts["resets"] += 1
         self.counts["resets"] += 1
         snap = self.snapshot(adapter_id)

@@ -64,8 +64,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from schemas import codec, topics
 from schemas.clients import fetch_args, group_args, kafka_args, redis_args
@@ -75,6 +77,7 @@ from schemas.events import AdapterDelta, DeadLetter, TrainingExample, dead_lette
 from schemas.retry import Backoff
 from schemas.settings import Settings
 from trainers import telemetry
+from trainers.corrections import CorrectionReader
 from trainers.intake import ExampleDecoder, take_ready
 from trainers.models.features import RankerBatch, featurize
 from trainers.online import OnlineTrainer
@@ -203,6 +206,7 @@ class TrainerService:
         self.deliveries = Deliveries()  # deltas produced, acknowledgements not awaited
         self._redis: Any = redis
         self.retry = retry or settings.online.redis_backoff
+        self.correction_reader: CorrectionReader | None = None  # made at the first step (Redis)
         self.failure: StoreError | None = None  # Redis gave up: no final snapshot, `run` re-raises
         bank = trainer.bank
         self.bound = ServeBound(
@@ -447,14 +451,37 @@ class TrainerService:
         examples = [ex for ex, _ in batch]
         offsets = [pos for _, pos in batch]
         before = dict(self.trainer.counts)
+        corrections = await self._corrections(examples)
         t0 = time.perf_counter()
-        deltas = self.trainer.learn(examples, offsets, features=features) + self.trainer.take_pending()
+        deltas = (
+            self.trainer.learn(examples, offsets, features=features, corrections=corrections)
+            + self.trainer.take_pending()
+        )
         telemetry.STEP.observe(time.perf_counter() - t0)
         telemetry.count_trainer(before, self.trainer.counts)
         telemetry.EXAMPLES.inc(len(examples))
         self.learned += len(examples)
         await self._publish_all(deltas)
-        telemetry.export(self.trainer.runs, per_adapter_labels=self.s.adapter_scheme == "slot")
+        telemetry.export(
+            self.trainer.runs, per_adapter_labels=self.s.adapter_scheme == "slot", slots=self.s.slots.names
+        )
+
+    async def _corrections(self, examples: Sequence[TrainingExample]) -> np.ndarray | None:
+        """The per-user correction each example was served with (`trainers.corrections`), or None
+        when the offset is off or Redis did not answer (the step then learns without it: a step is
+        not worth a stalled trainer)."""
+        if not self.s.online.correction_offset or self.s.state.feedback_lr <= 0:
+            return None
+        if self.correction_reader is None:
+            self.correction_reader = CorrectionReader(
+                self._redis, self.s.redis_prefix, self.s.state, self.s.online.dedupe_ids
+            )
+        try:
+            return await self.correction_reader.read(examples)
+        except (RedisError, OSError, StoreError) as exc:
+            telemetry.REDIS_ERRORS.labels("corrections", "skipped").inc()
+            log.warning("per-user corrections not read (%s): this step learns without them", exc)
+            return None
 
     async def _learn_waiting(self) -> None:
         """Freshness: an adapter whose group is smaller than `min_step_examples` waits for more

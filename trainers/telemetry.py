@@ -1,8 +1,8 @@
 """Prometheus metrics of the online trainer (`adstream_trainers_*`).
 
 Per-adapter rolling quality is exported with an `adapter` label only for the slot scheme, and
-only for adapters named after a contract slot (three values: an `adapter_id` on
-`ad.training-examples` is whatever its producer wrote, so ids never become labels) while the
+only for adapters named after a configured slot (`slots.names`, a bounded set: an `adapter_id`
+on `ad.training-examples` is whatever its producer wrote, so ids never become labels) while the
 trainer holds them; advertiser adapters would put ids into labels, so for every scheme the worst
 and mean rolling AUC over adapters are exported without labels.
 """
@@ -10,7 +10,7 @@ and mean rolling AUC over adapters are exported without labels.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -87,10 +87,11 @@ def serve(port: int, host: str = "127.0.0.1") -> None:
 _labelled: set[str] = set()  # the adapter label values `export` set last
 
 
-def export(runs: Mapping[str, AdapterRun], per_adapter_labels: bool) -> None:
-    """Refresh the rolling-quality gauges from the trainer's runs."""
+def export(runs: Mapping[str, AdapterRun], per_adapter_labels: bool, slots: Collection[str] = SLOTS) -> None:
+    """Refresh the rolling-quality gauges from the trainer's runs (`slots`: the configured ones,
+    the only adapter ids that become labels)."""
     ADAPTERS.set(len(runs))
-    labelled = {aid for aid in runs if aid in SLOTS} if per_adapter_labels else set()
+    labelled = {aid for aid in runs if aid in slots} if per_adapter_labels else set()
     for aid in _labelled - labelled:  # evicted or moved away: its last figures are not current
         for model in ("online", "base"):
             AUC.remove(aid, model)

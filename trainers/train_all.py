@@ -40,7 +40,7 @@ from trainers.quality import auc, logloss
 log = logging.getLogger(__name__)
 
 
-def train_all(
+def train_all(  # noqa: PLR0913 - examples, catalog and out dir, then keyword-only knobs
     examples: Sequence[TrainingExample],
     catalog: Mapping[str, AdCreative],
     out_dir: Path,
@@ -50,13 +50,15 @@ def train_all(
     two_tower: bool = True,
     baseline: bool = True,
     encoder: TitleEncoder | None = None,
+    slot_buckets: int = 0,
 ) -> dict[str, Any]:
-    """Train, evaluate on the time-ordered holdout, write artefacts; returns the report."""
+    """Train, evaluate on the time-ordered holdout, write artefacts; returns the report.
+    `slot_buckets`: hashed rows for slots beyond the defaults (`slot_buckets_for` the configured)."""
     if len(examples) < 10:
         raise ConfigError(f"need at least 10 training examples (got {len(examples)})")
     spec = spec or TrainSpec()
     train, hold = time_split(examples, spec.holdout)
-    cfg = RankerConfig(state_dim=state_dim)
+    cfg = RankerConfig(state_dim=state_dim, slot_buckets=slot_buckets)
     t0 = time.perf_counter()
     train_b, hold_b = featurize(train, cfg), featurize(hold, cfg)
     ranker = train_ranker(train_b, cfg, spec)
@@ -88,7 +90,7 @@ def train_all(
         log.info("LR baseline holdout AUC %.4f; ranker − LR 95%% CI [%.4f, %.4f]", auc(lr_p, y), lo, hi)
     if two_tower:
         encoder = encoder or TitleEncoder()
-        tcfg = TwoTowerConfig(state_dim=state_dim)
+        tcfg = TwoTowerConfig(state_dim=state_dim, slot_buckets=slot_buckets)
         t1 = time.perf_counter()
         tower = train_two_tower(tower_batch(train, catalog, encoder, tcfg), tcfg, seed=spec.seed)
         tt_auc = evaluate_two_tower(tower, tower_batch(hold, catalog, encoder, tcfg))

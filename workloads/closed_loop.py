@@ -1,6 +1,9 @@
 """The closed loop: ask a serving endpoint for ads, then play the user's response to what it served.
 
-Only the HTTP contract is needed (`POST /v1/ads`, `schemas.api.AdRequest` → `AdResponse`).
+Only the HTTP contract is needed (`POST /v1/ads`, `schemas.api.AdRequest` → `AdResponse`), with
+what a publisher says of each request: the user's declared interests, country and device, and a
+search request's query (serving knows the market's campaigns and their targeting from
+`Market.campaigns()` on `ad.campaigns` or in its catalog file).
 Serving produces the Impression events itself, named `schemas.ids.impression_event_id(request_id,
 position)`; the loop emits the clicks, dwell and conversions that reference them (plus organic
 conversions and the catalog entries of ads that arrive mid-run), each when its simulated time
@@ -16,19 +19,20 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 from pydantic import ValidationError
 
 from schemas.api import AdRequest, AdResponse
 from schemas.codec import describe_validation_error
-from schemas.events import SLOTS, Impression, Slot
+from schemas.events import SLOTS, Impression, Slot, View
 from schemas.ids import impression_event_id
 from workloads.entities import Event, UnknownEntityError
 from workloads.market import Market
 
 log = logging.getLogger(__name__)
+VIEW_DELAY = timedelta(seconds=1)  # a served ad's render beacon follows it (half in view for 1 s)
 
 Sink = Callable[[list[Event]], Awaitable[object]]
 
@@ -135,8 +139,22 @@ def _serve_outcome(
         return []
     report.served += len(imps)
     report.impressions.extend(imps)
-    # a client's clicks echo the token serving gave each ad (the worker drops them without it)
-    return [m for imp, ad in zip(imps, resp.ads, strict=True) for m in market.respond(imp, ad.click_token)]
+    # the simulated page shows every served ad: its render beacon a second later makes it an
+    # impression (`schemas.billing`: what CPM campaigns pay for, attribution's views); a client's
+    # views and clicks echo the token serving gave each ad (the worker drops them without it)
+    out: list[Event] = []
+    for imp, ad in zip(imps, resp.ads, strict=True):
+        out.append(render_beacon(imp, ad.click_token))
+        out += market.respond(imp, ad.click_token)
+    return out
+
+
+def render_beacon(imp: Impression, token: str | None) -> View:
+    """The View a client sends once the served ad was in view (`VIEW_DELAY` after serving)."""
+    return View(
+        event_id=f"v/{imp.event_id}", ts=imp.ts + VIEW_DELAY, user_id=imp.user_id,
+        impression_id=imp.event_id, ad_id=imp.ad_id, click_token=token,
+    )  # fmt: skip
 
 
 async def run_closed_loop(
@@ -167,8 +185,9 @@ async def run_closed_loop(
             pending.push(market.advance(now))
             report.requests += 1
             ask = AdRequest(
-                user_id=req.user_id, slot=req.slot, k=req.k, interests=list(req.interests) or None
-            )
+                user_id=req.user_id, slot=req.slot, k=req.k, interests=list(req.interests) or None,
+                geo=req.geo, device=req.device, query=req.query,
+            )  # fmt: skip
             resp = await _ask(http, ask, report)
             if resp is not None:
                 pending.push(_serve_outcome(market, req.user_id, req.slot, now, resp, report))

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from schemas.errors import ConfigError
-from schemas.events import MAX_VARIANTS, SLOTS
+from schemas.events import DEVICES, MAX_VARIANTS, SLOTS
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -112,6 +112,21 @@ class MarketConfig:
     variant_effect_sd: float = 0.8
     variant_own_sd: float = 0.2
     variant_main_sd: float = 0.3  # an emphasis's effect shared by every segment
+    # -- audience (`workloads.audience`): users' countries and devices (sent with every request
+    # as `AdRequest.geo` / `device`), and the share of campaigns (`Market.campaigns`) that target
+    # one or two countries or device classes; search requests carry a query (`AdRequest.query`)
+    geo_share: dict[str, float] = field(
+        default_factory=lambda: {"US": 0.4, "GB": 0.2, "DE": 0.15, "FR": 0.15, "JP": 0.1}
+    )
+    device_share: dict[str, float] = field(
+        default_factory=lambda: {"mobile": 0.6, "desktop": 0.3, "tablet": 0.08, "tv": 0.02}
+    )
+    targeted_share: float = 0.2
+    # -- billing (`schemas.billing`): the share of campaigns that pay per thousand shown
+    # impressions (CPM, `Campaign.bid_type`; their creatives bid per mille, `Market.creative`),
+    # the rest per click. 0 by default: the markets of earlier runs (and their benchmark figures)
+    # stay as they were; the demo's closed loop runs with some (`deploy.demo.DemoSpec.cpm_share`)
+    cpm_share: float = 0.0
     # -- logging policy (open loop) --------------------------------------------------------
     policy: str = "random"  # random | popularity | epsilon
     epsilon: float = 0.1
@@ -124,6 +139,7 @@ class MarketConfig:
         self._check_slots()
         self._check_policy()
         self._check_variants()
+        self._check_audience()
 
     def _check_sizes(self) -> None:
         for name in ("n_users", "n_ads", "n_categories", "n_advertisers", "campaigns_per_advertiser"):
@@ -195,6 +211,23 @@ class MarketConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 _fail(name, value, "must be a finite number >= 0")
+
+    def _check_audience(self) -> None:
+        for name, known in (("geo_share", None), ("device_share", DEVICES)):
+            shares: dict[str, float] = getattr(self, name)
+            if (
+                any(not (math.isfinite(v) and v >= 0) for v in shares.values())
+                or not sum(shares.values()) > 0
+            ):
+                _fail(name, shares, "needs non-negative shares with a positive sum")
+            bad = [k for k in shares if (k not in known if known else not (len(k) == 2 and k.isupper()))]
+            if bad:
+                what = f"one of {list(known)}" if known else "an ISO 3166-1 alpha-2 code (FR)"
+                _fail(name, shares, f"{bad[0]!r} is not {what}")
+        if not 0 <= self.targeted_share <= 1:
+            _fail("targeted_share", self.targeted_share, "must be in [0, 1]")
+        if not 0 <= self.cpm_share <= 1:
+            _fail("cpm_share", self.cpm_share, "must be in [0, 1]")
 
     @property
     def prefix(self) -> str:

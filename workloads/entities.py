@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from schemas.errors import AdstreamError
-from schemas.events import AdCreative, Click, Conversion, Dwell, Impression, Slot
+from schemas.events import AdCreative, Click, Conversion, Device, Dwell, Impression, Slot, View
 
-Event = AdCreative | Impression | Click | Dwell | Conversion
+Event = AdCreative | Impression | View | Click | Dwell | Conversion
 
 
 class UnknownEntityError(AdstreamError):
@@ -19,7 +19,7 @@ class UnknownEntityError(AdstreamError):
 class Request:
     """One ad request of the simulated traffic: who, where, how many ads, when, and the
     interests the user declared (sent with every request; serving uses them while it knows
-    little of the user)."""
+    little of the user); the user's country and device, and a search request's query text."""
 
     user_id: str
     user: int
@@ -27,6 +27,9 @@ class Request:
     k: int
     ts: datetime
     interests: tuple[str, ...] = ()
+    geo: str | None = None
+    device: Device | None = None
+    query: str | None = None
 
 
 def index_of(ident: str, prefix: str, n: int, what: str) -> int:

@@ -11,7 +11,10 @@ Public API (names are stable; other rooms build test streams and benchmarks on t
   they arrive (cold start); a logging policy (`config.policy`) picks the ads.
 - `market.declared_interests(user_id)` → the categories the user declared (their true top
   `declared_interests` ones, each swapped with probability `declared_error`); every `Request`
-  carries them.
+  carries them, and the user's country and device; search requests carry a query text.
+- `market.campaigns()` → a `Campaign` entry per campaign, some targeting countries or devices
+  (`workloads.audience`), a `cpm_share` of them paying per thousand shown impressions (their
+  creatives bid per mille: `market.bid(ad)`, `market.bid_type(ad)`); the rest pay per click.
 - `market.oracle_pctr(impression_or_event_id)` → the true click probability of an emitted
   impression; `market.true_pctr(user_id, ad_id, slot, position)` for any pair, now.
 - `market.next_request()` / `market.respond(impression)` / `market.organic(request)` drive the
@@ -43,11 +46,13 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
+from schemas.billing import PER_MILLE
 from schemas.errors import AdstreamError
-from schemas.events import SLOTS, AdCreative, Click, Conversion, Dwell, Impression
+from schemas.events import SLOTS, AdCreative, BidType, Campaign, Click, Conversion, Dwell, Impression
 from schemas.signing import click_token, sign_impression
 from schemas.vectors import content_vector
 from workloads import truth
+from workloads.audience import campaigns, cpm_campaigns, draw_audience, search_query
 from workloads.config import MarketConfig, resolve_at
 from workloads.entities import Event, Request, UnknownEntityError, index_of
 from workloads.policy import make_policy
@@ -82,6 +87,11 @@ class Market:
         traffic, response = np.random.SeedSequence([cfg.seed, 1]).spawn(2)
         self._traffic = np.random.default_rng(traffic)
         self._resp = np.random.default_rng(response)
+        # the audience and search text draw from streams of their own (`workloads.audience`)
+        self.audience = draw_audience(cfg)
+        self.cpm = cpm_campaigns(cfg)  # which (advertiser, campaign) pays per mille shown
+        self._bids: dict[int, float] = {}
+        self._queries = np.random.default_rng(np.random.SeedSequence([cfg.seed, 4]))
         self._policy = make_policy(cfg.policy, len(self.world.ads.ad_ids), cfg.epsilon)
         self._interest = self.world.interests.copy()
         self._active = np.arange(cfg.n_ads)
@@ -152,7 +162,7 @@ class Market:
             advertiser_id=self.advertiser_id(ad),
             category=self.world.categories[int(a.category[ad])],
             title=a.titles[ad],
-            bid=float(a.bid[ad]),
+            bid=self.bid(ad),
             daily_budget=float(a.daily_budget[ad]),
             active=True,
             variants=() if self.variants is None else variant_creatives(self.variants, ad, a.titles[ad]),
@@ -168,6 +178,41 @@ class Market:
         """The ads live at the start (and, with `include_new`, those that arrive later)."""
         n = len(self.world.ads.ad_ids) if include_new else self.config.n_ads
         return [self.creative(i) for i in range(n)]
+
+    def campaigns(self, include_new: bool = False) -> list[Campaign]:
+        """The `Campaign` entries of the catalog's campaigns, some with targeting
+        (`workloads.audience.campaigns`)."""
+        return campaigns(self.config, self.world, include_new, self._start, self.cpm)
+
+    def bid_type(self, ad: int) -> BidType:
+        """How the campaign of ad index `ad` pays: "cpm" per thousand shown, "cpc" per click."""
+        a = self.world.ads
+        return "cpm" if self.cpm[int(a.advertiser[ad]), int(a.campaign[ad])] else "cpc"
+
+    def bid(self, ad: int) -> float:
+        """The bid of ad index `ad` in its campaign's unit: the drawn per-click bid, or for a CPM
+        campaign what that bid is worth per thousand impressions at the ad's click rate in the
+        population (before any drift, atop the feed): the same expected value per impression,
+        so the auction weighs CPM and CPC ads by what they are worth, not by their unit."""
+        a = self.world.ads
+        cpc = float(a.bid[ad])
+        if self.bid_type(ad) == "cpc":
+            return cpc
+        if ad not in self._bids:
+            cfg = self.config
+            interest = self.world.interests[:2000, int(a.category[ad])]  # a fixed sample of users
+            logit = truth.click_logit(
+                interest,  # type: ignore[arg-type]  # elementwise over the users
+                interest_scale=cfg.interest_scale,
+                ad_quality=float(a.quality[ad]),
+                advertiser_effect=float(self.world.advertiser_effect[int(a.advertiser[ad])]),
+                slot_effect=cfg.slot_effect["feed"],
+                position_bias=float(self._pos_bias[0]),
+                bias=cfg.bias,
+            )
+            ctr = float(np.mean(1.0 / (1.0 + np.exp(-np.asarray(logit)))))
+            self._bids[ad] = round(cpc * ctr * PER_MILLE, 4) + 0.0001
+        return self._bids[ad]
 
     # -- truth ---------------------------------------------------------------------------
     def _pctr(
@@ -322,7 +367,10 @@ class Market:
         slot = SLOTS[min(int(np.searchsorted(self._slot_cdf, rng.random(), side="right")), 2)]
         self._requests += 1
         uid = self.user_id(user)
-        return Request(uid, user, slot, cfg.slot_k[slot], ts or self._ts(t_us), self.declared_interests(uid))
+        geo, device = self.audience.of(user)
+        query = search_query(self._queries, self.world, user) if slot == "search" else None
+        return Request(uid, user, slot, cfg.slot_k[slot], ts or self._ts(t_us), self.declared_interests(uid),
+                       geo, device, query)  # fmt: skip
 
     def _outcomes(
         self, imp: Impression, user: int, ad: int, p: float, token: str | None = None
@@ -451,9 +499,12 @@ class Market:
                     request_id=f"{self.config.prefix}r{self._requests - 1:09d}",
                     ad_id=self.world.ads.ad_ids[ad], campaign_id=self.campaign_id(ad),
                     advertiser_id=self.advertiser_id(ad), slot=req.slot, position=pos,
-                    price=round(float(self.world.ads.bid[ad]) * 0.8, 4), model_version=model_version,
+                    price=round(self.bid(ad) * 0.8, 4), model_version=model_version,
                     variant_id=None if variant is None else f"v{variant}",
                     variant_propensity=None if variant is None else 1.0 / cfg.n_variants,
+                    # a market with CPM campaigns says how each pays (billed as shown, `render`
+                    # None); without, as before: no bid type
+                    bid_type=self.bid_type(ad) if cfg.cpm_share else None,
                 )  # fmt: skip
                 token = None
                 if key is not None:

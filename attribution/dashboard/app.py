@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 
+from attribution.dashboard import advertiser as adv_view
 from attribution.dashboard import panels
 from attribution.dashboard import queries as q
 from attribution.sql import Backend, DriverBackend
@@ -90,15 +92,7 @@ def create_app(settings: Settings, connect: Callable[[], Backend] | None = None)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
-        try:
-            backend = connect()
-            try:
-                version = backend.execute("SELECT version()")[0][0]
-            finally:
-                _close(backend)
-        except (StoreError, OSError, EOFError) as exc:
-            return JSONResponse({"ok": False, "error": str(exc)}, status_code=503)
-        return JSONResponse({"ok": True, "clickhouse": version})
+        return health(connect)
 
     @app.get("/api/panels")
     def api_panels(
@@ -107,6 +101,7 @@ def create_app(settings: Settings, connect: Callable[[], Backend] | None = None)
         bucket: int | None = Query(None),
         top: int = Query(20),
         run: str = Query("", max_length=128),
+        view: ViewQuery = Depends(),  # noqa: B008 - FastAPI's way to group query parameters
     ) -> JSONResponse:
         try:
             backend = connect()
@@ -120,31 +115,84 @@ def create_app(settings: Settings, connect: Callable[[], Backend] | None = None)
             except StoreError as exc:
                 return _unavailable(settings, exc)
             try:
-                window = q.resolve(bounds, since or None, until or None, bucket, top, run)
+                chosen = q.View.parse(view.view, view.advertiser, view.campaign, view.currency)
+                window = q.resolve(bounds, since or None, until or None, bucket, top, run, chosen)
             except ConfigError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
-            body = {
-                "database": clickhouse_database(settings),
-                "window": {
-                    "since": panels.stamp(window.since),
-                    "until": panels.stamp(window.until),
-                    "bucket": window.bucket,
-                    "top": window.top,
-                    "run": window.run_id,
-                },
-                "no_data": bounds is None,
-                "message": None
-                if bounds is not None
-                else f"no events in ClickHouse database {clickhouse_database(settings)!r} yet: "
-                "start the stack and the streams worker (`adstream up`, `adstream worker`) "
-                "and send events (`adstream simulate --kafka`)",
-                "panels": panels.build(backend, window),
-            }
-            return JSONResponse(finite(body))
+            return JSONResponse(finite(_body(settings, backend, bounds, window)))
         finally:
             _close(backend)
 
+    @app.get("/api/filters")
+    def api_filters() -> JSONResponse:
+        return filters(settings, connect)
+
     return app
+
+
+def health(connect: Callable[[], Backend]) -> JSONResponse:
+    """`/healthz`: ClickHouse answers (its version), or 503 with why not."""
+    try:
+        backend = connect()
+        try:
+            version = backend.execute("SELECT version()")[0][0]
+        finally:
+            _close(backend)
+    except (StoreError, OSError, EOFError) as exc:
+        return JSONResponse({"ok": False, "error": str(exc)}, status_code=503)
+    return JSONResponse({"ok": True, "clickhouse": version})
+
+
+def filters(settings: Settings, connect: Callable[[], Backend]) -> JSONResponse:
+    """`/api/filters`: the advertisers and their campaigns the advertiser view can filter on."""
+    try:
+        backend = connect()
+    except Exception as exc:  # as /api/panels: a 503 with the reason
+        return _unavailable(settings, exc)
+    try:
+        return JSONResponse({"advertisers": adv_view.filter_choices(backend)})
+    except StoreError as exc:
+        return _unavailable(settings, exc)
+    finally:
+        _close(backend)
+
+
+@dataclass
+class ViewQuery:
+    """The page's view and the advertiser view's filters, as query parameters."""
+
+    view: str = Query("operations", max_length=20)
+    advertiser: str = Query("", max_length=4000)  # `a,b`; empty: all
+    campaign: str = Query("", max_length=4000)
+    currency: str = Query("USD", max_length=8)
+
+
+def _body(
+    settings: Settings, backend: Backend, bounds: tuple[int, int] | None, window: q.Window
+) -> dict[str, Any]:
+    """The `/api/panels` answer: the window as resolved, the no-data state, the view's panels."""
+    database = clickhouse_database(settings)
+    return {
+        "database": database,
+        "window": {
+            "since": panels.stamp(window.since),
+            "until": panels.stamp(window.until),
+            "bucket": window.bucket,
+            "top": window.top,
+            "run": window.run_id,
+            "view": window.view.name,
+            "advertiser": ",".join(window.view.advertisers),
+            "campaign": ",".join(window.view.campaigns),
+            "currency": window.view.currency,
+        },
+        "no_data": bounds is None,
+        "message": None
+        if bounds is not None
+        else f"no events in ClickHouse database {database!r} yet: "
+        "start the stack and the streams worker (`adstream up`, `adstream worker`) "
+        "and send events (`adstream simulate --kafka`)",
+        "panels": panels.build(backend, window),
+    }
 
 
 def finite(value: Any) -> Any:

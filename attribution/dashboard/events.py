@@ -1,4 +1,5 @@
-"""Panels over the raw event tables: event rates, CTR, pacing, spend, CPA/ROAS, AUC, adapters."""
+"""The operations panels: event rates, CTR, AUC and adapters over the raw event tables; pacing,
+spend and CPA/ROAS over the hourly rollups' billed spend (`schemas.billing`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ from attribution.sql import Backend
 SLOT_COLOURS = {"feed": "#1f77b4", "search": "#ff7f0e", "splash": "#2ca02c"}
 
 
+# The left axis's kinds, as the legend names them; the rarer kinds go on the right axis.
+_LEFT = {
+    "impressions": "served impressions",
+    "views": "views (render beacons: client-rendered ads shown)",
+    "holdout impressions": "holdout impressions",
+}
+
+
 def event_rates(backend: Backend, window: q.Window) -> Panel:
-    """Events per second of each kind per bucket (impressions on the left axis, the rarer
-    clicks, dwell and conversions on the right)."""
+    """Events per second of each kind per bucket (served impressions, and the render beacons
+    that make client-rendered ones shown, on the left axis; the rarer clicks, dwell and
+    conversions on the right)."""
     rows = backend.execute(q.EVENT_RATES, window.params)
     if not rows:
         return empty("event_rates", "Event rates", f"no events {span(window)}")
@@ -24,8 +34,9 @@ def event_rates(backend: Backend, window: q.Window) -> Panel:
     axis = time_axis(window)
     data = []
     kinds = ["impressions", "clicks", "dwell", "conversions"]
-    if "holdout impressions" in by_kind:  # only where serving holds users out
-        kinds.insert(1, "holdout impressions")
+    for optional in ("holdout impressions", "views"):  # where serving holds users out; beacons
+        if optional in by_kind:
+            kinds.insert(1, optional)
     for kind in kinds:
         counts = by_kind.get(kind, {})
         ts = axis if axis is not None else sorted(counts)
@@ -33,10 +44,10 @@ def event_rates(backend: Backend, window: q.Window) -> Panel:
             {
                 "type": "scatter",
                 "mode": "lines",
-                "name": kind if kind.endswith("impressions") else f"{kind} (right axis)",
+                "name": _LEFT.get(kind, f"{kind} (right axis)"),
                 "x": [stamp(t) for t in ts],
                 "y": [counts.get(t, 0) / window.bucket for t in ts],
-                "yaxis": "y" if kind.endswith("impressions") else "y2",
+                "yaxis": "y" if kind in _LEFT else "y2",
             }
         )
     layout = base_layout(
@@ -55,7 +66,8 @@ def event_rates(backend: Backend, window: q.Window) -> Panel:
 
 
 def ctr(backend: Backend, window: q.Window) -> Panel:
-    """CTR per campaign (the `top` by impressions), one bar per slot; counts in the hover."""
+    """CTR (clicks over shown impressions) per campaign (the `top` by served impressions), one bar
+    per slot; counts in the hover."""
     rows = backend.execute(q.CTR_BY_SLOT_CAMPAIGN, window.params)
     if not rows:
         return empty("ctr", "CTR by slot and campaign", f"no impressions {span(window)}")
@@ -73,7 +85,7 @@ def ctr(backend: Backend, window: q.Window) -> Panel:
                 "y": [100.0 * k / i if i else None for i, k in zip(imps, clicks, strict=True)],
                 "customdata": [[i, k] for i, k in zip(imps, clicks, strict=True)],
                 "hovertemplate": "%{x} · " + slot + ": CTR %{y:.2f}%<br>%{customdata[1]} clicks / "
-                "%{customdata[0]} impressions<extra></extra>",
+                "%{customdata[0]} shown impressions<extra></extra>",
                 "marker": {"color": SLOT_COLOURS.get(slot)},
             }
         )
@@ -86,15 +98,23 @@ def ctr(backend: Backend, window: q.Window) -> Panel:
     return panel("ctr", "CTR by slot and campaign", {"data": data, "layout": layout})
 
 
+# Spend is what the hourly rollups say was billed: an hour counts once it is rolled up.
+_NOT_ROLLED_UP = (
+    "no rolled-up hours {span} (spend is read from the hourly rollups: `adstream attribution rollup`, "
+    "run hourly by the scheduler)"
+)
+
+
 def _budgets(backend: Backend, window: q.Window) -> dict[str, float]:
     return {str(c): float(b) for c, b in backend.execute(q.BUDGETS, window.params)}
 
 
 def pacing(backend: Backend, window: q.Window) -> Panel:
-    """Cumulative spend against the plan: the active ads' daily budgets spread evenly over time."""
+    """Cumulative billed spend (the hourly rollups) against the plan: the active ads' daily
+    budgets spread evenly over time."""
     rows = backend.execute(q.SPEND_OVER_TIME, window.params)
     if not rows:
-        return empty("pacing", "Spend against budget pacing", f"no impressions {span(window)}")
+        return empty("pacing", "Spend against budget pacing", _NOT_ROLLED_UP.format(span=span(window)))
     spend = {int(t): float(s) for t, s in rows}
     axis = time_axis(window) or sorted(spend)
     ends = [min(t + window.bucket, window.until) for t in axis]
@@ -117,7 +137,7 @@ def pacing(backend: Backend, window: q.Window) -> Panel:
                 "y": [round(daily * (e - window.since) / 86400.0, 6) for e in ends],
             }
         )
-    title = "Spend against budget pacing (cumulative)"
+    title = "Billed spend against budget pacing (cumulative, hourly rollups)"
     if daily <= 0:
         title += " · no active ad budgets in the catalog"
     layout = base_layout(
@@ -127,10 +147,11 @@ def pacing(backend: Backend, window: q.Window) -> Panel:
 
 
 def campaign_economics(backend: Backend, window: q.Window) -> list[Panel]:
-    """Spend against each campaign's budget for the window, and its CPA and ROAS."""
+    """Billed spend (the hourly rollups) against each campaign's budget for the window, and its
+    CPA and ROAS."""
     rows = backend.execute(q.CAMPAIGN_ECONOMICS, window.params)
     if not rows:
-        text = f"no impressions {span(window)}"
+        text = _NOT_ROLLED_UP.format(span=span(window))
         return [
             empty("spend_budget", "Spend against budget", text),
             empty("cpa_roas", "CPA and ROAS", text),
@@ -163,7 +184,7 @@ def campaign_economics(backend: Backend, window: q.Window) -> list[Panel]:
             },
         ],
         "layout": base_layout(
-            f"Spend against budget (top {window.top} campaigns by spend)",
+            f"Billed spend against budget (top {window.top} campaigns by spend; hourly rollups)",
             barmode="group",
             xaxis={"type": "category", "tickangle": -40},
             yaxis={"title": {"text": "spend"}, "rangemode": "tozero"},
@@ -199,7 +220,7 @@ def campaign_economics(backend: Backend, window: q.Window) -> list[Panel]:
             },
         ],
         "layout": base_layout(
-            "CPA and ROAS per campaign (conversions as recorded, before attribution)",
+            "CPA and ROAS per campaign (billed spend; conversions as recorded, before attribution)",
             xaxis={"type": "category", "tickangle": -40},
             yaxis={"title": {"text": "CPA"}, "rangemode": "tozero"},
             yaxis2={

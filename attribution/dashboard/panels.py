@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from attribution.dashboard import queries as q
+from attribution.dashboard.advertiser import campaign_table, pacing_alerts, spend_per_campaign
 from attribution.dashboard.arms import ab_ctr
 from attribution.dashboard.events import (
     adapter_versions,
@@ -48,12 +49,20 @@ PANELS: tuple[tuple[PanelFn, tuple[tuple[str, str], ...]], ...] = (
     (recent_runs, (("recent_runs", "Attribution runs"),)),
 )
 PANEL_IDS: tuple[str, ...] = tuple(pid for _, ids in PANELS for pid, _ in ids)
+# the advertiser's view: their campaigns only, every panel from the hourly rollups (no stored
+# attribution run: a run's channels span every advertiser)
+ADVERTISER_PANELS: tuple[tuple[PanelFn, tuple[tuple[str, str], ...]], ...] = (
+    (campaign_table, (("adv_campaigns", "Campaigns"),)),
+    (pacing_alerts, (("adv_pacing", "Pacing alerts"),)),
+    (spend_per_campaign, (("adv_spend", "Spend per campaign"),)),
+)
+ADVERTISER_PANEL_IDS: tuple[str, ...] = tuple(pid for _, ids in ADVERTISER_PANELS for pid, _ in ids)
 
 
 def build(backend: Backend, window: q.Window) -> list[Panel]:
-    """Every panel for the window, in page order; a failing query marks its panels as errors."""
+    """Every panel of the window's view, in page order; a failing query marks its panels as errors."""
     out: list[Panel] = []
-    for fn, ids in PANELS:
+    for fn, ids in ADVERTISER_PANELS if window.view.name == "advertiser" else PANELS:
         try:
             got = fn(backend, window)
         except StoreError as exc:

@@ -9,6 +9,10 @@ Rules these statements keep (see DESIGN.md, "ClickHouse 18.16 vs current"):
   `intDiv(toUInt32(ts), bucket) * bucket`, running sums are done on the caller's side;
 - raw tables are ReplacingMergeTree keyed on `event_id` and are read with `FINAL`, so a batch
   the sink inserted twice is counted once;
+- money is billed spend (`schemas.billing`), read from the hourly rollups (`rollup_hourly`,
+  `attribution.rollups`: refreshed by `adstream attribution rollup`, the scheduler, and every
+  stored attribution run), never an impression's price: a served ad that was never shown (CPM)
+  or never clicked (CPC) cost nothing;
 - joined subqueries carry aliases and join `USING` one column, the form both engines accept.
 """
 
@@ -18,6 +22,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from attribution.sql import SHOWN_AT_SERVE_SQL
 from schemas.errors import ConfigError
 from schemas.holdout import HOLDOUT_AD_ID
 
@@ -42,6 +47,8 @@ SELECT kind, t, count() AS n FROM (
     SELECT if(ad_id = %(holdout)s, 'holdout impressions', 'impressions') AS kind, {BUCKET} AS t
     FROM impressions FINAL WHERE {RANGE}
     UNION ALL
+    SELECT 'views' AS kind, {BUCKET} AS t FROM views FINAL WHERE {RANGE}
+    UNION ALL
     SELECT 'clicks' AS kind, {BUCKET} AS t FROM clicks FINAL WHERE {RANGE}
     UNION ALL
     SELECT 'dwell' AS kind, {BUCKET} AS t FROM dwell FINAL WHERE {RANGE}
@@ -65,18 +72,38 @@ SELECT campaign_id FROM impressions WHERE {RANGE} AND {SERVED}
 GROUP BY campaign_id ORDER BY count() DESC, campaign_id LIMIT %(top)s
 """
 
+# CTR is clicks over shown impressions (`schemas.billing`): a served impression is shown at once
+# when its slot renders on the server (or it is from before render beacons: render NULL), else
+# when its render beacon is in `views`. One JOIN per SELECT (18.16): clicks, then views.
 CTR_BY_SLOT_CAMPAIGN = f"""
-SELECT slot, campaign_id, count() AS impressions, sum(clicked) AS clicks
+SELECT slot, campaign_id, sum(shown_at_serve OR viewed) AS shown, sum(clicked) AS clicks
 FROM (
-    SELECT event_id AS imp, slot, campaign_id FROM impressions FINAL
-    WHERE {RANGE} AND {SERVED} AND campaign_id IN ({_TOP_CAMPAIGNS})
-) AS i
-{_CLICKED}
+    SELECT imp, slot, campaign_id, shown_at_serve, clicked
+    FROM (
+        SELECT event_id AS imp, slot, campaign_id, {SHOWN_AT_SERVE_SQL} AS shown_at_serve
+        FROM impressions FINAL
+        WHERE {RANGE} AND {SERVED} AND campaign_id IN ({_TOP_CAMPAIGNS})
+    ) AS i
+    {_CLICKED}
+) AS ic
+ANY LEFT JOIN (
+    SELECT impression_id AS imp, toUInt8(1) AS viewed FROM views FINAL
+    WHERE ts >= toDateTime(%(since)s) GROUP BY impression_id
+) AS v USING imp
 GROUP BY slot, campaign_id ORDER BY campaign_id, slot
 """
 
+# The hours of the rollups that touch the window (an hour the window cuts counts whole).
+ROLLUP_RANGE = "hour >= toDateTime(intDiv(%(since)s, 3600) * 3600) AND hour < toDateTime(%(until)s)"
+
+# Billed spend per bucket, from the hourly rollups: an hour's spend in the bucket its end falls in
+# (spent by then; the hour the window ends in, at the window's last second), so a running sum
+# never shows spend before it was made, and climbs by the hour in buckets under an hour. Spend
+# appears once its hour is rolled up.
 SPEND_OVER_TIME = f"""
-SELECT {BUCKET} AS t, sum(price) AS spend FROM impressions FINAL WHERE {RANGE} AND {SERVED}
+SELECT intDiv(least(toUInt32(hour) + 3600, %(until)s - 1), %(bucket)s) * %(bucket)s AS t,
+       sum(spend) AS spend
+FROM rollup_hourly FINAL WHERE {ROLLUP_RANGE}
 GROUP BY t ORDER BY t
 """
 
@@ -90,19 +117,15 @@ SELECT cmp, sum(budget) AS daily_budget FROM (
 ) WHERE live = 1 GROUP BY cmp ORDER BY cmp
 """
 
-# Spend from the impressions' prices; conversions and value as the conversions record their
-# campaign (what the advertiser sees, before any attribution model).
+# Per campaign, from the hourly rollups: billed spend, served impressions, and conversions and
+# value as the conversions record their campaign (what the advertiser sees, before any
+# attribution model); the `top` by spend.
 CAMPAIGN_ECONOMICS = f"""
-SELECT campaign_id, spend, impressions, conversions, value
-FROM (
-    SELECT campaign_id, sum(price) AS spend, count() AS impressions FROM impressions FINAL
-    WHERE {RANGE} AND {SERVED} GROUP BY campaign_id
-) AS s
-ANY LEFT JOIN (
-    SELECT campaign_id, count() AS conversions, sum(value) AS value FROM conversions FINAL
-    WHERE {RANGE} GROUP BY campaign_id
-) AS v USING campaign_id
-ORDER BY spend DESC, campaign_id LIMIT %(top)s
+SELECT campaign_id, sum(spend) AS total_spend, sum(impressions) AS served, sum(conversions) AS n_conversions,
+       sum(value) AS total_value
+FROM rollup_hourly FINAL WHERE {ROLLUP_RANGE} AND campaign_id != ''
+GROUP BY campaign_id
+ORDER BY total_spend DESC, campaign_id LIMIT %(top)s
 """
 
 # Online AUC of the served pctr against clicks, per time bucket, per adapter version and for
@@ -192,6 +215,37 @@ MAX_BUCKETS = 120
 COARSE_BUCKETS = 30
 DEFAULT_SPAN_S = 7 * 86400  # default window: the data's last week at most
 MAX_TOP = 100
+VIEWS = ("operations", "advertiser")  # the page's views: the platform's, and an advertiser's
+MAX_FILTER_VALUES = 50
+
+
+@dataclass(frozen=True)
+class View:
+    """Which of the page's views, and the advertiser view's filters and currency label."""
+
+    name: str = "operations"
+    advertisers: tuple[str, ...] = ()  # empty: all
+    campaigns: tuple[str, ...] = ()
+    currency: str = "USD"  # ISO 4217 code: the label of money (the platform keeps one currency)
+
+    def __post_init__(self) -> None:
+        if self.name not in VIEWS:
+            raise ConfigError(f"view={self.name!r} is not one of {', '.join(VIEWS)}")
+        if not (len(self.currency) == 3 and self.currency.isascii() and self.currency.isalpha()):
+            raise ConfigError(f"currency={self.currency!r} is not an ISO 4217 code (three letters, e.g. EUR)")
+        for name, values in (("advertiser", self.advertisers), ("campaign", self.campaigns)):
+            if len(values) > MAX_FILTER_VALUES:
+                raise ConfigError(f"{name}= names {len(values)} values; at most {MAX_FILTER_VALUES}")
+            for v in values:
+                if len(v) > 128:
+                    raise ConfigError(f"{name}={v[:40]!r}… is longer than 128 characters")
+
+    @classmethod
+    def parse(
+        cls, view: str = "operations", advertiser: str = "", campaign: str = "", currency: str = "USD"
+    ) -> View:
+        """The view from query parameters (filters as `a,b`; the currency in any case)."""
+        return cls(view.strip(), _values(advertiser), _values(campaign), currency.strip().upper())
 
 
 @dataclass(frozen=True)
@@ -203,6 +257,7 @@ class Window:
     bucket: int
     top: int = 20
     run_id: str = ""  # the attribution run to show; '' = the latest
+    view: View = View()
 
     def __post_init__(self) -> None:
         if self.until <= self.since:
@@ -282,6 +337,7 @@ def resolve(
     bucket: int | None = None,
     top: int = 20,
     run_id: str = "",
+    view: View | None = None,
 ) -> Window:
     """The window asked for; what is not given comes from the data's bounds (lo, hi).
 
@@ -295,7 +351,16 @@ def resolve(
     if not since and start >= end:  # an explicit `until` before every event
         start = end - 86400
     size = bucket if bucket is not None else auto_bucket(max(end - start, 1))
-    return Window(start, end, size, top, run_id)
+    return Window(start, end, size, top, run_id, view or View())
+
+
+def _values(text: str) -> tuple[str, ...]:
+    """A filter's values from `a,b` (spaces around each dropped, empty ones skipped).
+
+    >>> _values(" adv_1, adv_2 ,,")
+    ('adv_1', 'adv_2')
+    """
+    return tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
 
 
 def _iso(epoch: int) -> str:

@@ -71,8 +71,10 @@ class ModelFloor:
         vector = rng.standard_normal(dim).astype(np.float32)
         intents = rng.random(MODEL_FLOOR_CATEGORIES).astype(np.float32)
         self.inputs: dict[str, RankInput] = {
-            slot: build_input(vector, intents, ids, category, slot, 12, dim)
-            for slot in SLOTS  # at noon
+            slot: build_input(
+                vector, intents, ids, category, slot, 12, dim, query_features=cfg.query_features
+            )
+            for slot in SLOTS  # at noon, no query
         }
 
     def score(self, slot: str) -> np.ndarray:

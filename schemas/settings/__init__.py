@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -35,6 +35,7 @@ from schemas.settings.serving import (
     RerankSettings,
     ServingSettings,
 )
+from schemas.settings.slots import SlotSettings
 from schemas.settings.variants import VariantsSettings
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "ServingSettings",
     "Settings",
     "SinkSettings",
+    "SlotSettings",
     "StateSettings",
     "StreamsSettings",
     "VariantsSettings",
@@ -136,6 +138,10 @@ class Settings(BaseSettings):
         default_factory=ServingSettings,
         description="The ad server: HTTP, Ray Serve replicas, batching, adapters, catalog.",
     )
+    slots: SlotSettings = Field(
+        default_factory=SlotSettings,
+        description="The slots (ad surfaces) requests may name; feed, search and splash by default.",
+    )
     qos: QosSettings = Field(
         default_factory=QosSettings,
         description="QoS classes (serving.qos): a priority gate in front of the pipeline.",
@@ -181,6 +187,17 @@ class Settings(BaseSettings):
 
     def model_post_init(self, context: Any, /) -> None:
         _refuse_flat_env(os.environ)
+
+    @model_validator(mode="after")
+    def _per_slot_settings_name_configured_slots(self) -> Settings:
+        # a slot named in a per-slot setting but not configured would never be served: a typo
+        unknown = [s for s in self.serving.shown_on_serve if s not in self.slots.names]
+        if unknown:
+            raise ValueError(
+                f"serving.shown_on_serve names {unknown}, which slots.names ({', '.join(self.slots.names)}) "
+                "does not list"
+            )
+        return self
 
 
 @lru_cache(maxsize=1)

@@ -201,21 +201,39 @@ class OnlineSettings(Group):
     delta_max_norm: float = Field(10.0, gt=0, description="Deltas with a larger norm are rejected")
     snapshot_every_s: float = Field(30.0, gt=0)
     # Measured in the live loop (benchmarks/live_loop.py, docs/limitations.md): at 0.003 / 0.2 the
-    # adapters diverged on served traffic (online − frozen logit sd 3–4, online AUC 0.05–0.08 under
-    # the frozen base, guard resets); at 0.001 / 0.02 the sd was ~0.2 and online ≥ frozen
-    lr: float = Field(0.001, gt=0, description="Adam learning rate of the online LoRA trainer")
+    # adapters diverged on served traffic (online − frozen logit sd 3–4, guard resets), but that was
+    # before a deadline step on n < min_step_examples took n / min_step_examples of the rates
+    # (AdapterOptimizer.step): steps of a few examples each moved the adapter a full lr. 0.001 / 0.02
+    # then recovered 57 % of the replay's handover drift, 0.002 / 0.1 110 % (60,000 impressions,
+    # seeds 7–8); in the live loop (seeds 3, 5) 0.002 / 0.1 kept the logit sd at 0.5–0.9 (no
+    # divergence) and the adapters' lift over the correction arm rose (docs/live-learning.md)
+    lr: float = Field(0.002, gt=0, description="Adam learning rate of the online LoRA trainer")
     embedding_lr: float = Field(
-        0.02, gt=0, description="SGD learning rate of LoRA on id tables (lora.targets like wide.category)"
+        0.1, gt=0, description="SGD learning rate of LoRA on id tables (lora.targets like wide.category)"
     )
     delta_window_steps: int = Field(50, ge=1, description="Steps in the ΔW direction-magnitude window")
     progressive_window: int = Field(2000, ge=10, description="Examples in rolling AUC/logloss windows")
     reset_margin: float = Field(0.01, ge=0, description="Adapter AUC below base by more than this is bad")
     reset_patience: int = Field(20, ge=1, description="Bad micro-batches in a row before an adapter reset")
+    # trainers.online.OnlineTrainer._guard says why examples; measured under no loss (two equally
+    # good scorers, steps of 4 examples): see the commit of issue 32 and docs/live-learning.md
+    reset_patience_examples: int = Field(
+        2000,
+        ge=0,
+        description="…and examples learned in a row while the loss stays significant, at most one "
+        "online.progressive_window (then the loss is confirmed on evidence all new)",
+    )
     guard_z: float = Field(
         1.96,
         gt=0,
         description="The guard resets only on a significant loss: when online − base AUC (paired, "
         "DeLong) + guard_z standard errors is still below −reset_margin",
+    )
+    correction_offset: bool = Field(
+        True,
+        description="Adapters learn the residual of what is served: each example's loss is taken "
+        "with the user's per-category correction (state.feedback_lr, read from Redis) as a fixed "
+        "logit offset (trainers.corrections)",
     )
     group: str = Field("adstream-trainer", description="Consumer group of the online trainer")
     dedupe_ids: int = Field(

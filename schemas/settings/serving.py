@@ -101,6 +101,12 @@ class ServingSettings(Group):
     housekeeping_s: float = Field(
         1.0, gt=0, le=60, description="How often a replica reads the day's spend (pacing) and updates gauges"
     )
+    shown_on_serve: list[str] = Field(
+        default_factory=list,
+        description="Slots rendered on the server: their served ads count as shown (billed as CPM, "
+        "attributed as views) without a render beacon; other slots' ads are impressions only once "
+        'the client\'s view beacon arrives (e.g. ["splash"])',
+    )
 
 
 class QosSettings(Group):
@@ -166,6 +172,19 @@ class RecallSettings(Group):
     ann_oversample: float = Field(
         1.3, ge=1, description="usearch: fetch this × recall.k candidates, re-score exactly, keep recall.k"
     )
+    text_dim: int = Field(
+        128,
+        ge=0,
+        le=1024,
+        description="Query text (AdRequest.query): width of the hashed bag of words kept per catalog "
+        "row (its category and title; 4 bytes each per row); 0 keeps none and ignores queries",
+    )
+    text_weight: float = Field(
+        2.0,
+        ge=0,
+        description="Query text: weight of an ad's match with the query (cosine of their bags of words) "
+        "added to its recall score (the query vector's score is a cosine too: 2 lets a query outweigh it)",
+    )
 
 
 class CanarySettings(Group):
@@ -203,5 +222,8 @@ class RerankSettings(Group):
     max_per_advertiser: int = Field(2, ge=1, description="Diversity: ads per advertiser in a response")
     category_decay: float = Field(0.8, gt=0, le=1, description="Score factor per repeat of a category")
     long_tail_boost: float = Field(0.1, ge=0, description="Extra score share for rarely shown ads")
-    reserve_price: float = Field(0.01, ge=0, description="GSP price floor (per click)")
+    reserve_price: float = Field(0.01, ge=0, description="GSP price floor of a CPC ad (per click)")
+    reserve_cpm: float = Field(
+        0.5, ge=0, description="GSP price floor of a CPM ad (per thousand shown impressions)"
+    )
     pacing_slack: float = Field(0.1, ge=0, description="Spend may run this far ahead of plan unthrottled")

@@ -9,13 +9,15 @@
  *   </script>
  *
  * It fetches ranked ads (POST /v1/ads), renders each (default: a box with the ad id; pass
- * `render(ad, element)` for your own markup), sends a view beacon once an ad has been at least
+ * `render(ad, element)` for your own markup), sends a render beacon once an ad has been at least
  * `viewRatio` (0.5) visible for `viewMs` (1000 ms, the IAB display viewability rule), and a
  * click beacon on the first click. Both go to POST /v1/events with `fetch(…, {keepalive: true})`
  * (it outlives a navigation, like navigator.sendBeacon, and can carry the X-Api-Key header),
  * echoing the ad's click token: the collector refuses events without the token of an ad served
- * to this user. The view is a Dwell of the impression (its `dwell_ms` the time in view), the
- * click a Click; their event ids derive from the impression's, so a repeated beacon counts once.
+ * to this user. The render beacon is a View of the impression: a served ad becomes an
+ * impression (what CPM campaigns pay for and attribution counts as a view) only when it
+ * arrives; the click is a Click. Their event ids derive from the impression's, and the worker
+ * takes one view per impression, so a repeated beacon counts once.
  */
 (function (root) {
   "use strict";
@@ -52,7 +54,7 @@
   }
 
   function watch(opts, el, onViewed) {
-    // visible for viewMs at viewRatio or more, without interruption: then once onViewed(ms)
+    // visible for viewMs at viewRatio or more, without interruption: then once onViewed(ms in view)
     var since = null, timer = null, done = false;
     var ratio = opts.viewRatio == null ? 0.5 : opts.viewRatio;
     var ms = opts.viewMs == null ? 1000 : opts.viewMs;
@@ -88,9 +90,8 @@
       container.appendChild(el);
       if (iid === null || !ad.click_token) return; // no token: nothing the collector would take
       var base = {user_id: opts.userId, impression_id: iid, ad_id: ad.ad_id, click_token: ad.click_token};
-      watch(opts, el, function (ms) {
-        send(opts, Object.assign({kind: "dwell", event_id: "v/" + iid, ts: new Date().toISOString(),
-                                  dwell_ms: Math.min(Math.round(ms), 3600000)}, base));
+      watch(opts, el, function () {
+        send(opts, Object.assign({kind: "view", event_id: "v/" + iid, ts: new Date().toISOString()}, base));
       });
       var clicked = false;
       el.addEventListener("click", function () {

@@ -15,6 +15,7 @@ from adstream_client import (
     AsyncAdstreamClient,
     RetryPolicy,
     click_for,
+    dwell_for,
     view_for,
 )
 from schemas.api import AdResponse, ServedAd, StageMs
@@ -64,6 +65,18 @@ def test_rate_limited_and_overloaded_answers_are_retried_then_succeed() -> None:
     assert [json.loads(r.content)["events"][0]["event_id"] for r in seen] == ["c/r1/0"] * 3  # same batch
 
 
+def test_the_render_beacon_call_sends_the_view_of_the_served_ad() -> None:
+    seen, transport = scripted(
+        (200, {}),
+    )
+    with AdstreamClient("http://x", retry=FAST, transport=transport) as client:
+        assert client.view(response(), 1, "u1").accepted == 1
+    [sent] = json.loads(seen[0].content)["events"]
+    assert seen[0].url.path == "/v1/events"
+    assert (sent["kind"], sent["event_id"], sent["impression_id"]) == ("view", "v/r1/1", "r1/1")
+    assert sent["click_token"] == click_token(KEY, "r1/1", "u1", "ad1")
+
+
 def test_retries_stop_after_the_policys_attempts() -> None:
     seen, transport = scripted((503, {"Retry-After": "0"}))
     with (
@@ -102,8 +115,9 @@ def test_connection_errors_are_retried() -> None:
 async def test_async_client_retries_the_same_way() -> None:
     seen, transport = scripted((502, {}), (200, {}))
     async with AsyncAdstreamClient("http://x", retry=FAST, transport=transport) as client:
-        result = await client.events([view_for(response(), 0, "u1", 1200)])
+        result = await client.view(response(), 0, "u1")
     assert result.accepted == 1 and len(seen) == 2
+    assert json.loads(seen[-1].content)["events"][0]["kind"] == "view"
 
 
 def test_wait_honours_retry_after_beyond_the_backoff() -> None:
@@ -120,9 +134,12 @@ def test_wait_honours_retry_after_beyond_the_backoff() -> None:
 
 def test_click_and_view_carry_the_served_token_and_verify() -> None:
     resp, ts = response(), datetime(2026, 12, 3, tzinfo=UTC)
-    click, view = click_for(resp, 1, "u1", ts), view_for(resp, 1, "u1", 1500, ts)
+    click, view = click_for(resp, 1, "u1", ts), view_for(resp, 1, "u1", ts)
+    dwell = dwell_for(resp, 1, "u1", 1500, ts)
     assert (click.impression_id, click.event_id, view.event_id) == ("r1/1", "c/r1/1", "v/r1/1")
-    assert check_event(click, KEY) is None and check_event(view, KEY) is None
+    assert (view.kind, view.impression_id, dwell.event_id, dwell.dwell_ms) == ("view", "r1/1", "d/r1/1", 1500)
+    assert all(check_event(e, KEY) is None for e in (click, view, dwell))
+    assert check_event(view_for(resp, 1, "u2", ts), KEY) is not None  # not served to u2: refused
     assert check_event(click_for(resp, 1, "u2", ts), KEY) is not None  # another user: refused
     with pytest.raises(SchemaError, match="position 5"):
         click_for(resp, 5, "u1")

@@ -37,11 +37,11 @@ def test_bad_arguments_exit_2_naming_the_value(
 def test_a_variant_that_cannot_run_is_recorded_not_raised() -> None:
     torch.manual_seed(0)
     ranker = Ranker(RankerConfig(state_dim=4, ad_buckets=16, campaign_buckets=8, advertiser_buckets=8)).eval()
-    bad = (torch.zeros(5, 3), torch.zeros(5, 7, dtype=torch.int64))  # 3 dense columns, not 4 + 3
+    bad = (torch.zeros(5, 3), torch.zeros(5, 7, dtype=torch.int64))  # 3 dense columns, not 4 + 5
     scorers, errors = _rank().precision_variants(ranker, ("fp32", "bf16"), 4, bad)
     assert scorers == {}
     assert set(errors) == {"fp32", "bf16"} and all(e.startswith("RuntimeError") for e in errors.values())
-    good = (torch.zeros(5, 7), torch.zeros(5, 7, dtype=torch.int64))
+    good = (torch.zeros(5, ranker.config.dense_dim), torch.zeros(5, 7, dtype=torch.int64))
     scorers, errors = _rank().precision_variants(ranker, ("fp32", "int8_dynamic", "bf16"), 4, good)
     assert errors == {} and {n: s(*good).shape for n, s in scorers.items()} == dict.fromkeys(scorers, (5,))
 

@@ -196,3 +196,51 @@ def test_model_bounds_say_whether_the_model_alone_leaves_room_for_the_goals(serv
     assert roomy["goal_reachable"] == {"capacity": True, "p99_at_100": False}
     assert roomy["p99_over_model_floor_ms_at_100"] is None
     assert serve.model_bounds(1750, 2.4, None, 100, 26.8) is None
+
+
+def test_a_serve_run_keeps_the_sections_other_runs_wrote(serve: Any) -> None:
+    """serve.json's routes (benchmarks.serve_routes), load_balanced and hung_redis are each written
+    by their own command: a plain `benchmarks.serve` run must keep them (it dropped `routes`)."""
+    previous = {
+        "capacity_rps": 110,
+        "routes": {"events": {"events_per_s": 9}},
+        "load_balanced": {"ingress": "haproxy_2"},
+        "hung_redis": {"p99_ms": 80.0},
+    }
+    result: dict[str, object] = {"capacity_rps": 170}
+    serve.keep_sections(result, previous)
+    assert result == {**previous, "capacity_rps": 170}
+    remeasured: dict[str, object] = {"capacity_rps": 170, "hung_redis": {"p99_ms": 50.0}}
+    serve.keep_sections(remeasured, previous)
+    assert remeasured["hung_redis"] == {"p99_ms": 50.0}
+
+
+def _hist(rng: Any, p99_ms: float, n: int = 900) -> list[list[int]]:
+    """wrk's [latency µs, count] pairs of `n` requests whose tail sits near `p99_ms`."""
+    import numpy as np
+
+    values = np.round(rng.gamma(4.0, p99_ms * 1000 / 10.0, n)).astype(int)
+    unique, counts = np.unique(values, return_counts=True)
+    return [[int(v), int(c)] for v, c in zip(unique, counts, strict=True)]
+
+
+def test_p99_at_the_share_is_judged_by_every_request_when_the_latencies_are_there(serve: Any) -> None:
+    """With each repeat's latencies (`hist`), the share goal's interval is a bootstrap over the
+    repeats and their requests of the pooled P99 ratio: tighter than the range of the repeats'
+    P99s, which only grows with more repeats; the range stays for older results."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    cases = _share_cases([9.0, 10.0, 11.0], [9.5, 10.0, 10.5])
+    cases["direct_1"]["at_share"]["hists"] = [_hist(rng, 10.0) for _ in range(3)]
+    cases["haproxy_2"]["at_share"]["hists"] = [_hist(rng, 10.0) for _ in range(3)]
+    serve.lb_ratios(cases)
+    c = cases["haproxy_2"]
+    low, high = c["p99_ratio_to_direct_at_share_interval"]
+    assert low < c["p99_ratio_to_direct_at_share_pooled"] < high
+    goal = serve.lb_goals(c)["p99_ratio_to_direct_at_share"]
+    assert goal["interval"] == [low, high] and goal["measured"] == c["p99_ratio_to_direct_at_share_pooled"]
+    assert goal["met"] is (True if high <= 1.2 else None)
+    cases["haproxy_2"]["at_share"]["hists"] = [_hist(rng, 20.0) for _ in range(3)]  # twice as slow
+    serve.lb_ratios(cases)
+    assert serve.lb_goals(cases["haproxy_2"])["p99_ratio_to_direct_at_share"]["met"] is False

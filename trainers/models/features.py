@@ -4,7 +4,8 @@
 with the attributes of `RankerInput`) to a `RankerBatch`. Serving builds the same inputs for the
 candidates of a request; training reads them from `ad.training-examples`.
 
-Columns of `RankerBatch.dense` (float32, shape [B, state_dim + 3]):
+Columns of `RankerBatch.dense` (float32, shape [B, `config.dense_dim`]: state_dim + 5, or
+state_dim + 3 for a model without query columns, `RankerConfig.query_features` False):
 
 ====================  =====================================================================
 columns               meaning
@@ -13,7 +14,14 @@ columns               meaning
 state_dim             `intent_score` of the ad's category for this user
 state_dim + 1         `recall_score` (0 when absent)
 state_dim + 2         1.0 when `recall_score` is present, else 0.0
+state_dim + 3         `query_match`: how well the request's query names the ad (0 when absent)
+state_dim + 4         1.0 when `query_match` is present (the request had a query), else 0.0
 ====================  =====================================================================
+
+The query columns are the ranker's text features: serving computes the match for each candidate
+(`serving.text.text_match`) and logs it on the impression it serves (`Impression.query_match`),
+the label join copies it into the TrainingExample, so training reads what serving ranked with.
+An input without a `query_match` attribute (hand-made inputs of tools) has no query.
 
 Columns of `RankerBatch.ids` (int64, shape [B, 7]), each indexing its own embedding table:
 
@@ -24,7 +32,7 @@ col    name          value
 1      advertiser    `stable_bucket(advertiser_id, advertiser_buckets, "advertiser")`
 2      campaign      `stable_bucket(campaign_id, campaign_buckets, "campaign")`
 3      category      `stable_bucket(category, category_buckets, "category")`
-4      slot          index in `schemas.events.SLOTS` (feed=0, search=1, splash=2)
+4      slot          `slot_index(slot, slot_buckets)`: feed=0, search=1, splash=2, others hashed after
 5      position      `min(position, max_position - 1)`
 6      hour          hour of day 0 … 23 (UTC, from the impression)
 =====  ============  ===================================================================
@@ -36,11 +44,14 @@ else None.
 >>> cfg = RankerConfig(state_dim=4)
 >>> class Ex:
 ...     user_vector = [0.5, 0.5, 0.0, 0.0]; intent_score = 1.5; recall_score = None
+...     query_match = 0.75
 ...     ad_id = "a1"; advertiser_id = "v1"; campaign_id = "c1"; category = "shoes"
 ...     slot = "search"; position = 40; hour = 13; click = True
 >>> b = featurize([Ex()], cfg)
 >>> b.dense.shape, b.ids.shape, b.ids[0, 4:].tolist(), b.label.tolist()
-(torch.Size([1, 7]), torch.Size([1, 7]), [1, 15, 13], [1.0])
+(torch.Size([1, 9]), torch.Size([1, 7]), [1, 15, 13], [1.0])
+>>> b.dense[0, 4:].tolist()  # intent, recall score and flag, query match and flag
+[1.5, 0.0, 0.0, 0.75, 1.0]
 """
 
 from __future__ import annotations
@@ -63,9 +74,26 @@ from schemas.events import SLOTS, TrainingExample
 if TYPE_CHECKING:
     from trainers.models.ranker import RankerConfig
 
-N_EXTRA_DENSE = 3
+N_EXTRA_DENSE = 3  # intent, recall score and its flag
+N_QUERY_DENSE = 2  # the query match and its flag (`RankerConfig.query_features`)
 ID_COLUMNS = ("ad", "advertiser", "campaign", "category", "slot", "position", "hour")
 _SLOT_INDEX: dict[str, int] = {s: i for i, s in enumerate(SLOTS)}
+
+
+def slot_index(slot: str, slot_buckets: int) -> int:
+    """The row of `slot` in the ranker's slot tables (and its one-hot column in the two-tower's
+    user input): the default slots keep fixed rows (feed 0, search 1, splash 2), so a checkpoint
+    scores them as it always did; any other configured slot takes one of `slot_buckets` hashed
+    rows after them. A model without such rows (trained before slots were configurable) scores
+    every other slot in one shared row, feed's: the general surface.
+
+    >>> slot_index("search", 8), slot_index("news", 8) >= 3, slot_index("news", 0)
+    (1, True, 0)
+    """
+    fixed = _SLOT_INDEX.get(slot)
+    if fixed is not None:
+        return fixed
+    return len(SLOTS) + stable_bucket(slot, slot_buckets, "slot") if slot_buckets else 0
 
 
 class RankerInput(Protocol):
@@ -77,6 +105,8 @@ class RankerInput(Protocol):
     def intent_score(self) -> float: ...
     @property
     def recall_score(self) -> float | None: ...
+    @property
+    def query_match(self) -> float | None: ...
     @property
     def ad_id(self) -> str: ...
     @property
@@ -183,19 +213,31 @@ _CLICK = attrgetter("click")
 # a TrainingExample keeps its fields in its `__dict__`: item reads from it cost ~60 % of the
 # attribute reads, and its label comes in the same pass
 _FIELDS = attrgetter("__dict__")
-_ITEMS = itemgetter(*_NAMES, "click")
+_ITEMS = itemgetter(*_NAMES, "query_match", "click")
 
 
-def _columns(examples: Sequence[RankerInput]) -> tuple[list[tuple[Any, ...]], Sequence[Any]]:
-    """(the columns of `_NAMES`, the click labels or `[None]` when the inputs have none)."""
+def _columns(examples: Sequence[RankerInput]) -> tuple[list[tuple[Any, ...]], Sequence[Any], Sequence[Any]]:
+    """(the columns of `_NAMES`, the query matches, the click labels or `[None]` when the
+    inputs have none)."""
     if set(map(type, examples)) == {TrainingExample}:
         columns = list(zip(*map(_ITEMS, map(_FIELDS, examples)), strict=True))
-        return columns[:-1], columns[-1]
+        return columns[:-2], columns[-2], columns[-1]
     columns = list(zip(*map(_COLUMNS, examples), strict=True))
+    queries = [getattr(e, "query_match", None) for e in examples]
     try:
-        return columns, list(map(_CLICK, examples))
+        return columns, queries, list(map(_CLICK, examples))
     except AttributeError:  # serving's candidates: no label
-        return columns, [None]
+        return columns, queries, [None]
+
+
+def _with_flag(dense: np.ndarray, col: int, values: Sequence[Any]) -> None:
+    """`values` into column `col` of `dense` (0 where None) and their presence flag into `col + 1`."""
+    if None in values:
+        dense[:, col + 1] = np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=len(values))
+        dense[:, col] = [0.0 if v is None else v for v in values]
+    else:
+        dense[:, col] = values
+        dense[:, col + 1] = 1.0
 
 
 @lru_cache(maxsize=16)
@@ -239,9 +281,12 @@ def _int_column(values: Sequence[object], field: str, low: int, high: int | None
 def _ids(columns: Sequence[Sequence[object]], cfg: RankerConfig) -> np.ndarray:
     ad, advertiser, campaign, category, slot, position, hour = columns
     slots = list(map(_SLOT_INDEX.get, slot))  # type: ignore[arg-type]
-    if None in slots:
-        bad = slot[slots.index(None)]
-        raise SchemaError(f"field 'slot': unknown slot {bad!r} (known: {', '.join(SLOTS)})")
+    if None in slots:  # a configured slot beyond the defaults (the contract checked its name)
+        for i, v in enumerate(slot):
+            if slots[i] is None:
+                if not isinstance(v, str) or not v:
+                    raise SchemaError(f"field 'slot': must be a slot name (got {v!r})")
+                slots[i] = slot_index(v, cfg.slot_buckets)
     hours = _int_column(hour, "hour", 0, 23)
     positions = _int_column(position, "position", 0, None)
     ids = np.empty((len(slots), len(ID_COLUMNS)), dtype=np.int64)
@@ -258,7 +303,7 @@ def _ids(columns: Sequence[Sequence[object]], cfg: RankerConfig) -> np.ndarray:
 def featurize(examples: Sequence[RankerInput], cfg: RankerConfig) -> RankerBatch:
     """Tensors for a list of candidates; pure (inputs are only read), deterministic.
 
-    Raises SchemaError naming the field for an unknown slot or an out-of-range hour/position.
+    Raises SchemaError naming the field for a slot that is no name or an out-of-range hour/position.
     Column-wise: one pass per example (item reads from a TrainingExample's `__dict__`, attribute
     reads through `operator.attrgetter` from anything else), one array per column; a micro-batch
     of 256 featurizes in ~0.5 ms on a 2-vCPU Xeon (row by row it took ~2 ms; one list
@@ -267,23 +312,18 @@ def featurize(examples: Sequence[RankerInput], cfg: RankerConfig) -> RankerBatch
     n, dim = len(examples), cfg.state_dim
     if not n:
         return RankerBatch(
-            dense=torch.zeros((0, dim + N_EXTRA_DENSE), dtype=torch.float32),
+            dense=torch.zeros((0, cfg.dense_dim), dtype=torch.float32),
             ids=torch.empty((0, len(ID_COLUMNS)), dtype=torch.int64),
         )
-    columns, clicks = _columns(examples)
-    intent, recall = columns[7], columns[8]
-    dense = np.empty((n, dim + N_EXTRA_DENSE), dtype=np.float32)
+    columns, queries, clicks = _columns(examples)
+    dense = np.empty((n, cfg.dense_dim), dtype=np.float32)
     dense[:, :dim] = _vectors(columns[9], dim)
-    dense[:, dim] = intent
-    if None in recall:
-        present = np.fromiter(map(is_not, recall, repeat(None)), dtype=bool, count=n)
-        dense[:, dim + 1] = [0.0 if r is None else r for r in recall]
-        dense[:, dim + 2] = present
-    else:
-        dense[:, dim + 1] = recall
-        dense[:, dim + 2] = 1.0
+    dense[:, dim] = columns[7]  # intent
+    _with_flag(dense, dim + 1, columns[8])  # recall score
+    if cfg.query_features:
+        _with_flag(dense, dim + N_EXTRA_DENSE, queries)
     if not np.isfinite(dense).all():
-        raise SchemaError("field 'intent_score'/'recall_score': every value must be finite")
+        raise SchemaError("field 'intent_score'/'recall_score'/'query_match': every value must be finite")
     ids = _ids(columns[:7], cfg)
     label = None if None in clicks else torch.from_numpy(np.fromiter(map(bool, clicks), np.float32, count=n))
     return RankerBatch(dense=torch.from_numpy(dense), ids=torch.from_numpy(ids), label=label)

@@ -21,11 +21,14 @@ Layers (names matter: LoRA adapters target them through `settings.lora.targets`)
 
 Checkpoints are a directory with `ranker.safetensors` (weights) and `ranker.json`
 (`{"format": "adstream-ranker", "format_version": 1, "version": ..., "config": {...}}`);
-never pickles.
+never pickles. A checkpoint saved before a config field existed loads with the value that gives
+the model it was trained as (`wide` False for format 1, `slot_buckets` 0, `query_features` False);
+one whose config names a field this code does not know (saved by a newer release) is refused
+with a ModelError naming the field.
 
 >>> torch.manual_seed(0) and None
 >>> model = Ranker(RankerConfig(state_dim=4))
->>> model(torch.zeros(2, 7), torch.zeros(2, 7, dtype=torch.int64)).shape
+>>> model(torch.zeros(2, 9), torch.zeros(2, 7, dtype=torch.int64)).shape
 torch.Size([2])
 """
 
@@ -33,16 +36,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from schemas.errors import ConfigError, ModelError
-from trainers.models.features import ID_COLUMNS, N_EXTRA_DENSE, RankerBatch
+from schemas.events import SLOTS
+from trainers.models.features import ID_COLUMNS, N_EXTRA_DENSE, N_QUERY_DENSE, RankerBatch
 from trainers.models.user_tower import UserSequences, UserTower
 
 FORMAT: Final = "adstream-ranker"
@@ -50,6 +55,19 @@ FORMAT_VERSION: Final = 2  # 2: `wide` part (version-1 checkpoints load with wid
 USER_TOWERS: Final = ("none", "gru", "pool")
 WEIGHTS_FILE: Final = "ranker.safetensors"
 CONFIG_FILE: Final = "ranker.json"
+# hashed slot rows of a model trained while slots beyond the defaults are configured
+EXTRA_SLOT_BUCKETS: Final = 8
+
+
+def slot_buckets_for(slots: Collection[str]) -> int:
+    """`slot_buckets` of a model trained for the configured `slots`: none while they are the
+    defaults (the model is then the one of before, weight for weight), `EXTRA_SLOT_BUCKETS`
+    hashed rows once others are configured.
+
+    >>> slot_buckets_for(("feed", "search", "splash")), slot_buckets_for(("feed", "news"))
+    (0, 8)
+    """
+    return EXTRA_SLOT_BUCKETS if set(slots) - set(SLOTS) else 0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -84,20 +102,31 @@ class RankerConfig:
     tower_seq_len: int = 32
     tower_hidden: int = 32
     tower_gate_hidden: int = 128
+    # hashed slot rows after the three default slots' fixed ones (`features.slot_index`): slots
+    # configured beyond feed/search/splash (`slots.names`, `slot_buckets_for`). 0: the tables
+    # hold the three defaults only (as every checkpoint from before); other slots share feed's row
+    slot_buckets: int = 0
+    # the query text columns (`features`: how well the request's query names the ad, and whether
+    # it had one; `Impression.query_match`). A checkpoint saved before them loads with False: its
+    # dense input is the three columns after the state vector, as it was trained
+    query_features: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.wide, bool):
-            raise ConfigError(f"RankerConfig.wide must be a bool (got {self.wide!r})")
+        for flag in ("wide", "query_features"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"RankerConfig.{flag} must be a bool (got {getattr(self, flag)!r})")
         if self.user_tower not in USER_TOWERS:
             raise ConfigError(
                 f"RankerConfig.user_tower must be one of {USER_TOWERS} (got {self.user_tower!r})"
             )
         for f in fields(self):
-            if f.name in ("wide", "user_tower"):
+            if f.name in ("wide", "user_tower", "query_features"):
                 continue
             value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"RankerConfig.{f.name} must be a positive int (got {value!r})")
+            low = 0 if f.name == "slot_buckets" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                kind = "a non-negative" if low == 0 else "a positive"
+                raise ConfigError(f"RankerConfig.{f.name} must be {kind} int (got {value!r})")
         if self.state_dim > 1024:
             raise ConfigError(f"RankerConfig.state_dim must be <= 1024 (got {self.state_dim!r})")
 
@@ -109,17 +138,23 @@ class RankerConfig:
             "advertiser": self.advertiser_buckets,
             "campaign": self.campaign_buckets,
             "category": self.category_buckets,
-            "slot": 3,
+            "slot": len(SLOTS) + self.slot_buckets,
             "position": self.max_position,
             "hour": 24,
         }
+
+    @property
+    def dense_dim(self) -> int:
+        """Width of `RankerBatch.dense` (`features`: the state vector, intent, recall score and
+        flag, and with `query_features` the query match and flag)."""
+        return self.state_dim + N_EXTRA_DENSE + (N_QUERY_DENSE if self.query_features else 0)
 
     @property
     def input_dim(self) -> int:
         """Width D of the cross network's input (dense features ‖ fused user vector with the
         tower ‖ embeddings)."""
         tower = self.state_dim if self.user_tower != "none" else 0
-        return self.state_dim + N_EXTRA_DENSE + tower + len(ID_COLUMNS) * self.emb_dim
+        return self.dense_dim + tower + len(ID_COLUMNS) * self.emb_dim
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankerConfig:
@@ -149,7 +184,10 @@ class Ranker(nn.Module):
     def __init__(self, config: RankerConfig) -> None:
         super().__init__()
         self.config = config
-        tables = {name: nn.Embedding(rows, config.emb_dim) for name, rows in config.table_sizes.items()}
+        # the slot tables start with the default slots' rows only: the hashed rows are drawn last
+        # (`_add_slot_rows`), so every other weight is drawn as by a ranker without them
+        sizes = dict(config.table_sizes, slot=len(SLOTS))
+        tables = {name: nn.Embedding(rows, config.emb_dim) for name, rows in sizes.items()}
         # unit-scale embeddings (PyTorch's default), like the layer-normed dense features: at
         # std 0.01 the ids (category, ad, slot…) reached the cross/deep layers ~20× weaker than
         # the user state, so online LoRA on those layers could barely learn an id-level shift
@@ -158,7 +196,7 @@ class Ranker(nn.Module):
             nn.init.normal_(table.weight, std=1.0)
         self.emb = nn.ModuleDict(tables)
         d, h = config.input_dim, config.deep_hidden
-        self.input_norm = nn.LayerNorm(config.state_dim + N_EXTRA_DENSE)
+        self.input_norm = nn.LayerNorm(config.dense_dim)
         cross = [nn.Linear(d, d) for _ in range(config.cross_layers)]
         for layer in cross:
             nn.init.normal_(layer.weight, std=0.01)
@@ -168,14 +206,30 @@ class Ranker(nn.Module):
         self.head = nn.Linear(d + h, 1)
         # wide part: one learned bias per id value (logistic regression on one-hot ids), which
         # learns item/position effects from few clicks where embeddings through the MLP cannot
-        wide = (
-            {name: nn.Embedding(rows, 1) for name, rows in config.table_sizes.items()} if config.wide else {}
-        )
+        wide = {name: nn.Embedding(rows, 1) for name, rows in sizes.items()} if config.wide else {}
         for bias in wide.values():
             nn.init.zeros_(bias.weight)
         self.wide = nn.ModuleDict(wide)
         # created last, so a ranker without it draws the same initial weights as before
         self.tower = UserTower(config) if config.user_tower != "none" else None
+        if config.slot_buckets:
+            self._add_slot_rows(config.slot_buckets)
+
+    def _add_slot_rows(self, extra: int) -> None:
+        """Append `extra` hashed slot rows to the slot tables (embeddings drawn as the others,
+        wide biases zero), drawn from a fork of the global RNG: the RNG stream after a ranker is
+        built is the same with or without them (training that follows draws the same numbers)."""
+        tables = [(self.emb, self.config.emb_dim)] + ([(self.wide, 1)] if "slot" in self.wide else [])
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            for table, dim in tables:
+                old = cast(nn.Embedding, table["slot"]).weight
+                grown = nn.Embedding(old.shape[0] + extra, dim)
+                if table is self.emb:
+                    nn.init.normal_(grown.weight, std=1.0)
+                else:
+                    nn.init.zeros_(grown.weight)
+                grown.weight[: old.shape[0]] = old
+                table["slot"] = grown
 
     def user_vector(
         self, dense: torch.Tensor, ids: torch.Tensor, seq: UserSequences
@@ -200,7 +254,7 @@ class Ranker(nn.Module):
     def forward(
         self, dense: torch.Tensor, ids: torch.Tensor, seq: UserSequences | None = None
     ) -> torch.Tensor:
-        """Click logits, shape [B], for dense features [B, state_dim+3] and ids [B, 7] (and,
+        """Click logits, shape [B], for dense features [B, dense_dim] and ids [B, 7] (and,
         with the user tower, the requests' sequences; `seq.row` [B] maps rows to requests)."""
         logit: torch.Tensor = self.head(self.head_input(dense, ids, seq)).squeeze(1)
         for i, name in enumerate(ID_COLUMNS):
@@ -287,6 +341,8 @@ def load_checkpoint(directory: Path | str, device: str | torch.device = "cpu") -
     config = dict(meta["config"])
     if meta["format_version"] == 1:
         config.setdefault("wide", False)
+    config.setdefault("slot_buckets", 0)  # saved before slots were configurable: 3 slot rows
+    config.setdefault("query_features", False)  # saved before the query columns: 3 extra columns
     model = Ranker(RankerConfig.from_dict(config))
     weights = Path(directory) / WEIGHTS_FILE
     try:

@@ -1,10 +1,12 @@
 """The two-tower recall model: user tower (state + context) · ad tower (ids + MiniLM title).
 
-User tower input (`user_features`): the user state vector (`state_dim`), slot one-hot (3) and
-the hour as sin/cos (2). Ad tower input (`ad_features`): hashed category / advertiser / ad ids
-(int64 [B, 3]) and the creative title's MiniLM embedding (float32 [B, 384]). During training the
-ad-id embedding is dropped for a share of rows (`id_dropout`) so the tower also works from
-category, advertiser and title alone: a brand-new ad gets a useful vector at once.
+User tower input (`user_features`): the user state vector (`state_dim`), the default slots'
+one-hot (3), the hour as sin/cos (2) and the hashed one-hot of other configured slots
+(`slot_buckets`, `trainers.models.features.slot_index`; none in a checkpoint from before).
+Ad tower input (`ad_features`): hashed category / advertiser / ad ids (int64 [B, 3]) and the
+creative title's MiniLM embedding (float32 [B, 384]). During training the ad-id embedding is
+dropped for a share of rows (`id_dropout`) so the tower also works from category, advertiser and
+title alone: a brand-new ad gets a useful vector at once.
 
 Both towers end in L2-normalised `out_dim` vectors; the click logit is `scale · <u, a> + bias`,
 so recall is an inner-product search over `ad_vectors` (the ad index written by `adstream train`:
@@ -19,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -30,7 +32,7 @@ from torch.nn import functional as F
 from schemas.errors import ConfigError, ModelError
 from schemas.events import SLOTS, AdCreative, TrainingExample
 from schemas.stats import auc
-from trainers.models.features import stable_bucket
+from trainers.models.features import slot_index, stable_bucket
 from trainers.models.ranker import weights_version
 from trainers.models.text import TEXT_DIM, TitleEncoder
 
@@ -49,12 +51,21 @@ class TwoTowerConfig:
     advertiser_buckets: int = 1024
     ad_buckets: int = 1 << 14
     text_dim: int = TEXT_DIM
+    # one-hot columns of slots beyond the three defaults (hashed), after the hour's; 0: a
+    # checkpoint from before slots were configurable (other slots: no slot column set)
+    slot_buckets: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"TwoTowerConfig.{f.name} must be a positive int (got {v!r})")
+            low = 0 if f.name == "slot_buckets" else 1
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"TwoTowerConfig.{f.name} must be an int >= {low} (got {v!r})")
+
+    @property
+    def user_dim(self) -> int:
+        """Width of the user tower's input (`user_features`)."""
+        return self.state_dim + len(SLOTS) + 2 + self.slot_buckets
 
 
 class TwoTower(nn.Module):
@@ -68,6 +79,13 @@ class TwoTower(nn.Module):
         self.user = nn.Sequential(
             nn.Linear(c.state_dim + len(SLOTS) + 2, c.hidden), nn.ReLU(), nn.Linear(c.hidden, c.out_dim)
         )
+        if c.slot_buckets:  # the hashed slots' columns, drawn aside (the global RNG stream is kept)
+            first = cast(nn.Linear, self.user[0])
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                wide = nn.Linear(c.user_dim, c.hidden)
+                wide.weight[:, : first.in_features] = first.weight
+                wide.bias.copy_(first.bias)
+            self.user[0] = wide
         self.cat = nn.Embedding(c.category_buckets, c.emb_dim)
         self.adv = nn.Embedding(c.advertiser_buckets, c.emb_dim)
         self.ad = nn.Embedding(c.ad_buckets, c.emb_dim)
@@ -99,14 +117,24 @@ class TwoTower(nn.Module):
 
 
 def user_features(
-    vectors: Sequence[Sequence[float]], slots: Sequence[str], hours: Sequence[int], dim: int
+    vectors: Sequence[Sequence[float]],
+    slots: Sequence[str],
+    hours: Sequence[int],
+    dim: int,
+    slot_buckets: int = 0,
 ) -> torch.Tensor:
-    """User tower inputs [B, dim + 5]: state vector (padded/cut), slot one-hot, hour sin/cos."""
-    out = torch.zeros(len(vectors), dim + len(SLOTS) + 2)
+    """User tower inputs [B, dim + 5 + slot_buckets]: state vector (padded/cut), the default
+    slots' one-hot, hour sin/cos, the other slots' hashed one-hot (`slot_index`; with no hashed
+    columns, another slot sets no slot column)."""
+    n_fixed = len(SLOTS)
+    out = torch.zeros(len(vectors), dim + n_fixed + 2 + slot_buckets)
     for i, (vec, slot, hour) in enumerate(zip(vectors, slots, hours, strict=True)):
         v = list(vec)[:dim]
         out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
-        out[i, dim + SLOTS.index(slot)] = 1.0  # type: ignore[arg-type,unused-ignore]
+        if slot in SLOTS:
+            out[i, dim + SLOTS.index(slot)] = 1.0
+        elif slot_buckets:
+            out[i, dim + 2 + slot_index(slot, slot_buckets)] = 1.0  # index 3 + b: after sin/cos
         angle = 2 * math.pi * hour / 24
         out[i, dim + len(SLOTS)] = math.sin(angle)
         out[i, dim + len(SLOTS) + 1] = math.cos(angle)
@@ -164,6 +192,7 @@ def tower_batch(
             [e.slot for e in examples],
             [e.hour for e in examples],
             c.state_dim,
+            c.slot_buckets,
         ),
         ad_ids(
             [e.category for e in examples],
@@ -243,7 +272,8 @@ def load_two_tower(directory: Path | str) -> tuple[TwoTower, str]:
         raise ModelError(f"no two-tower checkpoint at {path}") from None
     if meta.get("format") != FORMAT:
         raise ModelError(f"{path}: field 'format' must be {FORMAT!r} (got {meta.get('format')!r})")
-    model = TwoTower(TwoTowerConfig(**meta["config"]))
+    # saved before slots were configurable: the three default slots' columns only
+    model = TwoTower(TwoTowerConfig(**{"slot_buckets": 0, **meta["config"]}))
     try:
         model.load_state_dict(load_file(str(path / "two_tower.safetensors")))
     except (FileNotFoundError, RuntimeError) as exc:

@@ -25,9 +25,39 @@ function fillForm(win) {
   const asked = new URLSearchParams(window.location.search);
   for (const [name, value] of Object.entries(win)) {
     const input = form.elements.namedItem(name);
-    if (input && !asked.get(name)) input.placeholder = String(value === "" ? "latest" : value);
-    if (input && asked.get(name)) input.value = asked.get(name);
+    if (!input) continue;
+    if (input.tagName === "SELECT") { input.value = String(value); continue; }
+    const none = name === "run" ? "latest" : "all";
+    if (!asked.get(name)) input.placeholder = String(value === "" ? none : value);
+    if (asked.get(name)) input.value = asked.get(name);
   }
+  // the advertiser view's filters only show in that view
+  for (const el of document.querySelectorAll(".advertiser-only")) el.hidden = win.view !== "advertiser";
+}
+
+// The advertisers and campaigns the filters can choose from (the rollups'), as input suggestions.
+async function fillChoices(win) {
+  if (win.view !== "advertiser") return;
+  let body;
+  try {
+    const response = await fetch("api/filters");
+    if (!response.ok) return;
+    body = await response.json();
+  } catch (err) {
+    return;  // suggestions only: the view works without them
+  }
+  const chosen = (win.advertiser || "").split(",").filter((a) => a);
+  const options = (id, values) => {
+    const list = document.getElementById(id);
+    for (const v of values) {
+      const option = document.createElement("option");
+      option.value = v;
+      list.appendChild(option);
+    }
+  };
+  options("advertisers", Object.keys(body.advertisers));
+  options("campaigns", Object.entries(body.advertisers)
+    .filter(([a]) => chosen.length === 0 || chosen.includes(a)).flatMap(([, cs]) => cs));
 }
 
 async function load() {
@@ -55,6 +85,7 @@ async function load() {
     return;
   }
   fillForm(body.window);
+  await fillChoices(body.window);
   if (body.panels.some((p) => p.figure)) {
     try {
       await loadPlotly();

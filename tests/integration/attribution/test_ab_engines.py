@@ -47,7 +47,8 @@ def _dt(t: int) -> datetime:
 
 def market(seed: int = 3, n_users: int = 240) -> dict[str, list[tuple[Any, ...]]]:
     """Raw rows: users in arms (every 8th user in none), requests of 1–3 positions over three
-    hours, ε-greedy propensities, a clicked ad's price as revenue, some holdout rows."""
+    hours, ε-greedy propensities, some holdout rows; no bid types, so every served ad's price is
+    revenue (`schemas.billing`: an impression from before bid types costs its price when served)."""
     rng = np.random.default_rng(seed)
     imps: list[tuple[Any, ...]] = []
     clicks: list[tuple[Any, ...]] = []
@@ -88,7 +89,7 @@ def expected_users(rows: dict[str, list[tuple[Any, ...]]]) -> dict[str, dict[str
         a[0].add((request, row[8], int(row[1].timestamp()) // 3600))
         a[1] += 1
         a[2] += eid in clicked
-        a[3] += price if eid in clicked else 0.0
+        a[3] += price  # served (no bid type): clicked or not
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for (arm, _user), a in sorted(acc.items()):
         for name, v in zip(

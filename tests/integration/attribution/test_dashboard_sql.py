@@ -130,9 +130,11 @@ def seed_ab_rollup(backend: Backend, rows: dict[tuple[str, tuple[str, ...]], lis
 
 def store_run(backend: Backend, since: int, until: int, bootstrap: int = 30) -> str:
     """An attribution run over the slots (four models, bootstrap CIs), made and stored by
-    attribution.runs as `adstream attribution` does; its id."""
+    attribution.runs as `adstream attribution` does, with the hourly rollups of its range
+    refreshed (the spend panels read them); its id."""
     from attribution.models import ModelConfig
     from attribution.paths import Window
+    from attribution.rollups import refresh_rollups
     from attribution.runs import run_attribution
     from attribution.runs import store_run as store
 
@@ -146,6 +148,7 @@ def store_run(backend: Backend, since: int, until: int, bootstrap: int = 30) -> 
         config=ModelConfig(seed=1, bootstrap=bootstrap),
     )
     store(backend, run)
+    refresh_rollups(backend, since, until)
     return run.run_id
 
 
@@ -319,6 +322,8 @@ def test_counts_ctr_and_spend_match_the_events(
         assert {(s, c): (n, k) for s, c, n, k in ctr_rows} == {
             (s, c): (expect[(s, c, "i")], expect[(s, c, "c")]) for s, c, kind in expect if kind == "i"
         }, name
+        # the seeded market names no bid type: billed as before billing, its price when served
+        assert all(i["bid_type"] is None for i in imps)
         spend = sum(s for _, s in backend.execute(q.SPEND_OVER_TIME, window.params))
         assert math.isclose(spend, sum(i["price"] for i in imps), rel_tol=1e-9), name
 

@@ -49,7 +49,9 @@ def backend(request: pytest.FixtureRequest, stack: Settings) -> Iterator[Backend
     client.disconnect()
 
 
-def _impression(i: int, t: int, slot: str, campaign: str = "c1") -> tuple[Any, ...]:
+def _impression(
+    i: int, t: int, slot: str, campaign: str = "c1", render: str | None = None
+) -> tuple[Any, ...]:
     """The sink's row of an impression (`streams.sink.row_of`): the table's columns as the
     migrations leave them, so a column a migration adds needs no edit here (hand-listed tuples
     broke at migrations 004 and 007)."""
@@ -60,7 +62,7 @@ def _impression(i: int, t: int, slot: str, campaign: str = "c1") -> tuple[Any, .
 
     imp = Impression(event_id=f"i{i}", ts=datetime.fromtimestamp(t, UTC), user_id="u1", request_id=f"r{i}",
                      ad_id=f"{campaign}_ad", campaign_id=campaign, advertiser_id="adv1", slot=slot,  # type: ignore[arg-type]
-                     position=0, price=0.5, pctr=0.1, model_version="ranker-1")  # fmt: skip
+                     position=0, price=0.5, pctr=0.1, model_version="ranker-1", render=render)  # fmt: skip
     return row_of(imp, 0, i)[1]
 
 
@@ -93,6 +95,33 @@ def test_a_twice_clicked_impression_is_one_click_touch_at_its_first_click(backen
     assert touches == [("feed", VIEW, 3.0), ("feed", CLICK, 2.0), ("search", VIEW, 1.0)]
 
 
+def test_views_are_shown_impressions_at_their_render_beacon(backend: Backend) -> None:
+    """A client-rendered impression is a view only once its render beacon is in `views` (at the
+    beacon's time); one never shown is no touch; a server-rendered one is a view when served."""
+    from schemas.events import View
+    from streams.sink import COLUMNS, row_of
+
+    _insert(
+        backend,
+        [
+            _impression(1, T0, "feed", render="client"),  # shown 30 min later
+            _impression(2, T0 + H, "feed", render="client"),  # served, never shown
+            _impression(3, T0 + 2 * H, "search", render="server"),
+        ],
+        [],
+        [("v1", T0 + 4 * H, (T0 + 4 * H) * 1000, "u1", "c1", "adv1", 10.0, None, 0, 200)],
+    )
+    from datetime import UTC, datetime
+
+    view = View(event_id="b1", ts=datetime.fromtimestamp(T0 + H // 2, UTC), user_id="u1", impression_id="i1",
+                ad_id="c1_ad")  # fmt: skip
+    table, cols = COLUMNS[View]
+    backend.insert(table, (*cols, "kafka_partition", "kafka_offset"), [row_of(view, 0, 7)[1]])
+    p = build_paths(backend, "slot", T0 - H, T0 + 10 * H, Window()).paths
+    touches = [(p.channels[c], int(k), a / H) for c, k, a in zip(p.channel, p.kind, p.age_s, strict=True)]
+    assert touches == [("feed", VIEW, 3.0), ("search", VIEW, 2.0)]  # ages in whole hours
+
+
 def test_no_events_is_an_empty_path_table_not_an_error_here(backend: Backend) -> None:
     built = build_paths(backend, "campaign", T0, T0 + H, Window())
     assert built.paths.n == 0 and built.conversions_in_range == 0
@@ -113,3 +142,33 @@ def test_channels_are_named_at_each_granularity(backend: Backend, by: str) -> No
         "slot_campaign": ("c1:feed", "c2:search"),
     }
     assert p.channels == expected[by]
+
+
+def test_a_range_without_views_builds_the_same_paths_without_the_views_join(backend: Backend) -> None:
+    """No render beacon in range: `build_paths` leaves the views join out (it cost a quarter of
+    the path build), and the paths are those of the query with it (a client-rendered impression
+    is unshown either way)."""
+    import numpy as np
+
+    from attribution.paths import flat_paths_query, path_params
+
+    _insert(
+        backend,
+        [
+            _impression(1, T0, "feed", render="client"),  # never shown: no view in range
+            _impression(2, T0 + H, "search", render="server"),
+            _impression(3, T0 + 2 * H, "feed"),  # from before render beacons: shown when served
+        ],
+        [("k1", T0 + 3 * H, (T0 + 3 * H) * 1000, "u1", "i2", "c1_ad", "c1", 0, 9)],
+        [("v1", T0 + 4 * H, (T0 + 4 * H) * 1000, "u1", "c1", "adv1", 10.0, None, 0, 200)],
+    )
+    params = path_params(T0 - H, T0 + 10 * H, Window())
+    with_join = backend.execute_columns(flat_paths_query("slot", views=True), params)
+    without = backend.execute_columns(flat_paths_query("slot", views=False), params)
+    assert len(with_join[0]) == 3  # search view, feed view, search click
+    for a, b in zip(with_join, without, strict=True):
+        assert np.array_equal(a, b)
+    p = build_paths(backend, "slot", T0 - H, T0 + 10 * H, Window()).paths
+    assert [(p.channels[c], int(k)) for c, k in zip(p.channel, p.kind, strict=True)] == [
+        ("search", VIEW), ("feed", VIEW), ("search", CLICK),
+    ]  # fmt: skip

@@ -92,6 +92,8 @@ def test_rows_split_by_user_and_none_lost(cluster: dict[str, Any]) -> None:
     local: LocalCluster = cluster["local"]
     assert len(local.shards) == 2
     for table in USER_TABLES:
+        if table not in cluster["produced"]:  # the market's history has none (`views`)
+            continue
         single = cluster["single"].execute(f"SELECT count() FROM {table}")[0][0]
         per_shard = [c.execute(f"SELECT count() FROM {table}")[0][0] for c in cluster["shards"]]
         through = cluster["router"].execute(f"SELECT count() FROM {table}")[0][0]

@@ -40,7 +40,7 @@ def test_a_mixed_batch_is_answered_per_event_and_produced_once(
     with AdstreamClient(str(server.base_url), retry=ONCE) as client:
         resp = client.ads(user, slot="feed", k=3)
         assert len(resp.ads) == 3
-        click, view = click_for(resp, 0, user), view_for(resp, 1, user, 1500)
+        click, view = click_for(resp, 0, user), view_for(resp, 1, user)
         stolen = click_for(resp, 2, user).model_copy(update={"user_id": "u-thief", "event_id": f"x-{user}"})
         unsigned = Impression(
             event_id=f"imp-{user}", ts=now, user_id=user, request_id="r-pub", ad_id="ad0001",
@@ -62,7 +62,7 @@ def test_a_mixed_batch_is_answered_per_event_and_produced_once(
     assert (
         read_by_id(serve_settings, topics.CLICKS, [click.event_id, stolen.event_id]) == [click.event_id] * 2
     )
-    assert read_by_id(serve_settings, topics.DWELL, [view.event_id]) == [view.event_id]
+    assert read_by_id(serve_settings, topics.VIEWS, [view.event_id]) == [view.event_id]
     assert read_by_id(serve_settings, topics.CONVERSIONS, [conv.event_id]) == [conv.event_id]
     assert read_by_id(serve_settings, topics.IMPRESSIONS, [unsigned.event_id], idle_s=1.0) == []
     after = samples(server)
@@ -146,7 +146,7 @@ def test_standalone_collector_keys_and_rate_limit(server: httpx.Client, collecto
     user = f"u-col-s-{uuid.uuid4().hex[:8]}"
     with AdstreamClient(str(server.base_url), retry=ONCE) as ads:
         resp = ads.ads(user, slot="feed", k=3)
-    events = [click_for(resp, i, user) for i in range(3)] + [view_for(resp, i, user, 1000) for i in range(2)]
+    events = [click_for(resp, i, user) for i in range(3)] + [view_for(resp, i, user) for i in range(2)]
     base = str(collector.base_url)
     for key in (None, "not-a-key"):
         with AdstreamClient(base, api_key=key, retry=ONCE) as c, pytest.raises(AdstreamHTTPError) as info:

@@ -1,7 +1,8 @@
 """The web snippet (`GET /adstream.js`) in headless Chromium against the real Serve app, broker,
 streams worker and ClickHouse: a publisher page on another origin (CORS) shows the ads; an ad in
 view sends one view, an ad below the fold none until scrolled to; two clicks send one click; each
-reaches ClickHouse once."""
+reaches ClickHouse once (the view as the render beacon that makes the served ad an impression, in
+`views`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import http.server
 import json
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +63,9 @@ def worker(serve_settings: Settings, tmp_path: Path) -> Iterator[Worker]:
             "sink": serve_settings.sink.model_copy(update={"flush_s": 0.3}),
         }
     )
+    from attribution.migrate import migrate
+
+    migrate(s)  # the worker migrates too, as it starts: the tables are there before it is up
     w = Worker(s, tmp_path / "worker.log", "aiokafka")
     w.start()
     try:
@@ -112,6 +117,20 @@ def counts(s: Settings, table: str, ids: list[str]) -> dict[str, int]:
     return {str(e): int(n) for e, n in rows}
 
 
+def spend_today(s: Settings) -> dict[str, float]:
+    """The day's billed spend per campaign (`schemas.billing`) in Redis."""
+    import redis
+
+    from schemas.billing import day_of, spend_key
+
+    r = redis.Redis.from_url(s.redis.url)
+    try:
+        raw = r.hgetall(spend_key(s.redis_prefix, day_of(time.time())))
+    finally:
+        r.close()
+    return {k.decode(): float(v) for k, v in raw.items()}
+
+
 def test_snippet_shows_ads_and_its_view_and_click_reach_clickhouse_once(
     server: httpx.Client, serve_settings: Settings, worker: Worker
 ) -> None:
@@ -139,26 +158,30 @@ def test_snippet_shows_ads_and_its_view_and_click_reach_clickhouse_once(
             iids = [f"{resp['request_id']}/{i}" for i in range(2)]
             assert shown.nth(0).inner_text() == resp["ads"][0]["ad_id"]
 
-            page.wait_for_function("window.beacons.filter(b => b.kind === 'dwell').length >= 1")
+            page.wait_for_function("window.beacons.filter(b => b.kind === 'view').length >= 1")
             shown.nth(0).click()
             shown.nth(0).click()  # a second click on the same ad: no second beacon
             page.wait_for_function("window.beacons.filter(b => b.kind === 'click').length >= 1")
             # the first ad was viewed and clicked; the second, below the fold, not viewed yet
-            assert beacons(page, "dwell") == [{"kind": "dwell", "id": f"v/{iids[0]}", "status": 200}]
+            assert beacons(page, "view") == [{"kind": "view", "id": f"v/{iids[0]}", "status": 200}]
             assert beacons(page, "click") == [{"kind": "click", "id": f"c/{iids[0]}", "status": 200}]
             shown.nth(1).scroll_into_view_if_needed()
-            page.wait_for_function("window.beacons.filter(b => b.kind === 'dwell').length >= 2")
-            assert [b["id"] for b in beacons(page, "dwell")] == [f"v/{i}" for i in iids]
+            page.wait_for_function("window.beacons.filter(b => b.kind === 'view').length >= 2")
+            assert [b["id"] for b in beacons(page, "view")] == [f"v/{i}" for i in iids]
             assert len(beacons(page, "click")) == 1
         finally:
             browser.close()
 
     views, clicks = [f"v/{i}" for i in iids], [f"c/{iids[0]}"]
     wait_for(
-        lambda: len(counts(serve_settings, "dwell", views)) == 2 and counts(serve_settings, "clicks", clicks),
+        lambda: len(counts(serve_settings, "views", views)) == 2 and counts(serve_settings, "clicks", clicks),
         120,
         "the view and click events in ClickHouse",
         worker,
     )
-    assert counts(serve_settings, "dwell", views) == dict.fromkeys(views, 1)
+    assert counts(serve_settings, "views", views) == dict.fromkeys(views, 1)
     assert counts(serve_settings, "clicks", clicks) == dict.fromkeys(clicks, 1)
+    # billed when the worker committed: the clicked ad's campaign (CPC, the default) pays the
+    # ad's price for its click (other tests of the session may have clicked its ads too)
+    clicked = resp["ads"][0]
+    assert spend_today(serve_settings).get(clicked["campaign_id"], 0.0) >= clicked["price"] - 1e-9

@@ -58,15 +58,18 @@ class ChdbClient:
     INSERT = re.compile(r"INSERT INTO (\w+) \((.*)\) VALUES")
 
     def __init__(self, constraints: tuple[str, ...] = ()) -> None:
-        from attribution.migrate import migration_files, statements
+        from attribution.migrate import apply_migrations
+        from attribution.sql import ChdbBackend
 
         self.db = f"rel_{uuid.uuid4().hex[:8]}"
         self.sess = _chdb()
         self.sess.query(f"CREATE DATABASE {self.db}")
         self.sess.query(f"USE {self.db}")
-        for path in migration_files():  # the raw tables as every migration leaves them
-            for stmt in statements(path.read_text()):
-                self.sess.query(stmt)
+        # the raw tables as every migration leaves them, applied as `adstream migrate` applies
+        # them (its own `REBUILD TABLE` statement included), on the process's one session
+        backend = ChdbBackend.__new__(ChdbBackend)
+        backend.session, backend.database = self.sess, self.db
+        apply_migrations(backend)
         for c in constraints:
             self.sess.query(c)
 

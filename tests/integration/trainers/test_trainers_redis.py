@@ -68,7 +68,8 @@ def _closed_port() -> int:
 class FlakyRedis:
     """The real client, except that the next `plan[op]` calls of `op` go to a client of a dead port.
 
-    ops: `hset`, `hgetall`, `get`, `pipeline` (plain, the store's reads), `multi` (MULTI/EXEC writes).
+    ops: `hset`, `hgetall`, `get`, `pipeline` (plain, the store's reads), `multi` (MULTI/EXEC writes),
+    `mget` (the per-user corrections, `trainers.corrections`).
     """
 
     def __init__(self, url: str, plan: dict[str, int], dead_port: int | None = None) -> None:
@@ -92,6 +93,9 @@ class FlakyRedis:
 
     def get(self, *a: Any, **kw: Any) -> Any:
         return self._pick("get").get(*a, **kw)
+
+    def mget(self, *a: Any, **kw: Any) -> Any:
+        return self._pick("mget").mget(*a, **kw)
 
     def pipeline(self, transaction: bool = True) -> Any:
         return self._pick("multi" if transaction else "pipeline").pipeline(transaction=transaction)
@@ -307,6 +311,20 @@ def test_trainer_rides_out_redis_errors(deployment: Settings, redis_client: Any)
         assert all(torch.equal(states[aid].tensors[k], full[k]) for k in full)
     committed = asyncio.run(_committed(s))
     assert committed == {p: o + 1 for p, o in _redis_offsets(redis_client, s).items()}
+
+
+@pytest.mark.kafka
+def test_a_failed_corrections_read_learns_without_them(deployment: Settings) -> None:
+    """The per-user corrections (`online.correction_offset`) are read once per micro-batch; when
+    Redis does not answer that read, the step learns without them instead of stalling."""
+    s = deployment
+    skipped = _metric("adstream_trainers_redis_errors_total", op="corrections", outcome="skipped")
+    asyncio.run(_produce(s, _examples(300, seed=13)))
+    svc, flaky = _flaky_service(s, {"mget": 2})
+    asyncio.run(_go(svc, 300))
+    assert flaky.failed == {"mget": 2}
+    assert svc.learned == 300 and svc.failure is None
+    assert _metric("adstream_trainers_redis_errors_total", op="corrections", outcome="skipped") == skipped + 2
 
 
 @pytest.mark.kafka

@@ -20,7 +20,7 @@ from schemas.topics import topic_name
 
 pytestmark = pytest.mark.kafka
 runner = CliRunner()
-BASES = ("ad.catalog", "ad.impressions", "ad.clicks", "ad.dwell", "ad.conversions")
+BASES = ("ad.catalog", "ad.campaigns", "ad.impressions", "ad.clicks", "ad.dwell", "ad.conversions")
 
 
 async def _read_back(
@@ -63,12 +63,14 @@ def _env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
     monkeypatch.setenv("ADSTREAM_KAFKA__BOOTSTRAP", settings.kafka.bootstrap)
 
 
+# with CPM campaigns the stream starts with the campaign entries, which go to ad.campaigns
+@pytest.mark.parametrize("extra", [[], ["--cpm-share", "0.5"]], ids=["cpc", "cpm"])
 def test_simulate_to_kafka_delivers_exactly_the_file_stream(
-    own_topics: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    own_topics: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, extra: list[str]
 ) -> None:
     settings = own_topics
     _env(monkeypatch, settings)
-    args = ["simulate", "--users", "200", "--ads", "40", "--events", "5000", "--seed", "21"]
+    args = ["simulate", "--users", "200", "--ads", "40", "--events", "5000", "--seed", "21", *extra]
     out = tmp_path / "sim.jsonl"
     assert runner.invoke(app, [*args, "--out", str(out)]).exit_code == 0
     result = runner.invoke(app, [*args, "--kafka", "--pace", "20000"])
@@ -79,6 +81,7 @@ def test_simulate_to_kafka_delivers_exactly_the_file_stream(
         expected.append((topic_of(msg), key_of(msg), line))
     got = asyncio.run(_read_back(settings, len(expected)))
     assert Counter(got) == Counter(expected)
+    assert ("ad.campaigns" in {t for t, _, _ in got}) == bool(extra)
     # per user and topic the broker keeps the simulator's time order (one partition per key)
     by_key: dict[tuple[str, bytes], list[bytes]] = {}
     for topic, key, value in got:

@@ -116,7 +116,7 @@ def test_arm_without_traffic_is_named(method: str) -> None:
 def test_zero_denominators_are_named() -> None:
     no_imps = ArmData.of("correction", [3, 1], [0, 0], [0, 0], [0, 0])
     with pytest.raises(
-        EstimationError, match="arm 'correction': ctr is undefined, the arm has no impressions"
+        EstimationError, match="arm 'correction': ctr is undefined, the arm has no shown impressions"
     ):
         arm_metrics(no_imps, "delta")
     no_clicks = ArmData.of("control", [1], [5], [0], [0])
@@ -162,3 +162,18 @@ def test_intervals_cover_the_truth_near_the_nominal_rate(method: str, trials: in
     # a correct 95 % interval lands in [0.89, 0.99] over these trials with near certainty
     assert 0.89 <= hits_ctr / trials <= 0.99, hits_ctr
     assert 0.89 <= hits_lift / trials <= 0.99, hits_lift
+
+
+def test_ctr_is_clicks_over_shown_impressions() -> None:
+    """CTR's denominator is the shown impressions (schemas.billing); without a shown count every
+    impression is shown. A click whose render beacon was lost may leave a user with more clicks
+    than shown impressions; more shown than served is refused, naming the user."""
+    served_only = ArmData.of("learning", [2, 2], [10, 10], [2, 1], [0, 0])
+    shown = ArmData.of("learning", [2, 2], [10, 10], [2, 1], [0, 0], shown=[4, 2])
+    assert ratio(served_only, "ctr") == pytest.approx(3 / 20)
+    assert ratio(shown, "ctr") == pytest.approx(3 / 6)
+    assert arm_metrics(shown, "delta").impressions.value == 20.0  # impressions stay served
+    lost_beacon = ArmData.of("learning", [1], [3], [2], [0], shown=[1])
+    assert ratio(lost_beacon, "ctr") == 2.0
+    with pytest.raises(EstimationError, match="arm 'learning': user 1 has more shown than served"):
+        ArmData.of("learning", [1, 1], [3, 3], [0, 0], [0, 0], shown=[3, 4])

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from attribution.dashboard import panels
 from attribution.dashboard.app import STATIC, create_app, plotly_js
 from attribution.migrate import apply_migrations
+from attribution.rollups import refresh_rollups
 from attribution.sql import ChdbBackend
 from schemas.settings import Settings
 
@@ -72,6 +73,8 @@ def _seed(backend: SharedChdb) -> None:
         ),
         clicks,
     )
+    # the spend panels read the hourly rollups (the scheduler refreshes them)
+    refresh_rollups(backend, T0, T0 + 3600)
 
 
 def test_page_and_assets_are_served_locally(backend: SharedChdb) -> None:

@@ -86,7 +86,8 @@ def test_share_ctr_and_wilson_interval_by_hand(backend: ChdbBackend) -> None:
     assert bars["x"] == [["A", "A", "B"], ["a", "b", "x"]]
     assert bars["y"] == pytest.approx([10.0, 0.0, 100.0])
     assert shares["y"] == pytest.approx([75.0, 25.0, 100.0])
-    assert [c[:2] for c in bars["customdata"]] == [[30, 3], [10, 0], [5, 5]]
+    # served, shown (these say nothing of rendering: shown when served), clicks
+    assert [c[:3] for c in bars["customdata"]] == [[30, 30, 3], [10, 10, 0], [5, 5, 5]]
     for (n, k), y, up, down in zip(
         [(30, 3), (10, 0), (5, 5)],
         bars["y"],
@@ -137,8 +138,8 @@ def test_grafana_table_is_the_panels_statement(backend: ChdbBackend) -> None:
         .replace("$__fromTime", f"toDateTime({H})")
     )
     rows = backend.execute(expanded)
-    assert [(r[0], r[1], int(r[2]), int(r[3])) for r in rows] == [
-        ("A", "a", 30, 3),
-        ("A", "b", 10, 0),
-        ("B", "x", 5, 5),
+    assert [(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in rows] == [
+        ("A", "a", 30, 30, 3),
+        ("A", "b", 10, 10, 0),
+        ("B", "x", 5, 5, 5),
     ]

@@ -18,6 +18,7 @@ from attribution.mmm import (
     L_MAX,
     MmmData,
     daily_data,
+    equalise_marginal,
     fit_mmm,
     lift_tests,
     lognormal_prior,
@@ -160,6 +161,20 @@ def test_budget_moves_keep_the_budget_within_bounds_with_an_interval(quick_fit: 
     assert plan.gain["mean"] >= -1e-9
     body = plan.to_dict()
     assert [c["channel"] for c in body["channels"]] == ["a", "b", "c", "d"]  # type: ignore[index]
+
+
+def test_budget_moves_fund_the_best_return_first_when_curves_are_linear() -> None:
+    # returns 3, 2 and 1 a unit of spend, each within ±50 % of 10: the best takes its top, the worst
+    # its floor, the middle one the rest (the grid's leftover used to be spread over every channel
+    # with room: [15, 7.5, 7.5], funding the worst)
+    spend = np.array([10.0, 10.0, 10.0])
+    new = equalise_marginal(0.5 * spend, 1.5 * spend, 30.0, lambda g: g * np.array([3.0, 2.0, 1.0]))
+    assert new == pytest.approx([15.0, 10.0, 5.0])
+    # concave curves: equal marginal returns inside the bounds (√s has marginal 1 / (2√s))
+    new = equalise_marginal(
+        np.array([1.0, 1.0]), np.array([30.0, 30.0]), 20.0, lambda g: np.sqrt(g) * np.array([1.0, 2.0])
+    )
+    assert new == pytest.approx([4.0, 16.0], rel=0.02)
 
 
 def test_meridian_export(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_valid_impression_parses_with_aware_ts() -> None:
         ({"price": -0.01}, "price"),
         ({"position": -1}, "position"),
         ({"position": "3"}, "position"),
-        ({"slot": "banner"}, "slot"),
+        ({"slot": "Banner ad"}, "slot"),  # a slot is a lowercase identifier
         ({"ts": "2026-11-29T12:00:00"}, "ts"),
         ({"ts": "yesterday"}, "ts"),
         ({"user_id": ""}, "user_id"),

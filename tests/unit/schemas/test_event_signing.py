@@ -54,6 +54,8 @@ TAMPERED = [
         ("model_version", None), ("model_version", "ranker-v4"), ("adapter_version", None),
         ("variant_id", "zh-h0b1c0"), ("variant_propensity", 0.25),
         ("ab_arm", "control"), ("propensity", 0.125), ("explored", True), ("explored", False),
+        ("bid_type", "cpm"), ("bid_type", "cpc"), ("render", "server"), ("render", "client"),
+        ("query_match", 0.5), ("query_match", 0.0), ("query_match", -0.25),
 ]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ class Example:
     user_vector = tuple(0.1 * i for i in range(DIM))
     intent_score = 1.25
     recall_score = None  # the join never has one: impressions do not record it
+    query_match = 0.625  # the impression's, as served (`Impression.query_match`)
     ad_id, advertiser_id, campaign_id, category = "a1", "v1", "c1", "shoes"
     slot, position, hour, click = "search", 0, 13, True
 
@@ -37,6 +38,8 @@ def test_serving_features_equal_the_training_features_of_the_same_impression() -
         Example.slot,
         Example.hour,
         DIM,
+        query_features=cfg.query_features,
+        query_match=np.asarray([Example.query_match], dtype=np.float32),
     )
     torch.testing.assert_close(served.dense, trained.dense)
     torch.testing.assert_close(served.ids, trained.ids)

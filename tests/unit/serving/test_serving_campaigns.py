@@ -61,7 +61,7 @@ def test_campaign_is_on_its_own_topic_and_kind() -> None:
         ({"targeting": {"geo": ["US", "US"]}}, "twice"),
         ({"targeting": {"devices": ["phone"]}}, "devices"),
         ({"targeting": {"segments": ["x"]}}, "segments"),
-        ({"bid_type": "cpm"}, "bid_type"),
+        ({"bid_type": "cpa"}, "bid_type"),
     ],
 )
 def test_bad_campaigns_are_refused_naming_the_field(change: dict[str, object], field: str) -> None:

@@ -43,7 +43,7 @@ def _input(rows: torch.Tensor, seed: int) -> RankInput:
     g = torch.Generator().manual_seed(seed)
     n = rows.shape[0]
     ids = torch.stack([torch.randint(0, s, (n,), generator=g) for s in CFG.table_sizes.values()], 1)
-    return RankInput(torch.randn(n, CFG.state_dim + 3, generator=g), ids, rows)
+    return RankInput(torch.randn(n, CFG.dense_dim, generator=g), ids, rows)
 
 
 def test_slot_adapters_are_folded_and_score_as_the_banked_path() -> None:

@@ -22,7 +22,7 @@ def test_events_route_documents_every_status_and_its_security() -> None:
     # self-contained: no reference into a model's own `$defs` (they would point at the root)
     assert "#/$defs/" not in json.dumps(doc)
     kinds = {b["properties"]["kind"]["const"] for b in _batch_items(op)}
-    assert kinds == {"impression", "click", "dwell", "conversion", "touch"}
+    assert kinds == {"impression", "view", "click", "dwell", "conversion", "touch"}
 
 
 def _batch_items(op: dict) -> list[dict]:  # type: ignore[type-arg]

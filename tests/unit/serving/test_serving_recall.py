@@ -67,6 +67,7 @@ def test_rank_features_match_trainers_featurize() -> None:
         "search",
         7,
         16,
+        query_features=CFG.query_features,  # no query: the columns say absent
     )
 
     class Ex:

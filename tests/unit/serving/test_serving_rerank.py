@@ -101,3 +101,95 @@ def test_lazy_diversify_picks_what_the_array_loop_picks(
     lazy, arrays = _diversify_lazy(*args), _diversify_arrays(*args)
     assert lazy[0].tolist() == arrays[0].tolist()
     assert lazy[1].tolist() == arrays[1].tolist()
+
+
+# -- bid types: CPM bids per thousand shown, CPC per click ----------------------------------------
+FLAT = RerankSettings(
+    max_per_advertiser=5, category_decay=1.0, long_tail_boost=0.0, reserve_price=0.01, reserve_cpm=0.5
+)
+
+
+def test_ecpm_of_a_cpm_bid_is_bid_per_thousand_whatever_its_pctr() -> None:
+    cpm = np.array([False, True])
+    assert ecpm(np.array([0.02, 0.5]), np.array([1.0, 30.0]), cpm).tolist() == [0.02, 0.03]
+
+
+def test_mixed_auction_ranks_by_value_per_impression_and_prices_each_in_its_unit() -> None:
+    """Hand-computed: A CPC pCTR 0.02 bid 1.0/click (0.02 per impression), B CPM bid 30/mille
+    (0.03; its pCTR 0.5 plays no part), C CPC pCTR 0.1 bid 0.1 (0.01), D CPM bid 5 (0.005, pCTR
+    0.9). Order B, A, C; D is the runner-up. B pays per thousand the CPM that keeps 0.02:
+    0.02 × 1000 = 20; A per click 0.01 / 0.02 = 0.5; C per click 0.005 / 0.1 = 0.05."""
+    pctr = np.array([0.02, 0.5, 0.1, 0.9])
+    bid = np.array([1.0, 30.0, 0.1, 5.0])
+    cpm = np.array([False, True, False, True])
+    res = rerank(pctr, bid, np.arange(4), np.arange(4), np.ones(4), np.zeros(4), 3, FLAT, cpm)
+    assert res.order.tolist() == [1, 0, 2]
+    assert np.allclose(res.scores, [0.03, 0.02, 0.01])
+    assert np.allclose(res.prices, [20.0, 0.5, 0.05])
+    # what each winner is billed per impression (CPM price / 1000 when shown, CPC pCTR × price in
+    # expectation) is what keeps its rank: the next value, never above its own
+    per_imp = np.where(cpm[res.order], res.prices / 1000, pctr[res.order] * res.prices)
+    assert np.allclose(per_imp, [0.02, 0.01, 0.005])
+    # ranked as before (every bid per click: pCTR × bid), the CPM ads' pCTRs put both on top
+    old = rerank(pctr, bid, np.arange(4), np.arange(4), np.ones(4), np.zeros(4), 3, FLAT)
+    assert old.order.tolist() == [1, 3, 0]
+
+
+def test_a_cpc_ad_outbidding_a_cpm_ad_pays_per_click_what_the_cpm_bid_is_worth() -> None:
+    """CPC pCTR 0.05 bid 2 (0.1 per impression) over CPM bid 40 (0.04): the CPC ad pays
+    0.04 / 0.05 = 0.8 per click; the CPM ad, last with nothing below, pays its floor 0.5 per
+    thousand (reserve_cpm), a CPC ad alone pays reserve_price."""
+    res = rerank(np.array([0.05, 0.2]), np.array([2.0, 40.0]), np.arange(2), np.arange(2),
+                 np.ones(2), np.zeros(2), 2, FLAT, np.array([False, True]))  # fmt: skip
+    assert res.order.tolist() == [0, 1]
+    assert np.allclose(res.prices, [0.8, 0.5])
+    alone = rerank(np.array([0.05]), np.array([2.0]), np.arange(1), np.arange(1), np.ones(1), np.zeros(1),
+                   1, FLAT, np.array([False]))  # fmt: skip
+    assert np.allclose(alone.prices, [0.01])
+
+
+def test_a_cpm_price_is_capped_at_its_bid_and_pacing_scales_its_value() -> None:
+    """CPM bid 0.3/mille under a 0.5 floor pays its bid; a CPM ad at pacing 0.5 (bid 60: 0.03
+    effective) loses to CPC 0.02 × 2 = 0.04, which pays 0.03 / 0.02 = 1.5 per click, and the
+    paced CPM ad pays, against the runner-up 0.01, 0.01 / (0.5 / 1000) = 20 per thousand."""
+    capped = rerank(np.array([0.1]), np.array([0.3]), np.arange(1), np.arange(1), np.ones(1), np.zeros(1),
+                    1, FLAT, np.array([True]))  # fmt: skip
+    assert np.allclose(capped.prices, [0.3])
+    pctr, bid = np.array([0.1, 0.02, 0.1]), np.array([60.0, 2.0, 0.1])
+    cpm, pacing = np.array([True, False, False]), np.array([0.5, 1.0, 1.0])
+    res = rerank(pctr, bid, np.arange(3), np.arange(3), pacing, np.zeros(3), 2, FLAT, cpm)
+    assert res.order.tolist() == [1, 0]
+    assert np.allclose(res.prices, [1.5, 20.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 8), st.integers(0, 2**31))
+def test_all_cpc_bid_types_are_the_per_click_auction_bit_for_bit(n: int, k: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    args = (rng.uniform(0, 0.2, n), rng.uniform(0.1, 5, n), rng.integers(0, 5, n), rng.integers(0, 4, n),
+            np.where(rng.uniform(size=n) < 0.2, 0.0, rng.uniform(0.1, 1, n)),
+            rng.integers(0, 1000, n).astype(float), k, RerankSettings())  # fmt: skip
+    a, b = rerank(*args), rerank(*args, np.zeros(n, dtype=bool))
+    assert a.order.tolist() == b.order.tolist()
+    assert a.scores.tolist() == b.scores.tolist() and a.prices.tolist() == b.prices.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 8), st.integers(0, 2**31))
+def test_mixed_auction_contract(n: int, k: int, seed: int) -> None:
+    """Prices within [floor of the ad's unit, bid]; each winner's cost per impression (CPM:
+    price / 1000, CPC: pCTR × price) is at most its value per impression."""
+    rng = np.random.default_rng(seed)
+    cpm = rng.uniform(size=n) < 0.5
+    pctr = rng.uniform(0.001, 0.2, n)
+    bid = np.where(cpm, rng.uniform(0.1, 80, n), rng.uniform(0.1, 5, n))
+    p = RerankSettings(max_per_advertiser=2)
+    res = rerank(pctr, bid, rng.integers(0, 5, n), rng.integers(0, 4, n), rng.uniform(0.1, 1, n),
+                 rng.integers(0, 100, n).astype(float), k, p, cpm)  # fmt: skip
+    o = res.order
+    floor = np.where(cpm[o], p.reserve_cpm, p.reserve_price)
+    assert np.all(res.prices <= bid[o] + 1e-9) and np.all(res.prices >= np.minimum(floor, bid[o]) - 1e-9)
+    value = ecpm(pctr[o], bid[o], cpm[o])
+    cost = np.where(cpm[o], res.prices / 1000, pctr[o] * res.prices)
+    assert np.all(cost <= value + 1e-12)
+    assert np.all(np.diff(res.scores) <= 1e-12)

@@ -124,7 +124,7 @@ def test_serving_adds_the_users_bias_of_each_candidates_category_to_its_logit() 
     from serving.ranking import RankModel
 
     torch.manual_seed(0)
-    model = Ranker(RankerConfig(state_dim=DIM)).eval()
+    model = Ranker(RankerConfig(state_dim=DIM, query_features=False)).eval()  # build_input's default
     rank = RankModel(model, "v", Settings(state_dim=DIM), torch.device("cpu"))
     with torch.inference_mode():
         logit = model(plain.dense, plain.ids)

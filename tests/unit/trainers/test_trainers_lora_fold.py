@@ -39,7 +39,7 @@ def _features(n: int, slot: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     gen = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randint(0, s, (n,), generator=gen) for s in CFG.table_sizes.values()], 1)
     ids[:, 4] = slot
-    return torch.randn(n, CFG.state_dim + 3, generator=gen), ids
+    return torch.randn(n, CFG.dense_dim, generator=gen), ids
 
 
 def _random_state(

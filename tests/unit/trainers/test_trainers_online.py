@@ -12,6 +12,7 @@ from helpers_trainers import make_examples
 from schemas.delta import apply_delta, decode_delta, empty_state
 from schemas.errors import ConfigError
 from schemas.settings import LoraSettings, OnlineSettings
+from trainers.models.features import featurize
 from trainers.models.lora import AdapterBank
 from trainers.models.ranker import Ranker, RankerConfig
 from trainers.online import AdapterRun, OnlineTrainer, module_thresholds
@@ -121,6 +122,7 @@ def test_guard_resets_an_adapter_worse_than_base() -> None:
             embedding_lr=0.2,
             min_step_examples=16,
             reset_patience=2,
+            reset_patience_examples=128,  # two micro-batches of 64 (the default waits a window)
             reset_margin=0.0,
             min_guard_examples=100,
             min_guard_positives=5,
@@ -287,7 +289,7 @@ def test_the_guard_does_not_reset_on_a_difference_inside_its_noise() -> None:
     run = _guard_window(tr, 1 / (1 + np.exp(-online)), 1 / (1 + np.exp(-base)), y)
     assert run.online.auc() < run.base.auc() - 0.01  # the old rule's loss
     for _ in range(5):
-        tr._guard(run)
+        tr._guard(run, 1000)
     assert tr.counts["resets"] == 0
     assert run.paired is not None and run.paired[0] + 1.96 * run.paired[1] > -0.01
 
@@ -299,7 +301,76 @@ def test_the_guard_resets_on_a_significant_loss() -> None:
     online = y * 0.3 + rng.normal(size=2000)  # much worse on the same examples
     tr = _trainer(OnlineSettings(reset_patience=2, min_guard_examples=100, min_guard_positives=5))
     run = _guard_window(tr, 1 / (1 + np.exp(-online)), 1 / (1 + np.exp(-base)), y)
-    tr._guard(run)
+    tr._guard(run, 1000)
     assert tr.counts["resets"] == 0  # patience: one bad batch is not enough
-    tr._guard(run)
+    tr._guard(run, 1000)
     assert tr.counts["resets"] == 1
+
+
+def test_the_guard_waits_for_a_window_of_new_examples_not_a_count_of_small_steps() -> None:
+    """Steps of a few examples (the trainer's deadline) are not independent looks: the loss must
+    hold while `reset_patience_examples` new examples arrive, however many steps carry them."""
+    rng = np.random.default_rng(1)
+    y = (rng.random(2000) < 0.1).astype(int)
+    base = y * 2.0 + rng.normal(size=2000)
+    online = y * 0.3 + rng.normal(size=2000)  # significantly worse on the same examples
+    spec = OnlineSettings(reset_patience=20, min_guard_examples=100, min_guard_positives=5)
+    assert spec.reset_patience_examples == spec.progressive_window  # the default: one window
+    tr = _trainer(spec)
+    run = _guard_window(tr, 1 / (1 + np.exp(-online)), 1 / (1 + np.exp(-base)), y)
+    for _ in range(499):  # 499 steps of 4 examples: 1,996 examples, 20 steps many times over
+        tr._guard(run, 4)
+    assert tr.counts["resets"] == 0 and run.below == 499 and run.below_examples == 1996
+    tr._guard(run, 4)
+    assert tr.counts["resets"] == 1 and run.below == run.below_examples == 0
+
+
+def test_the_guard_starts_counting_again_when_the_loss_stops_being_significant() -> None:
+    rng = np.random.default_rng(1)
+    y = (rng.random(2000) < 0.1).astype(int)
+    base = y * 2.0 + rng.normal(size=2000)
+    tr = _trainer(OnlineSettings(reset_patience=1, min_guard_examples=100, min_guard_positives=5))
+    run = _guard_window(tr, 1 / (1 + np.exp(-(y * 0.3 + rng.normal(size=2000)))), 1 / (1 + np.exp(-base)), y)
+    tr._guard(run, 1500)
+    assert run.below_examples == 1500
+    run.online.extend(1 / (1 + np.exp(-base)), y)  # as good as the base again
+    tr._guard(run, 1)
+    assert run.below == run.below_examples == 0 and tr.counts["resets"] == 0
+
+
+def _logit(p: list[float]) -> np.ndarray:
+    q = np.clip(np.asarray(p), 1e-6, 1 - 1e-6)
+    return np.log(q / (1 - q))
+
+
+def test_an_offset_that_explains_the_clicks_leaves_the_adapter_at_the_base() -> None:
+    """The per-user correction as a fixed offset: clicks drawn at base + 1.5 teach an adapter
+    trained without it to shift the logit up (what the correction already serves); with the
+    offset, the adapter has nothing left to learn. Progressive validation still scores base +
+    adapter against the base (the offset is in the loss only)."""
+    exs = make_examples(3000, dim=8, seed=5)
+    shifts = {}
+    for mode in ("none", "offset"):
+        tr = _trainer(OnlineSettings(lr=0.01, embedding_lr=0.2, min_step_examples=32))
+        base = tr.bank.base_logits(featurize(exs, CFG)).detach().numpy()
+        rng = np.random.default_rng(0)
+        clicked = rng.random(len(exs)) < 1 / (1 + np.exp(-(base + 1.5)))
+        world = [e.model_copy(update={"click": bool(c)}) for e, c in zip(exs, clicked, strict=True)]
+        for i in range(0, len(world), 100):
+            chunk = world[i : i + 100]
+            tr.learn(chunk, corrections=np.full(len(chunk), 1.5) if mode == "offset" else None)
+        tr.flush()
+        assert tr.log is not None
+        late = slice(2000, None)  # after the adapter had 2,000 examples to learn from
+        shifts[mode] = float((_logit(tr.log.online[late]) - _logit(tr.log.base[late])).mean())
+    assert shifts["none"] > 0.5
+    assert abs(shifts["offset"]) < 0.15
+
+
+def test_corrections_must_match_the_examples() -> None:
+    tr = _trainer()
+    exs = make_examples(10, dim=8)
+    with pytest.raises(ValueError, match="corrections has 3 values for 10 examples"):
+        tr.learn(exs, corrections=np.zeros(3))
+    with pytest.raises(ValueError, match="corrections: not finite"):
+        tr.learn(exs, corrections=np.full(10, np.nan))

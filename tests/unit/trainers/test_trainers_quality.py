@@ -101,6 +101,9 @@ def _reference_row(ex: object, cfg: RankerConfig) -> tuple[list[float], list[int
     vec += [0.0] * (cfg.state_dim - len(vec))
     r = ex.recall_score  # type: ignore[attr-defined]
     dense = [*vec, ex.intent_score, 0.0 if r is None else r, float(r is not None)]  # type: ignore[attr-defined]
+    if cfg.query_features:
+        q = ex.query_match  # type: ignore[attr-defined]
+        dense += [0.0 if q is None else q, float(q is not None)]
     ids = [
         stable_bucket(ex.ad_id, cfg.ad_buckets, "ad"),  # type: ignore[attr-defined]
         stable_bucket(ex.advertiser_id, cfg.advertiser_buckets, "advertiser"),  # type: ignore[attr-defined]
@@ -118,6 +121,7 @@ def test_featurize_equals_the_row_by_row_definition() -> None:
     exs = make_examples(64, dim=8)
     exs[1] = exs[1].model_copy(update={"position": 10_000, "hour": 23, "recall_score": 0.25})
     exs[2] = exs[2].model_copy(update={"user_vector": []})
+    exs[3] = exs[3].model_copy(update={"query_match": -0.375})
     got = featurize(exs, cfg)
     assert got.label is not None
     for i, ex in enumerate(exs):
@@ -130,7 +134,7 @@ def test_featurize_equals_the_row_by_row_definition() -> None:
 @pytest.mark.parametrize(
     ("update", "message"),
     [
-        ({"slot": "sidebar"}, "field 'slot': unknown slot 'sidebar'"),
+        ({"slot": ""}, "field 'slot': must be a slot name (got '')"),  # other names hash (open slots)
         ({"hour": 24}, "field 'hour': must be 0 … 23 (got 24)"),
         ({"hour": 23.5}, "field 'hour': must be 0 … 23 (got 23.5)"),
         ({"position": -1}, "field 'position': must be >= 0 (got -1)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -21,7 +22,7 @@ CFG = RankerConfig(
 def test_featurize_shapes_and_labels() -> None:
     exs = make_examples(10, dim=8)
     batch = featurize(exs, CFG)
-    assert batch.dense.shape == (10, 8 + 3)
+    assert batch.dense.shape == (10, 8 + 3 + 2)  # + the query match and its flag
     assert batch.ids.shape == (10, 7)
     assert batch.label is not None and batch.label.tolist() == [float(e.click) for e in exs]
     # recall flag column says whether recall_score was present
@@ -51,12 +52,18 @@ def test_featurize_rejects_bad_slot_naming_field() -> None:
         intent_score = 0.0
         recall_score = None
         ad_id = advertiser_id = campaign_id = category = "x"
-        slot = "sidebar"
+        slot: object = 7
         position = 0
         hour = 3
 
-    with pytest.raises(SchemaError, match=r"field 'slot'.*sidebar"):
+    with pytest.raises(SchemaError, match=r"field 'slot'.*7"):
         featurize([Bad()], CFG)
+    # a configured slot beyond the defaults takes a hashed row after the fixed three (feed's row
+    # in a model without such rows)
+    Bad.slot = "sidebar"
+    wide = dataclasses.replace(CFG, slot_buckets=8)
+    assert 3 <= int(featurize([Bad()], wide).ids[0, 4]) < 3 + 8
+    assert int(featurize([Bad()], CFG).ids[0, 4]) == CFG.slot_buckets == 0
 
 
 def test_stable_bucket_is_process_independent() -> None:

@@ -21,7 +21,15 @@ from trainers.offline import TrainSpec
 from trainers.sequence_training import mean_gate, predict_with_sequences, train_tower_ranker
 from workloads import Market, MarketConfig
 
-SMALL = dict(state_dim=4, ad_buckets=64, advertiser_buckets=16, campaign_buckets=16, category_buckets=8)
+# without the query columns (issue 34): the dense input of 7 columns these pins were made with
+SMALL = dict(
+    state_dim=4,
+    ad_buckets=64,
+    advertiser_buckets=16,
+    campaign_buckets=16,
+    category_buckets=8,
+    query_features=False,
+)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -61,6 +69,10 @@ def test_flag_off_is_the_previous_model_bit_for_bit() -> None:
         -0.22970718145370483,
     ]
     assert torch.allclose(out, torch.tensor(expected), rtol=0, atol=1e-6)
+    torch.manual_seed(0)  # with hashed rows for more slots (issue 34), the defaults score as before
+    with_slots = Ranker(RankerConfig(**SMALL, deep_hidden=16, slot_buckets=8))  # type: ignore[arg-type]
+    with torch.no_grad():
+        assert torch.equal(with_slots(dense, ids), out)
     with pytest.raises(ModelError, match="without a user tower"):
         model(dense, ids, UserSequences.empty(5, 3))
 

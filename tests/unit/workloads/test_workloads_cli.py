@@ -76,3 +76,35 @@ def test_simulate_is_byte_identical_across_processes(tmp_path: Path) -> None:
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
         digests.append(out.read_bytes())
     assert digests[0] == digests[1] and len(digests[0]) > 0
+
+
+def test_simulate_with_cpm_campaigns_writes_how_each_campaign_pays(tmp_path: Path) -> None:
+    """`--cpm-share` (as `adstream demo --cpm-share`): the stream starts with the market's Campaign
+    entries (on `ad.campaigns` with --kafka; a catalog file holds them too), so whoever serves its
+    catalog bills CPM creatives' per-mille bids per thousand shown; the impressions say how each
+    pays. Without it, the stream is byte for byte the market's of before."""
+    from serving.loops import read_catalog_entries
+    from workloads import Market, MarketConfig
+
+    base = ["simulate", "--users", "100", "--ads", "30", "--events", "600", "--seed", "5"]
+    plain, cpm = tmp_path / "plain.jsonl", tmp_path / "cpm.jsonl"
+    assert runner.invoke(app, [*base, "--out", str(plain)]).exit_code == 0
+    r = runner.invoke(app, [*base, "--cpm-share", "0.5", "--out", str(cpm)])
+    assert r.exit_code == 0, r.output
+    events = [decode_any(line) for line in cpm.read_bytes().splitlines()]
+    campaigns = [e for e in events if e.kind == "campaign"]  # type: ignore[attr-defined]
+    market = Market(MarketConfig(seed=5, n_users=100, n_ads=30, cpm_share=0.5))
+    assert campaigns == market.campaigns(include_new=True)
+    assert events[: len(campaigns)] == campaigns  # before any ad or event that needs them
+    paying = {c.campaign_id: c.bid_type for c in campaigns}  # type: ignore[attr-defined]
+    assert set(paying.values()) == {"cpm", "cpc"}
+    imps = [e for e in events if e.kind == "impression"]  # type: ignore[attr-defined]
+    assert len(imps) == 600 and all(i.bid_type == paying[i.campaign_id] for i in imps)  # type: ignore[attr-defined]
+    ads, entries = read_catalog_entries(cpm)
+    assert entries == campaigns and ads
+    assert "campaign" in r.output
+    plain_events = [decode_any(line) for line in plain.read_bytes().splitlines()]
+    assert all(e.kind != "campaign" for e in plain_events)  # type: ignore[attr-defined]
+    assert all(e.bid_type is None for e in plain_events if e.kind == "impression")  # type: ignore[attr-defined]
+    r = runner.invoke(app, [*base, "--cpm-share", "1.5", "--out", str(tmp_path / "x")])
+    assert r.exit_code != 0 and "cpm_share" in r.output

@@ -14,7 +14,7 @@ import pytest
 
 from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
 from schemas.codec import decode_any, encode
-from schemas.events import Click, Dwell, Message
+from schemas.events import Click, Dwell, Message, View
 from schemas.ids import impression_event_id
 from schemas.signing import check_event, click_token
 from workloads import Market, MarketConfig
@@ -99,8 +99,12 @@ async def test_closed_loop_responds_to_what_was_served(fake_server: str) -> None
     assert clicks, "with bias -1.5 some of ~100 impressions must be clicked"
     assert all(c.impression_id in served_ids for c in clicks)
     assert len([m for m in emitted if isinstance(m, Dwell)]) == len(clicks)
-    # every click and dwell echoes the served ad's token: the worker would take each of them
-    assert all(check_event(m, KEY) is None for m in emitted if isinstance(m, Click | Dwell))
+    # every served ad is shown: its render beacon a second after serving (an impression from then)
+    views = [m for m in emitted if isinstance(m, View)]
+    assert sorted(v.impression_id for v in views) == sorted(served_ids)
+    assert all(v.event_id == f"v/{v.impression_id}" for v in views)
+    # every view, click and dwell echoes the served ad's token: the worker would take each of them
+    assert all(check_event(m, KEY) is None for m in emitted if isinstance(m, View | Click | Dwell))
     for m in emitted:
         assert decode_any(encode(m)) == m
     for imp in report.impressions:
@@ -140,5 +144,25 @@ def test_closed_loop_command_writes_the_users_responses(fake_server: str, tmp_pa
     assert result.exit_code == 0, result.output
     assert len(FakeServing.seen) == 40
     kinds = {decode_any(line).kind for line in out.read_bytes().splitlines()}  # type: ignore[attr-defined]
-    assert kinds <= {"click", "dwell", "conversion", "ad"}
+    assert kinds <= {"view", "click", "dwell", "conversion", "ad"}
     assert "oracle AUC" in result.output
+
+
+async def test_closed_loop_requests_say_the_audience_and_search_text(fake_server: str) -> None:
+    """The loop's requests carry what a publisher knows (issue 34): country and device on every
+    request, a query on search requests, so serving's targeting and query recall are exercised."""
+    market = Market(MarketConfig(seed=5, n_users=40, n_ads=20, drift_at=None, new_ads_at=None))
+    FakeServing.catalog = [(c.ad_id, c.campaign_id) for c in market.catalog()]
+    FakeServing.bad = {}
+    FakeServing.seen = []
+
+    async def sink(batch: list[Message]) -> None:
+        return None
+
+    await run_closed_loop(market, fake_server, 60, sink)
+    seen = FakeServing.seen
+    assert len(seen) == 60 and all(r.geo and r.device for r in seen)
+    for r in seen:
+        assert (r.geo, r.device) == market.audience.of(int(r.user_id[1:]))
+    assert {r.slot for r in seen if r.query} == {"search"}
+    assert all(r.query for r in seen if r.slot == "search")
