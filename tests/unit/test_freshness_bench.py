@@ -6,6 +6,8 @@ after its 120 trials, while writing the result (2026-12-02), and lost them.
 
 from __future__ import annotations
 
+import numpy as np
+
 from schemas.settings import Settings
 from tests.support.benchmarks import load_benchmark
 
@@ -34,3 +36,42 @@ def test_the_summary_reports_every_hop_and_the_seeing_polls_round_trip() -> None
     assert set(res["hops"]) == set(bench.HOPS) and res["hops"]["trainer"]["p50_s"] == 0.055
     assert res["poll_rtt"]["p50_s"] == 0.045
     assert bench.GOAL_P99_S == 0.5 and bench.GOAL_TRIALS == 100  # issue 35
+
+
+def test_the_p99_goal_is_decided_by_its_interval_not_by_the_point() -> None:
+    """A P99 under the goal over 120 trials is not 'met' (2026-12-03: P99 0.479 s, max 0.497 s,
+    recorded as met): 120 draws put the true P99 above their largest with probability
+    0.99^120 = 0.30, so the order-statistic interval has no upper end and the goal is undecided.
+    Over 400 trials all under the goal, the interval's upper end is under it: met. All over: not."""
+    bench = load_benchmark("freshness")
+
+    def trials(totals: list[float]) -> list[object]:
+        return [bench.Trial(f"u{i}", total_s=t, hops={}) for i, t in enumerate(totals)]
+
+    rng = np.random.default_rng(0)
+    short = bench.summarize(trials(list(rng.uniform(0.1, 0.49, 120))))
+    assert short["p99_interval_s"][1] is None and bench.judge(short) is None
+    long = bench.summarize(trials(list(rng.uniform(0.1, 0.49, 400))))
+    low, high = long["p99_interval_s"]
+    assert low is not None and high is not None and low <= long["p99_s"] <= high < 0.5
+    assert bench.judge(long) is True
+    slow = bench.summarize(trials(list(rng.uniform(0.6, 0.9, 400))))
+    assert bench.judge(slow) is False
+    failed = bench.summarize(
+        [*trials(list(rng.uniform(0.1, 0.49, 400))), bench.Trial("x", error="not_served")]
+    )
+    assert bench.judge(failed) is False  # a lost trial is a failure, whatever the others say
+
+
+def test_the_quantile_interval_covers_at_its_level() -> None:
+    """The distribution-free interval of the P99 (order statistics, Binomial(n, 0.99)) holds
+    the true quantile in at least 95 % of samples: checked on exponential draws."""
+    bench = load_benchmark("freshness")
+    rng = np.random.default_rng(1)
+    true_p99 = -np.log(0.01)
+    hits = 0
+    for _ in range(400):
+        low, high = bench.quantile_interval(rng.exponential(size=500), 0.99)
+        assert low is not None and high is not None
+        hits += low <= true_p99 <= high
+    assert hits / 400 >= 0.93  # >= 95 % in expectation; 400 samples' own noise
