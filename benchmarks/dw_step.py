@@ -37,7 +37,7 @@ the per-category bias table `benchmarks/online_drift.py` adds) is measured too, 
 `with_also_targets`, at the best thread count.
 
 Examples are built from a simulator stream (`workloads`) through the streams label join.
-Usage: `.venv/bin/python -m benchmarks.dw_step [--steps 300] [--threads 1 2] [--device cpu|cuda]
+Usage: `.venv/bin/python -m benchmarks.dw_step [--steps 400] [--threads 1 2] [--device cpu|cuda]
 [--label-mode hold|fn_weighted|fn_calibrated]`.
 Prints a table and writes `benchmarks/results/dw_step.json` (`p50_ms`, `p99_ms`, …).
 """
@@ -56,6 +56,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.lib.stats import at_most, quantile_interval
 from deploy.machine import describe, machine, write_result
 from schemas import codec
 from schemas.delta import encode_delta, select_parts
@@ -224,6 +225,8 @@ def measure(
     f, c, cs, sv, lv = _pct(full), _pct(core), _pct(core_sparse), _pct(service), _pct(live)
     return {
         "threads": threads,
+        # the goal is decided by this interval (order statistics): 300 steps could not bound a P99
+        "p99_interval_ms": [None if e is None else e * 1000 for e in quantile_interval(full, 0.99)],
         "targets": list(targets),
         "modules": bank.modules,
         "p50_ms": f["p50_ms"],
@@ -300,7 +303,7 @@ def learn_parts(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=400, help="400: the P99 interval has an upper end from 368")
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -366,7 +369,9 @@ def main() -> None:
         "live_learn_to_core_p50": best["live_learn_p50_ms"] / best["core_p50_ms"],
         "resets": best["resets"],
         "goal_p99_ms": GOAL_P99_MS,
-        "goal_met": best["p99_ms"] <= GOAL_P99_MS,
+        "p99_interval_ms": best["p99_interval_ms"],
+        # met, not met, or None (inside the noise: more --steps), by the P99's 95 % interval
+        "goal_met": at_most(best["p99_interval_ms"], GOAL_P99_MS),
         "load_average_1m_before": load_before,
         "load_average_1m_after": os.getloadavg()[0],
         "machine": machine(),
@@ -416,7 +421,9 @@ def main() -> None:
         "LoRA + optimiser, interleaved with learn() step by step; core+sparse adds "
         "magnitudes, thresholds, selection, encoding; service = decode raw JSON + featurize + learn() "
         "+ metrics export. "
-        f"Goal: learn() P99 ≤ {GOAL_P99_MS:g} ms: {'met' if result['goal_met'] else 'NOT met'} "
+        f"Goal: learn() P99 ≤ {GOAL_P99_MS:g} ms: "
+        f"{ {True: 'met', False: 'NOT met', None: 'undecided'}[result['goal_met']] } "
+        f"(95 % interval of the P99 {result['p99_interval_ms']} ms) "
         f"(load {result['load_average_1m_before']:.2f} → {result['load_average_1m_after']:.2f})."
     )
     write_result(args.out, result)

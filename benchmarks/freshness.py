@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import sys
 import time
@@ -56,6 +55,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.lib.stats import at_most, quantile_interval
 from schemas import codec, topics
 from schemas.api import AdResponse
 from schemas.events import AdapterDelta, Click, TrainingExample
@@ -350,50 +350,14 @@ async def _partitions(consumer: Any, name: str) -> set[int]:
     raise RuntimeError(f"topic {name} has no partitions")
 
 
-def quantile_interval(
-    x: Sequence[float] | np.ndarray, p: float, level: float = 0.95
-) -> tuple[float | None, float | None]:
-    """A distribution-free interval of the `p`-quantile of the draws `x`: the order statistics
-    (x_(l), x_(u)) that hold it with probability >= `level` (two-sided), from Binomial(n, p):
-    x_(j) is at or under the quantile exactly when at least j draws are. An end is None where n
-    is too small for it (the upper end of a P99 needs 0.99^n <= 2.5 %: n >= 367).
-
-    >>> quantile_interval(range(1, 121), 0.99)  # 120 trials: no upper end for the P99
-    (116.0, None)
-    """
-    xs = np.sort(np.asarray(x, dtype=float))
-    n = xs.shape[0]
-    if n == 0:
-        return None, None
-    alpha = (1.0 - level) / 2.0
-    # cdf[k] = P(Binomial(n, p) <= k), k = 0 .. n, summed in logs (n in the thousands is fine)
-    k = np.arange(n + 1)
-    log_pmf = (
-        np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-        + k * math.log(p)
-        + (n - k) * math.log1p(-p)
-    )
-    cdf = np.cumsum(np.exp(log_pmf))
-    # upper: the smallest u with P(B <= u - 1) >= 1 - alpha; lower: the largest l with P(B <= l - 1) <= alpha
-    ups = np.nonzero(cdf[:n] >= 1.0 - alpha)[0]
-    lows = np.nonzero(cdf[:n] <= alpha)[0]
-    high = float(xs[ups[0]]) if ups.size else None  # x_(u) with u = index + 1
-    low = float(xs[lows[-1]]) if lows.size else None  # x_(l) with l = index + 1
-    return low, high
-
-
 def judge(res: Mapping[str, Any]) -> bool | None:
     """Issue 35's freshness goal from a summary: met when the P99's 95 % interval lies under
     GOAL_P99_S over >= GOAL_TRIALS trials with none failed; not met when a trial failed or the
     whole interval is past the goal; None (undecided, inside the noise) otherwise."""
     if res["failed"] or res["p99_s"] is None:
         return False
-    low, high = res["p99_interval_s"]
-    if low is not None and low > GOAL_P99_S:
-        return False
-    if high is not None and high <= GOAL_P99_S and res["trials"] >= GOAL_TRIALS:
-        return True
-    return None
+    verdict = at_most(res["p99_interval_s"], GOAL_P99_S)
+    return None if verdict and res["trials"] < GOAL_TRIALS else verdict
 
 
 def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
@@ -551,7 +515,7 @@ def print_table(res: dict[str, Any]) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=120)
+    ap.add_argument("--trials", type=int, default=400, help="400: the P99 interval has an upper end from 368")
     ap.add_argument("--rate", type=float, default=20.0, help="background closed-loop requests per second")
     ap.add_argument("--users", type=int, default=300)
     ap.add_argument("--ads", type=int, default=200)
