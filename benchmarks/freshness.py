@@ -506,8 +506,8 @@ def print_table(res: dict[str, Any]) -> None:
         )
     Console().print(
         f"goal P99 ≤ {GOAL_P99_S:g} s over ≥ {GOAL_TRIALS} trials: {res['goal_met']} "
-        f"(P99 {res['p99_s']} s, 95 % interval {res['p99_interval_s']}: None is an end that "
-        f"{res['trials']} trials cannot bound); "
+        f"(P99 {res['p99_s']} s, 95 % interval {res['p99_interval_s']}"
+        f"{'' if None not in res['p99_interval_s'] else ': None is an end these trials cannot bound'}); "
         f"failed trials: {res['failed'] or 'none'}; "
         f"settings {res['settings']}"
     )
