@@ -423,7 +423,8 @@ def main() -> None:
         "+ metrics export. "
         f"Goal: learn() P99 ≤ {GOAL_P99_MS:g} ms: "
         f"{ {True: 'met', False: 'NOT met', None: 'undecided'}[result['goal_met']] } "
-        f"(95 % interval of the P99 {result['p99_interval_ms']} ms) "
+        f"(95 % interval of the P99 {[e if e is None else round(e, 2) for e in result['p99_interval_ms']]}"
+        " ms) "
         f"(load {result['load_average_1m_before']:.2f} → {result['load_average_1m_after']:.2f})."
     )
     write_result(args.out, result)
