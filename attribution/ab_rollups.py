@@ -32,10 +32,9 @@ from attribution.paths import AttributionInputError
 from attribution.rollups import hour_bounds
 from attribution.sql import (
     BILLED_COST_SQL,
-    CLICKED_BY_IMPRESSION_SQL,
     SHOWN_AT_SERVE_SQL,
-    VIEWED_BY_IMPRESSION_SQL,
     Backend,
+    with_click_and_view,
 )
 from schemas.holdout import HOLDOUT_AD_ID
 
@@ -45,26 +44,23 @@ AB_ROLLUP_TABLE = "ab_rollup_hourly"
 # impressions without an arm ('' or NULL) belong to no arm
 _ARM = "toString(assumeNotNull(ab_arm))"
 
+# the impressions of the A/B rollup: those of an arm, the holdout's excluded
+_AB_IMPRESSIONS = f"""
+        SELECT event_id AS imp, toStartOfHour(ts) AS hour, {_ARM} AS arm, slot, user_id, request_id,
+               bid_type, price, {SHOWN_AT_SERVE_SQL} AS shown_at_serve
+        FROM impressions FINAL
+        WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)
+          AND isNotNull(ab_arm) AND {_ARM} != '' AND ad_id != %(holdout)s"""
+
+_AB_COLUMNS = "imp, hour, arm, slot, user_id, request_id, bid_type, price, shown_at_serve"
+
 # one JOIN per SELECT (18.16): impressions with their click, then with their first view
 REFRESH_AB_SQL = f"""
 INSERT INTO ab_rollup_hourly (hour, arm, slot, user_id, requests, impressions, clicks, revenue,
                               version, shown)
 SELECT hour, arm, slot, user_id, uniqExact(request_id), count(), sum(clicked),
        sum({BILLED_COST_SQL}), %(version)s, sum(shown_at_serve OR viewed)
-FROM (
-    SELECT imp, hour, arm, slot, user_id, request_id, bid_type, price, shown_at_serve, clicked
-    FROM (
-        SELECT event_id AS imp, toStartOfHour(ts) AS hour, {_ARM} AS arm, slot, user_id, request_id,
-               bid_type, price, {SHOWN_AT_SERVE_SQL} AS shown_at_serve
-        FROM impressions FINAL
-        WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)
-          AND isNotNull(ab_arm) AND {_ARM} != '' AND ad_id != %(holdout)s
-    ) AS i
-    ANY LEFT JOIN ({CLICKED_BY_IMPRESSION_SQL}
-    ) AS c USING imp
-) AS ic
-ANY LEFT JOIN ({VIEWED_BY_IMPRESSION_SQL}
-) AS v USING imp
+FROM {with_click_and_view(_AB_COLUMNS, _AB_IMPRESSIONS)}
 GROUP BY hour, arm, slot, user_id
 """
 

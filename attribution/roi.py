@@ -23,12 +23,18 @@ from attribution.models.result import AttributionResult
 from attribution.paths import AttributionInputError, channel_sql, outside_sql
 from attribution.sql import (
     BILLED_COST_SQL,
-    CLICKED_BY_IMPRESSION_SQL,
     SHOWN_AT_SERVE_SQL,
-    VIEWED_BY_IMPRESSION_SQL,
     Backend,
+    with_click_and_view,
 )
 from schemas.holdout import HOLDOUT_AD_ID
+
+# the served impressions of [since, until), the holdout's excluded; `{adv}` a filter of `billed_sql`
+_BILLED_IMPRESSIONS = f"""
+        SELECT event_id AS imp, ts, slot, campaign_id, bid_type, price,
+               {SHOWN_AT_SERVE_SQL} AS shown_at_serve
+        FROM impressions FINAL
+        WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s {{adv}}"""
 
 # What each served impression of [since, until) was billed (`schemas.billing`, as the rollups'
 # spend: CPC its price once clicked, CPM price / 1000 once shown or clicked, no bid type its price
@@ -38,19 +44,7 @@ from schemas.holdout import HOLDOUT_AD_ID
 BILLED_SQL = f"""
 SELECT imp, ts, slot, campaign_id,
        {BILLED_COST_SQL} AS spend
-FROM (
-    SELECT imp, ts, slot, campaign_id, bid_type, price, shown_at_serve, clicked
-    FROM (
-        SELECT event_id AS imp, ts, slot, campaign_id, bid_type, price,
-               {SHOWN_AT_SERVE_SQL} AS shown_at_serve
-        FROM impressions FINAL
-        WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s) AND ad_id != %(holdout)s {{adv}}
-    ) AS i
-    ANY LEFT JOIN ({CLICKED_BY_IMPRESSION_SQL}
-    ) AS c USING imp
-) AS ic
-ANY LEFT JOIN ({VIEWED_BY_IMPRESSION_SQL}
-) AS v USING imp
+FROM {with_click_and_view("imp, ts, slot, campaign_id, bid_type, price, shown_at_serve", _BILLED_IMPRESSIONS)}
 """
 
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from attribution.dashboard import queries as q
 from attribution.dashboard.figures import Panel, base_layout, empty, num, panel, span
-from attribution.sql import CLICKED_BY_IMPRESSION_SQL, SHOWN_AT_SERVE_SQL, VIEWED_BY_IMPRESSION_SQL, Backend
+from attribution.sql import SHOWN_AT_SERVE_SQL, Backend, with_click_and_view
 
 Z = 1.959964  # the normal quantile of a two-sided 95 % interval
 _RANGE = q.RANGE
@@ -22,6 +22,13 @@ _RANGE = q.RANGE
 _WILSON = f"""if(shown > 0, (ctr + {Z * Z / 2:.6f} / shown {{sign}} {Z} * sqrt(greatest(0.,
            ctr * (1 - ctr) / shown + {Z * Z / 4:.6f} / (shown * shown))))
            / (1 + {Z * Z:.6f} / shown), nan)"""
+
+# the window's served impressions that carry a variant
+_VARIANT_IMPRESSIONS = f"""
+            SELECT event_id AS imp, ad_id, assumeNotNull(variant_id) AS variant,
+                   {SHOWN_AT_SERVE_SQL} AS shown_at_serve
+            FROM impressions FINAL
+            WHERE {_RANGE} AND isNotNull(variant_id)"""
 
 # Each served impression with a variant, whether it was clicked and whether it was shown (at once
 # on a server-rendered slot, or from before render beacons; else by its render beacon), per ad and
@@ -37,19 +44,7 @@ SELECT ad_id, variant, impressions, shown, clicks, impressions / ad_impressions 
 FROM (
     SELECT ad_id, variant, count() AS impressions, sum(shown_at_serve OR viewed) AS shown,
            sum(clicked) AS clicks
-    FROM (
-        SELECT imp, ad_id, variant, shown_at_serve, clicked
-        FROM (
-            SELECT event_id AS imp, ad_id, assumeNotNull(variant_id) AS variant,
-                   {SHOWN_AT_SERVE_SQL} AS shown_at_serve
-            FROM impressions FINAL
-            WHERE {_RANGE} AND isNotNull(variant_id)
-        ) AS i
-        ANY LEFT JOIN ({CLICKED_BY_IMPRESSION_SQL}
-        ) AS c USING imp
-    ) AS ic
-    ANY LEFT JOIN ({VIEWED_BY_IMPRESSION_SQL}
-    ) AS v USING imp
+    FROM {with_click_and_view("imp, ad_id, variant, shown_at_serve", _VARIANT_IMPRESSIONS)}
     GROUP BY ad_id, variant
 ) AS s
 ANY LEFT JOIN (
