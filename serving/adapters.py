@@ -15,6 +15,7 @@ with the factors on each swap: per sample that is `in·out` multiply-adds and on
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import threading
 import time
@@ -26,6 +27,7 @@ import torch
 
 from schemas.errors import AdapterError
 
+log = logging.getLogger(__name__)
 STABLE, CANDIDATE = 0, 1
 
 
@@ -238,8 +240,11 @@ class AdapterStack:
             self._active = 1 - self._active
             self.swaps += 1
             self.generation = version
-        for hook in self.on_swap:
-            hook()
+        for hook in self.on_swap:  # after the swap: a hook that fails leaves it standing
+            try:
+                hook()
+            except Exception:
+                log.exception("a swap hook failed; the swap stands (slot folds: the banked path scores)")
 
     def _write(self, rows: list[int], weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write full weights into some rows (one swap)."""

@@ -93,3 +93,24 @@ def test_a_swap_refolds_the_changed_slot_only() -> None:
     np.testing.assert_allclose(after, _banked(rank, inp)[0], atol=1e-5)
     rank.bank.evict("search")  # an evicted slot's copies go at that swap
     assert set(rank.folded.models) == {rank.bank.row("feed", arm) for arm in (STABLE, CANDIDATE)}
+
+
+def test_a_failing_fold_leaves_the_swap_standing_and_the_banked_path_serving() -> None:
+    """The fold runs as the bank's swap hook, after the buffers are swapped: an exception there
+    came out of `bank.put`, so the replica's applier took a swapped-in delta for a failed one
+    (its state not updated, the bank's moved). A hook's failure is logged; the swap stands and,
+    without a fold, the banked path scores the slot's candidates."""
+    rank = _model()
+
+    def broken(buf, row):  # type: ignore[no-untyped-def]
+        raise RuntimeError("fold failed")
+
+    rank.folded.fold = broken  # type: ignore[method-assign]
+    meta = rank.bank.put("feed", _weights(rank, 0), version="s0", seq=0, base_version="v0")
+    assert meta.version == "s0" and rank.bank.meta["feed"].seq == 0
+    feed = rank.bank.row("feed", CANDIDATE)
+    assert feed not in rank.folded.models
+    inp = [_input(torch.full((30,), feed), 1)]
+    with rank.bank.reading() as buf:
+        assert rank.folded.model_for(inp[0].rows, buf) is None
+    np.testing.assert_allclose(rank.score(inp, use_adapters=True)[0], _banked(rank, inp)[0], atol=1e-5)
