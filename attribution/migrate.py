@@ -212,9 +212,11 @@ def migration_lock(backend: Backend, wait_s: float = 900.0, poll_s: float = 0.25
         try:
             backend.execute(f"CREATE TABLE {LOCK_TABLE} (owner String, taken DateTime) ENGINE = TinyLog")
             break
-        except Exception:
-            if not _exists(backend, LOCK_TABLE):
-                raise  # not the lock being held: the server refused the statement itself
+        except Exception as exc:
+            # held, or held and released since the CREATE failed (a fast migrator): try again;
+            # anything else is the server refusing the statement itself
+            if not _exists(backend, LOCK_TABLE) and "already exists" not in str(exc):
+                raise
             if time.monotonic() >= deadline:
                 owner = backend.execute(f"SELECT owner, taken FROM {LOCK_TABLE}")
                 held = f" ({owner[0][0]}, since {owner[0][1]})" if owner else ""

@@ -199,6 +199,40 @@ def test_a_held_migration_lock_makes_the_next_migrator_wait_then_names_it(backen
     assert LOCK_TABLE not in _tables(backend)
 
 
+class _ReleasedInBetween:
+    """A backend whose first `CREATE TABLE` of the lock meets another migrator's lock, which that
+    migrator drops at once: between this CREATE failing and the check that the lock exists."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.raced = False
+
+    def execute(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        if not self.raced and query.startswith(f"CREATE TABLE {LOCK_TABLE}"):
+            self.raced = True
+            self.inner.execute(query)  # the other migrator takes the lock
+            try:
+                return self.inner.execute(query, params)  # ours: 'already exists'
+            finally:
+                self.inner.execute(f"DROP TABLE {LOCK_TABLE}")  # and it is released in between
+        return self.inner.execute(query, params)
+
+    def insert(self, table: str, columns: Any, rows: Any) -> None:
+        self.inner.insert(table, columns, rows)
+
+
+def test_a_lock_released_between_the_create_and_the_check_is_taken(backend: Backend) -> None:
+    """Two workers starting together (fresh-clone CI, 2026-12-04): the second's CREATE of the lock
+    failed with 'already exists', the first released the lock before the second looked for it,
+    and the second took the error for the server refusing the statement: 'migration failed …
+    schema_migrations_lock already exists', and the worker exited. The lock is taken on the
+    next try."""
+    racing = _ReleasedInBetween(backend)
+    with migration_lock(racing, wait_s=5.0, poll_s=0.05):  # type: ignore[arg-type]
+        assert racing.raced and LOCK_TABLE in _tables(backend)
+    assert LOCK_TABLE not in _tables(backend)
+
+
 @pytest.mark.parametrize("backend", ["clickhouse"], indirect=True)  # chDB: one migrator per process
 def test_two_migrators_at_once_rebuild_once(
     backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
