@@ -6,14 +6,11 @@ that start together take turns (`attribution.migrate.migration_lock`)."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
 import pytest
 
@@ -21,14 +18,13 @@ from attribution.migrate import (
     LOCK_TABLE,
     MIGRATIONS_DIR,
     apply_migrations,
-    migration_files,
     migration_lock,
     rebuild_table,
 )
-from attribution.sql import Backend, ChdbBackend, DriverBackend
+from attribution.sql import Backend, DriverBackend
 from schemas.clients import clickhouse_client
 from schemas.errors import StoreError
-from schemas.settings import Settings
+from tests.support.databases import fresh_database, migrations_upto
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(300)]
 
@@ -62,47 +58,21 @@ COLS = ("event_id", "ts", "ts_ms", "user_id", "impression_id", "ad_id", "campaig
 def _upto(tmp: Path, last: str) -> Path:
     """The migrations up to `last`, as a release that ended there had them (later ones, such as
     columns added after the rebuild, are not the rebuild's to check)."""
-    folder = tmp / f"upto_{last}"
-    folder.mkdir(exist_ok=True)
-    for path in migration_files():
-        if path.stem <= last:
-            shutil.copy(path, folder / path.name)
-    return folder
+    return migrations_upto(tmp, last)
 
 
 def _before(tmp: Path) -> Path:
     """The migrations before the rebuild (a database migrated by an older release)."""
-    previous = max(p.stem for p in migration_files() if p.stem < REBUILD)
-    return _upto(tmp, previous)
+    return migrations_upto(tmp, REBUILD, inclusive=False)
 
 
 @pytest.fixture(params=["clickhouse", "chdb"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """A fresh database on the engine, migrated up to 007, with clicks over three months."""
-    if request.param == "chdb":
-        db: Backend = ChdbBackend(f"rebuild_{uuid.uuid4().hex[:6]}")
-        cleanup = None
-    else:
-        stack: Settings = request.getfixturevalue("stack")
-        name = f"{urlparse(stack.clickhouse.url).path.lstrip('/')}_rb{uuid.uuid4().hex[:6]}"
-        admin = clickhouse_client(stack)
-        admin.execute(f"CREATE DATABASE {name}")
-        admin.disconnect()
-        s = stack.model_copy(
-            update={"clickhouse": stack.clickhouse.model_copy(
-                update={"url": urlunparse(urlparse(stack.clickhouse.url)._replace(path=f"/{name}"))}
-            )}
-        )  # fmt: skip
-        client = clickhouse_client(s, name)
-        db = DriverBackend(client)
-        cleanup = (client, name)
-    assert REBUILD not in apply_migrations(db, _before(tmp_path))
-    db.insert("clicks", COLS, _click_rows(CLICKS))
-    yield db
-    if cleanup is not None:
-        client, name = cleanup
-        client.execute(f"DROP DATABASE IF EXISTS {name}")
-        client.disconnect()
+    with fresh_database(request.param, request, "rb") as db:
+        assert REBUILD not in apply_migrations(db, _before(tmp_path))
+        db.insert("clicks", COLS, _click_rows(CLICKS))
+        yield db
 
 
 def _keys(db: Backend, table: str) -> tuple[str, str]:

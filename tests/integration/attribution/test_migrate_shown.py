@@ -6,23 +6,19 @@ then counts shown impressions."""
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlparse, urlunparse
 
 import pytest
 
 from attribution.ab_rollups import read_arms, refresh_ab_rollups
 from attribution.migrate import MIGRATIONS_DIR, apply_migrations, migration_files
 from attribution.rollups import read_rollups, refresh_rollups
-from attribution.sql import Backend, ChdbBackend, DriverBackend
-from schemas.clients import clickhouse_client
+from attribution.sql import Backend
 from schemas.events import Impression
-from schemas.settings import Settings
 from streams.sink import COLUMNS, row_of
+from tests.support.databases import fresh_database, migrations_upto
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.timeout(120)]
 
@@ -33,46 +29,15 @@ ROLLUP_COLS = ("hour", "campaign_id", "advertiser_id", "slot", "impressions", "h
 AB_COLS = ("hour", "arm", "slot", "user_id", "requests", "impressions", "clicks", "revenue", "version")
 
 
-def _before(tmp: Path) -> Path:
-    folder = tmp / "before_010"
-    folder.mkdir(exist_ok=True)
-    for path in migration_files():
-        if path.stem < SHOWN:
-            shutil.copy(path, folder / path.name)
-    return folder
-
-
 @pytest.fixture(params=["clickhouse", "chdb"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """A fresh database migrated up to 009 with a rollup row of each table from that release."""
-    if request.param == "chdb":
-        db: Backend = ChdbBackend(f"shown_{uuid.uuid4().hex[:6]}")
-        cleanup = None
-    else:
-        stack: Settings = request.getfixturevalue("stack")
-        name = f"{urlparse(stack.clickhouse.url).path.lstrip('/')}_sh{uuid.uuid4().hex[:6]}"
-        admin = clickhouse_client(stack)
-        admin.execute(f"CREATE DATABASE {name}")
-        admin.disconnect()
-        s = stack.model_copy(
-            update={"clickhouse": stack.clickhouse.model_copy(
-                update={"url": urlunparse(urlparse(stack.clickhouse.url)._replace(path=f"/{name}"))}
-            )}
-        )  # fmt: skip
-        client = clickhouse_client(s, name)
-        db = DriverBackend(client)
-        cleanup = (client, name)
-    assert SHOWN not in apply_migrations(db, _before(tmp_path))
-    hour = datetime.fromtimestamp(T0, UTC)
-    db.insert("rollup_hourly", ROLLUP_COLS, [(hour, "old", "adv", "feed", 7, 0, 2, 1.5, 0, 0.0, 0, 0, 1)])
-    db.insert("ab_rollup_hourly", AB_COLS, [(hour, "learning", "feed", "u1", 3, 5, 1, 0.5, 1)])
-    yield db
-    if cleanup is not None:
-        client, name = cleanup
-        client.execute(f"DROP DATABASE IF EXISTS {name}")
-        client.disconnect()
-    else:
-        db.close()  # type: ignore[attr-defined]
+    with fresh_database(request.param, request, "sh") as db:
+        assert SHOWN not in apply_migrations(db, migrations_upto(tmp_path, SHOWN, inclusive=False))
+        hour = datetime.fromtimestamp(T0, UTC)
+        db.insert("rollup_hourly", ROLLUP_COLS, [(hour, "old", "adv", "feed", 7, 0, 2, 1.5, 0, 0.0, 0, 0, 1)])
+        db.insert("ab_rollup_hourly", AB_COLS, [(hour, "learning", "feed", "u1", 3, 5, 1, 0.5, 1)])
+        yield db
 
 
 def test_010_adds_shown_once_and_older_rows_read_their_impressions(backend: Backend) -> None:
