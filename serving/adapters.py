@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -29,6 +30,7 @@ from schemas.errors import AdapterError
 
 log = logging.getLogger(__name__)
 STABLE, CANDIDATE = 0, 1
+Factors = tuple[torch.Tensor, torch.Tensor]  # one layer's LoRA (A [r, in], B [out, r])
 
 
 @dataclass
@@ -41,7 +43,9 @@ class AdapterMeta:
     seq: int = -1
     version: str = ""
     stable_version: str = ""
-    previous: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    previous: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    # the weights the candidate row holds (written by `put` and `rollback`, owned by the bank)
+    candidate: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
     previous_version: str | None = None
     previous_seq: int = -1
     # the seq lineage (`AdapterDelta.epoch`) of the current and the previous version: a seq names
@@ -81,16 +85,57 @@ class BankBuffers:
         # both copies): keys the merged-weight caches, so one adapter's update keeps the others'
         self.version = [0] * rows
         self.readers = 0  # batches bound to this copy (`AdapterStack.reading`)
+        # row -> that row's adapter folded into a copy of the base model (`Folder`), written with
+        # the row's factors, so a batch bound to this copy reads folds and factors of one swap
+        self.folded: dict[int, Any] = {}
 
-    def clone(self) -> BankBuffers:
-        """A copy with the same weights and versions, read by nobody."""
+    def clone(self, copy_fold: Callable[[Any], Any] | None = None) -> BankBuffers:
+        """A copy with the same weights, versions and (with `copy_fold`) folds, read by nobody."""
         twin = copy.copy(self)
         twin.a = {n: t.clone() for n, t in self.a.items()}
         twin.b = {n: t.clone() for n, t in self.b.items()}
         twin.d = {n: t.clone() for n, t in self.d.items()}
         twin.version = list(self.version)
+        twin.folded = {r: copy_fold(f) for r, f in self.folded.items()} if copy_fold is not None else {}
         twin.readers = 0
         return twin
+
+
+class Folder(Protocol):
+    """Keeps some adapters folded into copies of the base model, per buffer and row
+    (`serving.ranking.FoldedSlots`): the fold is computed once per write, off the lock, and
+    written into each buffer's copy in place as part of the swap's change."""
+
+    def folds_adapter(self, adapter_id: str) -> bool:
+        """Whether this adapter's rows are kept folded."""
+        ...
+
+    def fold(self, weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """The folded weights of an adapter's full (A, B) per layer."""
+        ...
+
+    def write(self, buf: BankBuffers, row: int, folded: Any) -> None:
+        """Make `buf.folded[row]` hold `folded` (in place where it exists)."""
+        ...
+
+    def weights_of(self, fold: Any) -> Any:
+        """What `fold` holds, in the form `fold` returns (for copying one row to another)."""
+        ...
+
+    def copy(self, fold: Any) -> Any:
+        """An independent copy of one row's fold."""
+        ...
+
+
+@dataclass(frozen=True)
+class PreparedWrite:
+    """Full weights of one adapter, checked, with what its swap writes besides them
+    (`AdapterStack.prepare`)."""
+
+    adapter_id: str
+    weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+    deltas: Mapping[str, torch.Tensor]  # ΔWᵀ of the narrow layers
+    folded: Any  # the folder's fold, or None (not folded, or the fold failed)
 
 
 class AdapterStack:
@@ -126,9 +171,9 @@ class AdapterStack:
         self.free_slots: list[int] = []  # slots of evicted adapters, reused before new ones
         self.generation = 0
         self.swaps = 0
-        # called after each swap, on the thread that swapped (the event loop): e.g. the rank
-        # model folding slot adapters into copies of the base (`serving.ranking.FoldedSlots`)
-        self.on_swap: list[Callable[[], None]] = []
+        # keeps some adapters folded into copies of the base, in both buffers (the rank model's
+        # slot adapters: `serving.ranking.FoldedSlots`); None: no folds
+        self.folder: Folder | None = None
 
     # -- reading ------------------------------------------------------------------------
     @property
@@ -217,7 +262,7 @@ class AdapterStack:
             )
             for n, s in self.shapes.items()
         }
-        self._write([meta.slot, self.stride + meta.slot], zeros)
+        self._write([meta.slot, self.stride + meta.slot], zeros, fold=False)
         self.free_slots.append(meta.slot)
 
     def _swap(self, change: Callable[[BankBuffers, int], None]) -> None:
@@ -231,7 +276,8 @@ class AdapterStack:
             version = self.generation + 1
             inactive = self._buffers[1 - self._active]
             if inactive.readers:
-                inactive = self._buffers[1 - self._active] = self.active.clone()
+                copy_fold = self.folder.copy if self.folder is not None else None
+                inactive = self._buffers[1 - self._active] = self.active.clone(copy_fold)
             else:
                 for pending, pending_version in self._pending:
                     pending(inactive, pending_version)
@@ -240,29 +286,89 @@ class AdapterStack:
             self._active = 1 - self._active
             self.swaps += 1
             self.generation = version
-        for hook in self.on_swap:  # after the swap: a hook that fails leaves it standing
-            try:
-                hook()
-            except Exception:
-                log.exception("a swap hook failed; the swap stands (slot folds: the banked path scores)")
 
-    def _write(self, rows: list[int], weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write full weights into some rows (one swap)."""
+    def prepare(
+        self, adapter_id: str, weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+    ) -> PreparedWrite:
+        """Everything a write of full weights needs before its swap, and nothing that changes the
+        bank, so it may run off the event loop: the checks (AdapterError), the weights on the
+        bank's device (layers not given are zero), the narrow layers' ΔW and, for an adapter the
+        folder keeps folded, its fold."""
+        self.check(weights)
+        full = {
+            n: weights.get(n) or (torch.zeros(self.rank, s.fan_in), torch.zeros(s.fan_out, self.rank))
+            for n, s in self.shapes.items()
+        }
+        full = {n: (self._own(a), self._own(b)) for n, (a, b) in full.items()}
+        fold = self.folder is not None and self.folder.folds_adapter(adapter_id)
+        return self._prepared(full, fold, adapter_id)
 
+    def _own(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` as float32 on the bank's device, in memory only the bank holds (a caller's tensor
+        may change after `put`; the bank keeps what it wrote, for `rollback`)."""
+        out = t.to(self.device, torch.float32)
+        return out.clone() if out.data_ptr() == t.data_ptr() else out
+
+    def _prepared(
+        self, weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]], fold: bool, adapter_id: str = ""
+    ) -> PreparedWrite:
         deltas = {n: (self.scale * (b @ a)).T for n, (a, b) in weights.items() if n in self.dense}
+        folded = None
+        if self.folder is not None and fold:
+            try:  # a failed fold leaves the rows to the banked path
+                folded = self.folder.fold(weights)
+            except Exception:
+                log.exception("folding an adapter failed; the banked path scores its rows")
+        return PreparedWrite(adapter_id, weights, deltas, folded)
+
+    def _write(
+        self, rows: list[int], weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *, fold: bool
+    ) -> None:
+        """Write full weights into some rows (one swap); with `fold`, their folds too (else the
+        rows' folds go, and the banked path scores them)."""
+        self._write_prepared(rows, self._prepared(weights, fold))
+
+    def _write_prepared(self, rows: list[int], prepared: PreparedWrite) -> None:
+        """Write what `prepare` made into some rows (one swap)."""
+        weights, deltas, folded, folder = prepared.weights, prepared.deltas, prepared.folded, self.folder
+
+        if len(rows) == 1:  # the usual delta: one arm's row
+            row = rows[0]
+
+            def put_rows(table: torch.Tensor, value: torch.Tensor) -> None:
+                table[row].copy_(value)
+        else:  # both arms: one indexed write per table
+            index = torch.tensor(rows, device=self.device)
+
+            def put_rows(table: torch.Tensor, value: torch.Tensor) -> None:
+                table.index_copy_(0, index, value.expand(len(rows), *value.shape))
 
         def change(buf: BankBuffers, version: int) -> None:
             for name, (a, b) in weights.items():
-                for r in rows:
-                    buf.a[name][r].copy_(a.T)
-                    buf.b[name][r].copy_(b.T)
+                put_rows(buf.a[name], a.T)
+                put_rows(buf.b[name], b.T)
             for name, delta in deltas.items():
-                for r in rows:
-                    buf.d[name][r].copy_(delta)
+                put_rows(buf.d[name], delta)
             for r in rows:
                 buf.version[r] = version
+            if folder is not None:
+                self._write_folds(folder, buf, {r: folded for r in rows})
 
         self._swap(change)
+
+    @staticmethod
+    def _write_folds(folder: Folder, buf: BankBuffers, folds: Mapping[int, Any]) -> None:
+        """Rows' folds written into `buf` (None: the row's fold goes); a write that fails drops
+        the row's fold, so a batch never reads a half-written one."""
+        for r, folded in folds.items():
+            if folded is None:
+                buf.folded.pop(r, None)
+                continue
+            try:
+                folder.write(buf, r, folded)
+            except Exception:
+                buf.folded.pop(r, None)
+                log.exception("writing an adapter's fold failed; the banked path scores row %d", r)
 
     def put(
         self,
@@ -274,32 +380,31 @@ class AdapterStack:
         base_version: str,
         arms: tuple[int, ...] = (CANDIDATE,),
         epoch: int | None = None,
+        prepared: PreparedWrite | None = None,
     ) -> AdapterMeta:
         """Check and install full weights of one adapter (layers not given are zero).
 
         On a failed check nothing changes and AdapterError says why (the rejection is counted).
+        `prepared`: what `prepare` made of these weights (off the event loop); the swap is then
+        all that is left to do here.
         """
         meta = self.meta.get(adapter_id)
-        try:
-            self.check(weights)
-        except AdapterError:
-            if meta is not None:
-                meta.rejected += 1
-            raise
+        if prepared is None or prepared.adapter_id != adapter_id:
+            try:
+                prepared = self.prepare(adapter_id, weights)
+            except AdapterError:
+                if meta is not None:
+                    meta.rejected += 1
+                raise
         meta = self._slot_for(adapter_id, base_version)
-        full = {
-            n: weights.get(n) or (torch.zeros(self.rank, s.fan_in), torch.zeros(s.fan_out, self.rank))
-            for n, s in self.shapes.items()
-        }
-        full = {
-            n: (a.to(self.device, torch.float32), b.to(self.device, torch.float32))
-            for n, (a, b) in full.items()
-        }
         if meta.seq >= 0:
-            meta.previous = self.weights(adapter_id, CANDIDATE)
+            current = meta.candidate
+            meta.previous = current if current is not None else self.weights(adapter_id, CANDIDATE)
             meta.previous_version, meta.previous_seq = meta.version, meta.seq
             meta.previous_epoch = meta.epoch
-        self._write([arm * self.stride + meta.slot for arm in arms], full)
+        self._write_prepared([arm * self.stride + meta.slot for arm in arms], prepared)
+        if CANDIDATE in arms:
+            meta.candidate = prepared.weights
         meta.version, meta.seq, meta.base_version = version, seq, base_version
         meta.epoch = epoch
         if STABLE in arms:
@@ -317,7 +422,9 @@ class AdapterStack:
         prev, prev_version, prev_seq = meta.previous, meta.previous_version, meta.previous_seq
         meta.previous = None
         meta.previous_version = None
-        self._write([meta.slot, self.stride + meta.slot], prev)
+        fold = self.folder is not None and self.folder.folds_adapter(adapter_id)
+        self._write([meta.slot, self.stride + meta.slot], prev, fold=fold)
+        meta.candidate = prev
         meta.version = meta.stable_version = prev_version
         meta.seq = prev_seq
         meta.epoch = meta.previous_epoch
@@ -334,6 +441,18 @@ class AdapterStack:
             for name in self.dense:
                 buf.d[name][: self.stride].copy_(buf.d[name][self.stride :])
             buf.version[: self.stride] = [version] * self.stride
+            folder = self.folder
+            if folder is not None:  # each stable row's fold becomes its candidate row's
+                stable = {r for r in buf.folded if r < self.stride}
+                stable |= {r - self.stride for r in buf.folded if r >= self.stride}
+                self._write_folds(
+                    folder,
+                    buf,
+                    {
+                        r: None if (f := buf.folded.get(self.stride + r)) is None else folder.weights_of(f)
+                        for r in stable
+                    },
+                )
 
         self._swap(change)
         for meta in self.meta.values():

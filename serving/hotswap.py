@@ -55,7 +55,7 @@ from schemas.delta import (
 from schemas.errors import AdapterError
 from schemas.events import AdapterDelta
 from schemas.settings import Settings
-from serving.adapters import CANDIDATE, STABLE, AdapterStack
+from serving.adapters import CANDIDATE, STABLE, AdapterStack, PreparedWrite
 
 log = logging.getLogger(__name__)
 SnapshotSource = Callable[[str], Awaitable[AdapterDelta | None]]
@@ -89,6 +89,13 @@ class Prepared:
     new: AdapterState | None
     outcome: str | None = None
     error: str = ""
+    # the bank's half, done here too (checks, ΔW, the fold): None when the bank refuses the
+    # weights (`commit` then lets the bank say why, at the point of the rules where it does)
+    write: PreparedWrite | None = None
+    # the new state's distance from the promoted one it was measured against (`commit` measures
+    # again if the promoted version changed meanwhile)
+    drift: float = 0.0
+    drift_from: AdapterState | None = None
 
 
 @dataclass
@@ -156,7 +163,7 @@ class DeltaApplier:
                 return Prepared(None, None, "unsigned", str(exc))
         state = self.states.get(aid) or self._empty(aid)
         try:
-            return Prepared(state, apply_delta(state, delta, self.max_norm))
+            new = apply_delta(state, delta, self.max_norm)
         except StaleEpochError as exc:
             return Prepared(state, None, "stale_epoch", str(exc))
         except StaleDeltaError:
@@ -167,6 +174,12 @@ class DeltaApplier:
             return Prepared(state, None, "new_epoch", str(exc))
         except AdapterError as exc:
             return Prepared(state, None, "rejected", str(exc))
+        promoted = self.promoted.get(aid)
+        try:
+            write: PreparedWrite | None = self.bank.prepare(aid, to_weights(new))
+        except AdapterError:
+            write = None
+        return Prepared(state, new, write=write, drift=drift(new, promoted), drift_from=promoted)
 
     def commit(
         self,
@@ -188,7 +201,8 @@ class DeltaApplier:
         new = prep.new
         assert new is not None
         if not initial and STABLE not in arms:
-            moved = drift(new, self.promoted.get(delta.adapter_id))
+            promoted = self.promoted.get(delta.adapter_id)
+            moved = prep.drift if prep.drift_from is promoted else drift(new, promoted)
             if moved > self.max_drift:
                 log.warning(
                     "adapter %r: delta seq %d would move it %.4g from its promoted version (bound %.4g)",
@@ -214,6 +228,7 @@ class DeltaApplier:
                 base_version=new.base_version,
                 arms=(STABLE, CANDIDATE) if initial else arms,
                 epoch=new.epoch,
+                prepared=prep.write,
             )
         except AdapterError as exc:
             log.warning("adapter %r: bank refused seq %d: %s", delta.adapter_id, delta.seq, exc)

@@ -20,7 +20,7 @@ from serving.adapters import CANDIDATE, STABLE
 from serving.canary import Canary
 from serving.catalog import Catalog
 from serving.hotswap import DeltaApplier
-from serving.io import OFF_LOOP_BYTES, RedisIO, follow
+from serving.io import RedisIO, follow
 from serving.metrics import ServingMetrics
 from serving.pipeline import AdPipeline, utcnow
 from serving.ranking import RankModel
@@ -240,13 +240,11 @@ class ReplicaLoops:
     async def _on_delta(self, msg: Message) -> None:
         assert isinstance(msg, AdapterDelta)
         arms = (STABLE, CANDIDATE) if self.canary.share(time.time()) >= 1.0 else (CANDIDATE,)
-        if len(msg.payload) > OFF_LOOP_BYTES:  # a snapshot: verify and decode it off the loop
-            prep = await asyncio.to_thread(self.applier.prepare, msg)
-            t = time.perf_counter()
-            outcome = self.applier.commit(msg, prep, arms)
-        else:
-            t = time.perf_counter()
-            outcome = self.applier.apply(msg, arms)
+        # verify, decode, check and fold off the loop (requests keep being served); on the loop
+        # only the swap: a few tensor copies into the buffers no batch reads
+        prep = await asyncio.to_thread(self.applier.prepare, msg)
+        t = time.perf_counter()
+        outcome = self.applier.commit(msg, prep, arms)
         pause = time.perf_counter() - t  # the loop (and every request on it) waited this long
         self.metrics.swap_pause.observe(pause)
         self.max_swap_pause_s = max(self.max_swap_pause_s, pause)

@@ -113,75 +113,97 @@ def build_input(  # noqa: PLR0913 - the user's columns, the candidates', and the
     )
 
 
+# one row's fold: the plain model with the adapted layers' weights replaced, and those weights
+Fold = tuple[nn.Module, dict[str, torch.Tensor]]
+
+
 class FoldedSlots:
-    """Copies of the plain base ranker with one slot adapter's ΔW folded into their weights
-    (`W + scale·B·A`; an id table `E + scale·(B·A)ᵀ`), refolded at swap time (the bank's
-    `on_swap`, on the loop), so a request whose candidates all use one slot adapter is scored
-    by the base model's forward at the base model's cost. Each copy is keyed by its bank row
-    and the row's version: a batch uses it only when the buffers it holds have that version
-    (else the banked path computes the same scores). The arms' empty rows (unknown adapters)
-    map to the plain model itself. The same fold as `trainers.models.lora.fold_lora` (float64
-    sum, rounded once; checked equal in tests/unit/serving/test_serving_folded.py), without
-    importing PEFT into the replica."""
+    """Slot adapters folded into copies of the plain base ranker (`W + scale·B·A`; an id table
+    `E + scale·(B·A)ᵀ`), so a request whose candidates all use one slot adapter is scored by the
+    base model's forward at the base model's cost. The bank's `Folder`: a write computes the fold
+    once (before the swap, float64 sum rounded once: the same fold as
+    `trainers.models.lora.fold_lora`, checked in tests/unit/serving/test_serving_folded.py) and
+    each buffer keeps its own copy per row, written in place with the row's factors as part of
+    the swap (a copy is made once per row and buffer: only the adapted layers are copied, the
+    rest is shared with the plain model). A batch reads the folds of the buffers it holds, so
+    folds and factors always come from one swap; the swap itself costs a few tensor copies.
+    The arms' empty rows (unknown adapters) map to the plain model itself. Per-advertiser
+    adapters are not folded (the banked path mixes them)."""
 
     def __init__(self, plain: nn.Module, bank: AdapterStack, fold_ids: frozenset[str]) -> None:
         self.plain = plain
-        self.bank = bank
         self.fold_ids = fold_ids
+        self.scale = bank.scale
         self.null_rows = frozenset({bank.row(None, STABLE), bank.row(None, CANDIDATE)})
-        # row -> (row version, folded model); replaced whole (the rank thread reads it)
-        self.models: dict[int, tuple[int, nn.Module]] = {}
-        self.folds = 0
+        self.layers: dict[str, nn.Linear | nn.Embedding] = {}
+        for name in bank.shapes:
+            layer = plain.get_submodule(name)
+            if not isinstance(layer, nn.Linear | nn.Embedding):
+                raise AdapterError(f"layer {name!r} is {type(layer).__name__}, not Linear or Embedding")
+            self.layers[name] = layer
+        self.folds = 0  # folds computed (one per write of a folded adapter)
+        self.bank = bank
+        bank.folder = self
 
-    def refold(self) -> None:
-        """Fold the slot adapters whose rows changed since their copy was made (and drop the
-        copies of adapters no longer in the bank)."""
-        buf = self.bank.active
-        rows = {
-            self.bank.row(aid, arm)
-            for aid in self.bank.meta
-            if aid in self.fold_ids
-            for arm in (STABLE, CANDIDATE)
-        }
-        models = {r: m for r, m in self.models.items() if r in rows}
-        for r in rows:
-            if r not in models or models[r][0] != buf.version[r]:
-                models[r] = (buf.version[r], self.fold(buf, r))
-                self.folds += 1
-        self.models = models
+    def rows(self) -> set[int]:
+        """The rows folded in the bank's active buffers."""
+        return set(self.bank.active.folded)
 
-    def fold(self, buf: BankBuffers, row: int) -> nn.Module:
-        """A copy of the plain model with bank row `row` of `buf` folded in: the adapted layers
-        get new weights, everything else is shared with the plain model (nothing else is
-        copied, so a fold at swap time costs the adapted layers' arithmetic only)."""
-        scale = self.bank.scale
-        weights: dict[str, torch.Tensor] = {}
+    def folds_adapter(self, adapter_id: str) -> bool:
+        """Slot adapters are folded (every candidate of a request shares one)."""
+        return adapter_id in self.fold_ids
+
+    def fold(self, weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Each adapted layer's weight with the adapter's ΔW folded in (A [r, in], B [out, r])."""
+        out: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            for name in self.bank.shapes:
-                layer = self.plain.get_submodule(name)
-                a, b = buf.a[name][row].double(), buf.b[name][row].double()  # Aᵀ [in, r], Bᵀ [r, out]
-                if isinstance(layer, nn.Linear):
-                    delta = (a @ b).T  # ΔW = scale·B·A, [out, in]
-                elif isinstance(layer, nn.Embedding):
-                    delta = a @ b  # (B·A)ᵀ, [num_embeddings, dim]
-                else:
-                    raise AdapterError(f"layer {name!r} is {type(layer).__name__}, not Linear or Embedding")
+            for name, layer in self.layers.items():
+                a, b = weights[name]
+                delta = b.double() @ a.double()  # B·A, [out, in]
+                if isinstance(layer, nn.Embedding):
+                    delta = delta.T  # (B·A)ᵀ, [num_embeddings, dim]
                 w = layer.weight
-                weights[name] = (w.double() + scale * delta.to(w.device)).to(w.dtype)
-        return _with_weights(self.plain, weights)
+                out[name] = (w.double() + self.scale * delta.to(w.device)).to(w.dtype)
+        self.folds += 1
+        return out
+
+    def write(self, buf: BankBuffers, row: int, folded: Mapping[str, torch.Tensor]) -> None:
+        fold = buf.folded.get(row)
+        if fold is None:
+            buf.folded[row] = self._copy_with({n: t.clone() for n, t in folded.items()})
+            return
+        with torch.no_grad():
+            for name, w in fold[1].items():
+                w.copy_(folded[name])
+
+    def weights_of(self, fold: Fold) -> dict[str, torch.Tensor]:
+        return fold[1]
+
+    def copy(self, fold: Fold) -> Fold:
+        return self._copy_with({n: w.detach().clone() for n, w in fold[1].items()})
+
+    def _copy_with(self, weights: dict[str, torch.Tensor]) -> Fold:
+        """The plain model with these adapted layers' weights (held, so a write is in place)."""
+        model = _with_weights(self.plain, weights)
+        held: dict[str, torch.Tensor] = {}
+        for n in weights:
+            layer = model.get_submodule(n)
+            assert isinstance(layer, nn.Linear | nn.Embedding)
+            held[n] = layer.weight
+        return model, held
 
     def model_for(self, rows: torch.Tensor, buf: BankBuffers) -> nn.Module | None:
         """The folded (or plain) model that scores every candidate of `rows` exactly, if any:
-        all rows one slot adapter's, folded at the version `buf` holds, or all the empty row."""
+        all rows one folded slot adapter's in `buf`, or all the empty row."""
         if rows.numel() == 0:
             return None
         first = int(rows[0])
         if first in self.null_rows:
             return self.plain if bool((rows == first).all()) else None
-        hit = self.models.get(first)
-        if hit is None or hit[0] != buf.version[first] or not bool((rows == first).all()):
+        hit: Fold | None = buf.folded.get(first)
+        if hit is None or not bool((rows == first).all()):
             return None
-        return hit[1]
+        return hit[0]
 
 
 def _with_weights(module: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn.Module:
@@ -243,7 +265,6 @@ class RankModel:
         # slot adapters (one per slot: every candidate of a request shares it) are folded into
         # copies of the base at swap time; per-advertiser adapters take the banked (mixed) path
         self.folded = FoldedSlots(plain, self.bank, frozenset(settings.slots.names))
-        self.bank.on_swap.append(self.folded.refold)
         self.config: RankerConfig = model.config
         self.chunk = settings.serving.rank_chunk
 

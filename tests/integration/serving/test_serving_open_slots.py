@@ -102,7 +102,7 @@ def test_a_configured_fourth_slot_is_served_with_its_own_adapter(tmp_path: Path)
     path, io, pipe = _path(s, emitted)
     _news_adapter(pipe)
     # the slot adapter is folded into a copy of the base, as the default slots' adapters are
-    assert pipe.rank.folded.models and pipe.rank.bank.row("news", CANDIDATE) in pipe.rank.folded.models
+    assert pipe.rank.bank.row("news", CANDIDATE) in pipe.rank.folded.rows()
     news, feed = _serve(
         path, io, [AdRequest(user_id="u1", slot="news", k=4), AdRequest(user_id="u1", slot="feed", k=4)]
     )

@@ -138,6 +138,37 @@ def test_swap_rollback_and_promote(models: tuple[RankModel, PeftBank, Ranker]) -
         bank.rollback("adv:unknown")
 
 
+def test_rollback_restores_what_was_written_though_the_caller_changed_its_tensors(
+    models: tuple[RankModel, PeftBank, Ranker],
+) -> None:
+    """The bank keeps the weights it wrote for a rollback (not re-read from its buffers on each
+    put): they must be its own, so a caller that reuses or changes its tensors after `put`
+    does not change what a rollback puts back."""
+    bank = models[0].bank
+    shapes = bank.shapes
+    w1 = {m: (torch.full((4, s.fan_in), 0.02), torch.full((s.fan_out, 4), 0.02)) for m, s in shapes.items()}
+    w2 = {m: (torch.full((4, s.fan_in), 0.03), torch.full((s.fan_out, 4), 0.03)) for m, s in shapes.items()}
+    bank.put("adv:own", w1, version="seq-0", seq=0, base_version="v0")
+    for a, b in w1.values():  # the caller reuses its buffers
+        a.fill_(9.0)
+        b.fill_(9.0)
+    bank.put("adv:own", w2, version="seq-1", seq=1, base_version="v0")
+    meta = bank.rollback("adv:own")
+    m = next(iter(shapes))
+    assert meta.version == "seq-0"
+    assert torch.all(bank.weights("adv:own")[m][0] == 0.02) and torch.all(
+        bank.weights("adv:own")[m][1] == 0.02
+    )
+    w3 = {m: (torch.full((4, s.fan_in), 0.01), torch.full((s.fan_out, 4), 0.01)) for m, s in shapes.items()}
+    bank.put("adv:own", w3, version="seq-2", seq=2, base_version="v0")
+    for a, _ in w3.values():
+        a.fill_(7.0)
+    bank.put("adv:own", w1 | w2, version="seq-3", seq=3, base_version="v0")
+    assert bank.rollback("adv:own").version == "seq-2"
+    assert torch.all(bank.weights("adv:own")[m][0] == 0.01)
+    bank.evict("adv:own")
+
+
 # -- the batch plan: merged groups + per-sample tail, against an independent reference ---------
 
 N_ADAPTERS = 30

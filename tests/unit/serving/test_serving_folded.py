@@ -1,6 +1,7 @@
 """Slot adapters folded into copies of the base at swap time (`serving.ranking.FoldedSlots`):
 requests whose candidates share one slot adapter are scored by a plain forward that equals the
-banked (mixed-adapter) path; a swap refolds; per-advertiser adapters keep the banked path."""
+banked (mixed-adapter) path; a swap refolds, in each buffer's own copy, so a batch bound to the
+old buffers keeps the old fold; per-advertiser adapters keep the banked path."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def test_slot_adapters_are_folded_and_score_as_the_banked_path() -> None:
         )
     rank.bank.put("adv:x", _weights(rank, 9), version="s0", seq=0, base_version="v0")
     feed, search = rank.bank.row("feed", CANDIDATE), rank.bank.row("search", STABLE)
-    assert {feed, search, rank.bank.row("feed", STABLE)} <= set(rank.folded.models)
-    assert rank.bank.row("adv:x", CANDIDATE) not in rank.folded.models  # advertisers: banked
+    assert {feed, search, rank.bank.row("feed", STABLE)} <= rank.folded.rows()
+    assert rank.bank.row("adv:x", CANDIDATE) not in rank.folded.rows()  # advertisers: banked
     adv = rank.bank.row("adv:x", CANDIDATE)
     inputs = [
         _input(torch.full((30,), feed), 1),
@@ -85,31 +86,76 @@ def test_a_swap_refolds_the_changed_slot_only() -> None:
     before = rank.score(inp, use_adapters=True)[0]
     folds = rank.folded.folds
     with rank.bank.reading() as old:  # a batch still bound to the old buffers
+        held = rank.folded.model_for(inp[0].rows, old)
+        assert held is not None
         rank.bank.put("feed", _weights(rank, 7), version="s1", seq=1, base_version="v0")
         assert rank.folded.folds == folds + 1  # feed refolded at the swap, search untouched
-        assert rank.folded.model_for(inp[0].rows, old) is None  # its version is not the new fold's
+        # the held batch's fold did not move: it still scores as the old weights do
+        assert rank.folded.model_for(inp[0].rows, old) is held
+        with torch.inference_mode():
+            np.testing.assert_allclose(
+                torch.sigmoid(held(inp[0].dense, inp[0].ids)).numpy(), before, atol=1e-6
+            )
+        # a second swap while the batch holds them: a fresh copy of the buffers, folds included
+        rank.bank.put("feed", _weights(rank, 8), version="s2", seq=2, base_version="v0")
+        assert rank.folded.model_for(inp[0].rows, old) is held
     after = rank.score(inp, use_adapters=True)[0]
     assert abs(after - before).max() > 1e-4
     np.testing.assert_allclose(after, _banked(rank, inp)[0], atol=1e-5)
+    with rank.bank.reading() as buf:
+        assert rank.folded.model_for(inp[0].rows, buf) is not held
+    rank.bank.put("feed", _weights(rank, 9), version="s3", seq=3, base_version="v0")  # both copies caught up
+    np.testing.assert_allclose(rank.score(inp, use_adapters=True)[0], _banked(rank, inp)[0], atol=1e-5)
     rank.bank.evict("search")  # an evicted slot's copies go at that swap
-    assert set(rank.folded.models) == {rank.bank.row("feed", arm) for arm in (STABLE, CANDIDATE)}
+    assert rank.folded.rows() == {feed}
+    rank.bank.put("noise", _weights(rank, 2), version="s0", seq=0, base_version="v0")
+    assert rank.folded.rows() == {feed}  # not a slot: banked
+
+
+def test_the_fold_equals_the_trainers_fold_and_promotion_copies_it() -> None:
+    """The replica's fold is `trainers.models.lora.fold_lora`'s (W + scale·B·A summed in float64,
+    rounded once); promotion makes each stable row's fold its candidate's, in both buffers."""
+    rank = _model()
+    w = _weights(rank, 3)
+    rank.bank.put("feed", w, version="s0", seq=0, base_version="v0")
+    cand, stable = rank.bank.row("feed", CANDIDATE), rank.bank.row("feed", STABLE)
+    assert rank.folded.rows() == {cand}
+    with rank.bank.reading() as buf:
+        model = rank.folded.model_for(torch.full((3,), cand), buf)
+    assert model is not None
+    for name, (a, b) in w.items():
+        layer = rank.folded.plain.get_submodule(name)
+        delta = b.double() @ a.double()
+        if isinstance(layer, torch.nn.Embedding):
+            delta = delta.T
+        want = (layer.weight.double() + rank.bank.scale * delta).float()
+        assert torch.equal(model.get_submodule(name).weight, want), name
+    rank.bank.promote()
+    assert rank.folded.rows() == {cand, stable}
+    rank.bank.put("feed", _weights(rank, 4), version="s1", seq=1, base_version="v0")  # the other copy
+    inp = [_input(torch.full((20,), stable), 6), _input(torch.full((20,), cand), 7)]
+    with rank.bank.reading() as buf:
+        assert rank.folded.model_for(inp[0].rows, buf) is not None
+    got, want = rank.score(inp, use_adapters=True), _banked(rank, inp)
+    for g, x in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, x, atol=1e-5)
+    assert abs(got[0] - got[1]).max() > 1e-4  # stable kept s0, the candidate moved to s1
 
 
 def test_a_failing_fold_leaves_the_swap_standing_and_the_banked_path_serving() -> None:
-    """The fold runs as the bank's swap hook, after the buffers are swapped: an exception there
-    came out of `bank.put`, so the replica's applier took a swapped-in delta for a failed one
-    (its state not updated, the bank's moved). A hook's failure is logged; the swap stands and,
-    without a fold, the banked path scores the slot's candidates."""
+    """A fold that fails must not fail the swap (the replica's applier would take a swapped-in
+    delta for a failed one: its state not updated, the bank's moved): it is logged, the swap
+    stands and, without a fold, the banked path scores the slot's candidates."""
     rank = _model()
 
-    def broken(buf, row):  # type: ignore[no-untyped-def]
+    def broken(weights):  # type: ignore[no-untyped-def]
         raise RuntimeError("fold failed")
 
     rank.folded.fold = broken  # type: ignore[method-assign]
     meta = rank.bank.put("feed", _weights(rank, 0), version="s0", seq=0, base_version="v0")
     assert meta.version == "s0" and rank.bank.meta["feed"].seq == 0
     feed = rank.bank.row("feed", CANDIDATE)
-    assert feed not in rank.folded.models
+    assert feed not in rank.folded.rows()
     inp = [_input(torch.full((30,), feed), 1)]
     with rank.bank.reading() as buf:
         assert rank.folded.model_for(inp[0].rows, buf) is None

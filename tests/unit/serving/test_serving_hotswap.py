@@ -11,6 +11,7 @@ from safetensors.torch import save
 
 from schemas.delta import AdapterState, empty_state, encode_delta, full_parts, make_delta, select_parts
 from schemas.settings import Settings
+from serving.adapters import CANDIDATE
 from serving.hotswap import DeltaApplier
 from serving.ranking import RankModel
 from trainers.models.ranker import Ranker, RankerConfig
@@ -223,3 +224,25 @@ def test_prepare_off_the_loop_then_commit_equals_apply_and_redoes_a_moved_state(
     assert torch.allclose(applier.bank.weights("slot:feed")[m][0], st2.tensors[f"{m}.lora_A"])
     assert applier.commit(d1, applier.prepare(d1)) == "stale"
     assert applier.outcomes["gap"] == 0 and "slot:feed" not in applier.needs_resync
+
+
+def test_the_swap_on_the_loop_only_copies_what_prepare_checked_and_folded(applier: DeltaApplier) -> None:
+    """A replica prepares a delta off the event loop (signature, decode, checks, the slot's
+    fold) and commits it on the loop: the commit must not check or fold again (that work held
+    every request on the loop), and what it swaps in is the checked weights with their fold."""
+    st = empty_state("feed", "v0", _shapes(applier), 4)
+    st1, d1 = _step(st, 0.05, 1)
+    bank, folder = applier.bank, applier.bank.folder
+    assert folder is not None
+    prep = applier.prepare(d1)
+    assert prep.write is not None and prep.write.folded is not None
+
+    def not_on_the_loop(*args: object) -> None:
+        raise AssertionError("checked or folded again at commit")
+
+    bank.check, folder.fold = not_on_the_loop, not_on_the_loop  # type: ignore[method-assign,assignment]
+    assert applier.commit(d1, prep) == "applied"
+    row = bank.row("feed", CANDIDATE)
+    assert row in folder.rows()  # type: ignore[attr-defined]
+    m = st1.modules[0]
+    assert torch.equal(bank.weights("feed")[m][0], st1.tensors[f"{m}.lora_A"])
