@@ -179,6 +179,9 @@ def main() -> None:
         "failed_requests": int(str(result["errors"])),
         "requests": result["requests"],
         "max_pause_ms": round(metric(metrics, "adstream_serving_swap_pause_max_seconds") * 1000, 3),
+        # the same pause in the loop thread's CPU time: the swap's own work, without the time
+        # the thread waited for the GIL (Ray Serve's threads) or for a core (2 cores, wrk, broker)
+        "max_pause_cpu_ms": round(metric(metrics, "adstream_serving_swap_pause_cpu_max_seconds") * 1000, 3),
         "mean_pause_ms": round(
             1000
             * metric(metrics, "adstream_serving_swap_pause_seconds_sum")

@@ -12,6 +12,7 @@ import asyncio
 import gc
 import json
 import logging
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -128,6 +129,8 @@ class AdServer:
         self.admin_digest = admin_digest
         self.api_keys = frozenset(api_keys)  # digests of serve_api_keys; empty: /v1/ads is open
         torch.set_num_threads(1)
+        if s.serving.gil_switch_interval_ms > 0:  # see ServingSettings.gil_switch_interval_ms
+            sys.setswitchinterval(s.serving.gil_switch_interval_ms / 1000)
         self.metrics = ServingMetrics()
         device = resolve_device(s.device)
         model, version = load_ranker(s, device)

@@ -110,6 +110,7 @@ class ReplicaLoops:
         self.canary = canary
         self.redis = redis
         self.max_swap_pause_s = 0.0  # the longest a delta swap held the loop (and every request)
+        self.max_swap_pause_cpu_s = 0.0  # of which the loop thread's own CPU time
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._restarts: dict[str, int] = {}
         # where each follower left off survives reconnects and task restarts: never a full replay
@@ -243,12 +244,15 @@ class ReplicaLoops:
         # verify, decode, check and fold off the loop (requests keep being served); on the loop
         # only the swap: a few tensor copies into the buffers no batch reads
         prep = await asyncio.to_thread(self.applier.prepare, msg)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         outcome = self.applier.commit(msg, prep, arms)
         pause = time.perf_counter() - t  # the loop (and every request on it) waited this long
+        pause_cpu = time.thread_time() - cpu  # of which the swap's own work
         self.metrics.swap_pause.observe(pause)
         self.max_swap_pause_s = max(self.max_swap_pause_s, pause)
+        self.max_swap_pause_cpu_s = max(self.max_swap_pause_cpu_s, pause_cpu)
         self.metrics.swap_pause_max.set(self.max_swap_pause_s)
+        self.metrics.swap_pause_cpu_max.set(self.max_swap_pause_cpu_s)
         self.metrics.deltas.labels(outcome).inc()
         if outcome in ("gap", "new_epoch"):  # a new epoch's deltas follow its snapshot in Redis
             outcome = await self.resync(msg.adapter_id, "resync")

@@ -79,6 +79,12 @@ class ServingMetrics:
         self.swap_pause_max = Gauge(
             "adstream_serving_swap_pause_max_seconds", "Longest swap pause since start", registry=r
         )
+        self.swap_pause_cpu_max = Gauge(
+            "adstream_serving_swap_pause_cpu_max_seconds",
+            "Longest swap pause since start in the loop thread's own CPU time (the wall-clock pause "
+            "less the time the thread waited for the GIL or a core)",
+            registry=r,
+        )
         self.swaps = Gauge("adstream_serving_adapter_swaps", "Buffer swaps of the adapter bank", registry=r)
         self.adapters = Gauge("adstream_serving_adapters", "Adapters held by the replica", registry=r)
         self.staleness = Gauge(

@@ -48,6 +48,16 @@ class ServingSettings(Group):
     rank_thread: bool = Field(
         False, description="Rank on one worker thread beside the replica's event loop (torch frees the GIL)"
     )
+    gil_switch_interval_ms: float = Field(
+        1.0,
+        ge=0,
+        le=100,
+        description="The replica process' GIL switch interval (Python's default is 5 ms; 0 keeps it): Ray "
+        "Serve runs the replica's own loop and the ad server's loop on two threads, and a request "
+        "waits up to one interval each time the other thread holds the GIL (at 80 % of one "
+        "replica's capacity, 1 ms took the shed requests from 1-72 to 0 per 3,400; "
+        "docs/limitations.md, hot swap)",
+    )
     batch_wait_ms: float = Field(0.0, ge=0, description="@serve.batch wait (0: take what is queued)")
     adapter_capacity: int = Field(2048, ge=1, description="Adapters a replica can hold")
     rank_chunk: int = Field(2048, ge=1, description="Rank on CPU: candidates per forward pass")

@@ -439,3 +439,25 @@ def test_dense_layers_follow_every_swap_and_match_the_factors() -> None:
         checks.append(got)
     assert not torch.allclose(checks[0], plain(x), atol=1e-3)  # the adapters really move the outputs
     assert not torch.allclose(checks[1], checks[2], atol=1e-4)  # rollback changed "a"
+
+
+def test_promote_copies_the_held_adapters_rows_not_whole_tables() -> None:
+    """A promotion is a swap on the replica's loop: copying every row of every table made its
+    pause grow with `adapter_capacity` (4 ms at 2,048 rows), though only the rows of adapters
+    the bank holds can differ between the arms. A row the bank does not hold is left as it is."""
+    torch.manual_seed(0)
+    settings = Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": 8})
+    bank = RankModel(Ranker(CFG).eval(), "v0", settings, torch.device("cpu")).bank
+    shapes = bank.shapes
+    w = {m: (torch.full((4, s.fan_in), 0.02), torch.full((s.fan_out, 4), 0.03)) for m, s in shapes.items()}
+    bank.put("adv:held", w, version="seq-0", seq=0, base_version="v0")
+    free = bank.meta["adv:held"].slot + 1  # the next slot, not yet given to an adapter
+    m = next(iter(shapes))
+    for buf in bank._buffers:  # a stray value in a row nobody holds (never read: no adapter maps to it)
+        buf.a[m][bank.stride + free].fill_(7.0)
+    bank.promote()
+    assert torch.allclose(bank.weights("adv:held", STABLE)[m][0], w[m][0])
+    assert torch.allclose(bank.weights("adv:held", STABLE)[m][1], w[m][1])
+    assert torch.count_nonzero(bank.active.a[m][free]) == 0  # not copied: only held rows are
+    bank.promote()  # the replay onto the other buffer too
+    assert torch.count_nonzero(bank.active.a[m][free]) == 0
