@@ -8,7 +8,10 @@ constant spend s adstocks to s) followed by a logistic saturation β·(1 − e^(
 (`fit_mmm`). The lift that a campaign's holdout measured (`attribution.incrementality.measure_lift`)
 enters as PyMC-Marketing's lift-test calibration (`add_lift_test_measurements`): at daily spend x
 the campaign's curve from 0 to x must give the incremental conversions a day that the experiment
-saw, within its standard error.
+saw, within its standard error. Experiments run outside adstream (a geo test, a platform's
+conversion-lift study of an outside channel) enter the same way from a lift file
+(`parse_lift_csv`, `adstream attribution mmm --lift-file FILE.csv`): the channels adstream does not
+serve have no holdout, and their curves are otherwise set by the priors.
 
 From the posterior: each channel's contribution (credit shares), its response curve (expected
 conversions a day at a steady daily spend, with an interval), and budget moves: the fixed total
@@ -24,7 +27,10 @@ chains disagree (r-hat > 1.1), is an `MmmFitError`, never a silent result.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,6 +178,100 @@ def lift_tests(data: MmmData, lifts: dict[str, Lift], by: str) -> list[dict[str,
             }
         )
     return rows
+
+
+class LiftFileError(AttributionInputError):
+    """A lift file with bad rows: each named by its line number; nothing was fitted."""
+
+
+LIFT_COLUMNS = ("channel", "x", "delta_x", "delta_y", "sigma")
+LIFT_REQUIRED = ("channel", "delta_x", "delta_y", "sigma")
+
+
+def parse_lift_csv(
+    text: str, channels: tuple[str, ...], name: str = "lift file"
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Lift experiments run outside adstream (a geo test, a platform's conversion-lift study) as
+    PyMC-Marketing lift-test rows, and notes on rows that were adjusted.
+
+    The file has a header `channel,x,delta_x,delta_y,sigma` (any order; `x` may be left out: 0),
+    one experiment a row, in the media-mix model's daily units: at daily spend `x` a change of
+    `delta_x` a day changed conversions by `delta_y` a day, with standard error `sigma`. `channel`
+    is one of the fitted channels as `adstream attribution mmm` names them (an outside channel as
+    `source/medium[/campaign]`). The whole file is checked first; every bad row is named by its
+    line. A measured lift whose sign is opposite to the spend change (noise around no effect) is
+    counted as 0, as a holdout's negative lift is (the response curves cannot go down), and said in
+    the notes.
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    header = [h.strip() for h in reader.fieldnames or []]
+    missing = [c for c in LIFT_REQUIRED if c not in header]
+    if missing:
+        raise LiftFileError(
+            f"{name}: line 1: header lacks {', '.join(missing)} (needs {','.join(LIFT_COLUMNS)})"
+        )
+    unknown = [h for h in header if h not in LIFT_COLUMNS]
+    if unknown:
+        raise LiftFileError(f"{name}: line 1: unknown columns {', '.join(map(repr, unknown))}")
+    reader.fieldnames = header
+    known = set(channels)
+    rows: list[dict[str, Any]] = []
+    errors: list[str] = []
+    notes: list[str] = []
+    for record in reader:
+        line = reader.line_num
+        if None in record or any(v is None for v in record.values()):
+            errors.append(f"line {line}: expected {len(header)} cells")
+            continue
+        if not any(v.strip() for v in record.values()):
+            continue  # a blank line
+        try:
+            row = _lift_row(record, known)
+        except ValueError as exc:
+            errors.append(f"line {line}: {exc}")
+            continue
+        if row["delta_x"] * row["delta_y"] < 0:
+            notes.append(
+                f"line {line}: {row['channel']}'s lift {row['delta_y']:+g} has the opposite sign of "
+                f"its spend change {row['delta_x']:+g}; counted as 0"
+            )
+            row["delta_y"] = 0.0
+        rows.append(row)
+    if errors:
+        shown = "; ".join(errors[:20])
+        more = f" (and {len(errors) - 20} more)" if len(errors) > 20 else ""
+        raise LiftFileError(f"{name}: {len(errors)} bad rows, nothing fitted: {shown}{more}")
+    if not rows:
+        raise LiftFileError(f"{name}: no lift rows")
+    return rows, notes
+
+
+def _lift_row(record: dict[str, str], known: set[str]) -> dict[str, Any]:
+    """One lift-file row's cells → a lift-test row; ValueError naming the cell otherwise."""
+    channel = record["channel"].strip()
+    if channel not in known:
+        shown = ", ".join(sorted(known)[:12]) + (", …" if len(known) > 12 else "")
+        raise ValueError(f"channel {channel!r} is not in the data (channels: {shown})")
+    row: dict[str, Any] = {"channel": channel}
+    for col in ("x", "delta_x", "delta_y", "sigma"):
+        raw = (record.get(col) or "").strip() or ("0" if col == "x" else "")
+        try:
+            v = float(raw)
+        except ValueError:
+            raise ValueError(f"{col} {raw!r} is not a number") from None
+        if not math.isfinite(v):
+            raise ValueError(f"{col} {raw!r} is not finite")
+        row[col] = v
+    x, dx = row["x"], row["delta_x"]
+    if x < 0:
+        raise ValueError(f"x {x:g} is below 0 (a daily spend)")
+    if dx == 0:
+        raise ValueError("delta_x is 0: an experiment changes the spend")
+    if x + dx < 0:
+        raise ValueError(f"x + delta_x = {x + dx:g} is below 0 (a daily spend)")
+    if row["sigma"] <= 0:
+        raise ValueError(f"sigma {row['sigma']:g} is not above 0 (the lift's standard error)")
+    return row
 
 
 @dataclass

@@ -28,6 +28,7 @@ from workloads.attribution_market import (
     AttributionMarketConfig,
     MarketData,
     channel_names,
+    outside_lift_csv,
     period,
     simulate,
     write_raw,
@@ -146,7 +147,8 @@ def check_market(
 
     `variants` adds named runs of a model with other knobs, e.g.
     `{"markov_null_removal": ("markov", {"markov_removal": "null"})}`. `mmm` ("quick" or "full")
-    adds the media-mix model (`mmm`, and `mmm+holdout` with holdouts) and scores every model per
+    adds the media-mix model (`mmm`, `mmm+holdout` with holdouts, `mmm+lift` with them and a
+    simulated geo test of each outside channel) and scores every model per
     campaign and on its response curves (`check_mmm`).
     """
     model_cfg = model_cfg or ModelConfig(seed=cfg.seed)
@@ -317,11 +319,12 @@ def check_mmm(
     seed: int = 0,
 ) -> dict[str, ModelTruth]:
     """The media-mix model on the market's daily data (per campaign and outside channel),
-    uncalibrated and holdout-calibrated, scored like the multi-touch models: TV error of shares
-    per unit, response-curve error, and the true outcome of its budget moves re-simulated. The
-    multi-touch models in `scored` gain their per-unit error and the error of the curve their
-    budget moves assume (credit a day × (s/s̄)^0.5)."""
-    from attribution.mmm import daily_data, fit_mmm, lift_tests, plan_mmm_budget
+    uncalibrated, holdout-calibrated and (with outside channels) calibrated also by a geo test of
+    each outside channel (`outside_lift_csv` through the lift-file reader), scored like the
+    multi-touch models: TV error of shares per unit, response-curve error, and the true outcome of
+    its budget moves re-simulated. The multi-touch models in `scored` gain their per-unit error and
+    the error of the curve their budget moves assume (credit a day × (s/s̄)^0.5)."""
+    from attribution.mmm import daily_data, fit_mmm, lift_tests, parse_lift_csv, plan_mmm_budget
 
     since, until = period(cfg)
     mdata = daily_data(backend, "campaign", since, until)
@@ -339,9 +342,16 @@ def check_mmm(
             campaign_error=tv_distance(credit, truth_units),
             curve_error=curve_error(credit[None, :] / cfg.days * m**ELASTICITY, true_c),
         )
-    fits = {"mmm": None}
+    fits: dict[str, list[dict[str, Any]] | None] = {"mmm": None}
+    held: list[dict[str, Any]] = []
     if cfg.holdout_share > 0:
-        fits["mmm+holdout"] = lift_tests(mdata, measure_lift(backend, since, until), "campaign")  # type: ignore[assignment]
+        held = lift_tests(mdata, measure_lift(backend, since, until), "campaign")
+        fits["mmm+holdout"] = held
+    if cfg.outside:
+        # the holdouts and a geo test of each outside channel, read as a lift file is
+        # (`adstream attribution mmm --lift-file`): what calibrates the channels adstream does not serve
+        outside_rows, _ = parse_lift_csv(outside_lift_csv(data, seed=seed), units, "simulated lift file")
+        fits["mmm+lift"] = held + outside_rows
     out: dict[str, ModelTruth] = {}
     for name, lifts in fits.items():
         fit = fit_mmm(mdata, lifts, quick=quick, seed=seed)

@@ -238,6 +238,13 @@ def mmm(
     calibrate: Annotated[
         bool, typer.Option(help="Calibrate with the holdouts' lift (--by campaign)")
     ] = False,
+    lift_file: Annotated[
+        str | None,
+        typer.Option(
+            help="CSV of lift experiments run outside adstream (channel,x,delta_x,delta_y,sigma "
+            "a day), calibrating those channels' curves"
+        ),
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick/--full", help="ADVI in seconds, or NUTS")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the fit")] = 0,
     max_change: Annotated[
@@ -255,7 +262,14 @@ def mmm(
     from pathlib import Path
 
     from attribution.incrementality import measure_lift
-    from attribution.mmm import daily_data, fit_mmm, lift_tests, meridian_export, plan_mmm_budget
+    from attribution.mmm import (
+        daily_data,
+        fit_mmm,
+        lift_tests,
+        meridian_export,
+        parse_lift_csv,
+        plan_mmm_budget,
+    )
 
     t_until = parse_time(until, "--until", int(time.time()))
     t_since = parse_time(since, "--since", t_until - 56 * DAY)
@@ -265,13 +279,24 @@ def mmm(
     tests = lift_tests(data, lifts, by.value) if calibrate else None
     if calibrate and not tests:
         raise AttributionInputError("--calibrate: no channel of the range has a holdout lift")
+    notes: list[str] = []
+    if lift_file:
+        path = Path(lift_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AttributionInputError(f"--lift-file {lift_file!r}: cannot read it ({exc})") from None
+        outside_tests, notes = parse_lift_csv(text, data.channels, path.name)
+        tests = [*(tests or []), *outside_tests]
+        for note in notes:
+            typer.echo(f"{path.name}: {note}", err=True)
     with contextlib.redirect_stdout(sys.stderr):  # the libraries' progress lines stay off --json's stdout
         fit = fit_mmm(data, tests, quick=quick, seed=seed)
     plan = plan_mmm_budget(fit, max_change)
     out = {
         "channels": list(data.channels), "days": data.days, "fit": fit.meta,
         "shares": dict(zip(data.channels, fit.shares().round(4).tolist(), strict=True)),
-        "curves": fit.curves(), "budget": plan.to_dict(),
+        "curves": fit.curves(), "budget": plan.to_dict(), "lift_file_notes": notes,
     }  # fmt: skip
     if meridian:
         out["meridian"] = meridian_export(data, lifts, Path(meridian))

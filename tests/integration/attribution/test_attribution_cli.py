@@ -188,12 +188,46 @@ def test_mmm_bad_input_exits_2_naming_it(
     assert needle in err and "Traceback" not in err
 
 
+def test_mmm_lift_file_bad_rows_exit_2_naming_each_line(
+    db: tuple[dict[str, str], str],
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("pymc_marketing")
+    from deploy.cli import main
+
+    env, _ = db
+    monkeypatch.setenv("ADSTREAM_CLICKHOUSE__URL", env["ADSTREAM_CLICKHOUSE__URL"])
+    bad = tmp_path / "lifts.csv"
+    first = CFG.campaigns[0].campaign_id
+    bad.write_text(f"channel,x,delta_x,delta_y,sigma\ntv/linear,0,1,1,1\n{first},0,1,1,-2\n")
+    window = ["--since", "2026-11-01", "--until", "2026-11-15"]
+    for lift_file, needles in [
+        (str(bad), ["lifts.csv: 2 bad rows", "line 2: channel 'tv/linear' is not in the data",
+                    "line 3: sigma -2 is not above 0"]),
+        (str(tmp_path / "missing.csv"), ["--lift-file", "missing.csv", "cannot read it"]),
+    ]:  # fmt: skip
+        monkeypatch.setattr(
+            sys, "argv", ["adstream", "attribution", "mmm", "--quick", *window, "--lift-file", lift_file]
+        )
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        err = " ".join(capsys.readouterr().err.split())  # the error panel wraps lines
+        assert exit_info.value.code == 2, err
+        assert all(n in err for n in needles) and "Traceback" not in err, err
+
+
 @pytest.mark.timeout(900)  # a quick fit: ~25 s of CPU, more wall time on a loaded machine
 def test_mmm_quick_fit_prints_curves_moves_and_writes_meridians_files(
     db: tuple[dict[str, str], str], tmp_path: Any
 ) -> None:
     pytest.importorskip("pymc_marketing")
     env, _ = db
+    # an experiment run outside adstream on one campaign, and one whose lift came out below 0
+    first, second = (c.campaign_id for c in CFG.campaigns[:2])
+    lifts = tmp_path / "lifts.csv"
+    lifts.write_text(f"channel,x,delta_x,delta_y,sigma\n{first},0,5,0.2,0.1\n{second},0,3,-0.1,0.2\n")
     args = [
         "mmm",
         "--quick",
@@ -204,6 +238,8 @@ def test_mmm_quick_fit_prints_curves_moves_and_writes_meridians_files(
         "2026-11-15",
         "--meridian",
         str(tmp_path),
+        "--lift-file",
+        str(lifts),
     ]
     out = subprocess.run(
         [sys.executable, "-c", "from deploy.cli import main; main()", "attribution", *args],
@@ -212,6 +248,9 @@ def test_mmm_quick_fit_prints_curves_moves_and_writes_meridians_files(
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
     assert body["days"] == 14 and body["fit"]["method"] == "advi"
+    assert body["fit"]["lift_tests"] == [first, second]
+    assert len(body["lift_file_notes"]) == 1 and body["lift_file_notes"][0].startswith(f"line 3: {second}")
+    assert "counted as 0" in out.stderr
     # every own campaign, and the outside channels whose spend the module's other tests imported
     # into this database (`adstream spend import`: source/medium names): the MMM models both
     own = {c.campaign_id for c in CFG.campaigns}

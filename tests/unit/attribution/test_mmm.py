@@ -16,6 +16,7 @@ from attribution.incrementality import Lift
 from attribution.migrate import apply_migrations
 from attribution.mmm import (
     L_MAX,
+    LiftFileError,
     MmmData,
     daily_data,
     equalise_marginal,
@@ -23,6 +24,7 @@ from attribution.mmm import (
     lift_tests,
     lognormal_prior,
     meridian_export,
+    parse_lift_csv,
     plan_mmm_budget,
 )
 from attribution.paths import AttributionInputError
@@ -31,6 +33,7 @@ from workloads.attribution_market import (
     SLOTS,
     AttributionMarketConfig,
     default_outside,
+    outside_lift_csv,
     period,
     simulate,
     write_raw,
@@ -240,3 +243,87 @@ def test_full_fit_by_nuts_converges() -> None:
     assert fit.shares().sum() == pytest.approx(1.0)
     plan = plan_mmm_budget(fit)
     assert plan.gain["low"] <= plan.gain["mean"] <= plan.gain["high"]
+
+
+LIFT_CHANNELS = ("cmp_a", "google/cpc/brand", "newsletter/email")
+
+
+def test_lift_file_rows_in_pymc_marketings_form() -> None:
+    text = (
+        "channel,delta_x,delta_y,sigma\n"  # x left out: 0
+        "google/cpc/brand,60,5.5,1.2\n"
+        "\n"
+        "newsletter/email,8,-0.4,0.3\n"  # a lift that came out with the wrong sign (noise)
+    )
+    rows, notes = parse_lift_csv(text, LIFT_CHANNELS)
+    assert rows == [
+        {"channel": "google/cpc/brand", "x": 0.0, "delta_x": 60.0, "delta_y": 5.5, "sigma": 1.2},
+        {"channel": "newsletter/email", "x": 0.0, "delta_x": 8.0, "delta_y": 0.0, "sigma": 0.3},
+    ]
+    assert len(notes) == 1 and notes[0].startswith("line 4: newsletter/email") and "counted as 0" in notes[0]
+    rows, notes = parse_lift_csv("sigma,channel,x,delta_y,delta_x\n0.5,cmp_a,10,-1,-4\n", LIFT_CHANNELS)
+    assert rows == [{"channel": "cmp_a", "x": 10.0, "delta_x": -4.0, "delta_y": -1.0, "sigma": 0.5}]
+    assert notes == []
+
+
+def test_lift_file_bad_rows_are_each_named_by_line() -> None:
+    text = (
+        "channel,x,delta_x,delta_y,sigma\n"
+        "tv/linear,0,10,1,1\n"  # 2: not a fitted channel
+        "cmp_a,0,ten,1,1\n"  # 3
+        "cmp_a,0,10,nan,1\n"  # 4
+        "cmp_a,0,10,1,0\n"  # 5
+        "cmp_a,0,0,1,1\n"  # 6
+        "cmp_a,-1,10,1,1\n"  # 7
+        "cmp_a,5,-6,-1,1\n"  # 8
+        "cmp_a,0,10\n"  # 9
+        "cmp_a,0,10,1,1\n"  # 10: fine
+    )
+    with pytest.raises(LiftFileError) as info:
+        parse_lift_csv(text, LIFT_CHANNELS, "lifts.csv")
+    msg = str(info.value)
+    assert msg.startswith("lifts.csv: 8 bad rows, nothing fitted")
+    for line, needle in [
+        (2, "channel 'tv/linear' is not in the data"),
+        (3, "delta_x 'ten' is not a number"),
+        (4, "delta_y 'nan' is not finite"),
+        (5, "sigma 0 is not above 0"),
+        (6, "delta_x is 0"),
+        (7, "x -1 is below 0"),
+        (8, "x + delta_x = -1 is below 0"),
+        (9, "expected 5 cells"),
+    ]:
+        assert f"line {line}: {needle}" in msg, (line, msg)
+    assert "line 10" not in msg
+    for bad, needle in [
+        ("channel,delta_x,sigma\ncmp_a,1,1\n", "line 1: header lacks delta_y"),
+        ("channel,x,delta_x,delta_y,sigma,geo\n", "line 1: unknown columns 'geo'"),
+        ("channel,x,delta_x,delta_y,sigma\n", "no lift rows"),
+        ("", "line 1: header lacks channel"),
+    ]:
+        with pytest.raises(LiftFileError, match=needle):
+            parse_lift_csv(bad, LIFT_CHANNELS)
+
+
+def test_simulated_geo_tests_estimate_the_outside_channels_truth(market: tuple[ChdbBackend, object]) -> None:
+    _, data = market
+    names = tuple(o.name for o in CFG.outside)
+    caused = data.outside_expected() / CFG.days  # type: ignore[attr-defined]
+    t = data.conv["t"]  # type: ignore[attr-defined]
+    per_day = np.count_nonzero((t >= 0) & (t < CFG.days * 86400)) / CFG.days
+    se = np.sqrt(per_day / CFG.days * (1 / 0.8 + 1 / 0.2))  # a 20 % geo holdout's Poisson error
+    draws = []
+    for seed in range(200):
+        text = outside_lift_csv(data, holdout=0.2, seed=seed)  # type: ignore[arg-type]
+        rows, _ = parse_lift_csv(text, names)
+        assert [r["channel"] for r in rows] == list(names)
+        for j, r in enumerate(rows):
+            assert r["x"] == 0.0 and r["sigma"] == pytest.approx(se, rel=1e-4)
+            assert r["delta_x"] == pytest.approx(data.outside_spend[j].mean(), rel=1e-5)  # type: ignore[attr-defined]
+        draws.append([float(line.split(",")[3]) for line in text.splitlines()[1:]])
+    est = np.array(draws)
+    # unbiased around the truth (before the reader's clamp at 0), spread by the stated error
+    assert np.abs(est.mean(axis=0) - caused).max() < 4 * se / np.sqrt(200)
+    assert est.std(axis=0) == pytest.approx(np.full(3, se), rel=0.2)
+    with pytest.raises(ValueError, match=r"holdout 1\.0"):
+        outside_lift_csv(data, holdout=1.0)  # type: ignore[arg-type]
