@@ -324,7 +324,15 @@ def check_mmm(
     multi-touch models: TV error of shares per unit, response-curve error, and the true outcome of
     its budget moves re-simulated. The multi-touch models in `scored` gain their per-unit error and
     the error of the curve their budget moves assume (credit a day × (s/s̄)^0.5)."""
-    from attribution.mmm import daily_data, fit_mmm, lift_tests, parse_lift_csv, plan_mmm_budget
+    from attribution.mmm import (
+        daily_data,
+        fit_mmm,
+        lift_tests,
+        parse_lift_csv,
+        plan_mmm_budget,
+        plan_mmm_split,
+        slot_split,
+    )
 
     since, until = period(cfg)
     mdata = daily_data(backend, "campaign", since, until)
@@ -384,4 +392,19 @@ def check_mmm(
             gain_interval=(g["mean"], g["low"], g["high"]),
             outcome=outcome,
         )
+        if lifts and SPLIT_BY in results:
+            # the same fit's moves per slot: each campaign split by the calibrated multi-touch
+            # model of the lowest credit error on every market so far (`plan_mmm_split`)
+            split = slot_split(results[SPLIT_BY], dict(zip(data.channels, data.spend(), strict=True)))
+            sp = plan_mmm_split(fit, split)
+            g = sp.gain
+            out[f"{name}+slots"] = replace(
+                out[name],
+                model=f"{name}+slots",
+                gain_interval=(g["mean"], g["low"], g["high"]),
+                outcome=plan_outcome(cfg, data, sp.multipliers) if budget_moves else None,
+            )
     return out
+
+
+SPLIT_BY = "shapley+holdout"

@@ -227,6 +227,21 @@ def lift(
         )
 
 
+def _split_plan(fit: Any, model: str, by: Granularity, calibrate: bool, since: int, until: int,
+                max_change: float, seed: int) -> Any:  # fmt: skip
+    """The media-mix moves per slot: each campaign's curve split by `model`'s credit per slot."""
+    from attribution.mmm import plan_mmm_split, slot_split
+    from attribution.runs import run_and_store
+
+    backend, s = _backend()
+    run = run_and_store(
+        backend, s, models=[model], by="slot_campaign", since=since, until=until, seed=seed,
+        calibrate_holdout=calibrate, store=False,
+    )  # fmt: skip
+    result = run.results[f"{model}+holdout" if calibrate else model]
+    return plan_mmm_split(fit, slot_split(result, run.spend), max_change)
+
+
 @app.command()
 def mmm(
     by: Annotated[Granularity, typer.Option(help="Channel granularity")] = Granularity.campaign,
@@ -243,6 +258,13 @@ def mmm(
         typer.Option(
             help="CSV of lift experiments run outside adstream (channel,x,delta_x,delta_y,sigma "
             "a day), calibrating those channels' curves"
+        ),
+    ] = None,
+    split_by: Annotated[
+        str | None,
+        typer.Option(
+            help="Also move budget per slot: each campaign's fitted curve split by this multi-touch "
+            "model's credit per slot (holdout-calibrated with --calibrate; --by campaign)"
         ),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick/--full", help="ADVI in seconds, or NUTS")] = False,
@@ -273,6 +295,14 @@ def mmm(
 
     t_until = parse_time(until, "--until", int(time.time()))
     t_since = parse_time(since, "--since", t_until - 56 * DAY)
+    if split_by:
+        from attribution.models import check_model
+
+        check_model(split_by)
+        if by != Granularity.campaign:
+            raise AttributionInputError(
+                f"--split-by splits campaigns into slots: it needs --by campaign, not {by.value!r}"
+            )
     backend, _ = _backend()
     data = daily_data(backend, by.value, t_since, t_until, advertiser)
     lifts = measure_lift(backend, t_since, t_until) if calibrate or meridian else {}
@@ -293,10 +323,12 @@ def mmm(
     with contextlib.redirect_stdout(sys.stderr):  # the libraries' progress lines stay off --json's stdout
         fit = fit_mmm(data, tests, quick=quick, seed=seed)
     plan = plan_mmm_budget(fit, max_change)
+    if split_by:
+        plan = _split_plan(fit, split_by, by, calibrate, t_since, t_until, max_change, seed)
     out = {
         "channels": list(data.channels), "days": data.days, "fit": fit.meta,
         "shares": dict(zip(data.channels, fit.shares().round(4).tolist(), strict=True)),
-        "curves": fit.curves(), "budget": plan.to_dict(), "lift_file_notes": notes,
+        "curves": fit.curves(), "budget": plan.to_dict(), "lift_file_notes": notes, "split_by": split_by,
     }  # fmt: skip
     if meridian:
         out["meridian"] = meridian_export(data, lifts, Path(meridian))
@@ -309,8 +341,9 @@ def mmm(
     rows: list[dict[str, Any]] = plan.to_dict()["channels"]
     for row in rows:
         c = row["channel"]
+        share = f"share {shares[c]:.1%}" if c in shares else f"slot of {c.partition(':')[0]}"
         typer.echo(
-            f"{c}: share {shares[c]:.1%}, daily spend {row['daily_spend']:,.2f} → "
+            f"{c}: {share}, daily spend {row['daily_spend']:,.2f} → "
             f"{row['recommended_daily_spend']:,.2f} ({row['gain']:+.2f} conversions/day, "
             f"90% {row['gain_low']:+.2f}…{row['gain_high']:+.2f})"
         )

@@ -115,7 +115,7 @@ def test_bad_input_exits_2_naming_the_value(
     monkeypatch.setattr(sys, "argv", ["adstream", "attribution", *args, "--no-store"])
     with pytest.raises(SystemExit) as exit_info:
         main()
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # the error panel wraps lines
     assert exit_info.value.code == 2, err
     assert needle in err and "Traceback" not in err
 
@@ -166,6 +166,8 @@ def test_spend_import_then_roi_shows_the_outside_channel(
         (["--since", "2026-11-01T10:00", "--until", "2026-11-01T20:00"], "no whole UTC day"),
         (["--by", "slot", "--calibrate", "--since", "2026-11-01", "--until", "2026-11-15"], "--by campaign"),
         (["--by", "zone"], "'zone'"),
+        (["--split-by", "nope", "--since", "2026-11-01", "--until", "2026-11-15"], "'nope'"),
+        (["--by", "slot", "--split-by", "shapley"], "needs --by campaign, not 'slot'"),
     ],
 )
 def test_mmm_bad_input_exits_2_naming_it(
@@ -183,7 +185,7 @@ def test_mmm_bad_input_exits_2_naming_it(
     monkeypatch.setattr(sys, "argv", ["adstream", "attribution", "mmm", "--quick", *args])
     with pytest.raises(SystemExit) as exit_info:
         main()
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # the error panel wraps lines
     assert exit_info.value.code == 2, err
     assert needle in err and "Traceback" not in err
 
@@ -240,6 +242,8 @@ def test_mmm_quick_fit_prints_curves_moves_and_writes_meridians_files(
         str(tmp_path),
         "--lift-file",
         str(lifts),
+        "--split-by",
+        "shapley",
     ]
     out = subprocess.run(
         [sys.executable, "-c", "from deploy.cli import main; main()", "attribution", *args],
@@ -258,6 +262,19 @@ def test_mmm_quick_fit_prints_curves_moves_and_writes_meridians_files(
     assert all("/" in c for c in set(body["channels"]) - own), body["channels"]
     assert sum(body["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     budget = body["budget"]
+    # --split-by: the moves per slot of each campaign (its curve split by Shapley's credit per
+    # slot), the outside channels whole
+    assert body["split_by"] == "shapley"
+    moved_units = {c["channel"].partition(":")[0] for c in budget["channels"]}
+    assert moved_units == set(body["channels"])
+    assert all(":" in c["channel"] for c in budget["channels"] if c["channel"].partition(":")[0] in own)
+    # within ±50 % of each part's spend (both rounded to 4 decimals)
+    over = [c for c in budget["channels"] if c["recommended_daily_spend"] > 1.5 * c["daily_spend"] + 2e-4]
+    assert over == []
+    for unit in own:
+        fitted = body["curves"][unit]["spend"][5]  # the curve's 1 × mean daily spend point
+        parts = sum(c["daily_spend"] for c in budget["channels"] if c["channel"].startswith(f"{unit}:"))
+        assert parts == pytest.approx(fitted, rel=1e-3)
     moved = sum(c["recommended_daily_spend"] for c in budget["channels"])
     assert moved == pytest.approx(sum(c["daily_spend"] for c in budget["channels"]), rel=1e-4)
     gain = budget["gain_conversions_per_day"]

@@ -26,6 +26,7 @@ from attribution.mmm import (
     meridian_export,
     parse_lift_csv,
     plan_mmm_budget,
+    plan_mmm_split,
 )
 from attribution.paths import AttributionInputError
 from attribution.sql import ChdbBackend
@@ -327,3 +328,29 @@ def test_simulated_geo_tests_estimate_the_outside_channels_truth(market: tuple[C
     assert est.std(axis=0) == pytest.approx(np.full(3, se), rel=0.2)
     with pytest.raises(ValueError, match=r"holdout 1\.0"):
         outside_lift_csv(data, holdout=1.0)  # type: ignore[arg-type]
+
+
+def test_moves_split_within_a_unit_by_credit(quick_fit: object) -> None:
+    fit = quick_fit
+    whole = plan_mmm_budget(fit)  # type: ignore[arg-type]
+    # parts with credit in proportion to spend are the unit's curve cut in two: the same moves
+    even = plan_mmm_split(fit, {"a": {"a:x": (3.0, 1.0), "a:y": (9.0, 3.0)}})  # type: ignore[arg-type]
+    assert even.channels == ("a:x", "a:y", "b", "c", "d")
+    assert even.spend[:2].sum() == pytest.approx(whole.spend[0]) and even.spend[0] == pytest.approx(
+        whole.spend[0] / 4
+    )
+    m_whole, m_even = whole.multipliers, even.multipliers
+    for part in ("a:x", "a:y"):
+        assert m_even[part] == pytest.approx(m_whole["a"], abs=0.01)
+    for unit in "bcd":
+        assert m_even[unit] == pytest.approx(m_whole[unit], abs=0.01)
+    assert even.gain["mean"] == pytest.approx(whole.gain["mean"], abs=0.02 * abs(whole.gain["mean"]) + 1e-3)
+    # a part that earns more credit a dollar is funded first, the other cut: the split gains more
+    skew = plan_mmm_split(fit, {"a": {"a:x": (9.0, 1.0), "a:y": (3.0, 3.0)}})  # type: ignore[arg-type]
+    m = skew.multipliers
+    assert m["a:x"] == pytest.approx(1.5) and m["a:y"] < m_whole["a"]
+    assert skew.recommended.sum() == pytest.approx(whole.spend.sum(), rel=1e-6)
+    assert skew.gain["mean"] > whole.gain["mean"]
+    assert skew.gain["low"] <= skew.gain["mean"] <= skew.gain["high"]
+    with pytest.raises(AttributionInputError, match="max change -1"):
+        plan_mmm_split(fit, {}, max_change=-1)  # type: ignore[arg-type]
