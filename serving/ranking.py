@@ -9,6 +9,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,11 +19,12 @@ from schemas.errors import AdapterError
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE, AdapterStack, BankBuffers
 from serving.banked import BankContext, install, target_layers
-from trainers.models.features import N_EXTRA_DENSE, N_QUERY_DENSE, slot_index
+from trainers.models.features import ID_COLUMNS, N_EXTRA_DENSE, N_QUERY_DENSE, slot_index
 from trainers.models.ranker import (
     CONFIG_FILE,
     Ranker,
     RankerConfig,
+    additive_in_logit,
     load_checkpoint,
     slot_buckets_for,
     weights_version,
@@ -112,6 +114,11 @@ def build_input(  # noqa: PLR0913 - the user's columns, the candidates', and the
         torch.from_numpy(dense), torch.from_numpy(ids), torch.zeros(n, dtype=torch.int64), offset
     )
 
+
+# the folds of a batch's slots stacked (`RankModel._stacked`): heads [models, in], their biases,
+# and per wide table (id column, rows per model or 0 when not adapted, the table flat)
+Stacked = tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, torch.Tensor]]]
+STACK_CACHE = 64  # stacked sets kept (cleared when full: a swap's new versions make new keys)
 
 # one row's fold: the plain model with the adapted layers' weights replaced, and those weights
 Fold = tuple[nn.Module, dict[str, torch.Tensor]]
@@ -206,6 +213,13 @@ class FoldedSlots:
         return hit[0]
 
 
+def _table(model: Ranker, name: str) -> torch.Tensor:
+    """The weight of one of `model`'s wide tables."""
+    table = model.wide[name]
+    assert isinstance(table, nn.Embedding)
+    return table.weight
+
+
 def _with_weights(module: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn.Module:
     """A shallow copy of `module` whose named submodules (dotted paths) have the given weights;
     every other module and tensor is shared with `module`."""
@@ -265,6 +279,14 @@ class RankModel:
         # slot adapters (one per slot: every candidate of a request shares it) are folded into
         # copies of the base at swap time; per-advertiser adapters take the banked (mixed) path
         self.folded = FoldedSlots(plain, self.bank, frozenset(settings.slots.names))
+        # the folds differ from the plain model only in layers that add to the logit (the
+        # default targets: head, wide tables), so a batch of several slots runs the trunk once
+        self._stacks: dict[Any, Stacked] = {}  # `_stacked` per buffer and fold versions
+        self.stackable = (
+            isinstance(plain, Ranker)
+            and plain.tower is None
+            and all(additive_in_logit(name) for name in self.bank.shapes)
+        )
         self.config: RankerConfig = model.config
         self.chunk = settings.serving.rank_chunk
 
@@ -290,6 +312,7 @@ class RankModel:
         out: list[np.ndarray | None] = [None] * len(inputs)
         with self.bank.reading() as buf:
             groups: dict[int, tuple[nn.Module, list[int]]] = {}
+            row_of: dict[int, int] = {}
             rest: list[int] = []
             for i, inp in enumerate(inputs):
                 model = self.folded.model_for(inp.rows, buf)
@@ -297,15 +320,101 @@ class RankModel:
                     rest.append(i)
                 else:
                     groups.setdefault(id(model), (model, []))[1].append(i)
-            for model, idx in groups.values():
+                    row_of.setdefault(id(model), int(inp.rows[0]))
+            if len(groups) > 1 and self.stackable:
+                # several folded slots (or the plain model) in one batch: the trunk once, the
+                # slots' heads and adapted wide tables stacked (`_forward_stacked`)
+                idx = [i for _, ix in groups.values() for i in ix]
                 part = [inputs[i] for i in idx]
-                for i, p in zip(idx, self._split(part, self._forward(part, False, model)), strict=True):
+                models = [m for m, _ in groups.values()]
+                sizes = [sum(inputs[i].dense.shape[0] for i in ix) for _, ix in groups.values()]
+                # the stacked weights of these folds as this buffer holds them now: a swap that
+                # rewrites a fold in place bumps its row's version
+                rows = [row_of[k] for k in groups]
+                key = (id(buf), *((r, buf.version[r] if r < len(buf.version) else -1) for r in rows))
+                p_all = self._forward_stacked(part, models, sizes, key)
+                for i, p in zip(idx, self._split(part, p_all), strict=True):
                     out[i] = p
+            else:
+                for model, ix in groups.values():
+                    part = [inputs[i] for i in ix]
+                    for i, p in zip(ix, self._split(part, self._forward(part, False, model)), strict=True):
+                        out[i] = p
         if rest:
             part = [inputs[i] for i in rest]
             for i, p in zip(rest, self._split(part, self._forward(part, True)), strict=True):
                 out[i] = p
         return [p if p is not None else np.zeros(0) for p in out]
+
+    def _stacked(self, models: list[nn.Module]) -> Stacked:
+        """The models' heads [models, in] and biases, and per wide table (id column, rows per
+        model or 0 when no model adapts it, the table flat: stacked where adapted)."""
+        plain = self.folded.plain
+        assert isinstance(plain, Ranker)  # `stackable`
+        rankers = [m for m in models if isinstance(m, Ranker)]
+        assert len(rankers) == len(models)  # the folds are copies of the plain ranker
+        head_w = torch.cat([r.head.weight for r in rankers]).detach()  # [models, in], as nn.Linear
+        head_b = torch.cat([r.head.bias for r in rankers]).detach()
+        wide: list[tuple[int, int, torch.Tensor]] = []
+        for col, name in enumerate(ID_COLUMNS):
+            if name not in plain.wide:
+                continue
+            tables = [_table(r, name) for r in rankers]
+            if all(t is tables[0] for t in tables):  # not adapted: the plain model's own
+                wide.append((col, 0, tables[0].detach().view(-1)))
+            else:
+                wide.append((col, tables[0].shape[0], torch.cat(tables).detach().view(-1)))
+        return head_w, head_b, wide
+
+    def _forward_stacked(
+        self, inputs: list[RankInput], models: list[nn.Module], sizes: list[int], key: Any = None
+    ) -> np.ndarray:
+        """pCTR of the inputs' candidates in input order, the first `sizes[0]` candidates scored
+        by `models[0]` and so on, in one pass: the plain model's trunk (`head_input`) once for
+        all of them, then each model's head on its candidates and each adapted wide table
+        stacked row-wise (one gather). Equal to one forward per model when every adapted layer
+        only adds to the logit (`stackable`): the folds differ from the plain model only there.
+        The folds are read under the caller's `bank.reading()`; their stacked copies are kept
+        under `key` (the buffer and its rows' versions: a swap's rewrite makes a new key)."""
+        plain = self.folded.plain
+        assert isinstance(plain, Ranker)  # `stackable`
+        got = self._stacks.get(key) if key is not None else None
+        if got is None:
+            got = self._stacked(models)
+            if key is not None:
+                if len(self._stacks) >= STACK_CACHE:
+                    self._stacks.clear()
+                self._stacks[key] = got
+        head_w, head_b, wide = got
+        dense = torch.cat([i.dense for i in inputs]).to(self.device, non_blocking=True)
+        ids = torch.cat([i.ids for i in inputs]).to(self.device, non_blocking=True)
+        offset = self._offsets(inputs)
+        if offset is not None:
+            offset = offset.to(self.device, non_blocking=True)
+        which = torch.repeat_interleave(torch.arange(len(models)), torch.tensor(sizes, dtype=torch.int64)).to(
+            self.device
+        )
+        bounds = [0, *np.cumsum(sizes).tolist()]
+        chunk = max(1, self.chunk) if self.device.type == "cpu" else max(1, dense.shape[0])
+        parts = []
+        for start in range(0, max(1, dense.shape[0]), chunk):
+            sl = slice(start, start + chunk)
+            s, i = which[sl], ids[sl]
+            h = plain.head_input(dense[sl], i)
+            # the candidates come grouped by model: each model's head on its rows of the chunk
+            # (one GEMV each, as cheap as one over the chunk; a [models, in] GEMM is not)
+            logit = torch.empty(h.shape[0], dtype=h.dtype, device=h.device)
+            for j in range(len(models)):
+                lo, hi = max(bounds[j], start), min(bounds[j + 1], start + h.shape[0])
+                if lo < hi:
+                    out = logit[lo - start : hi - start]
+                    torch.addmv(head_b[j], h[lo - start : hi - start], head_w[j], out=out)
+            for col, rows, table in wide:
+                logit = logit + table.index_select(0, i[:, col] if rows == 0 else s * rows + i[:, col])
+            if offset is not None:
+                logit = logit + offset[sl]
+            parts.append(torch.sigmoid(logit).float())
+        return (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu().numpy()
 
     def _forward(
         self, inputs: list[RankInput], use_adapters: bool, model: nn.Module | None = None

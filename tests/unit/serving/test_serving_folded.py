@@ -6,8 +6,10 @@ old buffers keeps the old fold; per-advertiser adapters keep the banked path."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
 from schemas.settings import Settings
@@ -160,3 +162,45 @@ def test_a_failing_fold_leaves_the_swap_standing_and_the_banked_path_serving() -
     with rank.bank.reading() as buf:
         assert rank.folded.model_for(inp[0].rows, buf) is None
     np.testing.assert_allclose(rank.score(inp, use_adapters=True)[0], _banked(rank, inp)[0], atol=1e-5)
+
+
+def test_several_slots_in_one_batch_run_the_trunk_once_when_the_targets_add_to_the_logit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the default targets (head and wide tables, which only add to the logit), a batch of
+    several slots' requests is scored in one pass, the trunk once and the slots' heads and tables
+    stacked (`RankModel._forward_stacked`), and equals the banked path, before and after a swap;
+    with targets inside the trunk (the module's other tests) it is not stackable."""
+    assert not _model().stackable
+    torch.manual_seed(0)
+    s = Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": 8})  # default targets
+    rank = RankModel(copy.deepcopy(Ranker(CFG).eval()), "v0", s, torch.device("cpu"))
+    assert rank.stackable and set(rank.bank.shapes) == set(s.lora.targets)
+    rank.chunk = 64  # several chunks, each across slots
+    for i, slot in enumerate(("feed", "search", "splash")):
+        rank.bank.put(
+            slot, _weights(rank, i), version="s0", seq=0, base_version="v0", arms=(STABLE, CANDIDATE)
+        )
+    rows = [rank.bank.row(x, CANDIDATE) for x in ("feed", "search", "splash")]
+    inputs = [_input(torch.full((n,), rows[k % 3]), k) for k, n in enumerate((30, 25, 40, 17, 50, 9))]
+    inputs.append(_input(torch.full((20,), 0), 7))  # no adapter: the plain model's head and tables
+    inputs[1] = dataclasses.replace(inputs[1], offset=torch.randn(25))  # a per-user correction
+    calls: list[int] = []
+    stacked = rank._forward_stacked
+    monkeypatch.setattr(rank, "_forward_stacked", lambda *a: calls.append(1) or stacked(*a))
+    got = rank.score(inputs, use_adapters=True)
+    assert calls == [1]
+    for g, w in zip(got, _banked(rank, inputs), strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+    base = rank.score(inputs, use_adapters=False)
+    assert abs(got[0] - base[0]).max() > 1e-3  # the adapters do change the scores
+    np.testing.assert_allclose(got[-1], base[-1], atol=1e-6)
+    # a swap of one slot: the next batch reads the new fold, the others' stay as they were
+    rank.bank.put(
+        "search", _weights(rank, 11), version="s1", seq=1, base_version="v0", arms=(STABLE, CANDIDATE)
+    )
+    after = rank.score(inputs, use_adapters=True)
+    for g, w in zip(after, _banked(rank, inputs), strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+    assert abs(after[1] - got[1]).max() > 1e-3
+    np.testing.assert_allclose(after[0], got[0], atol=1e-6)
