@@ -27,8 +27,6 @@ chains disagree (r-hat > 1.1), is an `MmmFitError`, never a silent result.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import time
@@ -39,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from attribution.csv_rows import CsvRows
 from attribution.incrementality import Lift
 from attribution.paths import AttributionInputError, channel_sql, check_range, outside_sql
 from attribution.roi import billed_sql, spend_params
@@ -203,32 +202,15 @@ def parse_lift_csv(
     counted as 0, as a holdout's negative lift is (the response curves cannot go down), and said in
     the notes.
     """
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in reader.fieldnames or []]
-    missing = [c for c in LIFT_REQUIRED if c not in header]
-    if missing:
-        raise LiftFileError(
-            f"{name}: line 1: header lacks {', '.join(missing)} (needs {','.join(LIFT_COLUMNS)})"
-        )
-    unknown = [h for h in header if h not in LIFT_COLUMNS]
-    if unknown:
-        raise LiftFileError(f"{name}: line 1: unknown columns {', '.join(map(repr, unknown))}")
-    reader.fieldnames = header
+    reader = CsvRows(text, name, LIFT_COLUMNS, LIFT_REQUIRED, LiftFileError)
     known = set(channels)
     rows: list[dict[str, Any]] = []
-    errors: list[str] = []
     notes: list[str] = []
-    for record in reader:
-        line = reader.line_num
-        if None in record or any(v is None for v in record.values()):
-            errors.append(f"line {line}: expected {len(header)} cells")
-            continue
-        if not any(v.strip() for v in record.values()):
-            continue  # a blank line
+    for line, record in reader:
         try:
             row = _lift_row(record, known)
         except ValueError as exc:
-            errors.append(f"line {line}: {exc}")
+            reader.bad(line, str(exc))
             continue
         if row["delta_x"] * row["delta_y"] < 0:
             notes.append(
@@ -237,10 +219,7 @@ def parse_lift_csv(
             )
             row["delta_y"] = 0.0
         rows.append(row)
-    if errors:
-        shown = "; ".join(errors[:20])
-        more = f" (and {len(errors) - 20} more)" if len(errors) > 20 else ""
-        raise LiftFileError(f"{name}: {len(errors)} bad rows, nothing fitted: {shown}{more}")
+    reader.check("nothing fitted")
     if not rows:
         raise LiftFileError(f"{name}: no lift rows")
     return rows, notes

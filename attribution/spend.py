@@ -10,8 +10,6 @@ ReplacingMergeTree on the import's version, read with FINAL).
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 from dataclasses import dataclass
 from datetime import date
@@ -19,13 +17,13 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from attribution.csv_rows import CsvRows
 from attribution.paths import AttributionInputError
 from attribution.sql import Backend
 from schemas.events import Ident, Money
 
 COLUMNS = ("date", "advertiser_id", "source", "medium", "campaign", "spend")
 TABLE_COLUMNS = ("day", "advertiser_id", "source", "medium", "campaign", "spend", "version")
-MAX_ERRORS = 20  # bad rows listed in the error (all are counted)
 _IDENT: TypeAdapter[str] = TypeAdapter(Ident)
 _MONEY: TypeAdapter[float] = TypeAdapter(Money)
 
@@ -81,39 +79,21 @@ def _check(adapter: TypeAdapter[Any], col: str, value: Any) -> Any:
 
 def parse_spend_csv(text: str, name: str = "spend file") -> list[SpendRow]:
     """Every row of a spend CSV, or SpendFileError listing the bad rows by line number."""
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in reader.fieldnames or []]
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-        raise SpendFileError(f"{name}: line 1: header lacks {', '.join(missing)} (needs {','.join(COLUMNS)})")
-    unknown = [h for h in header if h not in COLUMNS]
-    if unknown:
-        raise SpendFileError(f"{name}: line 1: unknown columns {', '.join(map(repr, unknown))}")
-    reader.fieldnames = header
+    reader = CsvRows(text, name, COLUMNS, COLUMNS, SpendFileError)
     rows: list[SpendRow] = []
-    errors: list[str] = []
     seen: dict[tuple[str, date, str, str, str], int] = {}
-    for record in reader:
-        line = reader.line_num
-        if None in record or any(v is None for v in record.values()):
-            errors.append(f"line {line}: expected {len(header)} cells")
-            continue
-        if not any(v.strip() for v in record.values()):
-            continue  # a blank line
+    for line, record in reader:
         try:
             row = _row(record)
         except ValueError as exc:
-            errors.append(f"line {line}: {exc}")
+            reader.bad(line, str(exc))
             continue
         if row.key in seen:
-            errors.append(f"line {line}: the same day and channel as line {seen[row.key]}")
+            reader.bad(line, f"the same day and channel as line {seen[row.key]}")
             continue
         seen[row.key] = line
         rows.append(row)
-    if errors:
-        shown = "; ".join(errors[:MAX_ERRORS])
-        more = f" (and {len(errors) - MAX_ERRORS} more)" if len(errors) > MAX_ERRORS else ""
-        raise SpendFileError(f"{name}: {len(errors)} bad rows, nothing imported: {shown}{more}")
+    reader.check("nothing imported")
     if not rows:
         raise SpendFileError(f"{name}: no spend rows")
     return rows

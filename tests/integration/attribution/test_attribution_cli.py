@@ -178,6 +178,17 @@ def test_mmm_bad_input_exits_2_naming_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pytest.importorskip("pymc_marketing")
+    err = _mmm_refused(db, args, monkeypatch, capsys)
+    assert needle in err and "Traceback" not in err
+
+
+def _mmm_refused(
+    db: tuple[dict[str, str], str],
+    args: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """`adstream attribution mmm --quick ARGS` in process: it must exit 2; its stderr, unwrapped."""
     from deploy.cli import main
 
     env, _ = db
@@ -187,7 +198,7 @@ def test_mmm_bad_input_exits_2_naming_it(
         main()
     err = " ".join(capsys.readouterr().err.split())  # the error panel wraps lines
     assert exit_info.value.code == 2, err
-    assert needle in err and "Traceback" not in err
+    return err
 
 
 def test_mmm_lift_file_bad_rows_exit_2_naming_each_line(
@@ -197,10 +208,6 @@ def test_mmm_lift_file_bad_rows_exit_2_naming_each_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pytest.importorskip("pymc_marketing")
-    from deploy.cli import main
-
-    env, _ = db
-    monkeypatch.setenv("ADSTREAM_CLICKHOUSE__URL", env["ADSTREAM_CLICKHOUSE__URL"])
     bad = tmp_path / "lifts.csv"
     first = CFG.campaigns[0].campaign_id
     bad.write_text(f"channel,x,delta_x,delta_y,sigma\ntv/linear,0,1,1,1\n{first},0,1,1,-2\n")
@@ -210,13 +217,7 @@ def test_mmm_lift_file_bad_rows_exit_2_naming_each_line(
                     "line 3: sigma -2 is not above 0"]),
         (str(tmp_path / "missing.csv"), ["--lift-file", "missing.csv", "cannot read it"]),
     ]:  # fmt: skip
-        monkeypatch.setattr(
-            sys, "argv", ["adstream", "attribution", "mmm", "--quick", *window, "--lift-file", lift_file]
-        )
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-        err = " ".join(capsys.readouterr().err.split())  # the error panel wraps lines
-        assert exit_info.value.code == 2, err
+        err = _mmm_refused(db, [*window, "--lift-file", lift_file], monkeypatch, capsys)
         assert all(n in err for n in needles) and "Traceback" not in err, err
 
 
