@@ -109,18 +109,26 @@ def timed(fn: Callable[[], object], seconds: float) -> float:
 
 
 def interleaved(
-    cases: dict[str, Callable[[], object]], seconds: float
+    cases: dict[str, Callable[[], object]], seconds: float, seed: int = 0
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """(wall, thread CPU) seconds per call of each case, in rounds that run every case once:
-    a burst of load from other processes on a shared machine then hits every case alike."""
+    a burst of load from other processes on a shared machine then hits every case alike. Each
+    round runs the cases in a fresh (seeded) order: in a fixed one the first case of every round
+    ran after the last one's large batches had evicted its weights and tables from the cache,
+    and read 5–10 % slower than in any other place (the base, the denominator of every ratio)."""
+    import random
+
     for fn in cases.values():
         for _ in range(3):
             fn()
     wall: dict[str, list[float]] = {name: [] for name in cases}
     cpu: dict[str, list[float]] = {name: [] for name in cases}
+    order = list(cases.items())
+    shuffle = random.Random(seed).shuffle
     end = time.perf_counter() + seconds * len(cases)
     while time.perf_counter() < end or min(len(t) for t in wall.values()) < 10:
-        for name, fn in cases.items():
+        shuffle(order)
+        for name, fn in order:
             t, c = time.perf_counter(), time.thread_time()
             fn()
             cpu[name].append(time.thread_time() - c)
@@ -281,6 +289,9 @@ def build(args: argparse.Namespace) -> Bench:
 
     feats = features(rng, cfg, n, args.requests)
     batches = {kind: batch(feats, draw(kind, args.requests)) for kind in ("uniform", "zipf", "slot", "one")}
+    # a slot adapter's requests carry the row all their candidates share, as the ad server gives
+    # it (`AdPipeline.shared_adapter_row`)
+    batches["slot"] = [dataclasses.replace(inp, row=int(inp.rows[0])) for inp in batches["slot"]]
     large_feats = features(rng, cfg, n, args.large) if args.large else []
     large = batch(large_feats, draw("uniform", args.large)) if args.large else []
     plain = fold_slots(base_model, model)
@@ -619,9 +630,9 @@ def measure(
     and every round's seconds per case on `clock`, over all runs (same index: same round)."""
     runs: list[dict[str, Any]] = []
     rounds: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(args.runs):
+    for run in range(args.runs):
         load_before = os.getloadavg()[0]
-        wall, cpu = interleaved(cases, args.seconds)
+        wall, cpu = interleaved(cases, args.seconds, seed=run)
         for k, v in (cpu if clock == "thread_cpu" else wall).items():
             rounds[k].extend(v)
         runs.append(

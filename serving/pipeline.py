@@ -143,7 +143,8 @@ class AdPipeline:
         self._popular: np.ndarray = np.zeros(0, dtype=np.int64)
         self._popular_version = -1
         self._centroid = np.zeros(catalog.dim, dtype=np.float32)
-        self._adapter_tables: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray]] = {}
+        # per (slot, arm): (stamp, bank row per advertiser code, the row they all share or None)
+        self._adapter_tables: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, int | None]] = {}
         # each row's content vector in the user-state space, for declared interests' centroids
         # (the catalog's vectors may be another space: the two-tower model's, or given by a caller)
         self._interest_table = CentroidTable(settings.state_dim)
@@ -376,6 +377,16 @@ class AdPipeline:
     def adapter_rows(self, slot: str, rows: np.ndarray, arm: int) -> np.ndarray:
         """Bank row of each candidate's adapter (slot and/or advertiser) in an arm, vectorized:
         a per-(slot, arm) table over advertiser codes, rebuilt when adapters or advertisers change."""
+        out: np.ndarray = self._adapter_table(slot, arm)[1][self.catalog.advertiser[rows]]
+        return out
+
+    def shared_adapter_row(self, slot: str, arm: int) -> int | None:
+        """The bank row every candidate of `slot` gets in `arm`, where all get one (the slot
+        scheme, or no advertiser with an adapter of its own); None where it depends on the ad.
+        `RankInput.row`: the rank model takes the slot's folded model without checking each row."""
+        return self._adapter_table(slot, arm)[2]
+
+    def _adapter_table(self, slot: str, arm: int) -> tuple[tuple[int, int], np.ndarray, int | None]:
         cat, bank = self.catalog, self.rank.bank
         advertisers = cat.codes["advertiser"]
         key = (slot, arm)
@@ -386,9 +397,10 @@ class AdPipeline:
             table = np.empty(max(len(advertisers), 1), dtype=np.int64)
             for adv, code in advertisers.items():
                 table[code] = bank.row(adapter_id_for(slot, adv, scheme), arm)
-            cached = self._adapter_tables[key] = (stamp, table)
-        out: np.ndarray = cached[1][cat.advertiser[rows]]
-        return out
+            known = table[: len(advertisers)]
+            shared = int(known[0]) if known.size and bool((known == known[0]).all()) else None
+            cached = self._adapter_tables[key] = (stamp, table, shared)
+        return cached
 
     def adapter_versions(self, slot: str, rows: np.ndarray, arm: int = CANDIDATE) -> list[str | None]:
         """The version of each row's adapter in the arm that served it (for the few ads actually

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import torch
@@ -66,6 +66,9 @@ class RankInput:
     ids: torch.Tensor
     rows: torch.Tensor
     offset: torch.Tensor | None = None
+    # the bank row every candidate's adapter has, where the caller knows that they share one
+    # (`AdPipeline.shared_adapter_row`: a slot adapter); None: `FoldedSlots.model_for` checks
+    row: int | None = None
 
 
 def build_input(  # noqa: PLR0913 - the user's columns, the candidates', and the ranker's slot rows
@@ -117,8 +120,10 @@ def build_input(  # noqa: PLR0913 - the user's columns, the candidates', and the
 
 # the folds of a batch's slots stacked (`RankModel._stacked`): heads [models, in], their biases,
 # and per wide table (id column, rows per model or 0 when not adapted, the table flat)
-Stacked = tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, torch.Tensor]]]
+Wide = list[tuple[int, int, torch.Tensor]]
+Stacked = tuple[torch.Tensor, torch.Tensor, Wide]
 STACK_CACHE = 64  # stacked sets kept (cleared when full: a swap's new versions make new keys)
+PLAIN: Final = ("plain",)  # the stacked key of the plain model alone (its weights never change)
 
 # one row's fold: the plain model with the adapted layers' weights replaced, and those weights
 Fold = tuple[nn.Module, dict[str, torch.Tensor]]
@@ -199,16 +204,24 @@ class FoldedSlots:
             held[n] = layer.weight
         return model, held
 
-    def model_for(self, rows: torch.Tensor, buf: BankBuffers) -> nn.Module | None:
+    def model_for(self, rows: torch.Tensor, buf: BankBuffers, row: int | None = None) -> nn.Module | None:
         """The folded (or plain) model that scores every candidate of `rows` exactly, if any:
-        all rows one folded slot adapter's in `buf`, or all the empty row."""
+        all rows one folded slot adapter's in `buf`, or all the empty row. `row`: the row every
+        one of `rows` is known to be (`RankInput.row`), not checked again."""
         if rows.numel() == 0:
             return None
-        first = int(rows[0])
+        if row is not None:
+            if row in self.null_rows:
+                return self.plain
+            known: Fold | None = buf.folded.get(row)
+            return None if known is None else known[0]
+        # the request's rows as numpy (a view; a fifth of torch's per-call cost on 500 rows)
+        r = rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy()
+        first = int(r[0])
         if first in self.null_rows:
-            return self.plain if bool((rows == first).all()) else None
+            return self.plain if bool((r == first).all()) else None
         hit: Fold | None = buf.folded.get(first)
-        if hit is None or not bool((rows == first).all()):
+        if hit is None or not bool((r == first).all()):
             return None
         return hit[0]
 
@@ -303,6 +316,9 @@ class RankModel:
             return []
         if use_adapters:
             return self._score_folded(inputs)
+        if self.stackable:  # the plain model through the same pass as the slots' folds
+            total = sum(i.dense.shape[0] for i in inputs)
+            return self._split(inputs, self._forward_stacked(inputs, [self.folded.plain], [total], PLAIN))
         return self._split(inputs, self._forward(inputs, use_adapters))
 
     def _score_folded(self, inputs: list[RankInput]) -> list[np.ndarray]:
@@ -315,12 +331,12 @@ class RankModel:
             row_of: dict[int, int] = {}
             rest: list[int] = []
             for i, inp in enumerate(inputs):
-                model = self.folded.model_for(inp.rows, buf)
+                model = self.folded.model_for(inp.rows, buf, inp.row)
                 if model is None:
                     rest.append(i)
                 else:
                     groups.setdefault(id(model), (model, []))[1].append(i)
-                    row_of.setdefault(id(model), int(inp.rows[0]))
+                    row_of.setdefault(id(model), inp.row if inp.row is not None else int(inp.rows[0]))
             if len(groups) > 1 and self.stackable:
                 # several folded slots (or the plain model) in one batch: the trunk once, the
                 # slots' heads and adapted wide tables stacked (`_forward_stacked`)
@@ -391,30 +407,40 @@ class RankModel:
         offset = self._offsets(inputs)
         if offset is not None:
             offset = offset.to(self.device, non_blocking=True)
-        which = torch.repeat_interleave(torch.arange(len(models)), torch.tensor(sizes, dtype=torch.int64)).to(
-            self.device
-        )
         bounds = [0, *np.cumsum(sizes).tolist()]
-        chunk = max(1, self.chunk) if self.device.type == "cpu" else max(1, dense.shape[0])
-        parts = []
-        for start in range(0, max(1, dense.shape[0]), chunk):
-            sl = slice(start, start + chunk)
-            s, i = which[sl], ids[sl]
-            h = plain.head_input(dense[sl], i)
-            # the candidates come grouped by model: each model's head on its rows of the chunk
-            # (one GEMV each, as cheap as one over the chunk; a [models, in] GEMM is not)
-            logit = torch.empty(h.shape[0], dtype=h.dtype, device=h.device)
+        n = dense.shape[0]
+        chunk = max(1, self.chunk) if self.device.type == "cpu" else max(1, n)
+        # the trunk in chunks (each chunk's activations stay in cache), each model's head on its
+        # rows of the chunk (the candidates come grouped by model: one GEMV each, as cheap as one
+        # over the chunk; a [models, in] GEMM is not) into one logit vector
+        logit = torch.empty(n, dtype=head_w.dtype, device=self.device)
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            h = plain.head_input(dense[start:stop], ids[start:stop])
             for j in range(len(models)):
-                lo, hi = max(bounds[j], start), min(bounds[j + 1], start + h.shape[0])
+                lo, hi = max(bounds[j], start), min(bounds[j + 1], stop)
                 if lo < hi:
-                    out = logit[lo - start : hi - start]
-                    torch.addmv(head_b[j], h[lo - start : hi - start], head_w[j], out=out)
-            for col, rows, table in wide:
-                logit = logit + table.index_select(0, i[:, col] if rows == 0 else s * rows + i[:, col])
-            if offset is not None:
-                logit = logit + offset[sl]
-            parts.append(torch.sigmoid(logit).float())
-        return (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu().numpy()
+                    torch.addmv(head_b[j], h[lo - start : hi - start], head_w[j], out=logit[lo:hi])
+        RankModel._add_wide(logit, ids, wide, bounds)
+        if offset is not None:
+            logit += offset
+        return torch.sigmoid_(logit).float().cpu().numpy()
+
+    @staticmethod
+    def _add_wide(logit: torch.Tensor, ids: torch.Tensor, wide: Wide, bounds: list[int]) -> None:
+        """Each wide table's bias added to `logit` in place, once over the whole batch (a gather
+        each): an adapted table's rows stacked per model, the candidate's model (its block of
+        `bounds`) picking its block of the table."""
+        which: torch.Tensor | None = None
+        for col, rows, table in wide:
+            if rows == 0:
+                logit += table.index_select(0, ids[:, col])
+                continue
+            if which is None:
+                which = torch.empty(logit.shape[0], dtype=torch.int64, device=logit.device)
+                for j in range(len(bounds) - 1):
+                    which[bounds[j] : bounds[j + 1]] = j
+            logit += table.index_select(0, torch.add(ids[:, col], which, alpha=rows))
 
     def _forward(
         self, inputs: list[RankInput], use_adapters: bool, model: nn.Module | None = None

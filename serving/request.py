@@ -245,8 +245,11 @@ class RequestPath:
             assert ctx.recalled is not None and ctx.recalled.rank_input is not None
             inp, use = ctx.recalled.rank_input, ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
             if use:
-                bank_rows = self.pipe.adapter_rows(ctx.req.slot, ctx.rows, ctx.arm)
-                inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows))  # the offset stays
+                slot = ctx.req.slot
+                bank_rows = self.pipe.adapter_rows(slot, ctx.rows, ctx.arm)
+                shared = self.pipe.shared_adapter_row(slot, ctx.arm)
+                # the offset stays
+                inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows), row=shared)
             items.append((inp, use))
         for ctx, pctr in zip(batch, await self.score(items), strict=True):
             ctx.pctr = pctr

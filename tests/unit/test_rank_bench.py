@@ -93,3 +93,15 @@ def test_the_folded_headline_times_what_serving_runs() -> None:
     for s in served:
         assert s is not None and s.emb is plain.emb and s.deep is plain.deep  # type: ignore[attr-defined]
         assert s.head.weight.data_ptr() != plain.head.weight.data_ptr()  # type: ignore[attr-defined]
+
+
+def test_interleaved_rounds_run_the_cases_in_changing_orders() -> None:
+    """No case is always first (or always after the same one): in a fixed order the first case
+    of each round ran cache-cold and the ratios to it read low (the base is the denominator)."""
+    calls: list[str] = []
+    cases = {name: (lambda n=name: calls.append(n)) for name in ("base", "slot", "mixed", "large")}
+    wall, cpu = _rank().interleaved(cases, seconds=0.0)
+    rounds = [calls[i : i + 4] for i in range(12, len(calls), 4)]  # after 3 warm-up calls each
+    assert len(rounds) >= 10 and all(sorted(r) == sorted(cases) for r in rounds)
+    assert len({r[0] for r in rounds}) > 1
+    assert all(len(v) == len(rounds) for v in (*wall.values(), *cpu.values()))

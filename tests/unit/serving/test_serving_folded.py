@@ -204,3 +204,43 @@ def test_several_slots_in_one_batch_run_the_trunk_once_when_the_targets_add_to_t
         np.testing.assert_allclose(g, w, atol=1e-5)
     assert abs(after[1] - got[1]).max() > 1e-3
     np.testing.assert_allclose(after[0], got[0], atol=1e-6)
+
+
+def test_a_known_shared_row_picks_the_fold_unchecked_and_the_base_pass_equals_the_banked_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`RankInput.row` (the row the ad server knows every candidate shares: a slot adapter's)
+    picks the same model as checking each row does; scores with the hint equal those without;
+    and the base pass (no adapters: the control arm, the frozen rung) runs through the same
+    stacked pass as the slots' folds (the plain model alone) and equals the banked layers with
+    the adapters off."""
+    torch.manual_seed(0)
+    s = Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": 8})  # default targets
+    rank = RankModel(copy.deepcopy(Ranker(CFG).eval()), "v0", s, torch.device("cpu"))
+    rank.chunk = 64
+    for i, slot in enumerate(("feed", "search")):
+        rank.bank.put(
+            slot, _weights(rank, i), version="s0", seq=0, base_version="v0", arms=(STABLE, CANDIDATE)
+        )
+    rank.bank.put("adv:x", _weights(rank, 9), version="s0", seq=0, base_version="v0")
+    feed, search, adv = (rank.bank.row(x, CANDIDATE) for x in ("feed", "search", "adv:x"))
+    with rank.bank.reading() as buf:
+        for r in (feed, search, 0, adv):
+            rows = torch.full((5,), r)
+            assert rank.folded.model_for(rows, buf, r) is rank.folded.model_for(rows, buf)
+        assert rank.folded.model_for(torch.full((5,), adv), buf, adv) is None  # not folded: banked
+    inputs = [_input(torch.full((n,), (feed, search, 0)[k % 3]), k) for k, n in enumerate((30, 70, 25, 41))]
+    inputs[2] = dataclasses.replace(inputs[2], offset=torch.randn(25))
+    hinted = [dataclasses.replace(i, row=int(i.rows[0])) for i in inputs]
+    unhinted = rank.score(inputs, use_adapters=True)
+    for a, b in zip(rank.score(hinted, use_adapters=True), unhinted, strict=True):
+        np.testing.assert_array_equal(a, b)
+    calls: list[int] = []
+    stacked = rank._forward_stacked
+    monkeypatch.setattr(rank, "_forward_stacked", lambda *a: calls.append(1) or stacked(*a))
+    base = rank.score(inputs, use_adapters=False)
+    assert calls == [1]
+    with torch.inference_mode():
+        banked_off = rank._split(inputs, rank._forward(inputs, False))
+    for g, w in zip(base, banked_off, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-6)

@@ -130,6 +130,9 @@ def test_recall_filters_inactive_spent_and_capped_ads_and_new_ads_enter_live() -
     bank.put(aid, zero, version="seq-3", seq=3, base_version="v0")
     rows = pipe.adapter_rows("feed", rec.rows, CANDIDATE)
     assert rows[0] == bank.row(aid, CANDIDATE) and pipe.adapter_versions("feed", rec.rows[:1]) == ["seq-3"]
+    # the slot scheme: every candidate of the slot has its adapter's row, said once for the request
+    assert pipe.shared_adapter_row("feed", CANDIDATE) == bank.row(aid, CANDIDATE)
+    assert pipe.shared_adapter_row("search", CANDIDATE) == bank.row(None, CANDIDATE)
     # the stable arm serves (and its impressions name) only what was promoted
     assert pipe.adapter_versions("feed", rec.rows[:1], STABLE) == [None]
     bank.promote()
@@ -165,3 +168,21 @@ def test_cold_user_uses_context_and_finish_builds_response_and_impressions() -> 
     pipe.catalog.record_served(chosen, cost)
     assert pipe.catalog.impressions[chosen].sum() == 4
     assert len(pipe.popular(5)) == 5
+
+
+def test_per_advertiser_adapters_have_no_shared_row() -> None:
+    """Under the advertiser scheme the rows depend on the ad: no shared row until every
+    advertiser has the same (none has an adapter of its own)."""
+    pipe = _pipeline()
+    pipe.settings = pipe.settings.model_copy(update={"adapter_scheme": "advertiser"})
+    bank = pipe.rank.bank
+    assert pipe.shared_adapter_row("feed", CANDIDATE) == bank.row(None, CANDIDATE)
+    one = pipe.catalog.rows[0].advertiser_id
+    zero = {
+        n: (torch.zeros(bank.rank, s.fan_in), torch.zeros(s.fan_out, bank.rank))
+        for n, s in bank.shapes.items()
+    }
+    bank.put(adapter_id_for("feed", one, "advertiser"), zero, version="seq-1", seq=1, base_version="v0")
+    assert pipe.shared_adapter_row("feed", CANDIDATE) is None
+    rows = pipe.adapter_rows("feed", np.arange(len(pipe.catalog.rows)), CANDIDATE)
+    assert len(set(rows.tolist())) == 2
