@@ -115,7 +115,7 @@ def interleaved(
     a burst of load from other processes on a shared machine then hits every case alike. Each
     round runs the cases in a fresh (seeded) order: in a fixed one the first case of every round
     ran after the last one's large batches had evicted its weights and tables from the cache,
-    and read 5–10 % slower than in any other place (the base, the denominator of every ratio)."""
+    and read ~12 % slower than later in the round (the base, the denominator of every ratio)."""
     import random
 
     for fn in cases.values():
