@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
 from benchmarks.lib.args import int_at_least
+from benchmarks.lib.threads import as_replica
 from deploy.machine import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1222,19 +1223,22 @@ def path_cost(args: argparse.Namespace) -> dict[str, Any]:
     users, recall over the catalog, rank with the slot adapters folded, rerank, signing, record;
     impressions kept in memory) for batches of 1, 4 and 8 requests, against the model alone
     (`RankModel.score` of one request's rank input per call): process CPU time, which a shared
-    machine's load inflates less than wall time."""
+    machine's load inflates less than wall time) with the replica's threads (`as_replica`)."""
+    with as_replica():
+        return _path_cost(args)
+
+
+def _path_cost(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
     import random
 
     import redis
-    import torch
 
     from schemas.api import AdRequest
     from serving.io import RedisIO, UserRecordCodec
     from serving.pipeline import RequestContext, utcnow
     from serving.request import RequestPath
 
-    torch.set_num_threads(1)  # as a replica
     tmp = Path(tempfile.mkdtemp(prefix="adstream-bench-path-"))
     rng = random.Random(0)
 

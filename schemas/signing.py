@@ -25,8 +25,9 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from pydantic import SecretStr
 
@@ -114,7 +115,12 @@ def impression_bytes(imp: Impression, ts: float | None = None) -> bytes:
     Each text field is written as `_text` writes it, inline: this runs for every impression
     the worker reads.
     """
-    d = imp.__dict__  # frozen model: read the fields without attribute lookups (hot path)
+    return _canonical(imp.__dict__, ts)  # frozen model: its fields without attribute lookups
+
+
+def _canonical(d: Mapping[str, Any], ts: float | None) -> bytes:
+    """`impression_bytes` of an impression's fields (`d`: its `__dict__`, or the fields it is
+    about to be built from: `impression_sig_of`)."""
     e, u, r, a, c, v = (
         d["event_id"], d["user_id"], d["request_id"], d["ad_id"], d["campaign_id"], d["advertiser_id"]
     )  # fmt: skip
@@ -172,6 +178,14 @@ def _query_suffix(match: float | None) -> str:
 def impression_sig(imp: Impression, key: bytes, ts: float | None = None) -> str:
     """HMAC-SHA256 (hex) of `impression_bytes(imp)` (`ts`: `imp.ts.timestamp()` if known)."""
     return _mac(key, impression_bytes(imp, ts)).hexdigest()
+
+
+def impression_sig_of(fields: Mapping[str, Any], key: bytes, ts: float | None = None) -> str:
+    """`impression_sig` of the impression `Impression(**fields)` will be, before it is built (the
+    ad server signs what it serves, then builds each impression once, `sig` included): every
+    field of the canonical bytes must be in `fields`, valid as `Impression` keeps it (str, int,
+    float, None; `ts` an aware datetime)."""
+    return _mac(key, _canonical(fields, ts)).hexdigest()
 
 
 def sign_impression(imp: Impression, key: bytes) -> Impression:

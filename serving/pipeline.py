@@ -20,7 +20,7 @@ from schemas.billing import PER_MILLE
 from schemas.events import AbArm, AdCreative, Impression, Render
 from schemas.ids import adapter_id_for, impression_event_id
 from schemas.settings import Settings
-from schemas.signing import click_token, event_key, sign_impression
+from schemas.signing import click_token, event_key, impression_sig_of
 from schemas.vectors import content_vector
 from serving.adapters import CANDIDATE
 from serving.arms import uses_adapters
@@ -466,6 +466,7 @@ class AdPipeline:
         ads, imps = [], []
         infos = cat.rows
         user_id, slot, key = req.user_id, req.slot, self.event_key
+        ts = now.timestamp()
         picks = self.variant_picks(chosen, ctx.user_vector)
         prices, scores = res.prices[ex.picks], res.scores[ex.picks]
         ab_arm, propensities, explored = ctx.ab_arm, ex.propensity.tolist(), ex.explored.tolist()
@@ -494,34 +495,17 @@ class AdPipeline:
                     click_token=token, variant_id=picks[pos][0],
                 )
             )  # fmt: skip
-            imps.append(
-                sign_impression(
-                    Impression(
-                        event_id=iid,
-                        ts=now,
-                        user_id=user_id,
-                        request_id=request_id,
-                        ad_id=info.ad_id,
-                        campaign_id=info.campaign_id,
-                        advertiser_id=info.advertiser_id,
-                        slot=slot,
-                        position=pos,
-                        price=price,
-                        pctr=p,
-                        model_version=model_version,
-                        adapter_version=versions[pos],
-                        variant_id=picks[pos][0],
-                        variant_propensity=picks[pos][1],
-                        ab_arm=ab_arm,
-                        propensity=propensities[pos],
-                        explored=explored[pos],
-                        bid_type="cpm" if cpm[pos] else "cpc",
-                        render=render,
-                        query_match=query[pos],
-                    ),
-                    key,
-                )
-            )
+            fields = {
+                "event_id": iid, "ts": now, "user_id": user_id, "request_id": request_id,
+                "ad_id": info.ad_id, "campaign_id": info.campaign_id, "advertiser_id": info.advertiser_id,
+                "slot": slot, "position": pos, "price": price, "pctr": p, "model_version": model_version,
+                "adapter_version": versions[pos], "variant_id": picks[pos][0],
+                "variant_propensity": picks[pos][1], "ab_arm": ab_arm, "propensity": propensities[pos],
+                "explored": explored[pos], "bid_type": "cpm" if cpm[pos] else "cpc", "render": render,
+                "query_match": query[pos],
+            }  # fmt: skip
+            # signed before it is built: one validation, no copy to add the signature
+            imps.append(Impression(**fields, sig=impression_sig_of(fields, key, ts)))
         top_adapter = imps[0].adapter_version if imps and with_adapters else None
         expected = np.where(chosen_cpm, prices / PER_MILLE, chosen_pctr * prices)
         return Served(ads, imps, chosen, expected, top_adapter)

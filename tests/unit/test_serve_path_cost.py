@@ -1,0 +1,46 @@
+"""`benchmarks/serve.py --path-cost` measures the request path as a replica runs it: one torch
+thread and one BLAS thread (Ray starts a replica with OMP_NUM_THREADS=1). With the BLAS pool at
+its default (a thread per core), the recall matmul's idle threads spin and the process CPU per
+request read ~2 x what a replica spends (2.95 against 1.53 ms at batch 8, Intel Xeon 2 cores)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+import threadpoolctl
+import torch
+
+from benchmarks import serve
+
+
+class _Measured(Exception):
+    pass
+
+
+def _blas_threads() -> dict[str, int]:
+    """Each loaded BLAS library's thread count, by its file."""
+    pools = threadpoolctl.threadpool_info()
+    return {p["filepath"]: p["num_threads"] for p in pools if p["user_api"] == "blas"}
+
+
+def test_the_path_cost_runs_with_one_torch_and_one_blas_thread_and_restores_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not _blas_threads():
+        pytest.skip("numpy without a BLAS thread pool")
+    before_blas, before_torch = _blas_threads(), torch.get_num_threads()
+    seen: dict[str, Any] = {}
+
+    def setup(args: argparse.Namespace, tmp: Any) -> None:
+        seen["blas"], seen["torch"] = _blas_threads(), torch.get_num_threads()
+        raise _Measured
+
+    monkeypatch.setattr(serve, "_path_setup", setup)
+    with pytest.raises(_Measured):
+        serve.path_cost(argparse.Namespace(users=10, path_requests=8, ads=100))
+    # every BLAS pool at one thread, those loaded during the run (its imports) included
+    assert set(seen["blas"].values()) == {1} and seen["torch"] == 1
+    after = _blas_threads()
+    assert {f: after[f] for f in before_blas} == before_blas and torch.get_num_threads() == before_torch
