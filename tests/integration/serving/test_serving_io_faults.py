@@ -304,6 +304,98 @@ def test_impressions_of_one_linger_window_go_to_the_producer_without_waiting_for
     assert max(handed) < min(sent)  # the second request's impressions went before any ack
 
 
+@pytest.mark.kafka
+def test_each_users_impressions_go_to_the_partition_the_producer_would_pick(stack: Settings) -> None:
+    """The sink names each impression's partition itself (the producer's murmur2 of the user
+    key, remembered per user): every impression lands where `send` without a partition would
+    have put it, across the topic's partitions, all of them delivered."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from deploy.stack import create_topics
+
+    s = _isolated(stack)
+    create_topics(s)
+    topic = topics.topic_name(topics.IMPRESSIONS, s.topic_prefix)
+    outcomes: dict[str, int] = {}
+
+    def count(outcome: str, n: int) -> None:
+        outcomes[outcome] = outcomes.get(outcome, 0) + n
+
+    async def run() -> tuple[list[int], list[tuple[int, bytes, bytes]]]:
+        sink = ImpressionSink(s, count)
+        await sink.start()
+        for round_ in range(3):  # the same users again: their remembered partitions
+            sink.emit([imp(f"user-{u}", f"a{round_}", u) for u in range(40)])
+            await asyncio.sleep(0.05)
+        await sink.stop()
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=stack.kafka.bootstrap, auto_offset_reset="earliest", group_id=None
+        )
+        await consumer.start()
+        got: list[tuple[int, bytes, bytes]] = []
+        try:
+            parts = sorted(consumer.partitions_for_topic(topic) or ())
+            end = time.monotonic() + 20
+            while len(got) < 120 and time.monotonic() < end:
+                batch = await consumer.getmany(timeout_ms=500)
+                got += [(tp.partition, r.key, r.value) for tp, recs in batch.items() for r in recs]
+        finally:
+            await consumer.stop()
+        return parts, got
+
+    parts, got = asyncio.run(run())
+    assert outcomes == {"sent": 120} and len(got) == 120 and len(parts) > 1
+    pick = DefaultPartitioner()
+    assert all(p == pick(key, parts, parts) for p, key, _ in got)
+    assert len({p for p, _, _ in got}) > 1  # 40 users spread over the topic's partitions
+    assert all(codec.decode(Impression, v).user_id.encode() == key for _, key, v in got)  # type: ignore[union-attr]
+
+
+@pytest.mark.kafka
+def test_impressions_being_handed_to_the_producer_are_pending_and_counted_when_stop_cuts_them(
+    stack: Settings,
+) -> None:
+    """Impressions the sender took from the queue count as pending until the producer has them
+    (they used to count nowhere while the hand-over waited: `pending` read 0 with 10 not yet
+    sent, and the bound let that many more in), and those a stop cuts off mid-hand-over are
+    counted dropped (they used to vanish from every count)."""
+    from deploy.stack import create_topics
+
+    s = _isolated(stack)
+    create_topics(s)
+    outcomes: dict[str, int] = {}
+    hold = asyncio.Event()
+
+    def count(outcome: str, n: int) -> None:
+        outcomes[outcome] = outcomes.get(outcome, 0) + n
+
+    async def run() -> int:
+        sink = ImpressionSink(s, count)
+        await sink.start()
+        deadline = time.monotonic() + 30
+        while sink.producer is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        real_send, calls = sink.producer.send, [0]
+
+        async def send(*args: object, **kwargs: object) -> object:
+            calls[0] += 1
+            if calls[0] > 3:  # a producer that stops taking (its buffer full, a hung broker)
+                await hold.wait()
+            return await real_send(*args, **kwargs)
+
+        sink.producer.send = send
+        sink.emit([imp("u1", f"a{i}", i) for i in range(10)])
+        await asyncio.sleep(0.3)
+        pending = sink.pending
+        await sink.stop(timeout_s=0.3)
+        return pending
+
+    pending = asyncio.run(run())
+    assert pending == 10
+    assert outcomes == {"sent": 3, "dropped": 7}
+
+
 # -- M9: no replay from offset 0 on reconnect ------------------------------------------------
 @pytest.mark.kafka
 def test_follow_resumes_where_it_left_off_and_deltas_replay_a_window_only(stack: Settings) -> None:
