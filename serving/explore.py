@@ -42,23 +42,35 @@ def explore(n: int, k: int, epsilon: float, top_m: int, rng: np.random.Generator
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"explore.epsilon must be in [0, 1), got {epsilon}")
     slots = min(k, n)
-    picks = np.empty(slots, dtype=np.int64)
-    prop = np.empty(slots, dtype=np.float64)
+    if epsilon == 0:
+        return Explored(np.arange(slots, dtype=np.int64), np.ones(slots), np.zeros(slots, dtype=bool))
+    draws = rng.random(slots)
+    if not (draws < epsilon).any():  # no position explores (most requests at a small epsilon)
+        ms = np.minimum(top_m, n - np.arange(slots))  # each position's m
+        prop = np.where(ms > 1, (1.0 - epsilon) + epsilon / ms, (1.0 - epsilon) + epsilon)
+        return Explored(np.arange(slots, dtype=np.int64), prop, np.zeros(slots, dtype=bool))
+    picks: list[int] = []
+    prop_list: list[float] = []
     remaining = list(range(n))
-    draws = rng.random(slots) if epsilon > 0 else np.ones(slots)
     for pos in range(slots):
         m = min(top_m, len(remaining))
         j = int(rng.integers(m)) if draws[pos] < epsilon and m > 1 else 0
-        picks[pos] = remaining.pop(j)
-        prop[pos] = (1.0 - epsilon) * (j == 0) + (epsilon / m if m > 1 else epsilon)
-    return Explored(picks, prop, picks != _greedy(picks, n))
+        picks.append(remaining.pop(j))
+        prop_list.append((1.0 - epsilon) * (j == 0) + (epsilon / m if m > 1 else epsilon))
+    return Explored(
+        np.asarray(picks, dtype=np.int64),
+        np.asarray(prop_list, dtype=np.float64),
+        np.asarray([p != g for p, g in zip(picks, _greedy(picks, n), strict=True)], dtype=bool),
+    )
 
 
-def _greedy(picks: np.ndarray, n: int) -> np.ndarray:
+def _greedy(picks: list[int], n: int) -> list[int]:
     """The greedy ad at each position given the picks before it (the best one not yet taken)."""
-    taken = np.zeros(n, dtype=bool)
-    out = np.empty(picks.shape[0], dtype=np.int64)
-    for pos, p in enumerate(picks.tolist()):
-        out[pos] = int(np.argmin(taken))  # the first index not taken
+    taken = [False] * n
+    out, first = [], 0
+    for p in picks:
+        while taken[first]:
+            first += 1
+        out.append(first)
         taken[p] = True
     return out

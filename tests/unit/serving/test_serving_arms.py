@@ -102,6 +102,36 @@ def test_pick_frequencies_match_the_logged_propensities() -> None:
     assert _within(explored, n_runs, eps * (m - 1) / m)
 
 
+def _explore_loop(n: int, k: int, epsilon: float, top_m: int, rng: np.random.Generator) -> tuple:  # type: ignore[type-arg]
+    """`explore` as it was first written: one position at a time, the greedy ad by argmin."""
+    slots = min(k, n)
+    picks, prop, remaining = [], [], list(range(n))
+    draws = rng.random(slots) if epsilon > 0 else np.ones(slots)
+    for pos in range(slots):
+        m = min(top_m, len(remaining))
+        j = int(rng.integers(m)) if draws[pos] < epsilon and m > 1 else 0
+        picks.append(remaining.pop(j))
+        prop.append((1.0 - epsilon) * (j == 0) + (epsilon / m if m > 1 else epsilon))
+    taken, greedy = np.zeros(n, dtype=bool), []
+    for p in picks:
+        greedy.append(int(np.argmin(taken)))
+        taken[p] = True
+    return picks, prop, [p != g for p, g in zip(picks, greedy, strict=True)]
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.05, 0.3, 0.9])
+def test_explore_equals_the_position_loop_bit_for_bit(eps: float) -> None:
+    """The greedy fast path (no position explored: most requests at small epsilon) and the
+    loop give the same picks, propensities (the same floats) and flags for the same stream."""
+    for seed in range(300):
+        n, k, m = seed % 13, 1 + seed % 11, 2 + seed % 6
+        got = explore(n, k, eps, m, np.random.default_rng(seed))
+        picks, prop, explored = _explore_loop(n, k, eps, m, np.random.default_rng(seed))
+        assert got.picks.tolist() == picks
+        assert got.propensity.tolist() == prop
+        assert got.explored.tolist() == explored
+
+
 def test_no_exploration_is_the_greedy_order_with_propensity_one() -> None:
     e = explore(6, 6, 0.0, 4, np.random.default_rng(0))
     assert e.picks.tolist() == list(range(6))
