@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,12 +27,12 @@ from serving.adapters import CANDIDATE
 from serving.arms import uses_adapters
 from serving.catalog import Audience, Catalog
 from serving.deadline import Deadline, Rung, StageCosts
-from serving.explore import explore
+from serving.explore import Explored, explore
 from serving.index import ExactIndex, exact_search, exact_search_many
 from serving.interests import CategoryCentroids, CentroidTable, interest_prior
 from serving.ranking import RankInput, RankModel, build_input
 from serving.recall_index import make_index
-from serving.rerank import pacing_factor, rerank
+from serving.rerank import RerankResult, pacing_factor, rerank
 from serving.text import join_matches, query_match, query_matches, text_match
 from serving.towers import TowerSpace
 from serving.variants import VariantSelector
@@ -111,6 +112,9 @@ class RequestContext:
     canary_arm: str = "stable"  # the canary arm (`serving.canary.Arm`) the request counts for
     user: UserView | None = None  # the user's state as read (None: cold or not read)
     recalled: Recalled | None = None
+    # what rank scored (the recalled input with its adapters' bank rows): the served ads are
+    # scored again from it at their positions (`serving.request.RequestPath.at_positions`)
+    scored: RankInput | None = None
     # the user read did not answer within its share of the deadline (or failed): served without it
     read_missed: bool = False
     # `/v1/rank`: the caller's candidates the catalog does not hold, and those it may not show
@@ -428,13 +432,10 @@ class AdPipeline:
         vec = np.zeros(self.settings.state_dim) if vector is None else np.asarray(vector, dtype=np.float64)
         return self.variants.choose(ad_ids, vec)
 
-    def finish(self, ctx: RequestContext) -> Served:
-        """Rerank a request's candidates (caps, pacing, diversity), explore, and sign what is
-        served: the ads and their impression events. Reads `ctx`, changes nothing in it; the
-        response is `respond(ctx, served)`. (The models are validated: pydantic's
-        `model_construct` is Python and costs more than its validation in Rust.)
-        """
-        req, request_id, rows, pctr, rung = ctx.req, ctx.request_id, ctx.rows, ctx.pctr, ctx.rung
+    def choose(self, ctx: RequestContext) -> Choice:
+        """Rerank a request's candidates (caps, pacing, diversity) on their position-0 pCTR and
+        fill its positions (exploration): which candidates are served, in display order."""
+        req, rows = ctx.req, ctx.rows
         now = ctx.now
         cat = self.catalog
         day_fraction = (now.hour * 3600 + now.minute * 60 + now.second) / 86400.0
@@ -444,7 +445,7 @@ class AdPipeline:
         eps, top_m = self.settings.explore.epsilon, self.settings.explore.top_m
         cpm_rows = cat.cpm_of(rows)  # the auction prices CPM bids per thousand shown, CPC per click
         res = rerank(
-            pctr,
+            ctx.pctr,
             cat.bid[rows],
             cat.advertiser[rows],
             cat.category[rows],
@@ -455,11 +456,27 @@ class AdPipeline:
             cpm_rows,
         )
         # seeded by the request id: the same request explores the same way (tests, replays)
-        rng = request_rng(request_id) if eps > 0 else _GREEDY_RNG  # greedy draws nothing
+        rng = request_rng(ctx.request_id) if eps > 0 else _GREEDY_RNG  # greedy draws nothing
         ex = explore(res.order.shape[0], req.k, eps, top_m, rng)
-        order = res.order[ex.picks]
+        return Choice(res, ex, res.order[ex.picks], cpm_rows)
+
+    def finish(
+        self, ctx: RequestContext, choice: Choice | None = None, at_position: np.ndarray | None = None
+    ) -> Served:
+        """Sign what `choice` (default: `choose(ctx)`) serves: the ads and their impression
+        events. `at_position`: each chosen ad's pCTR at the position it is served at
+        (`serving.request.RequestPath.at_positions`), what its impression logs (the per-user
+        correction learns from it); None: its position-0 pCTR, as ranked (the rungs without the
+        model). Reads `ctx`, changes nothing in it; the response is `respond(ctx, served)`. (The
+        models are validated: pydantic's `model_construct` is Python and costs more than its
+        validation in Rust.)
+        """
+        req, request_id, rows, pctr, rung = ctx.req, ctx.request_id, ctx.rows, ctx.pctr, ctx.rung
+        now = ctx.now
+        cat = self.catalog
+        res, ex, order, cpm_rows = choice if choice is not None else self.choose(ctx)
         chosen = rows[order]
-        chosen_pctr = np.clip(pctr[order], 0.0, 1.0)
+        chosen_pctr = np.clip(pctr[order] if at_position is None else at_position, 0.0, 1.0)
         model_version = self.rank.version
         with_adapters = rung == "adapter" and uses_adapters(ctx.ab_arm)
         versions = self.adapter_versions(req.slot, chosen, ctx.arm) if with_adapters else [None] * len(chosen)
@@ -531,6 +548,17 @@ class AdPipeline:
         if isinstance(ctx.req, RankRequest):
             return RankResponse(**dict(resp), unknown=ctx.unknown, ineligible=ctx.ineligible)
         return resp
+
+
+class Choice(NamedTuple):
+    """What `AdPipeline.choose` picked for one request: the rerank's result, exploration's
+    picks, the served candidates (indices into the request's rows, in display order) and which
+    of the request's candidates bid per thousand shown (CPM)."""
+
+    rerank: RerankResult
+    explored: Explored
+    order: np.ndarray
+    cpm: np.ndarray
 
 
 @dataclass

@@ -118,6 +118,20 @@ def build_input(  # noqa: PLR0913 - the user's columns, the candidates', and the
     )
 
 
+POSITION: Final = ID_COLUMNS.index("position")  # the id column of the served position
+
+
+def at_positions(inp: RankInput, picks: np.ndarray, max_position: int) -> RankInput:
+    """The candidates `picks` of `inp` (indices into it, in display order) as the ranker sees
+    each where it is served: the i-th at position i (capped at `max_position` − 1, as
+    `trainers.models.features` caps it), their adapters' bank rows and correction kept."""
+    idx = torch.from_numpy(np.ascontiguousarray(picks, dtype=np.int64))
+    ids = inp.ids.index_select(0, idx)  # a copy: the recalled input keeps position 0
+    ids[:, POSITION] = torch.clamp(torch.arange(idx.shape[0]), max=max_position - 1)
+    offset = None if inp.offset is None else inp.offset.index_select(0, idx)
+    return RankInput(inp.dense.index_select(0, idx), ids, inp.rows.index_select(0, idx), offset, inp.row)
+
+
 # the folds of a batch's slots stacked (`RankModel._stacked`): heads [models, in], their biases,
 # and per wide table (id column, rows per model or 0 when not adapted, the table flat)
 Wide = list[tuple[int, int, torch.Tensor]]

@@ -37,7 +37,7 @@ from serving.arms import uses_adapters, uses_correction
 from serving.catalog import POPULAR_PCTR
 from serving.deadline import io_budget_ms, lower, plan_rank, plan_start
 from serving.pipeline import AdPipeline, RequestContext, Served, UserView, audience_of, recall_pctr
-from serving.ranking import RankInput
+from serving.ranking import RankInput, at_positions
 
 log = logging.getLogger(__name__)
 Batch = list[RequestContext]
@@ -155,7 +155,7 @@ class RequestPath:
         for ctx in batch:
             if ctx.rung == "popular" or ctx.rows.shape[0] == 0:
                 self.popular(ctx)
-        served = self.rerank(batch)
+        served = await self.rerank(batch)
         self.record(batch, served)
         self.observe(batch)
         return [self.pipe.respond(ctx, s) for ctx, s in zip(batch, served, strict=True)]
@@ -250,13 +250,14 @@ class RequestPath:
                 shared = self.pipe.shared_adapter_row(slot, ctx.arm)
                 # the offset stays
                 inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows), row=shared)
+            ctx.scored = inp
             items.append((inp, use))
         for ctx, pctr in zip(batch, await self.score(items), strict=True):
             ctx.pctr = pctr
 
     def popular(self, ctx: RequestContext) -> None:
         """The last rung: cached popular ads (the user's known frequency caps still hold)."""
-        ctx.rung = "popular"
+        ctx.rung, ctx.scored = "popular", None
         if isinstance(ctx.req, RankRequest):  # the caller's own candidates (rerank orders them by bid)
             ctx.rows, ctx.unknown, ctx.ineligible = self.pipe.candidates(ctx.req, ctx.capped, ctx.now)
             ctx.pctr = np.full(ctx.rows.shape[0], POPULAR_PCTR)
@@ -272,9 +273,35 @@ class RequestPath:
         ctx.rows, ctx.pctr = rows, np.full(rows.shape[0], POPULAR_PCTR)
 
     @timed("rerank")
-    def rerank(self, batch: Batch) -> list[Served]:
-        """Each request's ads: rerank (caps, pacing, diversity), exploration, variants, signing."""
-        return [self.pipe.finish(ctx) for ctx in batch]
+    async def rerank(self, batch: Batch) -> list[Served]:
+        """Each request's ads: rerank (caps, pacing, diversity) and exploration choose them, the
+        ranker scores each at its position, then variants and signing."""
+        chosen = [self.pipe.choose(ctx) for ctx in batch]
+        at = await self.at_positions(batch, [c.order for c in chosen])
+        return [self.pipe.finish(ctx, c, p) for ctx, c, p in zip(batch, chosen, at, strict=True)]
+
+    async def at_positions(self, batch: Batch, orders: Sequence[np.ndarray]) -> list[np.ndarray | None]:
+        """The pCTR of each served ad at the position it is served at, by the model that ranked
+        it (its adapters, its correction), for the requests ranked by the model: one more
+        forward per adapter flag for the batch, over k ads a request. Rank scores every
+        candidate at position 0 (the order does not depend on where an ad will be shown), but an
+        impression's logged pCTR is what the per-user correction learns from (its gradient is
+        click − pCTR): at position 0 the lower positions' lower click rates became a negative
+        correction of the users' categories. None: not ranked by the model (its recall score or
+        a popular ad)."""
+        out: list[np.ndarray | None] = [None] * len(batch)
+        items, where = [], []
+        max_position = self.pipe.rank.config.max_position
+        for i, (ctx, order) in enumerate(zip(batch, orders, strict=True)):
+            if ctx.scored is None or ctx.rung not in ("adapter", "base_model") or not order.shape[0]:
+                continue
+            use = ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
+            items.append((at_positions(ctx.scored, order, max_position), use))
+            where.append(i)
+        if items:
+            for i, p in zip(where, await self.score(items), strict=True):
+                out[i] = p
+        return out
 
     @timed("record")
     def record(self, batch: Batch, served: Sequence[Served]) -> None:

@@ -421,8 +421,9 @@ def test_the_users_per_category_bias_moves_the_served_pctr_of_that_category_only
     server: httpx.Client, serve_settings: Settings, catalog: list[AdCreative]
 ) -> None:
     """The per-user correction streams keeps (`UserState.bias`, record format 2) is added to the
-    ranker's logit of each candidate of that category: the same user, ad and arm get
-    σ(logit + b) after the record gains the bias, other categories what they got before."""
+    ranker's logit of each candidate of that category: the same user, ad, arm and position get
+    σ(logit + b) after the record gains the bias, other categories what they got before (the
+    served pCTR is the ranker's at the ad's position: an ad the bias moved is compared at none)."""
     import math
 
     import numpy as np
@@ -442,7 +443,7 @@ def test_the_users_per_category_bias_moves_the_served_pctr_of_that_category_only
             session_start_ts=now, events=1, bias=bias,
         )  # fmt: skip
         r.set(user_key(s.redis_prefix, "u-biased"), encode_state(state))
-        return {a["ad_id"]: a["pctr"] for a in ads(server, "u-biased", k=10)["ads"]}
+        return {(a["ad_id"], pos): a["pctr"] for pos, a in enumerate(ads(server, "u-biased", k=10)["ads"])}
 
     try:
         before = served({})
@@ -451,8 +452,8 @@ def test_the_users_per_category_bias_moves_the_served_pctr_of_that_category_only
         r.delete(user_key(s.redis_prefix, "u-biased"))
         r.close()
     category = {ad.ad_id: ad.category for ad in catalog}
-    both = [a for a in before if a in after]
-    travel = [a for a in both if category[a] == "travel"]
+    both = [a for a in before if a in after]  # the same ad at the same position
+    travel = [a for a in both if category[a[0]] == "travel"]
     assert travel, (before, after)
 
     def logit(p: float) -> float:
@@ -460,5 +461,5 @@ def test_the_users_per_category_bias_moves_the_served_pctr_of_that_category_only
 
     for a in travel:
         assert logit(after[a]) - logit(before[a]) == pytest.approx(2.0, abs=1e-3)
-    for a in (a for a in both if category[a] != "travel"):
+    for a in (a for a in both if category[a[0]] != "travel"):
         assert after[a] == pytest.approx(before[a], abs=1e-6)

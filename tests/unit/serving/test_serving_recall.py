@@ -186,3 +186,25 @@ def test_per_advertiser_adapters_have_no_shared_row() -> None:
     assert pipe.shared_adapter_row("feed", CANDIDATE) is None
     rows = pipe.adapter_rows("feed", np.arange(len(pipe.catalog.rows)), CANDIDATE)
     assert len(set(rows.tolist())) == 2
+
+
+def test_at_positions_takes_the_picks_in_display_order_at_their_positions_and_keeps_the_rest() -> None:
+    """The served ads as the ranker scores them where they are shown: the i-th pick at position
+    i (capped as the training features cap it), its dense row, bank row and correction kept;
+    the recalled input keeps position 0."""
+    from serving.ranking import POSITION, RankInput, at_positions
+
+    n = 20
+    ids = torch.arange(n * 7, dtype=torch.int64).reshape(n, 7)
+    ids[:, POSITION] = 0
+    inp = RankInput(torch.randn(n, 5), ids, torch.arange(n) % 3, torch.linspace(-1, 1, n), row=2)
+    picks = np.array([7, 3, 19, 0, 11])
+    out = at_positions(inp, picks, max_position=4)
+    assert out.ids[:, POSITION].tolist() == [0, 1, 2, 3, 3]
+    keep = [c for c in range(7) if c != POSITION]
+    assert torch.equal(out.ids[:, keep], ids[picks][:, keep]) and torch.equal(out.dense, inp.dense[picks])
+    assert out.offset is not None and torch.equal(out.offset, inp.offset[picks])  # type: ignore[index]
+    assert torch.equal(out.rows, inp.rows[picks]) and out.row == 2
+    assert int(inp.ids[:, POSITION].abs().sum()) == 0
+    no_offset = at_positions(RankInput(inp.dense, ids, inp.rows), picks[:2], max_position=16)
+    assert no_offset.offset is None and no_offset.row is None
