@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_serving import add_ads, put_slot_adapter
 from starlette.requests import Request
 
 from schemas.api import AdRequest, AdResponse
-from schemas.events import AdCreative, Impression
+from schemas.events import Impression
 from schemas.settings import Settings
-from serving.adapters import CANDIDATE, STABLE
+from serving.adapters import CANDIDATE
 from serving.catalog import Catalog
 from serving.deadline import Deadline
 from serving.http import BodyAdmission
@@ -55,13 +56,7 @@ def _path(s: Settings, emitted: list[Impression]) -> tuple[RequestPath, RedisIO,
         RankModel(Ranker(CFG).eval(), "v0", s, torch.device("cpu")),
         Catalog(16, CFG, content_vectorizer(16)),
     )
-    for i in range(40):
-        cat = ["shoes", "tech", "food"][i % 3]
-        pipe.add_ad(
-            AdCreative(event_id=f"e{i}", ts=TS, ad_id=f"a{i}", campaign_id=f"c{i % 4}",
-                       advertiser_id=f"v{i % 6}", category=cat, title=f"{cat} item {i}", bid=1.0 + i % 3,
-                       daily_budget=1e6, active=True)
-        )  # fmt: skip
+    add_ads(pipe, TS)
     io = RedisIO(s, UserRecordCodec(s.state))
 
     async def score(items):  # type: ignore[no-untyped-def]
@@ -82,25 +77,11 @@ def _serve(path: RequestPath, io: RedisIO, reqs: list[AdRequest]) -> list[AdResp
     return asyncio.run(run())
 
 
-def _news_adapter(pipe: AdPipeline) -> None:
-    """A slot adapter for `news`, in both arms, with weights large enough to move the scores."""
-    bank = pipe.rank.bank
-    g = torch.Generator().manual_seed(1)
-    weights = {
-        name: (
-            torch.randn(bank.rank, s.fan_in, generator=g) * 0.3,
-            torch.randn(s.fan_out, bank.rank, generator=g) * 0.3,
-        )
-        for name, s in bank.shapes.items()
-    }
-    bank.put("news", weights, version="seq-1", seq=1, base_version="v0", arms=(STABLE, CANDIDATE))
-
-
 def test_a_configured_fourth_slot_is_served_with_its_own_adapter(tmp_path: Path) -> None:
     s = _settings(tmp_path)
     emitted: list[Impression] = []
     path, io, pipe = _path(s, emitted)
-    _news_adapter(pipe)
+    put_slot_adapter(pipe, "news")
     # the slot adapter is folded into a copy of the base, as the default slots' adapters are
     assert pipe.rank.bank.row("news", CANDIDATE) in pipe.rank.folded.rows()
     news, feed = _serve(

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers_serving import add_ads, put_slot_adapter
 
 from schemas.api import AdRequest
-from schemas.events import AdCreative, Impression
+from schemas.events import Impression
 from schemas.settings import Settings
-from serving.adapters import CANDIDATE, STABLE
 from serving.catalog import Catalog
 from serving.deadline import Deadline
 from serving.io import RedisIO, UserRecordCodec
@@ -52,22 +52,8 @@ def _path(tmp_path: Path, emitted: list[Impression], epsilon: float) -> tuple[Re
     pipe = AdPipeline(
         s, RankModel(ranker, "v0", s, torch.device("cpu")), Catalog(16, CFG, content_vectorizer(16))
     )
-    for i in range(40):
-        cat = ["shoes", "tech", "food"][i % 3]
-        pipe.add_ad(
-            AdCreative(event_id=f"e{i}", ts=TS, ad_id=f"a{i}", campaign_id=f"c{i % 4}",
-                       advertiser_id=f"v{i % 6}", category=cat, title=f"{cat} item {i}", bid=1.0 + i % 3,
-                       daily_budget=1e6, active=True)
-        )  # fmt: skip
-    bank, g = pipe.rank.bank, torch.Generator().manual_seed(1)
-    weights = {
-        name: (
-            torch.randn(bank.rank, sh.fan_in, generator=g) * 0.3,
-            torch.randn(sh.fan_out, bank.rank, generator=g) * 0.3,
-        )
-        for name, sh in bank.shapes.items()
-    }
-    bank.put("feed", weights, version="seq-1", seq=1, base_version="v0", arms=(STABLE, CANDIDATE))
+    add_ads(pipe, TS)
+    put_slot_adapter(pipe, "feed")
     io = RedisIO(s, UserRecordCodec(s.state))
 
     async def score(items):  # type: ignore[no-untyped-def]
