@@ -209,21 +209,22 @@ def deltas(client: httpx.Client) -> dict[str, float]:
     return out
 
 
-def served(client: httpx.Client, slot: str) -> tuple[str | None, dict[str, float]]:
-    """The adapter version and per-ad pCTR one replica serves a cold user in `slot` (a preview:
-    nothing logged, spent or capped, so every call and replica ranks the same candidates)."""
+def served(client: httpx.Client, slot: str) -> tuple[str | None, dict[tuple[str, int], float]]:
+    """The adapter version and the pCTR by (ad, position) one replica serves a cold user in
+    `slot` (a preview: nothing logged, spent or capped, so every call and replica ranks the same
+    candidates; the pCTR is the ranker's at the ad's position: compared at the same one)."""
     r = client.post("/v1/ads", json={"user_id": "consistency-probe", "slot": slot, "k": 20, "preview": True})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["served_by"] == "adapter", body
-    return body["adapter_version"], {a["ad_id"]: a["pctr"] for a in body["ads"]}
+    return body["adapter_version"], {(a["ad_id"], pos): a["pctr"] for pos, a in enumerate(body["ads"])}
 
 
-def same_weights(a: dict[str, float], b: dict[str, float]) -> bool:
-    """Whether two responses' pCTRs agree on the ads both hold (there are some)."""
+def same_weights(a: dict[tuple[str, int], float], b: dict[tuple[str, int], float]) -> bool:
+    """Whether two responses' pCTRs agree on the (ad, position) pairs both hold, and there are
+    some (none: the two rank differently, so their weights differ)."""
     common = set(a) & set(b)
-    assert common, (a, b)
-    return all(abs(a[k] - b[k]) <= 1e-6 for k in common)
+    return bool(common) and all(abs(a[k] - b[k]) <= 1e-6 for k in common)
 
 
 def rollback(client: httpx.Client, adapter_id: str) -> httpx.Response:

@@ -35,6 +35,12 @@ def ads(client: httpx.Client, user: str, slot: str = "feed", k: int = 10, **extr
     return r.json()
 
 
+def _at_positions(body: dict) -> dict[tuple[str, int], float]:
+    """A response's pCTR by ad and position: what it was served at (the ranker's pCTR at the
+    ad's position), comparable between responses only for the same ad at the same position."""
+    return {(a["ad_id"], pos): a["pctr"] for pos, a in enumerate(body["ads"])}
+
+
 def read_impressions(
     settings: Settings, user: str, enough: Callable[[list[Impression]], bool], timeout_s: float = 20
 ) -> list[Impression]:
@@ -207,7 +213,11 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     if aid is None:
         pytest.skip("this test drives the per-slot adapter scheme")
     st0 = empty_state(aid, version, shapes, s.lora.rank)
-    before = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-before", slot="search", k=20)["ads"]}
+    # previews: nothing counted or spent, so every probe ranks the same candidates in the same
+    # order and an ad's pCTR (the ranker's at its position) moves only with the weights
+    before = {
+        a["ad_id"]: a["pctr"] for a in ads(server, "cold-before", slot="search", k=20, preview=True)["ads"]
+    }
     st1, d1 = _step(st0, 0.2, 1)
     asyncio.run(produce(s, [d1]))
 
@@ -219,13 +229,13 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
         return f"adapters={adapter_infos(server)} deltas={deltas}"
 
     wait_for(lambda: (info() or {}).get("version") == "seq-0", why=state)
-    after = ads(server, "cold-after", slot="search", k=20)
+    after = ads(server, "cold-after", slot="search", k=20, preview=True)
     assert after["adapter_version"] == "seq-0"
     common = set(before) & {a["ad_id"] for a in after["ads"]}
     assert common
     changed = [abs(before[a] - p["pctr"]) > 1e-6 for p in after["ads"] for a in [p["ad_id"]] if a in common]
     assert all(changed)
-    served = {a["ad_id"]: a["pctr"] for a in after["ads"]}
+    served = _at_positions(after)
 
     # poisoned deltas at the next seq: NaN, norm over the bound, wrong shape → all rejected
     m = st1.modules[0]
@@ -251,7 +261,7 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     asyncio.run(produce(s, [nan, huge, shape]))
     wait_for(lambda: (info() or {}).get("rejected_deltas", 0) >= 3, why=state)
     assert info()["version"] == "seq-0"  # type: ignore[index]
-    again = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-again", slot="search", k=20)["ads"]}
+    again = _at_positions(ads(server, "cold-again", slot="search", k=20, preview=True))
     assert set(again) & set(served)
     assert all(again[a] == pytest.approx(served[a], abs=1e-6) for a in set(again) & set(served))
     metrics = server.get("/metrics").text
@@ -267,7 +277,7 @@ def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Se
     r = server.post(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert r.status_code == 200 and r.json()["version"] == "seq-0"
     assert server.post("/v1/adapters/nope/rollback", headers=ADMIN).status_code == 404
-    back = {a["ad_id"]: a["pctr"] for a in ads(server, "cold-back", slot="search", k=20)["ads"]}
+    back = _at_positions(ads(server, "cold-back", slot="search", k=20, preview=True))
     assert set(back) & set(served)
     assert all(back[a] == pytest.approx(served[a], abs=1e-6) for a in set(back) & set(served))
 
