@@ -115,6 +115,7 @@ class RequestContext:
     # what rank scored (the recalled input with its adapters' bank rows): the served ads are
     # scored again from it at their positions (`serving.request.RequestPath.at_positions`)
     scored: RankInput | None = None
+    scored_adapters: bool = False  # whether rank scored `scored` with the adapters (the same flag again)
     # the user read did not answer within its share of the deadline (or failed): served without it
     read_missed: bool = False
     # `/v1/rank`: the caller's candidates the catalog does not hold, and those it may not show

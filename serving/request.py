@@ -250,14 +250,14 @@ class RequestPath:
                 shared = self.pipe.shared_adapter_row(slot, ctx.arm)
                 # the offset stays
                 inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows), row=shared)
-            ctx.scored = inp
+            ctx.scored, ctx.scored_adapters = inp, use
             items.append((inp, use))
         for ctx, pctr in zip(batch, await self.score(items), strict=True):
             ctx.pctr = pctr
 
     def popular(self, ctx: RequestContext) -> None:
         """The last rung: cached popular ads (the user's known frequency caps still hold)."""
-        ctx.rung, ctx.scored = "popular", None
+        ctx.rung, ctx.scored, ctx.scored_adapters = "popular", None, False
         if isinstance(ctx.req, RankRequest):  # the caller's own candidates (rerank orders them by bid)
             ctx.rows, ctx.unknown, ctx.ineligible = self.pipe.candidates(ctx.req, ctx.capped, ctx.now)
             ctx.pctr = np.full(ctx.rows.shape[0], POPULAR_PCTR)
@@ -295,8 +295,7 @@ class RequestPath:
         for i, (ctx, order) in enumerate(zip(batch, orders, strict=True)):
             if ctx.scored is None or ctx.rung not in ("adapter", "base_model") or not order.shape[0]:
                 continue
-            use = ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
-            items.append((at_positions(ctx.scored, order, max_position), use))
+            items.append((at_positions(ctx.scored, order, max_position), ctx.scored_adapters))
             where.append(i)
         if items:
             for i, p in zip(where, await self.score(items), strict=True):
