@@ -540,6 +540,51 @@ def slot_split(result: Any, spend: dict[str, float]) -> dict[str, dict[str, tupl
     return out
 
 
+def holdout_split(design: Any, spend: dict[str, float]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Each campaign's split into its slots from its holdout's own per-slot lifts
+    (`channel_lift.HoldoutDesign.channels`), as `plan_mmm_split` takes them, shrunk toward
+    "every slot returns alike a dollar" by how well the holdout tells the slots apart.
+
+    The prior of a slot's incremental conversions is the campaign's measured total split by spend
+    (its credit share = its spend share: the split then moves nothing the campaign's own curve
+    does not); each slot's measurement x ± se pulls it by its precision, normal-normal shrinkage
+    with the prior's spread τ² estimated from every measured slot at once (method of moments: the
+    mean squared gap between measurement and prior less the measurements' own variance, as
+    `incrementality.split_campaigns` does toward a model's split). Where the slots' measured
+    differences are no larger than their noise, τ² is 0 and every campaign stays whole in effect.
+    A multi-touch model's split (`slot_split`) has no such check: its credits per slot differ
+    whether or not the slots' returns do. A campaign whose spent slots the holdout did not all
+    measure is left out (whole).
+    """
+    seen: dict[str, tuple[list[str], np.ndarray, np.ndarray, np.ndarray]] = {}
+    for campaign, lift in design.channels.items():
+        at = {s: j for j, s in enumerate(lift.slots)}
+        names = [c for c in spend if c.partition(":")[0] == campaign and spend[c] > 0]
+        slots = [c.partition(":")[2] for c in names]
+        if len(names) < 2 or not all(s in at for s in slots):
+            continue
+        x = np.array([lift.incremental[at[s]] for s in slots], dtype=float)
+        se = np.array([lift.se[at[s]] for s in slots], dtype=float)
+        if not (np.all(np.isfinite(x)) and np.all(np.isfinite(se)) and np.all(se > 0)):
+            continue
+        v = np.array([spend[c] for c in names], dtype=float)
+        prior = v / v.sum() * max(float(x.sum()), 0.0)
+        seen[campaign] = (names, x, se, prior)
+    if not seen:
+        return {}
+    gaps = np.concatenate([x - m for _, x, _, m in seen.values()])
+    noise = np.concatenate([se**2 for _, _, se, _ in seen.values()])
+    tau2 = max(0.0, float(np.mean(gaps**2 - noise)))
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for campaign, (names, x, se, prior) in seen.items():
+        w = tau2 / (tau2 + se**2)
+        post = np.maximum(w * x + (1 - w) * prior, 0.0)
+        if post.sum() <= 0:  # nothing measured above 0: no reason to move between its slots
+            post = np.array([spend[c] for c in names], dtype=float)
+        out[campaign] = {c: (float(p), float(spend[c])) for c, p in zip(names, post, strict=True)}
+    return out
+
+
 def equalise_marginal(
     lo: np.ndarray,
     hi: np.ndarray,

@@ -327,6 +327,7 @@ def check_mmm(
     from attribution.mmm import (
         daily_data,
         fit_mmm,
+        holdout_split,
         lift_tests,
         parse_lift_csv,
         plan_mmm_budget,
@@ -352,9 +353,11 @@ def check_mmm(
         )
     fits: dict[str, list[dict[str, Any]] | None] = {"mmm": None}
     held: list[dict[str, Any]] = []
+    design = None
     if cfg.holdout_share > 0:
         held = lift_tests(mdata, measure_lift(backend, since, until), "campaign")
         fits["mmm+holdout"] = held
+        design = measure_design(backend, since, until)
     if cfg.outside:
         # the holdouts and a geo test of each outside channel, read as a lift file is
         # (`adstream attribution mmm --lift-file`): what calibrates the channels adstream does not serve
@@ -392,15 +395,23 @@ def check_mmm(
             gain_interval=(g["mean"], g["low"], g["high"]),
             outcome=outcome,
         )
-        if lifts and SPLIT_BY in results:
+        if not lifts:
+            continue
+        spend = dict(zip(data.channels, data.spend(), strict=True))
+        splits = {}
+        if SPLIT_BY in results:
             # the same fit's moves per slot: each campaign split by the calibrated multi-touch
             # model of the lowest credit error on every market so far (`plan_mmm_split`)
-            split = slot_split(results[SPLIT_BY], dict(zip(data.channels, data.spend(), strict=True)))
+            splits[f"{name}+slots"] = slot_split(results[SPLIT_BY], spend)
+        if design is not None:
+            # or by the holdouts' own per-slot lifts, shrunk toward the spend split (`holdout_split`)
+            splits[f"{name}+slot_lifts"] = holdout_split(design, spend)
+        for plan_name, split in splits.items():
             sp = plan_mmm_split(fit, split)
             g = sp.gain
-            out[f"{name}+slots"] = replace(
+            out[plan_name] = replace(
                 out[name],
-                model=f"{name}+slots",
+                model=plan_name,
                 gain_interval=(g["mean"], g["low"], g["high"]),
                 outcome=plan_outcome(cfg, data, sp.multipliers) if budget_moves else None,
             )

@@ -127,6 +127,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="no loop: the runs of these results (each seed's saved arrays, `run.npz`) summarized "
         "again with this code and written as one result (quiet and loaded run apart)",
     )
+    ap.add_argument(
+        "--merge-pooled",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="no loop: results of runs on disjoint seeds (each pooled already) combined figure by "
+        "figure by inverse-variance weights, where their seeds' arrays are gone",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         for k, v in QUICK.items():
@@ -274,6 +282,81 @@ def combine(args: argparse.Namespace) -> dict[str, Any]:
             "combined_from": [str(p) for p in args.combine]}  # fmt: skip
 
 
+# figures of a run that `merge_pooled` combines (lifts on the log ratio, AUC differences as they are)
+LIFTS = tuple(f + v for f in (*SIZED, "revenue_lift_after") for v in VARIANTS) + tuple(
+    f"adapter_lift_before{v}" for v in VARIANTS
+)
+DIFFS = ("auc_online_minus_frozen_before", "auc_online_minus_frozen_after")
+Z95 = 1.959963984540054
+
+
+def inverse_variance(entries: list[dict[str, Any]], log_ratio: bool) -> dict[str, Any]:
+    """Independent estimates `{mean, ci_low, ci_high}` (95 %) combined by inverse-variance
+    weights (a fixed-effect meta-analysis): each one's standard error is its interval's
+    half-width / 1.96 on the scale the interval is near symmetric on — log(1 + lift) for a
+    relative lift, the difference itself otherwise — and the combined interval is ±1.96 of the
+    combined standard error on that scale. What is pooled are runs on disjoint seeds (their users
+    independent) whose per-user arrays are no longer there to be pooled again.
+
+    >>> e = {"mean": 0.1, "ci_low": 0.0, "ci_high": 0.2}
+    >>> m = inverse_variance([e, e], log_ratio=False)
+    >>> round(m["mean"], 6), round(m["ci_high"] - m["ci_low"], 4)  # same mean, 1/sqrt(2) as wide
+    (0.1, 0.1414)
+    >>> inverse_variance([e, {"error": "arm 'control' has no traffic"}], log_ratio=False)["error"]
+    "arm 'control' has no traffic"
+    """
+    for e in entries:
+        if "mean" not in e:
+            return {"error": e.get("error", "no interval")}
+    f: Callable[[float], float] = (lambda x: math.log1p(x)) if log_ratio else (lambda x: x)
+    g: Callable[[float], float] = (lambda y: math.expm1(y)) if log_ratio else (lambda y: y)
+    ys = [f(e["mean"]) for e in entries]
+    ses = [max((f(e["ci_high"]) - f(e["ci_low"])) / (2 * Z95), 1e-12) for e in entries]
+    w = [1 / se**2 for se in ses]
+    y = sum(wi * yi for wi, yi in zip(w, ys, strict=True)) / sum(w)
+    se = 1 / math.sqrt(sum(w))
+    out: dict[str, Any] = {"mean": g(y), "ci_low": g(y - Z95 * se), "ci_high": g(y + Z95 * se)}
+    if all("users" in e for e in entries):
+        out["users"] = sum(e["users"] for e in entries)
+    return out | {"method": "inverse-variance over runs on disjoint seeds"}
+
+
+def merge_pooled(paths: list[Path]) -> dict[str, Any]:
+    """Runs on disjoint seeds, each pooled by its own user bootstrap, as one result: each figure
+    combined by `inverse_variance`, the seeds' entries listed together, resets summed."""
+    import json
+
+    bodies = [json.loads(p.read_text()) for p in paths]
+    runs: dict[str, Any] = {}
+    for mode in sorted({m for b in bodies for m in b["runs"]}):
+        parts = [b["runs"][mode] for b in bodies if mode in b["runs"]]
+        seeds = [e["seed"] for r in parts for e in r.get("seeds", [])]
+        if len(seeds) != len(set(seeds)):
+            raise SystemExit(
+                f"--merge-pooled: the {mode} runs share seeds ({sorted(seeds)}): pool them instead"
+            )
+        run: dict[str, Any] = {k: inverse_variance([r[k] for r in parts], log_ratio=True) for k in LIFTS
+                               if all(k in r for r in parts)}  # fmt: skip
+        run |= {k: inverse_variance([r[k] for r in parts], log_ratio=False) for k in DIFFS}
+        run["seeds"] = [e for r in parts for e in r.get("seeds", [])]
+        run["resets"] = sum(r["resets"] for r in parts)
+        # the largest of the runs' rates (each run's adapter-hours are not kept): an upper bound
+        run["resets_per_adapter_hour"] = max((r["resets_per_adapter_hour"] or 0.0) for r in parts)
+        run["exploration_ctr_cost"] = {
+            "relative_cost": inverse_variance(
+                [r["exploration_ctr_cost"]["relative_cost"] for r in parts], log_ratio=False
+            ),
+            "runs": [r["exploration_ctr_cost"] for r in parts],
+        }
+        run["impressions"] = sum(r.get("impressions", 0) for r in parts)
+        run["parts"] = [{k: r.get(k) for k in ("command", "wall_s", "hog")} for r in parts]
+        runs[mode] = run
+    seeds = sorted({e["seed"] for r in runs.values() for e in r["seeds"]})
+    return {"runs": runs, "ope": bodies[-1].get("ope"), "sizes": SIZES, "decides_5pct": decisions(runs),
+            "machine": [b.get("machine") for b in bodies], "merged_from": [str(p) for p in paths],
+            "seeds": seeds}  # fmt: skip
+
+
 def ope_entry(seeds: list[int]) -> dict[str, Any]:
     """Relative error of the off-policy estimators of a known policy vs its simulated truth."""
     try:
@@ -391,8 +474,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse(argv)
     console = Console()
-    if args.combine:
-        combined = combine(args)
+    if args.combine or args.merge_pooled:
+        combined = combine(args) if args.combine else merge_pooled(args.merge_pooled)
         console.print(table(combined))
         write_result(args.out, combined, default=str)
         return

@@ -227,12 +227,45 @@ def lift(
         )
 
 
+SPLIT_BY_HOLDOUT = "holdout"  # `mmm --split-by holdout`: the holdouts' per-slot lifts split the campaigns
+
+
+def _holdout_split(backend: Any, since: int, until: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """Each campaign's split into slots by its holdout's per-slot lifts, shrunk toward the spend
+    split (`attribution.mmm.holdout_split`); an error before any fit when there is none."""
+    from attribution.channel_lift import measure_design
+    from attribution.mmm import holdout_split
+    from attribution.roi import channel_spend
+
+    design = measure_design(backend, since, until)
+    split = holdout_split(design, channel_spend(backend, "slot_campaign", since, until))
+    if not split:
+        raise AttributionInputError(
+            "--split-by holdout: no campaign of the range has a holdout measured in each of its slots"
+        )
+    return split
+
+
+def _check_split_by(split_by: str, by: Granularity) -> None:
+    from attribution.models import check_model
+
+    if split_by != SPLIT_BY_HOLDOUT:
+        check_model(split_by)
+    if by != Granularity.campaign:
+        raise AttributionInputError(
+            f"--split-by splits campaigns into slots: it needs --by campaign, not {by.value!r}"
+        )
+
+
 def _split_plan(fit: Any, model: str, by: Granularity, calibrate: bool, since: int, until: int,
-                max_change: float, seed: int) -> Any:  # fmt: skip
-    """The media-mix moves per slot: each campaign's curve split by `model`'s credit per slot."""
+                max_change: float, seed: int, split: Any = None) -> Any:  # fmt: skip
+    """The media-mix moves per slot: each campaign's curve split by `model`'s credit per slot
+    (`split`: already made, by the holdouts' per-slot lifts)."""
     from attribution.mmm import plan_mmm_split, slot_split
     from attribution.runs import run_and_store
 
+    if split is not None:
+        return plan_mmm_split(fit, split, max_change)
     backend, s = _backend()
     run = run_and_store(
         backend, s, models=[model], by="slot_campaign", since=since, until=until, seed=seed,
@@ -264,7 +297,8 @@ def mmm(
         str | None,
         typer.Option(
             help="Also move budget per slot: each campaign's fitted curve split by this multi-touch "
-            "model's credit per slot (holdout-calibrated with --calibrate; --by campaign)"
+            "model's credit per slot (holdout-calibrated with --calibrate), or by `holdout`: the "
+            "holdouts' own per-slot lifts, shrunk toward the spend split (--by campaign)"
         ),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick/--full", help="ADVI in seconds, or NUTS")] = False,
@@ -296,15 +330,10 @@ def mmm(
     t_until = parse_time(until, "--until", int(time.time()))
     t_since = parse_time(since, "--since", t_until - 56 * DAY)
     if split_by:
-        from attribution.models import check_model
-
-        check_model(split_by)
-        if by != Granularity.campaign:
-            raise AttributionInputError(
-                f"--split-by splits campaigns into slots: it needs --by campaign, not {by.value!r}"
-            )
+        _check_split_by(split_by, by)
     backend, _ = _backend()
     data = daily_data(backend, by.value, t_since, t_until, advertiser)
+    split = _holdout_split(backend, t_since, t_until) if split_by == SPLIT_BY_HOLDOUT else None
     lifts = measure_lift(backend, t_since, t_until) if calibrate or meridian else {}
     tests = lift_tests(data, lifts, by.value) if calibrate else None
     if calibrate and not tests:
@@ -324,7 +353,7 @@ def mmm(
         fit = fit_mmm(data, tests, quick=quick, seed=seed)
     plan = plan_mmm_budget(fit, max_change)
     if split_by:
-        plan = _split_plan(fit, split_by, by, calibrate, t_since, t_until, max_change, seed)
+        plan = _split_plan(fit, split_by, by, calibrate, t_since, t_until, max_change, seed, split)
     out = {
         "channels": list(data.channels), "days": data.days, "fit": fit.meta,
         "shares": dict(zip(data.channels, fit.shares().round(4).tolist(), strict=True)),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 
 from tests.support.benchmarks import load_benchmark
@@ -39,3 +43,48 @@ def test_decides_reads_the_interval_half_width() -> None:
     assert ll.decides({"mean": 0.1, "ci_low": 0.06, "ci_high": 0.14}) is True
     assert ll.decides({"mean": 0.1, "ci_low": -0.1, "ci_high": 0.3}) is False
     assert ll.decides({"error": "no arm"}) is None
+
+
+def _run(seeds: list[int], lift: tuple[float, float, float], resets: int = 0) -> dict[str, object]:
+    mean, lo, hi = lift
+    entry = {"mean": mean, "ci_low": lo, "ci_high": hi, "users": 100}
+    return {
+        "ctr_lift_after": entry,
+        "adapter_lift_after": entry,
+        "ctr_lift_before": entry,
+        "auc_online_minus_frozen_before": {"mean": 0.02, "ci_low": 0.01, "ci_high": 0.03},
+        "auc_online_minus_frozen_after": {"mean": 0.02, "ci_low": 0.01, "ci_high": 0.03},
+        "seeds": [{"seed": s} for s in seeds],
+        "resets": resets,
+        "resets_per_adapter_hour": 0.5 * resets,
+        "exploration_ctr_cost": {"relative_cost": {"mean": 0.4, "ci_low": 0.3, "ci_high": 0.5}},
+        "impressions": 1000,
+    }
+
+
+def test_merge_pooled_weighs_runs_by_their_intervals(tmp_path: Path) -> None:
+
+    ll = load_benchmark("live_loop")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    # on the log-ratio scale: a = log 1.2 ± 0.1, b = log 1.0 ± 0.2 (1.96 se each): weights 4 : 1
+    la, lb = math.log(1.2), 0.0
+    a.write_text(
+        json.dumps({"runs": {"loaded": _run([1, 2], (0.2, math.expm1(la - 0.1), math.expm1(la + 0.1)), 1)}})
+    )
+    b.write_text(
+        json.dumps({"runs": {"loaded": _run([3], (0.0, math.expm1(lb - 0.2), math.expm1(lb + 0.2)))}})
+    )
+    merged = ll.merge_pooled([a, b])["runs"]["loaded"]
+    y = (4 * la + lb) / 5
+    half = 1.96 * math.sqrt(1 / (1 / (0.1 / 1.96) ** 2 + 1 / (0.2 / 1.96) ** 2))
+    got = merged["ctr_lift_after"]
+    assert got["mean"] == pytest.approx(math.expm1(y))
+    assert got["ci_low"] == pytest.approx(math.expm1(y - half), rel=1e-6)
+    assert got["ci_high"] == pytest.approx(math.expm1(y + half), rel=1e-6)
+    assert got["users"] == 200
+    assert [s["seed"] for s in merged["seeds"]] == [1, 2, 3] and merged["resets"] == 1
+    assert merged["resets_per_adapter_hour"] == 0.5  # the larger of the runs' rates
+    # runs that share a seed are one run split: they must be pooled, not weighed
+    b.write_text(json.dumps({"runs": {"loaded": _run([2], (0.0, -0.1, 0.1))}}))
+    with pytest.raises(SystemExit, match="share seeds"):
+        ll.merge_pooled([a, b])

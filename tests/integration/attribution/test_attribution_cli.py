@@ -168,6 +168,11 @@ def test_spend_import_then_roi_shows_the_outside_channel(
         (["--by", "zone"], "'zone'"),
         (["--split-by", "nope", "--since", "2026-11-01", "--until", "2026-11-15"], "'nope'"),
         (["--by", "slot", "--split-by", "shapley"], "needs --by campaign, not 'slot'"),
+        # this market has no holdouts: nothing measured per slot, refused before any fit
+        (
+            ["--split-by", "holdout", "--since", "2026-11-01", "--until", "2026-11-15"],
+            "no campaign of the range has a holdout measured in each of its slots",
+        ),
     ],
 )
 def test_mmm_bad_input_exits_2_naming_it(

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attribution.channel_lift import ChannelLift, HoldoutDesign
 from attribution.incrementality import Lift
 from attribution.migrate import apply_migrations
 from attribution.mmm import (
@@ -21,6 +22,7 @@ from attribution.mmm import (
     daily_data,
     equalise_marginal,
     fit_mmm,
+    holdout_split,
     lift_tests,
     lognormal_prior,
     meridian_export,
@@ -354,3 +356,55 @@ def test_moves_split_within_a_unit_by_credit(quick_fit: object) -> None:
     assert skew.gain["low"] <= skew.gain["mean"] <= skew.gain["high"]
     with pytest.raises(AttributionInputError, match="max change -1"):
         plan_mmm_split(fit, {}, max_change=-1)  # type: ignore[arg-type]
+
+
+def _design(lifts: dict[str, tuple[tuple[str, ...], list[float], list[float]]]) -> HoldoutDesign:
+    return HoldoutDesign(
+        channels={
+            c: ChannelLift(c, slots, np.array(x), np.array(se), np.ones(len(slots)), float(sum(x)), 1.0)
+            for c, (slots, x, se) in lifts.items()
+        }
+    )
+
+
+def test_holdout_split_keeps_campaigns_whole_when_the_slots_differ_by_noise_only() -> None:
+    # measured per-slot lifts within one standard error of a split by spend: τ² = 0, so every
+    # campaign's credit splits as its spend does (the split moves nothing between its slots)
+    spend = {"a:feed": 30.0, "a:search": 10.0, "b:feed": 20.0, "b:splash": 20.0, "c": 5.0}
+    design = _design({
+        "a": (("feed", "search"), [31.0, 9.0], [5.0, 5.0]),
+        "b": (("feed", "splash"), [18.0, 22.0], [5.0, 5.0]),
+    })  # fmt: skip
+    split = holdout_split(design, spend)
+    assert set(split) == {"a", "b"}  # c has no holdout (an outside channel): stays whole
+    for parts in split.values():
+        total = sum(w for w, _ in parts.values())
+        for name, (w, v) in parts.items():
+            assert v == spend[name]
+            assert w / total == pytest.approx(v / sum(s for _, s in parts.values()))
+
+
+def test_holdout_split_follows_slots_measured_apart() -> None:
+    # a: search returns 3× feed a dollar, far beyond the noise; its split follows the measurement
+    # (shrunk by its precision toward the spend split), b's noise-level gap stays near spend
+    spend = {"a:feed": 30.0, "a:search": 10.0, "b:feed": 20.0, "b:splash": 20.0}
+    design = _design({
+        "a": (("feed", "search"), [12.0, 12.0], [1.0, 1.0]),
+        "b": (("feed", "splash"), [21.0, 19.0], [4.0, 4.0]),
+    })  # fmt: skip
+    split = holdout_split(design, spend)
+    a = {k: w for k, (w, _) in split["a"].items()}
+    share = a["a:search"] / (a["a:feed"] + a["a:search"])
+    assert 0.45 < share <= 0.5  # measured 0.5, spend share 0.25: little shrinkage at se 1
+    b = {k: w for k, (w, _) in split["b"].items()}
+    assert b["b:feed"] / (b["b:feed"] + b["b:splash"]) == pytest.approx(0.5, abs=0.03)
+
+
+def test_holdout_split_leaves_out_campaigns_not_measured_per_slot() -> None:
+    spend = {"a:feed": 30.0, "a:search": 10.0, "b:feed": 20.0}
+    # a's search was not measured; b has one spent slot: nothing to split
+    design = _design({"a": (("feed",), [10.0], [1.0]), "b": (("feed",), [5.0], [1.0])})
+    assert holdout_split(design, spend) == {}
+    # a lift with a NaN (a slot without holdout users) is not used either
+    design = _design({"a": (("feed", "search"), [10.0, float("nan")], [1.0, 1.0])})
+    assert holdout_split(design, spend) == {}
