@@ -468,6 +468,28 @@ def decisions(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+HEADLINE = ("auc_online_minus_frozen_after", "ctr_lift_after", "adapter_lift_after")
+
+
+def headline_figures(runs: dict[str, Any]) -> dict[str, float | int]:
+    """The judged figures' means per run, flat (`figures`: what `adstream bench table` shows) —
+    their intervals are in `runs`.
+
+    >>> headline_figures({"quiet": {"ctr_lift_after": {"mean": 0.19, "ci_low": 0.02, "ci_high": 0.38},
+    ...                             "adapter_lift_after": {"error": "no traffic"}, "resets": 0}})
+    {'ctr_lift_after_quiet': 0.19, 'resets_quiet': 0}
+    """
+    out: dict[str, float | int] = {}
+    for key in HEADLINE:
+        for mode, r in runs.items():
+            if "mean" in r.get(key, {}):
+                out[f"{key}_{mode}"] = r[key]["mean"]
+    for mode, r in runs.items():
+        if isinstance(r.get("resets"), int):
+            out[f"resets_{mode}"] = r["resets"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from deploy import stack
     from schemas.settings import Settings
@@ -476,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     console = Console()
     if args.combine or args.merge_pooled:
         combined = combine(args) if args.combine else merge_pooled(args.merge_pooled)
+        combined["figures"] = headline_figures(combined["runs"])
         console.print(table(combined))
         write_result(args.out, combined, default=str)
         return
@@ -484,6 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = {mode: one_mode(args, mode, console.print) for mode in args.runs}
     result: dict[str, Any] = {
         "runs": runs,
+        "figures": headline_figures(runs),
         "ope": ope_entry(args.seeds),
         "config": {k: v for k, v in vars(args).items() if k != "out"}
         | {"ab_env": ab_env(args), "threads": {k: os.environ.get(k) for k in THREAD_VARS}},

@@ -179,10 +179,22 @@ def markdown(rows: list[dict[str, Any]], quick: bool) -> str:
 
 
 def _machine_of(result: dict[str, Any]) -> str:
+    """The machine a result ran on; a result merged from runs on several machines lists each.
+
+    >>> _machine_of({"machine": {"cpu": "AMD EPYC", "cores": 2, "load_avg_1m": 0.4}})
+    'AMD EPYC, 2 cores, load 0.4'
+    >>> _machine_of({"machine": [{"cpu": "Xeon", "cores": 2, "load_avg_1m": 1.1}, None,
+    ...                          {"cpu": "AMD EPYC", "cores": 2, "load_avg_1m": 0.4}]})
+    'Xeon, 2 cores, load 1.1; AMD EPYC, 2 cores, load 0.4'
+    """
     m = result.get("machine")
-    if isinstance(m, dict) and "cpu" in m:
-        load = m.get("load_avg_1m_start", m.get("load_avg_1m"))
-        return f"{m['cpu']}, {m.get('cores')} cores, load {load}"
+    parts = [
+        f"{x['cpu']}, {x.get('cores')} cores, load {x.get('load_avg_1m_start', x.get('load_avg_1m'))}"
+        for x in (m if isinstance(m, list) else [m])
+        if isinstance(x, dict) and "cpu" in x
+    ]
+    if parts:
+        return "; ".join(parts)
     return str(m) if m else "not recorded"
 
 
