@@ -384,6 +384,28 @@ def test_holdout_split_keeps_campaigns_whole_when_the_slots_differ_by_noise_only
             assert w / total == pytest.approx(v / sum(s for _, s in parts.values()))
 
 
+def test_holdout_split_moves_nothing_when_the_slots_differences_are_not_significant() -> None:
+    # every gap 1.15 standard errors: the method of moments alone puts τ² above 0 (mean gap²
+    # 132 > se² 100) and moved 57/43; Cochran's Q (5.29 on 2 degrees of freedom, p = 0.07) says
+    # the slots are not told apart, so each campaign splits as its spend does
+    spend = {"a:feed": 20.0, "a:search": 20.0, "b:feed": 20.0, "b:splash": 20.0}
+    design = _design({
+        "a": (("feed", "search"), [31.5, 8.5], [10.0, 10.0]),
+        "b": (("feed", "splash"), [8.5, 31.5], [10.0, 10.0]),
+    })  # fmt: skip
+    split = holdout_split(design, spend)
+    for parts in split.values():
+        w = [w for w, _ in parts.values()]
+        assert w[0] / sum(w) == pytest.approx(0.5)
+    # the same gaps at a quarter of the noise are significant: the split follows them
+    design = _design({
+        "a": (("feed", "search"), [31.5, 8.5], [2.5, 2.5]),
+        "b": (("feed", "splash"), [8.5, 31.5], [2.5, 2.5]),
+    })  # fmt: skip
+    a = [w for w, _ in holdout_split(design, spend)["a"].values()]
+    assert a[0] / sum(a) > 0.7
+
+
 def test_holdout_split_follows_slots_measured_apart() -> None:
     # a: search returns 3× feed a dollar, far beyond the noise; its split follows the measurement
     # (shrunk by its precision toward the spend split), b's noise-level gap stays near spend
