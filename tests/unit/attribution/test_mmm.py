@@ -389,21 +389,15 @@ def test_holdout_split_moves_nothing_when_the_slots_differences_are_not_signific
     # 132 > se² 100) and moved 57/43; Cochran's Q (5.29 on 2 degrees of freedom, p = 0.07) says
     # the slots are not told apart, so each campaign splits as its spend does
     spend = {"a:feed": 20.0, "a:search": 20.0, "b:feed": 20.0, "b:splash": 20.0}
-    design = _design({
-        "a": (("feed", "search"), [31.5, 8.5], [10.0, 10.0]),
-        "b": (("feed", "splash"), [8.5, 31.5], [10.0, 10.0]),
-    })  # fmt: skip
-    split = holdout_split(design, spend)
-    for parts in split.values():
-        w = [w for w, _ in parts.values()]
-        assert w[0] / sum(w) == pytest.approx(0.5)
+
+    def shares(se: float) -> list[float]:  # each campaign's first slot's share of its split
+        slots = {"a": (("feed", "search"), [31.5, 8.5]), "b": (("feed", "splash"), [8.5, 31.5])}
+        split = holdout_split(_design({c: (s, x, [se, se]) for c, (s, x) in slots.items()}), spend)
+        return [w[0] / sum(w) for w in ([w for w, _ in p.values()] for p in split.values())]
+
+    assert shares(10.0) == pytest.approx([0.5, 0.5])
     # the same gaps at a quarter of the noise are significant: the split follows them
-    design = _design({
-        "a": (("feed", "search"), [31.5, 8.5], [2.5, 2.5]),
-        "b": (("feed", "splash"), [8.5, 31.5], [2.5, 2.5]),
-    })  # fmt: skip
-    a = [w for w, _ in holdout_split(design, spend)["a"].values()]
-    assert a[0] / sum(a) > 0.7
+    assert shares(2.5)[0] > 0.7
 
 
 def test_holdout_split_follows_slots_measured_apart() -> None:
