@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
 import pytest
 
 from schemas.settings import Settings
+from tests.support.clock import one_hour_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_ID = uuid.uuid4().hex[:8]
@@ -21,6 +25,24 @@ RUN_ID = uuid.uuid4().hex[:8]
 # wait for the dead member) 5 s. The tests, and the CLIs they start, run with 3 s.
 os.environ.setdefault("ADSTREAM_KAFKA__SESSION_TIMEOUT_MS", "3000")
 os.environ.setdefault("ADSTREAM_KAFKA__HEARTBEAT_INTERVAL_MS", "500")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """A test marked `one_hour` compares pCTRs across requests, and the ranker reads the UTC hour:
+    it starts where its window (the marker's seconds, else its timeout) fits in one UTC hour,
+    waiting for the next hour where it would not (outside its timeout: this wrapper runs first)."""
+    marker = item.get_closest_marker("one_hour")
+    if marker is not None:
+        limit = item.get_closest_marker("timeout")
+        window = float(
+            marker.args[0] if marker.args else limit.args[0] if limit else item.config.getini("timeout")
+        )
+        wait = one_hour_wait(datetime.now(UTC), window)
+        if wait:
+            sys.stderr.write(f"\n{item.nodeid}: waiting {wait:.0f} s for the next UTC hour\n")
+            time.sleep(wait)
+    yield
 
 
 @pytest.fixture(scope="session")

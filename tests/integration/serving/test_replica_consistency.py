@@ -33,7 +33,8 @@ from trainers.models.lora import target_shapes
 from trainers.models.ranker import load_checkpoint
 from trainers.snapshots import snapshot_key
 
-pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka]
+# every test compares the pCTRs of requests minutes apart, and the ranker reads the UTC hour
+pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.kafka, pytest.mark.one_hour]
 
 APP = "test-ads-replicas"
 PREFIX = "/replicas"

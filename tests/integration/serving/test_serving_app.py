@@ -205,6 +205,7 @@ def _step(state: AdapterState, scale: float, seed: int) -> tuple[AdapterState, A
     )
 
 
+@pytest.mark.one_hour  # compares pCTRs across requests; the ranker reads the UTC hour
 def test_delta_hot_swap_poison_rollback(server: httpx.Client, serve_settings: Settings) -> None:
     s = serve_settings
     model, version = load_checkpoint(s.model_dir / "ranker")
@@ -427,6 +428,7 @@ def test_warm_user_state_from_redis_steers_recall(
     assert warm.count("travel") >= 6 and warm.count("travel") > cold.count("travel")
 
 
+@pytest.mark.one_hour  # compares pCTRs across requests; the ranker reads the UTC hour
 def test_the_users_per_category_bias_moves_the_served_pctr_of_that_category_only(
     server: httpx.Client, serve_settings: Settings, catalog: list[AdCreative]
 ) -> None:
