@@ -102,6 +102,30 @@ def paired(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[str
     return out
 
 
+def figures(markets: dict[str, dict[str, Any]]) -> dict[str, float | bool]:
+    """The headline of a run, per market: the best media-mix plan's and the best multi-touch
+    model's mean budget moves (expected true conversions gained) and whether that plan beats
+    every multi-touch model paired by seed (`adstream bench table` shows these).
+
+    >>> figures({"m": {"summary": {"mmm": {MOVES: {"mean": 5.0}}, "last_click": {MOVES: {"mean": 4.0}}},
+    ...                "mmm_paired": {"mmm": {"best_multi_touch": "last_click",
+    ...                                       "beats_every_multi_touch": False}}}})
+    {'m.mmm_moves': 5.0, 'm.last_click_moves': 4.0, 'm.beats_every_multi_touch': False}
+    """
+    out: dict[str, float | bool] = {}
+    for market, body in markets.items():
+        plans = body.get("mmm_paired")
+        if not plans:
+            continue
+        summary = body["summary"]
+        best = max(plans, key=lambda p: float(summary[p][MOVES]["mean"]))
+        rival = plans[best]["best_multi_touch"]
+        out[f"{market}.{best}_moves"] = float(summary[best][MOVES]["mean"])
+        out[f"{market}.{rival}_moves"] = float(summary[rival][MOVES]["mean"])
+        out[f"{market}.beats_every_multi_touch"] = bool(plans[best]["beats_every_multi_touch"])
+    return out
+
+
 def seeds_arg(text: str) -> list[int]:
     """`1-8` or `1,3,5` as a list of seeds."""
     if "-" in text:
@@ -132,6 +156,7 @@ def main() -> None:
             m: {"summary": summarise(r), "mmm_paired": paired(r), "per_seed": r} for m, r in runs.items()
         },
     }
+    result["figures"] = figures(result["markets"])
     show(result)
     write_result(RESULTS / (args.out or f"attribution_truth_seeds_{'_'.join(args.markets)}.json"), result)
 

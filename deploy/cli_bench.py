@@ -208,12 +208,31 @@ def results_table() -> str:
     ]
     for name in benchmarks():
         path = BENCH_DIR / "results" / f"{name}.json"
-        if not path.exists():
-            lines.append(f"| {name} | no committed result | |")
-            continue
+        shown = ""
+        if not path.exists():  # a benchmark that names its files by what it ran (`<name>_<markets>`)
+            variants = sorted(
+                (BENCH_DIR / "results").glob(f"{name}_*.json"), key=lambda p: (_committed_at(p), p.name)
+            )
+            if not variants:
+                lines.append(f"| {name} | no committed result | |")
+                continue
+            path = variants[-1]
+            shown = f"`{path.name}` (latest of {len(variants)}): "
         result = json.loads(path.read_text())
-        lines.append(f"| {name} | {headline(result)} | {_machine_of(result)} |")
+        lines.append(f"| {name} | {shown}{headline(result)} | {_machine_of(result)} |")
     return "\n".join(lines) + "\n"
+
+
+def _committed_at(path: Path) -> float:
+    """When a result file was last committed (git); its modification time where git cannot say."""
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%ct", "--", path.name],
+            cwd=path.parent, capture_output=True, text=True, timeout=10, check=False,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return float(out) if out else path.stat().st_mtime
 
 
 app = typer.Typer(help="Run the benchmarks (benchmarks/*.py): one by name, or all", no_args_is_help=True)

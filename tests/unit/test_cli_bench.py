@@ -87,3 +87,13 @@ def test_results_table_has_a_row_per_benchmark_with_its_machine() -> None:
     assert [r.split(" | ")[0].lstrip("| ") for r in rows] == benchmarks()
     fresh = next(r for r in rows if r.startswith("| freshness |"))
     assert "p99_s=" in fresh and "cores" in fresh  # headline figures and the machine they ran on
+
+
+def test_a_benchmark_that_names_its_files_by_run_shows_its_latest_committed_one() -> None:
+    """`attribution_truth_seeds` writes `attribution_truth_seeds_<markets>.json`, never
+    `<name>.json`: the table shows the latest committed of those (git's order), named, with its
+    machine."""
+    from deploy.cli_bench import results_table
+
+    row = next(r for r in results_table().splitlines() if r.startswith("| attribution_truth_seeds |"))
+    assert "no committed result" not in row and "`attribution_truth_seeds_" in row and "cores" in row, row
