@@ -321,6 +321,69 @@ def inverse_variance(entries: list[dict[str, Any]], log_ratio: bool) -> dict[str
     return out | {"method": "inverse-variance over runs on disjoint seeds"}
 
 
+# figures also judged across seeds (`seed_level`): a seed's users share its loop's timing, which
+# pooling users across seeds treats as independent
+SEED_LEVEL = (
+    "ctr_lift_after",
+    "ctr_lift_after_expected",
+    "adapter_lift_after",
+    "adapter_lift_after_expected",
+)
+
+
+def random_effects(entries: list[dict[str, Any]], log_ratio: bool) -> dict[str, Any]:
+    """Per-seed estimates `{mean, ci_low, ci_high}` (95 %) combined with the seeds as the unit: a
+    random-effects meta-analysis (DerSimonian–Laird between-seed variance τ², Hartung–Knapp
+    interval on t with k − 1 degrees of freedom, its scale never below the fixed-effect one), on
+    the scale `inverse_variance` uses. Where seeds differ by more than their own intervals say
+    (the loop's timing, the drift's draw), τ² > 0 widens the interval; Cochran's Q and its p say
+    whether they do.
+
+    >>> same = [{"mean": 0.1, "ci_low": 0.0, "ci_high": 0.2}] * 4
+    >>> r = random_effects(same, log_ratio=False)
+    >>> round(r["mean"], 6), r["tau"], r["seeds"]
+    (0.1, 0.0, 4)
+    >>> apart = [{"mean": m, "ci_low": m - 0.05, "ci_high": m + 0.05} for m in (-0.3, 0.0, 0.3, 0.6)]
+    >>> wide = random_effects(apart, log_ratio=False)
+    >>> wide["tau"] > 0.3 and wide["ci_low"] < 0 < wide["ci_high"] and wide["q_p"] < 0.001
+    True
+    """
+    from scipy import stats
+
+    ok = [e for e in entries if "mean" in e]
+    if len(ok) < 2:
+        return {"error": f"{len(ok)} seed(s) with an interval: a seed-level interval needs 2"}
+    f: Callable[[float], float] = (lambda x: math.log1p(x)) if log_ratio else (lambda x: x)
+    g: Callable[[float], float] = (lambda y: math.expm1(y)) if log_ratio else (lambda y: y)
+    y = np.array([f(e["mean"]) for e in ok])
+    v = np.array([max((f(e["ci_high"]) - f(e["ci_low"])) / (2 * Z95), 1e-12) ** 2 for e in ok])
+    k, w = len(ok), 1 / v
+    fixed = float((w * y).sum() / w.sum())
+    q = float((w * (y - fixed) ** 2).sum())
+    c = float(w.sum() - (w**2).sum() / w.sum())
+    tau2 = max(0.0, (q - (k - 1)) / c) if c > 0 else 0.0
+    wr = 1 / (v + tau2)
+    mean = float((wr * y).sum() / wr.sum())
+    scale = max(1.0, float((wr * (y - mean) ** 2).sum()) / (k - 1))  # Hartung–Knapp, never narrower
+    half = float(stats.t.ppf(0.975, k - 1)) * math.sqrt(scale / float(wr.sum()))
+    return {
+        "mean": g(mean), "ci_low": g(mean - half), "ci_high": g(mean + half), "seeds": k,
+        "tau": round(math.sqrt(tau2), 4), "q": round(q, 2), "q_p": float(stats.chi2.sf(q, k - 1)),
+        "method": "random effects over seeds (DerSimonian–Laird τ², Hartung–Knapp t interval)",
+    }  # fmt: skip
+
+
+def seed_level(runs: dict[str, Any]) -> dict[str, Any]:
+    """Each run with `<figure>_seeds` (`random_effects` of its seeds' own intervals) for the
+    `SEED_LEVEL` figures, beside the figures pooled over users."""
+    for r in runs.values():
+        seeds = r.get("seeds", []) if isinstance(r, dict) else []
+        for key in SEED_LEVEL:
+            if seeds and any(key in e for e in seeds):
+                r[f"{key}_seeds"] = random_effects([e.get(key, {}) for e in seeds], log_ratio=True)
+    return runs
+
+
 def merge_pooled(paths: list[Path]) -> dict[str, Any]:
     """Runs on disjoint seeds, each pooled by its own user bootstrap, as one result: each figure
     combined by `inverse_variance`, the seeds' entries listed together, resets summed."""
@@ -388,9 +451,11 @@ def table(result: dict[str, Any]) -> Table:
     rows: dict[str, Callable[[dict[str, Any]], str]] = {
         "CTR lift before drift (learning/control)": lambda r: _ci(r["ctr_lift_before"]),
         "CTR lift after drift": lambda r: _ci(r["ctr_lift_after"]),
+        "  seeds as the unit (random effects)": lambda r: _ci(r.get("ctr_lift_after_seeds", {})),
         "  CUPED (history CTR)": lambda r: _ci(r.get("ctr_lift_after_cuped", {})),
         "  expected clicks (simulator)": lambda r: _ci(r.get("ctr_lift_after_expected", {})),
         "adapter lift after (learning/correction)": lambda r: _ci(r["adapter_lift_after"]),
+        "  seeds as the unit (random effects) ": lambda r: _ci(r.get("adapter_lift_after_seeds", {})),
         "  CUPED (history CTR) ": lambda r: _ci(r.get("adapter_lift_after_cuped", {})),
         "  expected clicks (simulator) ": lambda r: _ci(r.get("adapter_lift_after_expected", {})),
         "AUC online − frozen after": lambda r: _ci(r["auc_online_minus_frozen_after"], "{:+.4f}"),
@@ -465,10 +530,13 @@ def decisions(runs: dict[str, Any]) -> dict[str, Any]:
             if key in r:  # the seeds that have the figure (an early seed saved no oracle)
                 n = sum("mean" in s.get(key, {}) for s in r.get("seeds", [])) or len(r.get("seeds", [])) or 1
                 out[mode][key] = sizing(r[key], n)
+        for key in (f"{f}_seeds" for f in SEED_LEVEL):
+            if "seeds" in r.get(key, {}):
+                out[mode][key] = sizing(r[key], r[key]["seeds"])
     return out
 
 
-HEADLINE = ("auc_online_minus_frozen_after", "ctr_lift_after", "adapter_lift_after")
+HEADLINE = ("auc_online_minus_frozen_after", "ctr_lift_after", "adapter_lift_after", "ctr_lift_after_seeds")
 
 
 def headline_figures(runs: dict[str, Any]) -> dict[str, float | int]:
@@ -498,13 +566,15 @@ def main(argv: list[str] | None = None) -> None:
     console = Console()
     if args.combine or args.merge_pooled:
         combined = combine(args) if args.combine else merge_pooled(args.merge_pooled)
+        seed_level(combined["runs"])
+        combined["decides_5pct"] = decisions(combined["runs"])
         combined["figures"] = headline_figures(combined["runs"])
         console.print(table(combined))
         write_result(args.out, combined, default=str)
         return
     stack.up(Settings())
     m0, t0 = machine(), time.perf_counter()
-    runs = {mode: one_mode(args, mode, console.print) for mode in args.runs}
+    runs = seed_level({mode: one_mode(args, mode, console.print) for mode in args.runs})
     result: dict[str, Any] = {
         "runs": runs,
         "figures": headline_figures(runs),

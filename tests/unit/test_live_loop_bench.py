@@ -88,3 +88,29 @@ def test_merge_pooled_weighs_runs_by_their_intervals(tmp_path: Path) -> None:
     b.write_text(json.dumps({"runs": {"loaded": _run([2], (0.0, -0.1, 0.1))}}))
     with pytest.raises(SystemExit, match="share seeds"):
         ll.merge_pooled([a, b])
+
+
+def test_seed_level_interval_widens_with_the_spread_between_seeds() -> None:
+    """Seeds that agree within their own intervals: the random-effects interval is the
+    fixed-effect one (τ = 0, Hartung–Knapp's scale held at 1, t not z); seeds that disagree
+    beyond them (τ > 0): wider, and Cochran's Q says so."""
+    ll = load_benchmark("live_loop")
+    agree = [{"mean": m, "ci_low": m - 0.1, "ci_high": m + 0.1} for m in (0.09, 0.1, 0.11, 0.1, 0.1)]
+    fixed = ll.inverse_variance(agree, log_ratio=False)
+    re = ll.random_effects(agree, log_ratio=False)
+    assert re["tau"] == 0.0 and re["q_p"] > 0.5
+    assert re["mean"] == pytest.approx(fixed["mean"])
+    assert re["ci_high"] - re["ci_low"] > fixed["ci_high"] - fixed["ci_low"]  # t(4) > z
+    apart = [{"mean": m, "ci_low": m - 0.1, "ci_high": m + 0.1} for m in (-0.3, 0.1, 0.5, 0.1, 0.1)]
+    wide = ll.random_effects(apart, log_ratio=False)
+    assert wide["tau"] > 0.2 and wide["q_p"] < 0.01 and wide["ci_low"] < 0
+    assert ll.random_effects(agree[:1], log_ratio=False)["error"].startswith("1 seed")
+
+
+def test_every_run_gets_its_seed_level_lifts() -> None:
+    ll = load_benchmark("live_loop")
+    seed = {"ctr_lift_after": {"mean": 0.1, "ci_low": 0.0, "ci_high": 0.2}}
+    runs = ll.seed_level({"quiet": {"seeds": [seed, seed, seed]}, "loaded": {"error": "every seed failed"}})
+    assert runs["quiet"]["ctr_lift_after_seeds"]["seeds"] == 3
+    assert "ctr_lift_after_seeds" not in runs["loaded"]
+    assert "adapter_lift_after_seeds" not in runs["quiet"]  # no seed has it
