@@ -416,8 +416,17 @@ def merge_pooled(paths: list[Path]) -> dict[str, Any]:
         runs[mode] = run
     seeds = sorted({e["seed"] for r in runs.values() for e in r["seeds"]})
     return {"runs": runs, "ope": bodies[-1].get("ope"), "sizes": SIZES, "decides_5pct": decisions(runs),
-            "machine": [b.get("machine") for b in bodies], "merged_from": [str(p) for p in paths],
-            "seeds": seeds}  # fmt: skip
+            "machine": [m for b in bodies for m in _listed(b.get("machine"))],
+            "merged_from": [str(p) for p in paths], "seeds": seeds}  # fmt: skip
+
+
+def _listed(machine: Any) -> list[Any]:
+    """A result's machine as a list (a merged result already lists its runs' machines).
+
+    >>> _listed({"cpu": "x"}), _listed([{"cpu": "x"}, {"cpu": "y"}])
+    ([{'cpu': 'x'}], [{'cpu': 'x'}, {'cpu': 'y'}])
+    """
+    return list(machine) if isinstance(machine, list) else [machine]
 
 
 def ope_entry(seeds: list[int]) -> dict[str, Any]:

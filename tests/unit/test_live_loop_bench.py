@@ -84,6 +84,11 @@ def test_merge_pooled_weighs_runs_by_their_intervals(tmp_path: Path) -> None:
     assert got["users"] == 200
     assert [s["seed"] for s in merged["seeds"]] == [1, 2, 3] and merged["resets"] == 1
     assert merged["resets_per_adapter_hour"] == 0.5  # the larger of the runs' rates
+    # a merged result merges again: its machines stay one flat list, one per run
+    m1, m2 = {"cpu": "Xeon", "cores": 2}, {"cpu": "EPYC", "cores": 2}
+    a.write_text(json.dumps(json.loads(a.read_text()) | {"machine": [m1, m2]}))
+    b.write_text(json.dumps(json.loads(b.read_text()) | {"machine": m2}))
+    assert ll.merge_pooled([a, b])["machine"] == [m1, m2, m2]
     # runs that share a seed are one run split: they must be pooled, not weighed
     b.write_text(json.dumps({"runs": {"loaded": _run([2], (0.0, -0.1, 0.1))}}))
     with pytest.raises(SystemExit, match="share seeds"):
