@@ -8,6 +8,7 @@ scan covers every Python file of the repository for the names `Settings` had bef
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -31,13 +32,30 @@ def test_the_scan_finds_a_flat_read() -> None:
     assert flat_reads("x = settings.lora.targets; y = s.redis.url") == []
 
 
+def python_files(root: Path) -> list[Path]:
+    """The repository's Python files, hidden directories never entered: `.adstream` holds the
+    local services' data (ClickHouse merges and drops part directories while a walk lists them;
+    `rglob` descended there and failed on one that vanished) and `.venv` the dependencies."""
+    out = []
+    for top, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [Path(top) / f for f in files if f.endswith(".py")]
+    return out
+
+
+def test_the_walk_never_enters_a_hidden_directory(tmp_path: Path) -> None:
+    (tmp_path / ".adstream" / "data").mkdir(parents=True)
+    (tmp_path / ".adstream" / "data" / "x.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("")
+    assert python_files(tmp_path) == [tmp_path / "pkg" / "a.py"]
+
+
 def test_no_python_file_reads_a_setting_by_its_flat_name() -> None:
     found = {
         str(p.relative_to(ROOT)): hits
-        for p in ROOT.rglob("*.py")
-        if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
-        and p != Path(__file__).resolve()
-        and (hits := flat_reads(p.read_text(encoding="utf-8")))
+        for p in python_files(ROOT)
+        if p != Path(__file__).resolve() and (hits := flat_reads(p.read_text(encoding="utf-8")))
     }
     assert not found, f"flat (pre-nesting) setting names read: {found}"
 
