@@ -290,6 +290,18 @@ DIFFS = ("auc_online_minus_frozen_before", "auc_online_minus_frozen_after")
 Z95 = 1.959963984540054
 
 
+def _on_scale(
+    entries: list[dict[str, Any]], log_ratio: bool
+) -> tuple[list[float], list[float], Callable[[float], float]]:
+    """Estimates `{mean, ci_low, ci_high}` (95 %) as means and standard errors on the scale their
+    intervals are near symmetric on (log(1 + lift) for a relative lift), and the way back."""
+    f: Callable[[float], float] = (lambda x: math.log1p(x)) if log_ratio else (lambda x: x)
+    g: Callable[[float], float] = (lambda y: math.expm1(y)) if log_ratio else (lambda y: y)
+    ys = [f(e["mean"]) for e in entries]
+    ses = [max((f(e["ci_high"]) - f(e["ci_low"])) / (2 * Z95), 1e-12) for e in entries]
+    return ys, ses, g
+
+
 def inverse_variance(entries: list[dict[str, Any]], log_ratio: bool) -> dict[str, Any]:
     """Independent estimates `{mean, ci_low, ci_high}` (95 %) combined by inverse-variance
     weights (a fixed-effect meta-analysis): each one's standard error is its interval's
@@ -308,10 +320,7 @@ def inverse_variance(entries: list[dict[str, Any]], log_ratio: bool) -> dict[str
     for e in entries:
         if "mean" not in e:
             return {"error": e.get("error", "no interval")}
-    f: Callable[[float], float] = (lambda x: math.log1p(x)) if log_ratio else (lambda x: x)
-    g: Callable[[float], float] = (lambda y: math.expm1(y)) if log_ratio else (lambda y: y)
-    ys = [f(e["mean"]) for e in entries]
-    ses = [max((f(e["ci_high"]) - f(e["ci_low"])) / (2 * Z95), 1e-12) for e in entries]
+    ys, ses, g = _on_scale(entries, log_ratio)
     w = [1 / se**2 for se in ses]
     y = sum(wi * yi for wi, yi in zip(w, ys, strict=True)) / sum(w)
     se = 1 / math.sqrt(sum(w))
@@ -353,10 +362,8 @@ def random_effects(entries: list[dict[str, Any]], log_ratio: bool) -> dict[str, 
     ok = [e for e in entries if "mean" in e]
     if len(ok) < 2:
         return {"error": f"{len(ok)} seed(s) with an interval: a seed-level interval needs 2"}
-    f: Callable[[float], float] = (lambda x: math.log1p(x)) if log_ratio else (lambda x: x)
-    g: Callable[[float], float] = (lambda y: math.expm1(y)) if log_ratio else (lambda y: y)
-    y = np.array([f(e["mean"]) for e in ok])
-    v = np.array([max((f(e["ci_high"]) - f(e["ci_low"])) / (2 * Z95), 1e-12) ** 2 for e in ok])
+    means, ses, g = _on_scale(ok, log_ratio)
+    y, v = np.array(means), np.array(ses) ** 2
     k, w = len(ok), 1 / v
     fixed = float((w * y).sum() / w.sum())
     q = float((w * (y - fixed) ** 2).sum())
