@@ -97,6 +97,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--history", type=int, default=20_000, help="impressions of history (offline base)")
     ap.add_argument("--users", type=int, default=400)
     ap.add_argument("--ads", type=int, default=300)
+    ap.add_argument(
+        "--drift-mode",
+        default="handover",
+        help="how the market's tastes change half-way (workloads.config.DriftMode: redraw, trend, "
+        "handover; the demo's is handover)",
+    )
+    ap.add_argument(
+        "--drift-share", type=float, default=0.5, help="share of users whose taste drifts (the demo's 0.5)"
+    )
     ap.add_argument("--control-share", type=float, default=0.3, help="users in the frozen control arm")
     ap.add_argument("--correction-share", type=float, default=0.3, help="users in the correction-only arm")
     ap.add_argument("--runs", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
@@ -145,6 +154,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for item in args.overrides:
         if "=" not in item or "__" not in item.split("=", 1)[0]:
             ap.error(f"--set {item!r} is not GROUP__FIELD=VALUE")
+    from workloads.config import DRIFT_MODES
+
+    if args.drift_mode not in DRIFT_MODES:
+        ap.error(f"--drift-mode {args.drift_mode!r} is not one of {', '.join(DRIFT_MODES)}")
+    if not 0 <= args.drift_share <= 1:
+        ap.error(f"--drift-share {args.drift_share!r} is outside [0, 1]")
     if args.control_share + args.correction_share >= 1:
         ap.error("--control-share + --correction-share must leave users for the learning arm")
     return args
@@ -185,7 +200,8 @@ def one_seed(args: argparse.Namespace, seed: int, say: Any) -> tuple[Run, dict[s
 
     Demo.run.__kwdefaults__ = {"timeout": args.step_timeout}  # the demo's steps: this run's patience
     spec = DemoSpec(users=args.users, ads=args.ads, history=args.history, requests=args.requests,
-                    rate=args.rate, seed=seed, port=args.port)  # fmt: skip
+                    rate=args.rate, seed=seed, port=args.port, drift_mode=args.drift_mode,
+                    drift_share=args.drift_share)  # fmt: skip
     m0 = machine()
     loop = run_loop(spec, Settings(), say, live=False, env=ab_env(args), extras=False)
     run, why = loop_run(loop)
@@ -484,10 +500,27 @@ def table(result: dict[str, Any]) -> Table:
         "exploration CTR cost": lambda r: _ci(
             r["exploration_ctr_cost"].get("relative_cost", r["exploration_ctr_cost"]), "{:.1%}"
         ),
+        "adapters' shift after, new / old season over other": lambda r: _season(r, "after"),
+        "  before the drift": lambda r: _season(r, "before"),
     }
     for name, fn in rows.items():
         t.add_row(name, *[fn(r) for r in result["runs"].values()])
     return t
+
+
+def _season(run: dict[str, Any], phase: str) -> str:
+    """The adapters' logit shift on the new and the old season's categories, each over the other
+    categories' (`deploy.live_figures.season_figures`), in one phase; n/a without the simulator's
+    seasons.
+
+    >>> over = {"adapter_shift_over_other": {"new_season": 0.5, "old_season": -0.25}}
+    >>> _season({"season": {"after": over}}, "after")
+    '+0.50 / -0.25 logit'
+    """
+    over = run.get("season", {}).get(phase, {}).get("adapter_shift_over_other")
+    if not over:
+        return "n/a"
+    return f"{over['new_season']:+.2f} / {over['old_season']:+.2f} logit"
 
 
 def decides(entry: dict[str, Any], goal: float = 0.05) -> bool | None:

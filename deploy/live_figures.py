@@ -53,6 +53,9 @@ class Served:
     oracle: F64 | None = None  # the simulator's true click probability of the impression
     slot: STR | None = None
     position: NDArray[np.int64] | None = None
+    # the simulator's season of the ad's category (`season_of`): +1 in season after the drift
+    # (the handover's or trend's rising categories), -1 before it (falling), 0 neither
+    season: NDArray[np.int8] | None = None
 
     @property
     def n(self) -> int:
@@ -62,10 +65,28 @@ class Served:
 Tags = Mapping[str, tuple[str, bool, float]]  # impression id → (arm, explored, propensity)
 
 
+def season_of(world: Any, ad_ids: Sequence[str]) -> NDArray[np.int8]:
+    """Per ad id, the season of its category in the simulator's world (`workloads.world.World`):
+    +1 for a category whose interest rises at the drift (`trend_up`: the handover's new season),
+    -1 for one whose interest falls (`trend_down`: the old season), 0 otherwise or unknown ad.
+
+    >>> from types import SimpleNamespace as NS
+    >>> w = NS(ads=NS(ad_ids=["a", "b", "c"], category=np.array([0, 1, 2])),
+    ...        trend_up=np.array([1]), trend_down=np.array([2]))
+    >>> season_of(w, ["a", "b", "c", "zz"]).tolist()
+    [0, 1, -1, 0]
+    """
+    cat = dict(zip(world.ads.ad_ids, world.ads.category.tolist(), strict=True))
+    up, down = set(world.trend_up.tolist()), set(world.trend_down.tolist())
+    codes = [cat.get(a, -1) for a in ad_ids]
+    return np.array([1 if c in up else -1 if c in down else 0 for c in codes], dtype=np.int8)
+
+
 def served_of(impressions: Sequence[Any], labels: Sequence[int] | F64, drift_index: int | None,
-              tags: Tags, oracle: F64 | None = None) -> Served:  # fmt: skip
+              tags: Tags, oracle: F64 | None = None, world: Any = None) -> Served:  # fmt: skip
     """The served impressions (`schemas.events.Impression`s, in order) with the simulator's click
-    labels (same order) and serving's tags; impressions from `drift_index` on are after the drift."""
+    labels (same order) and serving's tags; impressions from `drift_index` on are after the drift;
+    with the simulator's `world`, each ad's season (`season_of`)."""
     n = min(len(impressions), len(labels))
     ids = np.array([i.event_id for i in impressions[:n]], dtype=str)
     tag = [tags.get(str(e), (NO_ARM, False, math.nan)) for e in ids]
@@ -84,6 +105,7 @@ def served_of(impressions: Sequence[Any], labels: Sequence[int] | F64, drift_ind
         oracle=None if oracle is None else np.asarray(oracle[:n], dtype=np.float64),
         slot=np.array([i.slot for i in impressions[:n]], dtype=str),
         position=np.array([i.position for i in impressions[:n]], dtype=np.int64),
+        season=None if world is None else season_of(world, [i.ad_id for i in impressions[:n]]),
     )
 
 
@@ -107,9 +129,10 @@ def pool(parts: Sequence[Served]) -> Served:
     )
     slot = None if any(p.slot is None for p in parts) else cat("slot")
     position = None if any(p.position is None for p in parts) else cat("position")
+    season = None if any(p.season is None for p in parts) else cat("season")
     return Served(cat("impression_id"), prefixed("user"), prefixed("request"), cat("price"), cat("clicked"),
                   cat("after"), cat("arm"), cat("explored"), cat("propensity"), pctr, oracle, slot,
-                  position)  # fmt: skip
+                  position, season)  # fmt: skip
 
 
 def arm_data(served: Served, mask: NDArray[np.bool_] | None = None) -> dict[str, ArmData]:
@@ -230,6 +253,46 @@ def adapter_shift(run: Run) -> dict[str, Any]:
         out[phase] = {"mean": float(shift.mean()), "sd": float(shift.std()), "online_pctr": float(on.mean()),
                       "frozen_pctr": float(off.mean()), "ctr": float(run.served.clicked[m].mean()),
                       "examples": int(m.sum())}  # fmt: skip
+    return out
+
+
+def season_figures(run: Run) -> dict[str, Any]:
+    """What the loop learned of the drift, by the season of the served ad's category (simulator
+    only, `Served.season`): per phase, the adapters' mean logit shift (online − frozen) on the new
+    season's and the old season's categories, each less the shift on the other categories (the
+    part that can reorder a request's ads; the truth moves the two seasons by ± the market's
+    `trend_delta` at the drift), and per arm the share of impressions in each season with their
+    mean true click probability."""
+    s = run.served
+    assert s.season is not None
+    out: dict[str, Any] = {}
+    names = {1: "new_season", -1: "old_season", 0: "other"}
+    scored = np.isfinite(run.online) & np.isfinite(run.base)
+    on, off = (np.clip(np.where(scored, a, 0.5), 1e-6, 1 - 1e-6) for a in (run.online, run.base))
+    shift = np.log(on / (1 - on)) - np.log(off / (1 - off))
+    for phase, mask in (("before", ~s.after), ("after", s.after)):
+        entry: dict[str, Any] = {}
+        means = {}
+        for code, name in names.items():
+            m = mask & scored & (s.season == code)
+            means[name] = float(shift[m].mean()) if m.any() else math.nan
+        entry["adapter_shift"] = means
+        entry["adapter_shift_over_other"] = {
+            k: means[k] - means["other"] for k in ("new_season", "old_season")
+        }
+        arms: dict[str, Any] = {}
+        for arm in sorted(set(s.arm[mask].tolist())):
+            ma = mask & (s.arm == arm)
+            total = int(ma.sum())
+            row: dict[str, Any] = {"impressions": total}
+            for code, name in names.items():
+                k = ma & (s.season == code)
+                row[f"{name}_share"] = float(k.sum() / total) if total else math.nan
+                if s.oracle is not None:
+                    row[f"{name}_true_ctr"] = float(s.oracle[k].mean()) if k.any() else math.nan
+            arms[arm or "untagged"] = row
+        entry["arms"] = arms
+        out[phase] = entry
     return out
 
 
@@ -609,6 +672,8 @@ def summarize(
         except EstimationError as exc:
             out[f"auc_online_minus_frozen_{phase}"] = {"error": str(exc)}
     out["adapter_shift"] = adapter_shift(run)
+    if s.season is not None:
+        out["season"] = season_figures(run)
     out |= variance_reduced(run, n_boot=n_boot, seed=seed)
     out["decomposition"] = decompose(run)
     out["resets"] = run.resets
@@ -663,7 +728,9 @@ def loop_run(run: Any) -> tuple[Run, str | None]:
     imps = run.loop.impressions
     since = int(imps[0].ts.timestamp()) - 1 if imps else 0
     tags, why = read_tags(run.demo.settings, since, int(0.98 * len(imps)))
-    served = served_of(imps, labels, run.market.drift_impression, tags, oracle)
+    served = served_of(
+        imps, labels, run.market.drift_impression, tags, oracle, getattr(run.market, "world", None)
+    )
     if run.score_log.exists():
         scores = read_scores(run.score_log)
         online, base = scores_on(served, scores)

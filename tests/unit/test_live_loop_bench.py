@@ -18,6 +18,8 @@ def test_quick_and_overrides_become_the_loops_settings() -> None:
     env = ll.ab_env(args)
     assert env["ADSTREAM_ONLINE__LR"] == "0.001"
     assert env.get("ADSTREAM_AB__CONTROL_SHARE", "0.2") == "0.2"
+    # the demo's market unless asked otherwise: half the users' season hands over
+    assert (args.drift_mode, args.drift_share) == ("handover", 0.5)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +29,8 @@ def test_quick_and_overrides_become_the_loops_settings() -> None:
         (["--correction-share", "-0.1"], "--correction-share -0.1"),
         (["--control-share", "0.5", "--correction-share", "0.5"], "must leave users"),
         (["--set", "LR=0.1"], "'LR=0.1'"),
+        (["--drift-mode", "season"], "'season'"),
+        (["--drift-share", "1.5"], "--drift-share 1.5"),
     ],
 )
 def test_bad_sizes_exit_2_naming_the_value(

@@ -140,3 +140,47 @@ def test_a_run_without_the_oracle_pools_with_one_that_has_it() -> None:
     both = variance_reduced(pooled, n_boot=50, seed=0)["ctr_lift_after_expected"]
     assert both["mean"] == pytest.approx(alone["mean"]) and both["users"] == alone["users"]
     assert "oracle" not in decompose(pooled)["after"]["learning"]
+
+
+def test_season_figures_split_the_adapters_shift_and_the_arms_by_the_season_of_the_ad() -> None:
+    """Hand-made: the adapters move the new season's ads +1.0 logit, the old season's -0.5 and the
+    others +0.2 (so +0.8 / -0.7 over the others); each arm's season shares are counted by hand;
+    the season survives saving and pooling."""
+    import dataclasses
+
+    from deploy.live_figures import season_figures
+
+    run, _ = _run(n=1200)
+    n = run.served.n
+    season = np.tile(np.array([1, -1, 0, 0], dtype=np.int8), n // 4)
+    base = np.full(n, 0.2)
+    shift = np.where(season == 1, 1.0, np.where(season == -1, -0.5, 0.2))
+    served = dataclasses.replace(run.served, season=season)
+    run = dataclasses.replace(run, served=served, base=base, online=_sig(np.log(0.2 / 0.8) + shift))
+    out = season_figures(run)
+    for phase in ("before", "after"):
+        over = out[phase]["adapter_shift_over_other"]
+        assert over["new_season"] == pytest.approx(0.8) and over["old_season"] == pytest.approx(-0.7)
+        mask = served.after if phase == "after" else ~served.after
+        for arm in ("control", "correction", "learning"):
+            m = mask & (served.arm == arm)
+            row = out[phase]["arms"][arm]
+            assert row["impressions"] == int(m.sum())
+            assert row["new_season_share"] == pytest.approx((m & (season == 1)).sum() / m.sum())
+            assert row["old_season_true_ctr"] == pytest.approx(served.oracle[m & (season == -1)].mean())
+    assert "season" in summarize(run, n_boot=20)
+
+
+def test_the_season_is_saved_and_pooled(tmp_path: Path) -> None:
+    import dataclasses
+
+    run, _ = _run(n=400)
+    season = np.resize(np.array([1, 0, -1], dtype=np.int8), 400)
+    run = dataclasses.replace(run, served=dataclasses.replace(run.served, season=season))
+    save_run(run, tmp_path / "run.npz")
+    back = load_run(tmp_path / "run.npz")
+    assert back.served.season is not None and back.served.season.tolist() == season.tolist()
+    pooled, _ = pool_runs([back, run])
+    assert pooled.served.season is not None and pooled.served.season.shape == (800,)
+    without, _ = _run(n=400, seed=2)  # a run saved before seasons pools without them
+    assert pool_runs([run, without])[0].served.season is None
