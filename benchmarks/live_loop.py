@@ -19,6 +19,10 @@ units; `deploy.live_figures`):
   user's CTR in the history the base was trained on: pre-treatment), `*_cuped_predrift` (the
   user's CTR before the drift: post-treatment, biased by any pre-drift effect) and `*_expected`
   (simulator only: each impression's true click probability in place of its click);
+- `season` (simulator): what the adapters learned of the drift, their logit shift on the new and
+  the old season's categories over the others', and each arm's share of each season
+  (`deploy.live_figures.season_figures`); `--drift-mode` / `--drift-share` change the market's
+  drift (the demo's: a handover for half the users);
 - `decomposition`: on the same served impressions of the learning and correction arms, AUC,
   per-user AUC and calibration of frozen, frozen + correction, frozen + adapters and all of it,
   and how the adapter's and the correction's logit shifts correlate (`deploy.live_figures.decompose`);
