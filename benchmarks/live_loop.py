@@ -63,6 +63,7 @@ from rich.table import Table
 from deploy.live_figures import Run, loop_run, pool_runs, save_run, summarize
 from deploy.machine import machine, process_cpu_s, write_result
 from schemas.errors import StackError
+from workloads.config import DRIFT_MODES
 
 OUT = ROOT / "benchmarks" / "results" / "live_loop.json"
 QUICK = {"seeds": [1], "requests": 900, "history": 6000, "users": 150, "ads": 120, "n_boot": 200}
@@ -104,8 +105,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--drift-mode",
         default="handover",
-        help="how the market's tastes change half-way (workloads.config.DriftMode: redraw, trend, "
-        "handover; the demo's is handover)",
+        choices=DRIFT_MODES,
+        help="how the market's tastes change half-way (the demo's: handover)",
     )
     ap.add_argument(
         "--drift-share", type=float, default=0.5, help="share of users whose taste drifts (the demo's 0.5)"
@@ -158,10 +159,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for item in args.overrides:
         if "=" not in item or "__" not in item.split("=", 1)[0]:
             ap.error(f"--set {item!r} is not GROUP__FIELD=VALUE")
-    from workloads.config import DRIFT_MODES
-
-    if args.drift_mode not in DRIFT_MODES:
-        ap.error(f"--drift-mode {args.drift_mode!r} is not one of {', '.join(DRIFT_MODES)}")
     if not 0 <= args.drift_share <= 1:
         ap.error(f"--drift-share {args.drift_share!r} is outside [0, 1]")
     if args.control_share + args.correction_share >= 1:

@@ -268,8 +268,7 @@ def season_figures(run: Run) -> dict[str, Any]:
     out: dict[str, Any] = {}
     names = {1: "new_season", -1: "old_season", 0: "other"}
     scored = np.isfinite(run.online) & np.isfinite(run.base)
-    on, off = (np.clip(np.where(scored, a, 0.5), 1e-6, 1 - 1e-6) for a in (run.online, run.base))
-    shift = np.log(on / (1 - on)) - np.log(off / (1 - off))
+    shift = _logit(np.where(scored, run.online, 0.5)) - _logit(np.where(scored, run.base, 0.5))
     for phase, mask in (("before", ~s.after), ("after", s.after)):
         entry: dict[str, Any] = {}
         means = {}
