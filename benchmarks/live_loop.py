@@ -23,6 +23,10 @@ units; `deploy.live_figures`):
   the old season's categories over the others', and each arm's share of each season
   (`deploy.live_figures.season_figures`); `--drift-mode` / `--drift-share` change the market's
   drift (the demo's: a handover for half the users);
+- `adapter_lift_<phase>_shadow` (`--shadow-slates`, simulator): what the adapters add on the
+  very requests they served, the expected clicks of each learning-arm slate over its shadow
+  slate's (the same request ranked without adapters), users resampled with both
+  (`deploy.live_figures.shadow_figures`); the arms' users no longer differ, only the slates;
 - `decomposition`: on the same served impressions of the learning and correction arms, AUC,
   per-user AUC and calibration of frozen, frozen + correction, frozen + adapters and all of it,
   and how the adapter's and the correction's logit shifts correlate (`deploy.live_figures.decompose`);
@@ -91,7 +95,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 META = ("seed", "loop_s", "dir", "load_avg_1m_start", "load_avg_1m_end", "errors", "cpu_s",
         "trainer_cpu_share", "scored_share", "note")  # fmt: skip
 SIZED = ("ctr_lift_after", "adapter_lift_after", "ctr_lift_before")
-VARIANTS = ("", "_cuped", "_cuped_predrift", "_expected")
+VARIANTS = ("", "_cuped", "_cuped_predrift", "_expected", "_shadow")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -113,6 +117,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--control-share", type=float, default=0.3, help="users in the frozen control arm")
     ap.add_argument("--correction-share", type=float, default=0.3, help="users in the correction-only arm")
+    ap.add_argument(
+        "--shadow-slates",
+        action="store_true",
+        help="serving also ranks each learning-arm request without adapters (`ab.shadow_slates`): "
+        "the paired figure `adapter_lift_<phase>_shadow`, at one more forward per such request",
+    )
     ap.add_argument("--runs", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--port", type=int, default=8021)
@@ -173,10 +183,15 @@ def ab_env(args: argparse.Namespace) -> dict[str, str]:
     env = {f"ADSTREAM_{k.upper()}": v for k, v in (o.split("=", 1) for o in args.overrides)}
     if "ab" not in Settings.model_fields:
         return env
-    return env | {
-        "ADSTREAM_AB__CONTROL_SHARE": str(args.control_share),
-        "ADSTREAM_AB__CORRECTION_SHARE": str(args.correction_share),
-    }
+    shadow = {"ADSTREAM_AB__SHADOW_SLATES": "true"} if getattr(args, "shadow_slates", False) else {}
+    return (
+        env
+        | shadow
+        | {
+            "ADSTREAM_AB__CONTROL_SHARE": str(args.control_share),
+            "ADSTREAM_AB__CORRECTION_SHARE": str(args.correction_share),
+        }
+    )
 
 
 class Hog:
@@ -354,6 +369,7 @@ SEED_LEVEL = (
     "ctr_lift_after_expected",
     "adapter_lift_after",
     "adapter_lift_after_expected",
+    "adapter_lift_after_shadow",
 )
 
 
@@ -491,6 +507,13 @@ def table(result: dict[str, Any]) -> Table:
         "  seeds as the unit (random effects) ": lambda r: _ci(r.get("adapter_lift_after_seeds", {})),
         "  CUPED (history CTR) ": lambda r: _ci(r.get("adapter_lift_after_cuped", {})),
         "  expected clicks (simulator) ": lambda r: _ci(r.get("adapter_lift_after_expected", {})),
+        "  paired shadow slates (simulator)": lambda r: _ci(r.get("adapter_lift_after_shadow", {})),
+        "    seeds as the unit (random effects)": lambda r: _ci(r.get("adapter_lift_after_shadow_seeds", {})),
+        "    requests whose slates differ": lambda r: (
+            f"{r['adapter_lift_after_shadow']['differ_share']:.1%}"
+            if "differ_share" in r.get("adapter_lift_after_shadow", {})
+            else "n/a"
+        ),
         "AUC online − frozen after": lambda r: _ci(r["auc_online_minus_frozen_after"], "{:+.4f}"),
         "AUC online − frozen before": lambda r: _ci(r["auc_online_minus_frozen_before"], "{:+.4f}"),
         "resets per adapter-hour": lambda r: (

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from attribution.ab import ArmData, cuped_lift, lift
+from attribution.ab import ArmData, cuped_lift, lift, paired_lift
 from attribution.ope import EstimationError, z_value
 from schemas.stats import auc
 
@@ -395,6 +395,71 @@ class Run:
     adapters: int
     seconds: float
     pre: PreCounts | None = None  # each user's history before the loop: the CUPED covariate
+    shadow: Shadow | None = None  # the learning arm's shadow slates (`ab.shadow_slates`)
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """Per learning-arm request served with adapters, the expected clicks (the simulator's truth)
+    of what it was served and of its shadow slate, what serving would have served without the
+    adapters (`workloads.closed_loop.ShadowSlate`): one entry per request."""
+
+    user: STR
+    after: NDArray[np.bool_]  # served after the drift
+    served: F64
+    shadow: F64
+    same: NDArray[np.bool_]  # both slates the same ads in the same order
+
+    @property
+    def n(self) -> int:
+        return int(self.served.shape[0])
+
+
+def shadow_of(pairs: Sequence[Any], drift_index: int | None) -> Shadow | None:
+    """The closed loop's shadow pairs (`ClosedLoopReport.shadows`) as arrays; a pair whose
+    request was served from the drift's impression on is after it (None: no pairs)."""
+    if not pairs:
+        return None
+    cut = math.inf if drift_index is None else drift_index
+    return Shadow(
+        user=np.array([p.user_id for p in pairs], dtype=str),
+        after=np.array([p.served_index >= cut for p in pairs], dtype=bool),
+        served=np.array([p.served for p in pairs], dtype=np.float64),
+        shadow=np.array([p.shadow for p in pairs], dtype=np.float64),
+        same=np.array([p.same for p in pairs], dtype=bool),
+    )
+
+
+def shadow_figures(shadow: Shadow, *, n_boot: int, seed: int) -> dict[str, Any]:
+    """What the adapters add on the very requests they served, per phase (`before`, `after`):
+    the expected clicks of the served slates over those of their shadow slates (the same
+    request ranked without adapters, exploration's draw included: the correction-only arm's
+    policy on the same user at the same moment) − 1, users resampled with both totals
+    (`attribution.ab.paired_lift`); with the requests, the share whose slates differ and the mean
+    expected clicks per request each way.
+
+    `adapter_lift_<phase>_shadow` (`summarize`) is the lift, in the form of the other lifts."""
+    out: dict[str, Any] = {}
+    for phase, mask in (("before", ~shadow.after), ("after", shadow.after)):
+        idx = np.flatnonzero(mask)
+        if idx.size == 0:
+            out[phase] = {"error": f"no shadow slate {phase} the drift"}
+            continue
+        users, inv = np.unique(shadow.user[idx], return_inverse=True)
+        served = np.bincount(inv, weights=shadow.served[idx], minlength=users.size)
+        counter = np.bincount(inv, weights=shadow.shadow[idx], minlength=users.size)
+        try:
+            est = paired_lift(served, counter, n_boot=n_boot, seed=seed)
+        except EstimationError as exc:
+            out[phase] = {"error": str(exc)}
+            continue
+        out[phase] = {
+            "mean": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high, "users": est.n,
+            "requests": int(idx.size), "differ_share": float((~shadow.same[idx]).mean()),
+            "served_per_request": float(shadow.served[idx].mean()),
+            "shadow_per_request": float(shadow.shadow[idx].mean()),
+        }  # fmt: skip
+    return out
 
 
 @dataclass(frozen=True)
@@ -434,6 +499,8 @@ def save_run(run: Run, path: Path) -> None:
             "pre_impressions": run.pre.impressions,
             "pre_clicks": run.pre.clicks,
         }
+    if run.shadow is not None:
+        arrays |= {f"shadow_{k}": getattr(run.shadow, k) for k in Shadow.__dataclass_fields__}
     meta = np.array([run.resets, run.adapters, run.seconds], dtype=np.float64)
     np.savez_compressed(path, online=run.online, base=run.base, meta=meta, **arrays)
 
@@ -443,8 +510,10 @@ def load_run(path: Path) -> Run:
     z = np.load(path)
     served = Served(**{k: z[f"served_{k}"] for k in Served.__dataclass_fields__ if f"served_{k}" in z})
     pre = PreCounts(z["pre_user"], z["pre_impressions"], z["pre_clicks"]) if "pre_user" in z else None
+    fields = Shadow.__dataclass_fields__
+    shadow = Shadow(**{k: z[f"shadow_{k}"] for k in fields}) if "shadow_user" in z else None
     resets, adapters, seconds = z["meta"].tolist()
-    return Run(served, z["online"], z["base"], int(resets), int(adapters), float(seconds), pre)
+    return Run(served, z["online"], z["base"], int(resets), int(adapters), float(seconds), pre, shadow)
 
 
 def pool_runs(runs: Sequence[Run]) -> tuple[Run, NDArray[np.int64]]:
@@ -456,9 +525,16 @@ def pool_runs(runs: Sequence[Run]) -> tuple[Run, NDArray[np.int64]]:
         pre = PreCounts(np.concatenate([np.char.add(f"{k}:", p.user) for k, p in enumerate(parts)]),
                         np.concatenate([p.impressions for p in parts]),
                         np.concatenate([p.clicks for p in parts]))  # fmt: skip
+    shadows = [(k, r.shadow) for k, r in enumerate(runs) if r.shadow is not None]
+    shadow = None
+    if shadows:  # the runs that have shadow slates, their users kept apart as in `pool`
+        shadow = Shadow(np.concatenate([np.char.add(f"{k}:", sh.user) for k, sh in shadows]),
+                        *(np.concatenate([getattr(sh, f) for _, sh in shadows])
+                          for f in ("after", "served", "shadow", "same")))  # fmt: skip
     pooled = Run(pool([r.served for r in runs]), np.concatenate([r.online for r in runs]),
                  np.concatenate([r.base for r in runs]), sum(r.resets for r in runs),
-                 sum(r.adapters for r in runs), float(np.mean([r.seconds for r in runs])), pre)  # fmt: skip
+                 sum(r.adapters for r in runs), float(np.mean([r.seconds for r in runs])), pre,
+                 shadow)  # fmt: skip
     return pooled, strata
 
 
@@ -671,6 +747,9 @@ def summarize(
         except EstimationError as exc:
             out[f"auc_online_minus_frozen_{phase}"] = {"error": str(exc)}
     out["adapter_shift"] = adapter_shift(run)
+    if run.shadow is not None:
+        shadow = shadow_figures(run.shadow, n_boot=n_boot, seed=seed)
+        out |= {f"adapter_lift_{phase}_shadow": shadow[phase] for phase in ("before", "after")}
     if s.season is not None:
         out["season"] = season_figures(run)
     out |= variance_reduced(run, n_boot=n_boot, seed=seed)
@@ -740,7 +819,8 @@ def loop_run(run: Any) -> tuple[Run, str | None]:
         why = (why + "; " if why else "") + f"no trainer score log at {run.score_log}"
     history = run.demo.dir / "history.jsonl"
     pre = read_history(history) if history.exists() else None
-    return Run(served, online, base, resets, adapters, run.loop_s, pre), why
+    shadow = shadow_of(run.loop.shadows, run.market.drift_impression)
+    return Run(served, online, base, resets, adapters, run.loop_s, pre, shadow), why
 
 
 def loop_figures(run: Any) -> dict[str, Any]:

@@ -143,6 +143,10 @@ class AdResponse(Contract):
     adapter_version: Version | None = None
 
 
+# measurement only (`ab.shadow_slates`): the response header with the ads (a JSON list of ids, in
+# display order) that the request would have been served without adapters
+SHADOW_HEADER = "x-adstream-shadow"
+
 MAX_CANDIDATES = 1000  # candidates per `/v1/rank` request (a retrieval stage's usual few hundred)
 
 

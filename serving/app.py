@@ -27,7 +27,15 @@ from pydantic import SecretStr
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
-from schemas.api import AdapterInfo, AdRequest, AdResponse, QosClass, RankRequest, RankResponse
+from schemas.api import (
+    SHADOW_HEADER,
+    AdapterInfo,
+    AdRequest,
+    AdResponse,
+    QosClass,
+    RankRequest,
+    RankResponse,
+)
 from schemas.errors import AdapterError
 from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
@@ -235,6 +243,7 @@ class AdServer:
             out: list[AdResponse | Exception] = []
             for ctx in batch:
                 ctx.stage_ms.clear()
+                ctx.shadow_pctr, ctx.shadow_ads = None, None
                 try:
                     out.extend(await self.path.serve([ctx]))
                 except Exception as exc:
@@ -297,7 +306,7 @@ class AdServer:
         self.metrics.spent("gate", wait_s)
         arm = arm_for(req.user_id, self.canary.share(time.time()))
         try:
-            resp = await self._serve(req, arm, cls, t0)
+            resp, shadow = await self._serve(req, arm, cls, t0)
         except Exception:
             log.exception("request failed")
             self.canary.request(arm, (time.perf_counter() - t0) * 1000, True, time.time())
@@ -306,6 +315,8 @@ class AdServer:
             self.gate.release()
         t = time.perf_counter()
         out = Response(resp.model_dump_json(), media_type="application/json")
+        if shadow is not None:  # measurement only (`ab.shadow_slates`)
+            out.headers[SHADOW_HEADER] = json.dumps(shadow)
         done = time.perf_counter()
         self.metrics.spent("respond", done - t)
         ms = (done - t0) * 1000
@@ -326,10 +337,13 @@ class AdServer:
         self.metrics.requests.labels(str(code)).inc()
         return resp
 
-    async def _serve(self, req: AdRequest, arm_name: Arm, cls: QosClass, t0: float) -> AdResponse:
+    async def _serve(
+        self, req: AdRequest, arm_name: Arm, cls: QosClass, t0: float
+    ) -> tuple[AdResponse, list[str] | None]:
         """One request on the canary arm `ads` chose for it (once: latency, errors and
         impressions are all counted for that arm, even if the share moves meanwhile), down the
-        ladder adapter → base model → recall score → popular as its deadline allows."""
+        ladder adapter → base model → recall score → popular as its deadline allows; with the
+        ads of its shadow slate where `ab.shadow_slates` asked for one (else None)."""
         ctx = RequestContext(
             req,
             uuid.uuid4().hex,
@@ -343,7 +357,7 @@ class AdServer:
         out = await self._serve_batch(ctx)
         if isinstance(out, Exception):
             raise out
-        return out
+        return out, ctx.shadow_ads
 
     # -- events over HTTP and the web snippet (serving.collector_http; the same routes run apart
     # as serving.collector_app) --------------------------------------------------------------

@@ -121,6 +121,10 @@ class RequestContext:
     # `/v1/rank`: the caller's candidates the catalog does not hold, and those it may not show
     unknown: list[str] = field(default_factory=list)
     ineligible: list[str] = field(default_factory=list)
+    # `ab.shadow_slates` (measurement only): the candidates' pCTR without adapters, and the ads
+    # that pCTR would have served (`serving.request.RequestPath.rerank`)
+    shadow_pctr: np.ndarray | None = None
+    shadow_ads: list[str] | None = None
 
 
 class AdPipeline:
@@ -433,9 +437,10 @@ class AdPipeline:
         vec = np.zeros(self.settings.state_dim) if vector is None else np.asarray(vector, dtype=np.float64)
         return self.variants.choose(ad_ids, vec)
 
-    def choose(self, ctx: RequestContext) -> Choice:
-        """Rerank a request's candidates (caps, pacing, diversity) on their position-0 pCTR and
-        fill its positions (exploration): which candidates are served, in display order."""
+    def choose(self, ctx: RequestContext, pctr: np.ndarray | None = None) -> Choice:
+        """Rerank a request's candidates (caps, pacing, diversity) on their position-0 pCTR
+        (`pctr`, default the request's own) and fill its positions (exploration, drawn from the
+        request's own random stream): which candidates are served, in display order."""
         req, rows = ctx.req, ctx.rows
         now = ctx.now
         cat = self.catalog
@@ -446,7 +451,7 @@ class AdPipeline:
         eps, top_m = self.settings.explore.epsilon, self.settings.explore.top_m
         cpm_rows = cat.cpm_of(rows)  # the auction prices CPM bids per thousand shown, CPC per click
         res = rerank(
-            ctx.pctr,
+            ctx.pctr if pctr is None else pctr,
             cat.bid[rows],
             cat.advertiser[rows],
             cat.category[rows],

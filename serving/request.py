@@ -237,23 +237,34 @@ class RequestPath:
 
     @timed("rank")
     async def rank(self, batch: Batch) -> None:
-        """pCTR of every candidate of the batch: one forward with adapters, one without."""
+        """pCTR of every candidate of the batch: one forward with adapters, one without (with
+        `ab.shadow_slates`, a request ranked with adapters is scored without them too)."""
         if not batch:
             return
-        items = []
+        items: list[tuple[RankInput, bool]] = []
+        shadows: list[tuple[RequestContext, RankInput]] = []
+        shadow = self.pipe.settings.ab.shadow_slates
         for ctx in batch:
             assert ctx.recalled is not None and ctx.recalled.rank_input is not None
-            inp, use = ctx.recalled.rank_input, ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
+            base = ctx.recalled.rank_input
+            inp, use = base, ctx.rung == "adapter" and uses_adapters(ctx.ab_arm)
             if use:
                 slot = ctx.req.slot
                 bank_rows = self.pipe.adapter_rows(slot, ctx.rows, ctx.arm)
                 shared = self.pipe.shared_adapter_row(slot, ctx.arm)
                 # the offset stays
                 inp = dataclasses.replace(inp, rows=torch.from_numpy(bank_rows), row=shared)
+                if shadow:
+                    shadows.append((ctx, base))
             ctx.scored, ctx.scored_adapters = inp, use
             items.append((inp, use))
-        for ctx, pctr in zip(batch, await self.score(items), strict=True):
+        # the shadow: the same input without the adapters' rows (the correction's offset stays)
+        items += [(b, False) for _, b in shadows]
+        scores = await self.score(items)
+        for ctx, pctr in zip(batch, scores[: len(batch)], strict=True):
             ctx.pctr = pctr
+        for (ctx, _), pctr in zip(shadows, scores[len(batch) :], strict=True):
+            ctx.shadow_pctr = pctr
 
     def popular(self, ctx: RequestContext) -> None:
         """The last rung: cached popular ads (the user's known frequency caps still hold)."""
@@ -277,6 +288,10 @@ class RequestPath:
         """Each request's ads: rerank (caps, pacing, diversity) and exploration choose them, the
         ranker scores each at its position, then variants and signing."""
         chosen = [self.pipe.choose(ctx) for ctx in batch]
+        for ctx in batch:
+            if ctx.shadow_pctr is not None and ctx.rung == "adapter":  # still ranked with adapters
+                order = self.pipe.choose(ctx, ctx.shadow_pctr).order
+                ctx.shadow_ads = [self.pipe.catalog.rows[int(r)].ad_id for r in ctx.rows[order]]
         at = await self.at_positions(batch, [c.order for c in chosen])
         return [self.pipe.finish(ctx, c, p) for ctx, c, p in zip(batch, chosen, at, strict=True)]
 

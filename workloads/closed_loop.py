@@ -17,14 +17,14 @@ import heapq
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import httpx
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from schemas.api import AdRequest, AdResponse
+from schemas.api import SHADOW_HEADER, AdRequest, AdResponse
 from schemas.codec import describe_validation_error
 from schemas.events import SLOTS, Impression, Slot, View
 from schemas.ids import impression_event_id
@@ -32,6 +32,7 @@ from workloads.entities import Event, UnknownEntityError
 from workloads.market import Market
 
 log = logging.getLogger(__name__)
+_SHADOW: TypeAdapter[list[str]] = TypeAdapter(list[str])
 VIEW_DELAY = timedelta(seconds=1)  # a served ad's render beacon follows it (half in view for 1 s)
 
 Sink = Callable[[list[Event]], Awaitable[object]]
@@ -48,6 +49,22 @@ class ClosedLoopReport:
     impressions: list[Impression] = field(default_factory=list)
     # client-side latency of every answered request, ms, in request order
     latencies_ms: list[float] = field(default_factory=list)
+    # per response that carried a shadow slate (`ab.shadow_slates`), in request order
+    shadows: list[ShadowSlate] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ShadowSlate:
+    """One request served with adapters and its shadow slate (what it would have been served
+    without them), both scored by the simulator's truth at the moment of serving: the expected
+    clicks of each slate (the sum of its ads' true click probabilities at their positions)."""
+
+    request_id: str
+    user_id: str
+    served_index: int  # impressions served before this request's (for before/after the drift)
+    served: float  # expected clicks of the served slate
+    shadow: float  # expected clicks of the shadow slate
+    same: bool  # both slates are the same ads in the same order
 
 
 def served_auc(report: ClosedLoopReport, market: Market) -> float:
@@ -87,6 +104,24 @@ def served_impressions(
             )
         )
     return out
+
+
+def expected_clicks(market: Market, user_id: str, slot: Slot, ad_ids: Sequence[str]) -> float:
+    """The expected clicks of a slate (ads in display order) shown to `user_id` now: the sum of
+    each ad's true click probability at its position (no creative variant: a shadow slate has
+    none, so both slates of a pair are scored alike)."""
+    return float(sum(market.true_pctr(user_id, a, slot, pos) for pos, a in enumerate(ad_ids)))
+
+
+def shadow_slate(
+    market: Market, user_id: str, slot: Slot, resp: AdResponse, shadow: list[str], served_index: int
+) -> ShadowSlate:
+    """The pair of one response and its shadow slate (`ShadowSlate`)."""
+    served = [ad.ad_id for ad in resp.ads]
+    return ShadowSlate(
+        resp.request_id, user_id, served_index, expected_clicks(market, user_id, slot, served),
+        expected_clicks(market, user_id, slot, shadow), served == shadow,
+    )  # fmt: skip
 
 
 def _ad_index(market: Market, ad_id: str) -> int:
@@ -188,8 +223,15 @@ async def run_closed_loop(
                 user_id=req.user_id, slot=req.slot, k=req.k, interests=list(req.interests) or None,
                 geo=req.geo, device=req.device, query=req.query,
             )  # fmt: skip
-            resp = await _ask(http, ask, report)
+            resp, shadow = await _ask(http, ask, report)
             if resp is not None:
+                if shadow is not None:
+                    try:
+                        pair = shadow_slate(market, req.user_id, req.slot, resp, shadow, report.served)
+                        report.shadows.append(pair)
+                    except UnknownEntityError as exc:
+                        log.warning("shadow slate: %s", exc)
+                        report.errors["unknown_shadow_ad"] += 1
                 pending.push(_serve_outcome(market, req.user_id, req.slot, now, resp, report))
             pending.push(market.organic(req))
             await pending.release(datetime.now(UTC))
@@ -204,8 +246,12 @@ async def run_closed_loop(
     return report
 
 
-async def _ask(http: httpx.AsyncClient, request: AdRequest, report: ClosedLoopReport) -> AdResponse | None:
-    """POST one AdRequest; a transport error, non-200 or invalid body is counted, not raised."""
+async def _ask(
+    http: httpx.AsyncClient, request: AdRequest, report: ClosedLoopReport
+) -> tuple[AdResponse | None, list[str] | None]:
+    """POST one AdRequest: the response and its shadow slate's ads (`SHADOW_HEADER`; None
+    without one); a transport error, non-200 or invalid body (or shadow header) is counted, not
+    raised."""
     t0 = time.perf_counter()
     try:
         r = await http.post("/v1/ads", content=request.model_dump_json(exclude_none=True),
@@ -213,14 +259,23 @@ async def _ask(http: httpx.AsyncClient, request: AdRequest, report: ClosedLoopRe
     except httpx.HTTPError as exc:
         log.warning("ad request failed: %s", exc)
         report.errors["transport"] += 1
-        return None
+        return None, None
     if r.status_code != 200:
         report.errors[f"http_{r.status_code}"] += 1
-        return None
+        return None, None
     report.latencies_ms.append(1000 * (time.perf_counter() - t0))
     try:
-        return AdResponse.model_validate_json(r.content)
+        resp = AdResponse.model_validate_json(r.content)
     except ValidationError as exc:
         log.warning("invalid AdResponse: %s", describe_validation_error(exc))
         report.errors["invalid_response"] += 1
-        return None
+        return None, None
+    header = r.headers.get(SHADOW_HEADER)
+    if header is None:
+        return resp, None
+    try:
+        return resp, _SHADOW.validate_json(header)
+    except ValidationError as exc:
+        log.warning("invalid %s header: %s", SHADOW_HEADER, describe_validation_error(exc))
+        report.errors["invalid_shadow"] += 1
+        return resp, None

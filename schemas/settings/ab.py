@@ -22,6 +22,13 @@ class AbSettings(Group):
     salt: str = Field(
         "ab-v1", min_length=1, max_length=64, description="Hash salt (a new salt reshuffles the arms)"
     )
+    shadow_slates: bool = Field(
+        False,
+        description="Measurement only (the live-loop benchmark): each learning-arm request ranked "
+        "with adapters is also ranked without them (the correction-only arm's policy on the same "
+        "request, exploration's draw included) and the ad ids of that shadow slate are returned in "
+        "the `x-adstream-shadow` response header; costs one more forward per such request",
+    )
 
     @model_validator(mode="after")
     def _shares_leave_a_learning_arm(self) -> AbSettings:

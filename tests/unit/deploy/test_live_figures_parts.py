@@ -3,6 +3,7 @@ expected-click lifts, and the saved arrays, on hand-made runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -20,10 +21,13 @@ from deploy.live_figures import (
     position_gap,
     read_history,
     save_run,
+    shadow_figures,
+    shadow_of,
     summarize,
     variance_reduced,
 )
 from schemas.stats import auc
+from workloads.closed_loop import ShadowSlate
 
 
 def _sig(x: np.ndarray) -> np.ndarray:
@@ -184,3 +188,56 @@ def test_the_season_is_saved_and_pooled(tmp_path: Path) -> None:
     assert pooled.served.season is not None and pooled.served.season.shape == (800,)
     without, _ = _run(n=400, seed=2)  # a run saved before seasons pools without them
     assert pool_runs([run, without])[0].served.season is None
+
+
+def _pairs() -> list[ShadowSlate]:
+    """Shadow pairs of three users: u0's served slates earn 1.5× their shadows', u1's the same
+    (its slates never differ), u2's half; u2's last request is after the drift only."""
+    rows = [("u0", 0, 0.3, 0.2, False), ("u1", 5, 0.4, 0.4, True), ("u0", 9, 0.6, 0.4, False),
+            ("u2", 12, 0.1, 0.2, False), ("u0", 20, 0.9, 0.6, False), ("u1", 24, 0.2, 0.2, True),
+            ("u2", 30, 0.3, 0.6, False)]  # fmt: skip
+    return [ShadowSlate(f"r{k}", u, i, a, b, same) for k, (u, i, a, b, same) in enumerate(rows)]
+
+
+def test_shadow_figures_are_the_served_slates_expected_clicks_over_their_shadows() -> None:
+    shadow = shadow_of(_pairs(), drift_index=20)
+    assert shadow is not None and shadow.n == 7
+    assert shadow.after.tolist() == [False, False, False, False, True, True, True]
+    assert shadow_of([], 20) is None
+    figs = shadow_figures(shadow, n_boot=400, seed=1)
+    before, after = figs["before"], figs["after"]
+    # before: served 0.3 + 0.4 + 0.6 + 0.1 = 1.4 against 0.2 + 0.4 + 0.4 + 0.2 = 1.2
+    assert before["mean"] == pytest.approx(1.4 / 1.2 - 1)
+    assert (before["users"], before["requests"]) == (3, 4)
+    assert before["differ_share"] == pytest.approx(0.75)
+    assert before["served_per_request"] == pytest.approx(1.4 / 4)
+    assert before["shadow_per_request"] == pytest.approx(1.2 / 4)
+    # after: 0.9 + 0.2 + 0.3 = 1.4 against 0.6 + 0.2 + 0.6 = 1.4
+    assert after["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert after["ci_low"] < 0 < after["ci_high"]  # u0 gains, u2 loses: the users' spread
+    # the users are resampled with both totals: a bootstrap draw is a mix of u0, u1, u2, so
+    # every bound lies between u2's ratio (0.5) and u0's (1.5)
+    assert -0.5 <= after["ci_low"] and after["ci_high"] <= 0.5
+
+
+def test_shadow_pairs_are_saved_pooled_and_summarized(tmp_path: Path) -> None:
+    run, _ = _run()
+    assert "adapter_lift_after_shadow" not in summarize(run, n_boot=50)  # no shadow slates: no figure
+    with_shadow = dataclasses.replace(run, shadow=shadow_of(_pairs(), drift_index=20))
+    save_run(with_shadow, tmp_path / "run.npz")
+    back = load_run(tmp_path / "run.npz")
+    assert back.shadow is not None and with_shadow.shadow is not None
+    for f in ("user", "after", "served", "shadow", "same"):
+        assert getattr(back.shadow, f).tolist() == getattr(with_shadow.shadow, f).tolist()
+    assert load_run_without_shadow(run, tmp_path).shadow is None
+    pooled, _ = pool_runs([back, run, with_shadow])  # the run without pairs adds none
+    assert pooled.shadow is not None and pooled.shadow.n == 14
+    assert set(pooled.shadow.user.tolist()) == {"0:u0", "0:u1", "0:u2", "2:u0", "2:u1", "2:u2"}
+    figs = summarize(pooled, n_boot=50)
+    assert figs["adapter_lift_before_shadow"]["mean"] == pytest.approx(1.4 / 1.2 - 1)
+    assert figs["adapter_lift_after_shadow"]["users"] == 6
+
+
+def load_run_without_shadow(run: Run, tmp_path: Path) -> Run:
+    save_run(run, tmp_path / "plain.npz")
+    return load_run(tmp_path / "plain.npz")

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from schemas.api import AdRequest, AdResponse, ServedAd, StageMs
+from schemas.api import SHADOW_HEADER, AdRequest, AdResponse, ServedAd, StageMs
 from schemas.codec import decode_any, encode
 from schemas.events import Click, Dwell, Message, View
 from schemas.ids import impression_event_id
@@ -29,6 +29,8 @@ class FakeServing(BaseHTTPRequestHandler):
     catalog: ClassVar[list[tuple[str, str]]] = []
     bad: ClassVar[dict[int, str]] = {}
     seen: ClassVar[list[AdRequest]] = []
+    # request number → the shadow slate header it answers with ("reverse": the served ads reversed)
+    shadow: ClassVar[dict[int, str]] = {}
 
     def log_message(self, *args: object) -> None:
         return None
@@ -60,6 +62,11 @@ class FakeServing(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
+        header = self.shadow.get(n)
+        if header is not None:
+            ids = [a.ad_id for a in ads]
+            rows = {"reverse": json.dumps(ids[::-1]), "same": json.dumps(ids)}
+            self.send_header(SHADOW_HEADER, rows.get(header, header))
         self.end_headers()
         self.wfile.write(payload)
 
@@ -79,6 +86,7 @@ async def test_closed_loop_responds_to_what_was_served(fake_server: str) -> None
     FakeServing.catalog = [(c.ad_id, c.campaign_id) for c in market.catalog()]
     FakeServing.bad = {3: "500", 5: "invalid"}
     FakeServing.seen = []
+    FakeServing.shadow = {}
     emitted: list[Message] = []
 
     async def sink(batch: list[Message]) -> None:
@@ -166,3 +174,33 @@ async def test_closed_loop_requests_say_the_audience_and_search_text(fake_server
         assert (r.geo, r.device) == market.audience.of(int(r.user_id[1:]))
     assert {r.slot for r in seen if r.query} == {"search"}
     assert all(r.query for r in seen if r.slot == "search")
+
+
+async def test_closed_loop_scores_each_shadow_slate_and_its_served_one_by_the_truth(fake_server: str) -> None:
+    market = Market(MarketConfig(seed=13, n_users=40, n_ads=20, drift_at=None, new_ads_at=None))
+    FakeServing.catalog = [(c.ad_id, c.campaign_id) for c in market.catalog()]
+    FakeServing.bad, FakeServing.seen = {}, []
+    # request 1: the served ads reversed; 2: the same slate; 4: a header that is not a list of ids
+    FakeServing.shadow = {1: "reverse", 2: "same", 4: '{"not": "a list"}', 6: "reverse"}
+
+    async def sink(batch: list[Message]) -> None:
+        return None
+
+    report = await run_closed_loop(market, fake_server, 8, sink)
+    FakeServing.shadow = {}
+    assert report.errors == {"invalid_shadow": 1}  # request 4: counted, its response still served
+    assert report.served == sum(r.k for r in FakeServing.seen)
+    assert [p.request_id for p in report.shadows] == ["req1", "req2", "req6"]
+    for pair in report.shadows:
+        n = int(pair.request_id[3:])
+        req, imps = FakeServing.seen[n], [i for i in report.impressions if i.request_id == pair.request_id]
+        served = [i.ad_id for i in imps]
+        shadow = served[::-1] if n != 2 else served
+        assert pair.user_id == req.user_id
+        # impressions served before this request's: the earlier requests' k
+        assert pair.served_index == sum(r.k for r in FakeServing.seen[:n])
+        by_hand = [sum(market.true_pctr(req.user_id, a, req.slot, pos) for pos, a in enumerate(ads))
+                   for ads in (served, shadow)]  # fmt: skip
+        assert (pair.served, pair.shadow) == pytest.approx(by_hand)
+        assert pair.same == (served == shadow)
+    assert report.shadows[1].same and report.shadows[1].served == report.shadows[1].shadow
