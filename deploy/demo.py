@@ -32,6 +32,7 @@ from schemas.errors import StackError
 from schemas.settings import Settings
 
 CLI = [sys.executable, "-m", "deploy.cli"]
+DEMO_CANARY_SHARE = "1.0"  # the loop's canary share (`Demo`): every user on the live adapters
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,12 @@ class Demo:
             # admin routes refuse a default token: this run's own, never printed
             ADSTREAM_SERVING__ADMIN_TOKEN=secrets.token_urlsafe(24),
         )
+        # every user on the canary's candidate arm, the live adapters (unless the caller's
+        # environment says otherwise): at the default 5 % the canary decides only after 500
+        # learning-arm impressions per arm, which a demo's traffic never gives its candidate, so
+        # the stable arm (no promoted adapters) served the rest of the learning arm. The canary's
+        # error-rate rollback still acts, and the trainer's paired guard resets a losing adapter.
+        self.env.setdefault("ADSTREAM_CANARY__SHARE", DEMO_CANARY_SHARE)
         self.admin = {"Authorization": f"Bearer {self.env['ADSTREAM_SERVING__ADMIN_TOKEN']}"}
         self.settings = Settings(
             topic_prefix=self.env["ADSTREAM_TOPIC_PREFIX"],

@@ -31,7 +31,7 @@ def test_shadow_slates_reach_the_loops_serving_settings(monkeypatch: pytest.Monk
     assert env["ADSTREAM_AB__SHADOW_SLATES"] == "true"
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert Settings(_env_file=None).ab.shadow_slates is True  # type: ignore[call-arg]
+    assert Settings(_env_file=None).ab.shadow_slates is True
 
 
 @pytest.mark.parametrize(
