@@ -201,8 +201,18 @@ class CanarySettings(Group):
     """The canary of a candidate adapter version (serving.canary)."""
 
     share: float = Field(0.05, ge=0, le=1)
+    promote_when: Literal["not_worse", "better"] = Field(
+        "not_worse",
+        description="What moves a candidate to the next stage once both arms have `min_samples`: "
+        "`not_worse`, its online AUC is not below stable's beyond `z` standard errors (a canary "
+        "that catches harm; the trainer's paired guard judges the adapters' quality); `better`, "
+        "it beats stable's by `auc_gain` beyond `z` standard errors (between two groups of users "
+        "that is rare: at the default 5 % share the live adapters may never reach the rest)",
+    )
     auc_gain: float = Field(
-        0.005, ge=0, description="Online AUC gain over stable a candidate needs to be promoted"
+        0.005,
+        ge=0,
+        description="Online AUC gain over stable a candidate needs to be promoted (`promote_when` better)",
     )
     latency_slack: float = Field(0.03, ge=0)
     max_error_rate: float = Field(0.005, ge=0, le=1)
