@@ -23,7 +23,7 @@ units; `deploy.live_figures`):
   the old season's categories over the others', and each arm's share of each season
   (`deploy.live_figures.season_figures`); `--drift-mode` / `--drift-share` change the market's
   drift (the demo's: a handover for half the users);
-- `adapter_lift_<phase>_shadow` (`--shadow-slates`, simulator): what the adapters add on the
+- `adapter_lift_<phase>_shadow` (simulator; `--no-shadow-slates` leaves it out): what the adapters add on the
   very requests they served, the expected clicks of each learning-arm slate over its shadow
   slate's (the same request ranked without adapters), users resampled with both
   (`deploy.live_figures.shadow_figures`); the arms' users no longer differ, only the slates;
@@ -118,10 +118,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--control-share", type=float, default=0.3, help="users in the frozen control arm")
     ap.add_argument("--correction-share", type=float, default=0.3, help="users in the correction-only arm")
     ap.add_argument(
-        "--shadow-slates",
+        "--no-shadow-slates",
         action="store_true",
-        help="serving also ranks each learning-arm request without adapters (`ab.shadow_slates`): "
-        "the paired figure `adapter_lift_<phase>_shadow`, at one more forward per such request",
+        help="serving does not also rank each learning-arm request without adapters (the demo's "
+        "`ab.shadow_slates`, on by default): no `adapter_lift_<phase>_shadow`, one forward less",
     )
     ap.add_argument("--runs", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     ap.add_argument("--n-boot", type=int, default=1000)
@@ -183,15 +183,11 @@ def ab_env(args: argparse.Namespace) -> dict[str, str]:
     env = {f"ADSTREAM_{k.upper()}": v for k, v in (o.split("=", 1) for o in args.overrides)}
     if "ab" not in Settings.model_fields:
         return env
-    shadow = {"ADSTREAM_AB__SHADOW_SLATES": "true"} if getattr(args, "shadow_slates", False) else {}
-    return (
-        env
-        | shadow
-        | {
-            "ADSTREAM_AB__CONTROL_SHARE": str(args.control_share),
-            "ADSTREAM_AB__CORRECTION_SHARE": str(args.correction_share),
-        }
-    )
+    return env | {
+        "ADSTREAM_AB__CONTROL_SHARE": str(args.control_share),
+        "ADSTREAM_AB__CORRECTION_SHARE": str(args.correction_share),
+        "ADSTREAM_AB__SHADOW_SLATES": "false" if args.no_shadow_slates else "true",
+    }
 
 
 class Hog:
@@ -609,7 +605,8 @@ def decisions(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-HEADLINE = ("auc_online_minus_frozen_after", "ctr_lift_after", "adapter_lift_after", "ctr_lift_after_seeds")
+HEADLINE = ("auc_online_minus_frozen_after", "ctr_lift_after", "adapter_lift_after", "ctr_lift_after_seeds",
+            "adapter_lift_after_shadow")  # fmt: skip
 
 
 def headline_figures(runs: dict[str, Any]) -> dict[str, float | int]:

@@ -101,6 +101,9 @@ class Demo:
         # the stable arm (no promoted adapters) served the rest of the learning arm. The canary's
         # error-rate rollback still acts, and the trainer's paired guard resets a losing adapter.
         self.env.setdefault("ADSTREAM_CANARY__SHARE", DEMO_CANARY_SHARE)
+        # the simulator scores each learning-arm slate and the one serving would have served
+        # without adapters (`ab.shadow_slates`): the adapters' own lift on the same requests
+        self.env.setdefault("ADSTREAM_AB__SHADOW_SLATES", "true")
         self.admin = {"Authorization": f"Bearer {self.env['ADSTREAM_SERVING__ADMIN_TOKEN']}"}
         self.settings = Settings(
             topic_prefix=self.env["ADSTREAM_TOPIC_PREFIX"],

@@ -201,6 +201,8 @@ def live_rows(live: dict[str, Any] | None) -> list[tuple[str, str]]:
         ("CTR lift, learning over control, before the drift", _ci(live.get("ctr_lift_before"), "{:+.1%}")),
         ("CTR lift, learning over control, after the drift", _ci(live.get("ctr_lift_after"), "{:+.1%}")),
         ("CTR lift, learning over correction-only, after", _ci(live.get("adapter_lift_after"), "{:+.1%}")),
+        ("adapters on the same requests: expected clicks over the slate without them, after",
+         _ci(live.get("adapter_lift_after_shadow"), "{:+.1%}")),
         ("online − frozen AUC after the drift (paired)", auc_after),
         ("guard resets", resets),
         ("exploration: CTR of explored vs greedy slots",

@@ -86,6 +86,7 @@ def test_report_shows_ab_lift_paired_auc_resets_and_exploration_with_intervals(t
         "ctr_lift_before": {"mean": -0.01, "ci_low": -0.08, "ci_high": 0.06},
         "ctr_lift_after": {"mean": 0.12, "ci_low": 0.03, "ci_high": 0.21},
         "adapter_lift_after": {"error": "arm 'correction' has no traffic in the range"},
+        "adapter_lift_after_shadow": {"mean": 0.05, "ci_low": 0.01, "ci_high": 0.09},
         "auc_online_minus_frozen_after": {"mean": 0.02, "ci_low": 0.005, "ci_high": 0.035},
         "resets": 1, "resets_per_adapter_hour": 2.0,
         "exploration_ctr_cost": {"relative_cost": {"mean": 0.3, "ci_low": 0.1, "ci_high": 0.5}},
@@ -106,5 +107,6 @@ def test_report_shows_ab_lift_paired_auc_resets_and_exploration_with_intervals(t
     assert "no traffic" in md and "2.0 per adapter-hour" in md and "30.0% (95 % interval" in md
     rows = dict(live_rows(live))
     assert rows["guard resets"] == "1 (2.0 per adapter-hour)"
+    assert "+5.0% (95 % interval +1.0% … +9.0%)" in md  # the adapters on the same requests
     assert live_rows(None) == [("live figures", "not measured")]
     assert summary_table({**report, "adapters_end": {}}).row_count >= len(rows)

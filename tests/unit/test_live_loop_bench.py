@@ -20,18 +20,19 @@ def test_quick_and_overrides_become_the_loops_settings() -> None:
     assert env.get("ADSTREAM_AB__CONTROL_SHARE", "0.2") == "0.2"
     # the demo's market unless asked otherwise: half the users' season hands over
     assert (args.drift_mode, args.drift_share) == ("handover", 0.5)
-    assert "ADSTREAM_AB__SHADOW_SLATES" not in env  # no second ranking unless asked for
+    assert env["ADSTREAM_AB__SHADOW_SLATES"] == "true"  # the paired adapter figure
 
 
-def test_shadow_slates_reach_the_loops_serving_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("argv", "on"), [([], True), (["--no-shadow-slates"], False)])
+def test_shadow_slates_reach_the_loops_serving_settings(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], on: bool
+) -> None:
     from schemas.settings import Settings
 
     ll = load_benchmark("live_loop")
-    env = ll.ab_env(ll.parse(["--quick", "--shadow-slates"]))
-    assert env["ADSTREAM_AB__SHADOW_SLATES"] == "true"
-    for k, v in env.items():
+    for k, v in ll.ab_env(ll.parse(["--quick", *argv])).items():
         monkeypatch.setenv(k, v)
-    assert Settings(_env_file=None).ab.shadow_slates is True
+    assert Settings(_env_file=None).ab.shadow_slates is on
 
 
 @pytest.mark.parametrize(

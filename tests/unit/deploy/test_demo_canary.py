@@ -33,6 +33,7 @@ def test_every_learning_arm_user_of_the_demo_is_on_the_live_adapters(
     monkeypatch.delenv("ADSTREAM_CANARY__SHARE", raising=False)
     demo = Demo(DemoSpec(), Settings(_env_file=None, state_dir=tmp_path), lambda _: None)  # type: ignore[call-arg]
     assert _learning_users_on_the_candidate(demo.env) == 1.0
+    assert demo.env["ADSTREAM_AB__SHADOW_SLATES"] == "true"  # the adapters' paired figure
 
 
 def test_the_callers_canary_share_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
