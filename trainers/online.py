@@ -120,7 +120,11 @@ class AdapterOptimizer:
         if dense:
             self.optimizers.append(torch.optim.Adam(dense, lr=spec.lr, fused=True))
         if tables:
-            self.optimizers.append(torch.optim.SGD(tables, lr=spec.embedding_lr, fused=True))
+            # weight decay is applied at the group's lr: a step at `scale` of the rates decays by
+            # that share too (the decay follows the evidence, like the step)
+            self.optimizers.append(
+                torch.optim.SGD(tables, lr=spec.embedding_lr, weight_decay=spec.embedding_decay, fused=True)
+            )
         self.params: list[torch.Tensor] = [*dense, *tables]
         self.lrs = [float(opt.param_groups[0]["lr"]) for opt in self.optimizers]
         self.scale = 1.0

@@ -211,6 +211,14 @@ class OnlineSettings(Group):
     embedding_lr: float = Field(
         0.1, gt=0, description="SGD learning rate of LoRA on id tables (lora.targets like wide.category)"
     )
+    # docs/live-learning.md ("Measured with the adapters served"): where the online AUC did not beat
+    # the frozen one after the drift, the adapters still ranked the old season above the new one
+    embedding_decay: float = Field(
+        0.0,
+        ge=0,
+        description="Forgetting of the LoRA id tables: SGD weight decay, each step shrinks them by "
+        "online.embedding_lr × this × the step's share of the rates; 0 keeps what they learned",
+    )
     delta_window_steps: int = Field(50, ge=1, description="Steps in the ΔW direction-magnitude window")
     progressive_window: int = Field(2000, ge=10, description="Examples in rolling AUC/logloss windows")
     reset_margin: float = Field(0.01, ge=0, description="Adapter AUC below base by more than this is bad")

@@ -208,3 +208,38 @@ def test_adapter_optimizer_zero_grad_clears_every_lora_tensor_of_both_optimisers
     assert all(p.grad is not None and not p.grad.any() for p in owned)
     opt.zero_grad()
     assert all(p.grad is None for p in owned)
+
+
+def test_embedding_decay_shrinks_only_the_tables_by_lr_times_decay_times_the_steps_share() -> None:
+    """`online.embedding_decay` forgets the id tables: with no gradient of its own, a step at
+    `scale` multiplies each table tensor by 1 − embedding_lr × decay × scale; the Adam (head)
+    tensors keep no decay; 0 (the default) leaves the tables as they were."""
+    from trainers.online import AdapterOptimizer
+
+    targets = ("head", "wide.category")
+    for decay, scale in ((0.5, 1.0), (0.5, 0.25), (0.0, 1.0)):
+        bank = AdapterBank(Ranker(RankerConfig(state_dim=8)), LoraSettings(rank=4, targets=targets), "v1")
+        bank.ensure("feed")
+        spec = OnlineSettings(embedding_lr=0.1, embedding_decay=decay)
+        opt = AdapterOptimizer(bank, "feed", spec)
+        tables = [
+            p for m, pair in bank.lora_params("feed").items() if m in bank.embedding_modules for p in pair
+        ]
+        dense = [
+            p for m, pair in bank.lora_params("feed").items() if m not in bank.embedding_modules for p in pair
+        ]
+        assert tables and dense
+        with torch.no_grad():
+            for p in tables + dense:
+                p.copy_(torch.linspace(-1.0, 1.0, p.numel()).reshape(p.shape))
+        before = [p.detach().clone() for p in tables + dense]
+        for p in tables + dense:
+            p.grad = torch.zeros_like(p)
+        opt.step(scale)
+        factor = 1.0 - 0.1 * decay * scale
+        for p, b in zip(tables, before[: len(tables)], strict=True):
+            torch.testing.assert_close(p.detach(), b * factor)
+        for p, b in zip(dense, before[len(tables) :], strict=True):
+            torch.testing.assert_close(p.detach(), b)  # Adam on a zero gradient: no move, no decay
+    with pytest.raises(ValueError, match="embedding_decay"):
+        OnlineSettings(embedding_decay=-0.1)
