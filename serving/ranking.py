@@ -135,7 +135,13 @@ def at_positions(inp: RankInput, picks: np.ndarray, max_position: int) -> RankIn
 # the folds of a batch's slots stacked (`RankModel._stacked`): heads [models, in], their biases,
 # and per wide table (id column, rows per model or 0 when not adapted, the table flat)
 Wide = list[tuple[int, int, torch.Tensor]]
-Stacked = tuple[torch.Tensor, torch.Tensor, Wide]
+# the adapted wide tables summed into one table per model (`RankModel._stacked`): (id column,
+# stride) per table, the entries per model, the models' tables flat, model after model
+Combined = tuple[list[tuple[int, int]], int, torch.Tensor]
+Stacked = tuple[torch.Tensor, torch.Tensor, Wide, Combined | None]
+# the most entries per model of the combined table (the adapted tables' rows multiplied): the
+# defaults (category 256 × slot 3 × position 16) make 12,288, 48 KB a model
+COMBINED_MAX: Final = 1 << 16
 STACK_CACHE = 64  # stacked sets kept (cleared when full: a swap's new versions make new keys)
 PLAIN: Final = ("plain",)  # the stacked key of the plain model alone (its weights never change)
 
@@ -314,6 +320,11 @@ class RankModel:
             and plain.tower is None
             and all(additive_in_logit(name) for name in self.bank.shapes)
         )
+        # the wide tables the adapters change, in id-column order: summed into one table per
+        # model where small enough (`_stacked`), so a batch of several slots gathers them once
+        # with one index whatever the number of slots, as the plain model does
+        adapted = {name.removeprefix("wide.") for name in self.bank.shapes if name.startswith("wide.")}
+        self.combined_names = [name for name in ID_COLUMNS if name in adapted]
         self.config: RankerConfig = model.config
         self.chunk = settings.serving.rank_chunk
 
@@ -341,6 +352,10 @@ class RankModel:
         through the banked layers."""
         out: list[np.ndarray | None] = [None] * len(inputs)
         with self.bank.reading() as buf:
+            if self.stackable:
+                fast = self._score_named_rows(inputs, buf)
+                if fast is not None:
+                    return fast
             groups: dict[int, tuple[nn.Module, list[int]]] = {}
             row_of: dict[int, int] = {}
             rest: list[int] = []
@@ -376,6 +391,49 @@ class RankModel:
                 out[i] = p
         return [p if p is not None else np.zeros(0) for p in out]
 
+    def _score_named_rows(self, inputs: list[RankInput], buf: BankBuffers) -> list[np.ndarray] | None:
+        """The folded path when every input names its shared row (`RankInput.row`, as the ad
+        server gives it) and every row is folded or empty: the inputs grouped by row in one
+        stacked pass (`_forward_stacked`), grouped with plain ints and each row's fold looked up
+        once. None where that does not hold (the general path decides per input)."""
+        null = self.folded.null_rows
+        groups: dict[int, list[int]] = {}
+        for i, inp in enumerate(inputs):
+            r = inp.row
+            if r is None:
+                return None
+            groups.setdefault(-1 if r in null else r, []).append(i)
+        models: list[nn.Module] = []
+        key: list[Any] = [id(buf)]
+        versions = buf.version
+        for r in groups:
+            if r == -1:
+                models.append(self.folded.plain)
+                key.append((-1, -1))
+                continue
+            fold = buf.folded.get(r)
+            if fold is None:
+                return None
+            models.append(fold[0])
+            key.append((r, versions[r] if r < len(versions) else -1))
+        if len(models) == 1:  # one model for the whole batch: its own forward
+            return self._split(inputs, self._forward(inputs, False, models[0]))
+        idx = [i for ix in groups.values() for i in ix]
+        part = [inputs[i] for i in idx]
+        counts = [inp.dense.shape[0] for inp in part]
+        sizes: list[int] = []
+        start = 0
+        for ix in groups.values():
+            sizes.append(sum(counts[start : start + len(ix)]))
+            start += len(ix)
+        p_all = self._forward_stacked(part, models, sizes, tuple(key))
+        out: list[np.ndarray] = [p_all] * len(inputs)
+        at = 0
+        for i, n in zip(idx, counts, strict=True):
+            out[i] = p_all[at : at + n]
+            at += n
+        return out
+
     def _stacked(self, models: list[nn.Module]) -> Stacked:
         """The models' heads [models, in] and biases, and per wide table (id column, rows per
         model or 0 when no model adapts it, the table flat: stacked where adapted)."""
@@ -385,16 +443,44 @@ class RankModel:
         assert len(rankers) == len(models)  # the folds are copies of the plain ranker
         head_w = torch.cat([r.head.weight for r in rankers]).detach()  # [models, in], as nn.Linear
         head_b = torch.cat([r.head.bias for r in rankers]).detach()
+        combined = self._combined(rankers)
+        skip = set(self.combined_names) if combined is not None else set()
         wide: list[tuple[int, int, torch.Tensor]] = []
         for col, name in enumerate(ID_COLUMNS):
-            if name not in plain.wide:
+            if name not in plain.wide or name in skip:
                 continue
             tables = [_table(r, name) for r in rankers]
             if all(t is tables[0] for t in tables):  # not adapted: the plain model's own
                 wide.append((col, 0, tables[0].detach().view(-1)))
             else:
                 wide.append((col, tables[0].shape[0], torch.cat(tables).detach().view(-1)))
-        return head_w, head_b, wide
+        return head_w, head_b, wide, combined
+
+    def _combined(self, rankers: list[Ranker]) -> Combined | None:
+        """The adapted wide tables of each model summed over every combination of their ids
+        (`t₁[i] + t₂[j] + …` at `i·s₁ + j·s₂ + …`), the models' tables one after another; None
+        when there are none or their rows multiply past `COMBINED_MAX` (each table is then
+        gathered on its own, `_add_wide`). The plain model alone is combined the same way, so
+        the base and the slots' folds do the same wide work but for the models' offsets."""
+        names = [n for n in self.combined_names if n in rankers[0].wide]
+        if not names:
+            return None
+        sizes = [_table(rankers[0], n).shape[0] for n in names]
+        per = int(np.prod(sizes))
+        if per > COMBINED_MAX:
+            return None
+        strides = [int(np.prod(sizes[k + 1 :])) for k in range(len(sizes))]
+        cols = [(ID_COLUMNS.index(n), st) for n, st in zip(names, strides, strict=True)]
+        blocks = []
+        for r in rankers:
+            first = _table(r, names[0])
+            block = torch.zeros(sizes, dtype=first.dtype, device=first.device)
+            for k, n in enumerate(names):
+                shape = [1] * len(names)
+                shape[k] = sizes[k]
+                block += _table(r, n).detach().view(shape)
+            blocks.append(block.view(-1))
+        return cols, per, torch.cat(blocks)
 
     def _forward_stacked(
         self, inputs: list[RankInput], models: list[nn.Module], sizes: list[int], key: Any = None
@@ -415,7 +501,7 @@ class RankModel:
                 if len(self._stacks) >= STACK_CACHE:
                     self._stacks.clear()
                 self._stacks[key] = got
-        head_w, head_b, wide = got
+        head_w, head_b, wide, combined = got
         dense = torch.cat([i.dense for i in inputs]).to(self.device, non_blocking=True)
         ids = torch.cat([i.ids for i in inputs]).to(self.device, non_blocking=True)
         offset = self._offsets(inputs)
@@ -436,6 +522,8 @@ class RankModel:
                 if lo < hi:
                     torch.addmv(head_b[j], h[lo - start : hi - start], head_w[j], out=logit[lo:hi])
         RankModel._add_wide(logit, ids, wide, bounds)
+        if combined is not None:
+            RankModel._add_combined(logit, ids, combined, bounds)
         if offset is not None:
             logit += offset
         return torch.sigmoid_(logit).float().cpu().numpy()
@@ -455,6 +543,20 @@ class RankModel:
                 for j in range(len(bounds) - 1):
                     which[bounds[j] : bounds[j + 1]] = j
             logit += table.index_select(0, torch.add(ids[:, col], which, alpha=rows))
+
+    @staticmethod
+    def _add_combined(logit: torch.Tensor, ids: torch.Tensor, combined: Combined, bounds: list[int]) -> None:
+        """The combined adapted tables' sum added to `logit` in place: one index from the id
+        columns (their strides), each model's block of candidates offset to its table, one gather."""
+        cols, per, table = combined
+        col, stride = cols[0]
+        idx = ids[:, col] * stride
+        for col, stride in cols[1:]:
+            idx.add_(ids[:, col], alpha=stride)
+        for j in range(1, len(bounds) - 1):
+            if bounds[j] < bounds[j + 1]:
+                idx[bounds[j] : bounds[j + 1]] += j * per
+        logit += table.index_select(0, idx)
 
     def _forward(
         self, inputs: list[RankInput], use_adapters: bool, model: nn.Module | None = None

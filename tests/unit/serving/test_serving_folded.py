@@ -244,3 +244,57 @@ def test_a_known_shared_row_picks_the_fold_unchecked_and_the_base_pass_equals_th
         banked_off = rank._split(inputs, rank._forward(inputs, False))
     for g, w in zip(base, banked_off, strict=True):
         np.testing.assert_allclose(g, w, atol=1e-6)
+
+
+@pytest.mark.parametrize("combined_max", [1 << 16, 1])
+def test_a_batch_of_named_rows_groups_by_row_and_the_adapted_tables_combine_or_not(
+    monkeypatch: pytest.MonkeyPatch, combined_max: int
+) -> None:
+    """Every input naming its row (`RankInput.row`) takes the grouped pass by row
+    (`_score_named_rows`): both arms' empty rows are the plain model, a row that is not folded
+    (an advertiser's adapter) or an input without its row sends the batch down the general path;
+    each scores as the banked layers do. The adapted wide tables are summed into one table per
+    model (`_combined`) where their rows multiply to at most `COMBINED_MAX`, and gathered one by
+    one otherwise: the same scores either way."""
+    import serving.ranking as ranking
+
+    monkeypatch.setattr(ranking, "COMBINED_MAX", combined_max)
+    torch.manual_seed(0)
+    s = Settings(lora={"rank": 4, "alpha": 8.0}, serving={"adapter_capacity": 8})  # default targets
+    rank = RankModel(copy.deepcopy(Ranker(CFG).eval()), "v0", s, torch.device("cpu"))
+    rank.chunk = 64
+    for i, slot in enumerate(("feed", "search", "splash")):
+        rank.bank.put(
+            slot, _weights(rank, i), version="s0", seq=0, base_version="v0", arms=(STABLE, CANDIDATE)
+        )
+    rank.bank.put("adv:x", _weights(rank, 9), version="s0", seq=0, base_version="v0")
+    feed, search = rank.bank.row("feed", CANDIDATE), rank.bank.row("search", STABLE)
+    null_stable, null_candidate = rank.bank.row(None, STABLE), rank.bank.row(None, CANDIDATE)
+    adv = rank.bank.row("adv:x", CANDIDATE)
+    rows = (feed, null_stable, search, null_candidate, feed)
+    inputs = [
+        dataclasses.replace(_input(torch.full((n,), r), k), row=r)
+        for k, (r, n) in enumerate(zip(rows, (30, 25, 70, 17, 41), strict=True))
+    ]
+    inputs[2] = dataclasses.replace(inputs[2], offset=torch.randn(70))
+    with torch.inference_mode(), rank.bank.reading() as buf:
+        grouped = rank._score_named_rows(inputs, buf)
+        assert grouped is not None
+        stacked = rank._stacks[next(reversed(rank._stacks))]
+        assert (stacked[3] is not None) == (combined_max > 1)
+        # not for the grouped pass: an advertiser's (banked) row, an input without its row
+        banked_row = [*inputs, dataclasses.replace(_input(torch.full((9,), adv), 8), row=adv)]
+        assert rank._score_named_rows(banked_row, buf) is None
+        unnamed = [*inputs[:2], dataclasses.replace(inputs[2], row=None)]
+        assert rank._score_named_rows(unnamed, buf) is None
+    for g, w in zip(grouped, _banked(rank, inputs), strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+    for batch in (banked_row, unnamed):
+        for g, w in zip(rank.score(batch, use_adapters=True), _banked(rank, batch), strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+    base = rank.score(inputs, use_adapters=False)
+    with torch.inference_mode():
+        off = rank._split(inputs, rank._forward(inputs, False))
+    for g, w in zip(base, off, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-6)
+    np.testing.assert_allclose(grouped[1], base[1], atol=1e-6)  # an empty row: the plain model
