@@ -117,11 +117,13 @@ def _command(name: str, args: list[str]) -> tuple[list[str], dict[str, Any]]:
 
 
 def headline(result: dict[str, Any], n: int = 6) -> str:
-    """A few top-level scalar figures of a benchmark's JSON (goals, P50/P99, AUCs first); a JSON
-    that gathers its judged figures under `figures` (attribution) shows those."""
+    """A few top-level scalar figures of a benchmark's JSON (goals, P50/P99, AUCs, judged cost
+    ratios first); a JSON that gathers its judged figures under `figures` (attribution) shows
+    those."""
     top = result["figures"] if isinstance(result.get("figures"), dict) else result
     scalars = {k: v for k, v in top.items() if isinstance(v, int | float | bool) and not isinstance(v, str)}
-    first = [k for k in scalars if any(w in k for w in ("goal", "p50", "p99", "auc", "recovered", "per_s"))]
+    words = ("goal", "p50", "p99", "auc", "recovered", "per_s", "cost_ratio")
+    first = [k for k in scalars if any(w in k for w in words)]
     keys = (first + [k for k in scalars if k not in first])[:n]
     return ", ".join(
         f"{k}={scalars[k]:.4g}" if isinstance(scalars[k], float) else f"{k}={scalars[k]}" for k in keys

@@ -35,6 +35,13 @@ def test_headline_prefers_goals_and_percentiles() -> None:
     assert got.startswith("p99_s=1.235, goal_met=True") and "trials=120" in got and "note" not in got
 
 
+def test_headline_shows_a_judged_cost_ratio_beside_its_goal() -> None:
+    result = {"lora_rank": 8, "candidates_per_s_base": 762777, "adapter_cost_fraction": 0.2}
+    result |= {"folded_adapters_cost_ratio": 1.0173, "folded_adapters_goal": 1.02, "torch_threads": 1}
+    got = cli_bench.headline(result, n=3)
+    assert got == "candidates_per_s_base=762777, folded_adapters_cost_ratio=1.017, folded_adapters_goal=1.02"
+
+
 def _fake_bench(root: Path, body: str) -> None:
     (root / "benchmarks" / "results").mkdir(parents=True)
     (root / "benchmarks" / "fake.py").write_text(body)
