@@ -6,7 +6,12 @@ replica's event loop between rank batches, so every request in the replica waits
 (`adstream_serving_swap_pause_max_seconds`). The latency tail of the same load without swaps is
 measured first for comparison.
 
-    .venv/bin/python -m benchmarks.hotswap --swaps 100 --rate 100
+The load's rate (issue 33: "hot swap under load at 80 % of capacity"): by default (`--rate auto`)
+`--load-share` (0.8) of the replica's capacity, measured first in the same run on the same app
+by `benchmarks.serve`'s rule (the highest paced rate with P99 ≤ 50 ms, no errors, ≥ 97 %
+delivered); `--rate N` sends N requests/s instead.
+
+    .venv/bin/python -m benchmarks.hotswap --swaps 100
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING
 
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
-from benchmarks.serve import make_catalog, run_wrk, warm_users
+from benchmarks.serve import capacity, make_catalog, run_wrk, warm_users
 from deploy.machine import machine, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,15 +109,65 @@ async def publish(settings: Settings, msgs: list[tuple[str, bytes]], seconds: fl
     return time.monotonic() - t0
 
 
-def main() -> None:
+CAPACITY_CONNS = 32  # wrk connections of the capacity search (`benchmarks.serve`'s default)
+CAPACITY_STEP_S = 10  # seconds per capacity step
+CAPACITY_STEPS = 6
+
+
+def _rate(value: str) -> int | None:
+    """`--rate`: requests/s (a positive integer), or `auto` (None: a share of the capacity)."""
+    if value == "auto":
+        return None
+    try:
+        rate = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--rate must be a positive integer or auto, not {value!r}"
+        ) from None
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"--rate must be a positive integer or auto, not {value!r}")
+    return rate
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--swaps", type=int, default=100)
-    ap.add_argument("--rate", type=int, default=100)
+    ap.add_argument(
+        "--rate",
+        type=_rate,
+        default=None,
+        help="requests/s of the load, or auto (the default): --load-share of the capacity measured first",
+    )
+    ap.add_argument("--load-share", type=float, default=0.8, help="with --rate auto: the share of capacity")
     ap.add_argument("--duration", type=int, default=25)
     ap.add_argument("--ads", type=int, default=10_000)
     ap.add_argument("--port", type=int, default=8031)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/hotswap.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not 0.0 < args.load_share <= 1.0:
+        ap.error(f"--load-share must be in (0, 1], not {args.load_share}")
+    if args.swaps <= 0 or args.duration <= 4:
+        ap.error(f"--swaps must be positive and --duration over 4 s (got {args.swaps}, {args.duration})")
+    return args
+
+
+def load_rate(url: str, args: argparse.Namespace) -> tuple[int, dict[str, object] | None]:
+    """The load's requests/s and the capacity search it came from (None with a fixed --rate)."""
+    if args.rate is not None:
+        return args.rate, None
+    found = capacity(
+        url,
+        argparse.Namespace(
+            capacity_conns=CAPACITY_CONNS, duration=CAPACITY_STEP_S, users=5000, capacity_steps=CAPACITY_STEPS
+        ),
+    )
+    if not found["capacity_rps"]:
+        raise SystemExit(f"no paced rate passed the capacity rule: {found['steps']}")
+    return max(1, int(found["capacity_rps"] * args.load_share)), found
+
+
+def main() -> None:
+    args = parse_args()
     machine_start = machine()  # the load before this benchmark's own
 
     import httpx
@@ -148,11 +203,12 @@ def main() -> None:
     client = httpx.Client(base_url=url, timeout=10)
     try:
         run_wrk(url, 50, 5, 10, 5000)  # warm-up
-        baseline = run_wrk(url, args.rate, args.duration, 10, 5000)
+        rate, found = load_rate(url, args)
+        baseline = run_wrk(url, rate, args.duration, 10, 5000)
         result: dict[str, object] = {}
 
         def load() -> None:
-            result.update(run_wrk(url, args.rate, args.duration, 10, 5000))
+            result.update(run_wrk(url, rate, args.duration, 10, 5000))
 
         th = threading.Thread(target=load)
         th.start()
@@ -191,6 +247,11 @@ def main() -> None:
         "adapter_versions": {a["adapter_id"]: a["version"] for a in adapters},
         "rejected": int(metric(metrics, 'adstream_serving_deltas_total{outcome="rejected"}')),
         "load_rps": result["rps"],
+        "target_rps": rate,
+        # issue 33's "at 80 % of capacity": the capacity of this app in this run, when measured
+        "capacity_rps": None if found is None else found["capacity_rps"],
+        "load_share_of_capacity": None if found is None else round(rate / int(str(found["capacity_rps"])), 3),
+        "capacity_steps": None if found is None else found["steps"],
         "served_by": {
             line.split('"')[1]: float(line.split()[-1])
             for line in metrics.splitlines()
