@@ -1177,7 +1177,8 @@ def _path_setup(args: argparse.Namespace, tmp: Path) -> tuple[Settings, Any, Any
 
 
 async def _path_batches(path: Any, requests: Any, n_requests: int) -> dict[str, Any]:
-    """CPU and wall time per request of `path.serve` over batches of each `PATH_BATCHES` size."""
+    """CPU and wall time per request of `path.serve` over batches of each `PATH_BATCHES` size,
+    and each stage's wall time per request (a request's share of its batch's stage)."""
     out: dict[str, Any] = {}
     for size in PATH_BATCHES:
         for _ in range(20):  # warm-up
@@ -1187,9 +1188,11 @@ async def _path_batches(path: Any, requests: Any, n_requests: int) -> dict[str, 
         while n < n_requests:
             batch = requests(size)
             await path.serve(batch)
+            # each request holds the wall time of every stage its batch ran once
+            # (`serving.request.timed`): its share is that over the batch
             for ctx in batch:
                 for k in stages:
-                    stages[k] += ctx.stage_ms.get(k, 0.0)
+                    stages[k] += ctx.stage_ms.get(k, 0.0) / len(batch)
             n += size
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         out[str(size)] = {

@@ -44,3 +44,24 @@ def test_the_path_cost_runs_with_one_torch_and_one_blas_thread_and_restores_them
     assert set(seen["blas"].values()) == {1} and seen["torch"] == 1
     after = _blas_threads()
     assert {f: after[f] for f in before_blas} == before_blas and torch.get_num_threads() == before_torch
+
+
+def test_each_request_counts_its_share_of_a_stage_the_batch_ran_once() -> None:
+    """A stage runs once per batch and every request of the batch records its whole wall time
+    (`serving.request.timed`): per request, the path's stage figures are that time over the
+    batch, so the stages of a batch of 8 add up to the batch's time, not 8 times it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    class Path:
+        async def serve(self, batch: list[Any]) -> None:
+            for ctx in batch:  # as `timed` records: the batch's stage time on every request
+                ctx.stage_ms = {"rank": 8.0, "rerank": 4.0 * len(batch)}
+
+    def requests(size: int) -> list[Any]:
+        return [SimpleNamespace(stage_ms={}) for _ in range(size)]
+
+    got = asyncio.run(serve._path_batches(Path(), requests, 16))
+    for size in serve.PATH_BATCHES:
+        stages = got[str(size)]["stage_wall_ms_per_request"]
+        assert stages["rank"] == pytest.approx(8.0 / size) and stages["rerank"] == pytest.approx(4.0)
