@@ -1,5 +1,6 @@
 """Adapter hot swap under load: 100 deltas published to `ad.adapter-deltas` while wrk drives
-`POST /v1/ads` at a fixed rate; counts failed requests and the longest pause a swap caused.
+`POST /v1/ads` at a paced rate (by default 80 % of its measured capacity); counts failed requests
+and the longest pause a swap caused.
 
 The pause is measured where it happens: a delta's decode + checks + apply + buffer swap run on the
 replica's event loop between rank batches, so every request in the replica waits at most that long
