@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
@@ -119,12 +119,7 @@ def _rate(value: str) -> int | None:
     """`--rate`: requests/s (a positive integer), or `auto` (None: a share of the capacity)."""
     if value == "auto":
         return None
-    try:
-        rate = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--rate must be a positive integer or auto, not {value!r}"
-        ) from None
+    rate = int(value) if value.isdigit() else 0
     if rate <= 0:
         raise argparse.ArgumentTypeError(f"--rate must be a positive integer or auto, not {value!r}")
     return rate
@@ -152,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_rate(url: str, args: argparse.Namespace) -> tuple[int, dict[str, object] | None]:
+def load_rate(url: str, args: argparse.Namespace) -> tuple[int, dict[str, Any] | None]:
     """The load's requests/s and the capacity search it came from (None with a fixed --rate)."""
     if args.rate is not None:
         return args.rate, None
@@ -251,7 +246,7 @@ def main() -> None:
         "target_rps": rate,
         # issue 33's "at 80 % of capacity": the capacity of this app in this run, when measured
         "capacity_rps": None if found is None else found["capacity_rps"],
-        "load_share_of_capacity": None if found is None else round(rate / int(str(found["capacity_rps"])), 3),
+        "load_share_of_capacity": None if found is None else round(rate / found["capacity_rps"], 3),
         "capacity_steps": None if found is None else found["steps"],
         "served_by": {
             line.split('"')[1]: float(line.split()[-1])
