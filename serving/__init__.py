@@ -9,7 +9,8 @@ streams' codec).
 Modules, each a pure core or a thin shell:
 
 - `app`       — the one ingress deployment (FastAPI through `@serve.ingress`): HTTP API, admission
-                (503 + Retry-After), `@serve.batch` ranking, the deadline ladder, metrics routes.
+                (503 + Retry-After), micro-batched ranking, the deadline ladder, metrics routes.
+- `batching`  — the replica's micro-batcher: requests that arrive together run as one batch.
 - `qos`       — QoS classes Guaranteed / Burstable / BestEffort: the priority gate in front of the
                 pipeline (per-class queue limits and timeouts; the lowest class is shed first).
 - `http`      — the request edge (media type, bounded body, duplicate keys, `AdRequest`) and the

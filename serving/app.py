@@ -1,6 +1,6 @@
 """The Ray Serve application: one FastAPI ingress deployment that runs recall, rank and rerank
-in-process (no handle hops: on 2 cores every hop costs milliseconds), with `@serve.batch` ranking
-concurrent requests in one forward pass.
+in-process (no handle hops: on 2 cores every hop costs milliseconds), with concurrent requests
+batched by the replica's own micro-batcher (`serving.batching`) and ranked in one forward pass.
 
 `build_app(settings, user_codec)` returns the bound application (`deploy.cli_serving` passes
 streams' record format as the codec). Nothing is built at import: `serve run
@@ -41,6 +41,7 @@ from schemas.settings import Settings, leaf_fields
 from serving.adapters import CANDIDATE, STABLE
 from serving.admin import api_key_digests, check_admin, check_api_key, token_digest
 from serving.arms import ab_arm_for
+from serving.batching import MicroBatcher
 from serving.canary import Arm, Canary, arm_for
 from serving.catalog import Catalog
 from serving.collector_http import EVENTS_ROUTE, SNIPPET_ROUTE, EventCollector, snippet
@@ -210,8 +211,8 @@ class AdServer:
         )
         if self._rank_pool is not None:  # the thread's own torch state (inference mode, allocator)
             self._rank_pool.submit(self.rank.warmup, 512, 1).result()
-        self._serve_batch.set_max_batch_size(s.serving.batch_max)  # type: ignore[attr-defined]
-        self._serve_batch.set_batch_wait_timeout_s(s.serving.batch_wait_ms / 1000)  # type: ignore[attr-defined]
+        # two batches at once: one waits on Redis while the other ranks
+        self.batcher = MicroBatcher(self._serve_batch, s.serving.batch_max, s.serving.batch_wait_ms / 1000, 2)
         await self.sink.start()
         await self.loops.start()  # snapshots and pins, before any delta lands or request is served
         gc.collect()
@@ -231,10 +232,10 @@ class AdServer:
             pool.shutdown(wait=False)
 
     # -- the request path (batched across concurrent requests) ---------------------------
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0, max_concurrent_batches=2)
     async def _serve_batch(self, batch: list[RequestContext]) -> list[AdResponse | Exception]:
-        """Requests that arrived together go down `serving.request.RequestPath` as one batch;
-        if the batch fails, each request is tried alone, so a bad one fails only itself."""
+        """Requests that arrived together (`self.batcher`) go down `serving.request.RequestPath`
+        as one batch; if the batch fails, each request is tried alone, so a bad one fails only
+        itself."""
         try:
             return list(await self.path.serve(batch))
         except Exception:
@@ -354,7 +355,7 @@ class AdServer:
             deadline=Deadline(float(req.deadline_ms or self.gate.policies[cls].deadline_ms), start=t0),
             canary_arm=arm_name,
         )
-        out = await self._serve_batch(ctx)
+        out = await self.batcher.submit(ctx)
         if isinstance(out, Exception):
             raise out
         return out, ctx.shadow_ads

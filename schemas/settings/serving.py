@@ -44,7 +44,11 @@ class ServingSettings(Group):
         description="/v1/ads requests per replica still reading their body (before their QoS class is "
         "known) past which a new one gets 503; classified requests queue at the QoS gate",
     )
-    batch_max: int = Field(8, ge=1, description="@serve.batch: requests ranked together")
+    batch_max: int = Field(
+        8,
+        ge=1,
+        description="Requests that arrive together run as one batch of at most this many (serving.batching)",
+    )
     rank_thread: bool = Field(
         False, description="Rank on one worker thread beside the replica's event loop (torch frees the GIL)"
     )
@@ -58,7 +62,11 @@ class ServingSettings(Group):
         "replica's capacity, 1 ms took the shed requests from 1-72 to 0 per 3,400; "
         "docs/limitations.md, hot swap)",
     )
-    batch_wait_ms: float = Field(0.0, ge=0, description="@serve.batch wait (0: take what is queued)")
+    batch_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        description="How long a batch waits for more requests once one is queued (0: take what is there)",
+    )
     adapter_capacity: int = Field(2048, ge=1, description="Adapters a replica can hold")
     rank_chunk: int = Field(2048, ge=1, description="Rank on CPU: candidates per forward pass")
     interest_weight: float = Field(
