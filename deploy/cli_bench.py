@@ -63,6 +63,7 @@ QUICK: dict[str, list[str]] = {
     "recall": ["--ads", "20000", "--queries", "200"],
     "serve": ["--rates", "50", "--duration", "5", "--repeats", "1"],
     "serve_routes": ["--quick", "--served", "100"],
+    "serve_ab": ["--rounds", "2", "--rates", "50", "--duration", "5"],
 }
 NEEDS_GPU = {"gpu_check"}
 

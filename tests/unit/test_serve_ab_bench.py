@@ -19,7 +19,7 @@ def test_paired_ratios_are_per_round_and_their_interval_holds_the_median() -> No
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        ([], "--refs A B is required"),
+        (["--refs", "HEAD"], "expected 2 arguments"),
         (["--refs", "HEAD", "HEAD", "--rates", "50,x"], "comma-separated"),
         (["--refs", "HEAD", "HEAD", "--rates", "0"], "at least 1 request/s"),
         (["--refs", "HEAD", "HEAD", "--rounds", "1"], "must be at least 2"),
