@@ -37,6 +37,7 @@ from deploy.machine import machine, write_result
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_ab.json"
 CHILD_TIMEOUT_S = 900
+FIGURES = ("cpu_ratio_b_to_a", "ci_low", "ci_high")  # per rate, in `figures`
 KEPT = ("rate", "rps", "p50_ms", "p99_ms", "errors", "cpu_ms_per_request")  # of each paced run
 
 
@@ -205,6 +206,12 @@ def main(argv: list[str] | None = None) -> None:
         "machine": start,
         "refs": {"a": [args.refs[0], commits[0]], "b": [args.refs[1], commits[1]]},
         "cpu_ms_per_request_ratio_b_to_a": by_rate,
+        # the table's headline (`adstream bench table`): each rate's ratio and its interval's ends
+        "figures": {
+            f"{name}_{rate}": value
+            for rate, r in by_rate.items()
+            for name, value in zip(FIGURES, (r["median"], *r["ci95"]), strict=True)
+        },
         "runs": runs,
         "what": "the ad server replica's CPU per served request (process CPU, every thread) of ref b over "
         "ref a, each deployed in turn per round; median of the same-round ratios, bootstrap 95 % interval",
