@@ -29,6 +29,36 @@ def imp(user: str, ad: str, n: int = 0) -> Impression:
     )  # fmt: skip
 
 
+async def _connected(sink: ImpressionSink) -> ImpressionSink:
+    """`sink` started, once its producer has connected (at most 30 s)."""
+    await sink.start()
+    deadline = time.monotonic() + 30
+    while sink.producer is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return sink
+
+
+async def _consume(stack: Settings, topic: str, n: int) -> tuple[list[int], list[tuple[int, bytes, bytes]]]:
+    """The topic's partitions and its records from the start, (partition, key, value), until `n`
+    came (or 20 s passed)."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=stack.kafka.bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    got: list[tuple[int, bytes, bytes]] = []
+    try:
+        parts = sorted(consumer.partitions_for_topic(topic) or ())
+        end = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < end:
+            batch = await consumer.getmany(timeout_ms=500)
+            got += [(tp.partition, r.key, r.value) for tp, recs in batch.items() for r in recs]
+    finally:
+        await consumer.stop()
+    return parts, got
+
+
 def _isolated(stack: Settings, **extra: object) -> Settings:
     run = uuid.uuid4().hex[:6]
     return Settings(
@@ -206,7 +236,6 @@ class _Gate:
 
 @pytest.mark.kafka
 def test_impressions_wait_for_a_broker_that_is_down_at_start_and_count_on_delivery(stack: Settings) -> None:
-    from aiokafka import AIOKafkaConsumer
 
     from deploy.stack import create_topics
 
@@ -238,23 +267,11 @@ def test_impressions_wait_for_a_broker_that_is_down_at_start_and_count_on_delive
             await asyncio.sleep(0.2)
         sink.emit([imp("u", f"c{i}", i) for i in range(5)])
         await sink.stop()  # flushes what is queued
-        consumer = AIOKafkaConsumer(
-            topics.topic_name(topics.IMPRESSIONS, s.topic_prefix),
-            bootstrap_servers=stack.kafka.bootstrap,
-            auto_offset_reset="earliest",
-            group_id=None,
-        )
-        await consumer.start()
-        got: list[bytes] = []
         try:
-            end = time.monotonic() + 20
-            while len(got) < 55 and time.monotonic() < end:
-                batch = await consumer.getmany(timeout_ms=500)
-                got += [r.value for recs in batch.values() for r in recs]
+            _, got = await _consume(stack, topics.topic_name(topics.IMPRESSIONS, s.topic_prefix), 55)
         finally:
-            await consumer.stop()
             await gate.close()
-        return got
+        return [value for _, _, value in got]
 
     got = asyncio.run(run())
     assert outcomes == {"dropped": 10, "sent": 55}
@@ -281,11 +298,7 @@ def test_impressions_of_one_linger_window_go_to_the_producer_without_waiting_for
     parts: list[int] = []
 
     async def run() -> None:
-        sink = ImpressionSink(s, lambda outcome, n: events.append((outcome, time.monotonic(), n)))
-        await sink.start()
-        deadline = time.monotonic() + 30
-        while sink.producer is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        sink = await _connected(ImpressionSink(s, lambda what, n: events.append((what, time.monotonic(), n))))
         parts.extend(sorted(await sink.producer.partitions_for(sink.topic)))
         real_send = sink.producer.send_batch
 
@@ -318,7 +331,6 @@ def test_a_window_larger_than_a_record_batch_goes_in_several_all_delivered_in_or
     """A window whose impressions of one partition pass the batch size goes in as many full
     batches as it takes, each counted by its own acknowledgement: every impression delivered
     once, in the order served."""
-    from aiokafka import AIOKafkaConsumer
 
     import serving.io as sio
     from deploy.stack import create_topics
@@ -334,11 +346,7 @@ def test_a_window_larger_than_a_record_batch_goes_in_several_all_delivered_in_or
         outcomes[outcome] = outcomes.get(outcome, 0) + n
 
     async def run() -> list[bytes]:
-        sink = ImpressionSink(s, count)
-        await sink.start()
-        deadline = time.monotonic() + 30
-        while sink.producer is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        sink = await _connected(ImpressionSink(s, count))
         real_send = sink.producer.send_batch
 
         async def send_batch(batch: Any, *args: object, **kwargs: object) -> object:
@@ -348,19 +356,7 @@ def test_a_window_larger_than_a_record_batch_goes_in_several_all_delivered_in_or
         sink.producer.send_batch = send_batch
         sink.emit([imp("one-user", f"a{i}", i) for i in range(100)])
         await sink.stop()
-        consumer = AIOKafkaConsumer(
-            topic, bootstrap_servers=stack.kafka.bootstrap, auto_offset_reset="earliest", group_id=None
-        )
-        await consumer.start()
-        got: list[bytes] = []
-        try:
-            end = time.monotonic() + 20
-            while len(got) < 100 and time.monotonic() < end:
-                batch = await consumer.getmany(timeout_ms=500)
-                got += [r.value for recs in batch.values() for r in recs]
-        finally:
-            await consumer.stop()
-        return got
+        return [value for _, _, value in (await _consume(stack, topic, 100))[1]]
 
     got = asyncio.run(run())
     assert len(sizes) > 5 and sum(sizes) == 100  # several batches, every impression in one
@@ -373,7 +369,6 @@ def test_each_users_impressions_go_to_the_partition_the_producer_would_pick(stac
     """The sink names each impression's partition itself (the producer's murmur2 of the user
     key, remembered per user): every impression lands where `send` without a partition would
     have put it, across the topic's partitions, all of them delivered."""
-    from aiokafka import AIOKafkaConsumer
     from aiokafka.partitioner import DefaultPartitioner
 
     from deploy.stack import create_topics
@@ -393,20 +388,7 @@ def test_each_users_impressions_go_to_the_partition_the_producer_would_pick(stac
             sink.emit([imp(f"user-{u}", f"a{round_}", u) for u in range(40)])
             await asyncio.sleep(0.05)
         await sink.stop()
-        consumer = AIOKafkaConsumer(
-            topic, bootstrap_servers=stack.kafka.bootstrap, auto_offset_reset="earliest", group_id=None
-        )
-        await consumer.start()
-        got: list[tuple[int, bytes, bytes]] = []
-        try:
-            parts = sorted(consumer.partitions_for_topic(topic) or ())
-            end = time.monotonic() + 20
-            while len(got) < 120 and time.monotonic() < end:
-                batch = await consumer.getmany(timeout_ms=500)
-                got += [(tp.partition, r.key, r.value) for tp, recs in batch.items() for r in recs]
-        finally:
-            await consumer.stop()
-        return parts, got
+        return await _consume(stack, topic, 120)
 
     parts, got = asyncio.run(run())
     assert outcomes == {"sent": 120} and len(got) == 120 and len(parts) > 1
@@ -436,11 +418,7 @@ def test_impressions_being_handed_to_the_producer_are_pending_and_counted_when_s
         outcomes[outcome] = outcomes.get(outcome, 0) + n
 
     async def run() -> int:
-        sink = ImpressionSink(s, count)
-        await sink.start()
-        deadline = time.monotonic() + 30
-        while sink.producer is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        sink = await _connected(ImpressionSink(s, count))
         real_send = sink.producer.send_batch
 
         async def send_batch(batch: Any, *args: object, **kwargs: object) -> object:
