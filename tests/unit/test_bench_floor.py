@@ -93,21 +93,32 @@ def test_both_floors_answer_the_fixed_response_and_the_model_floor_ranks_first(t
 
 
 _ROUND_TRIP = """
-import importlib, sys
+import dis, importlib, sys
 from ray import cloudpickle
 module_name, class_name = sys.argv[1], sys.argv[2]
 module = importlib.import_module(module_name)
 wrapper = cloudpickle.loads(cloudpickle.dumps(getattr(module, class_name)))
 user = next(c for c in wrapper.__mro__[1:] if c.__name__ == class_name)
+
+def globals_read(code):
+    # the names a function (and the functions and comprehensions inside it) loads as globals:
+    # `co_names` holds attribute names too (`self.path.serve` is no read of the module's `serve`)
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            yield ins.argval
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            yield from globals_read(const)
+
 missing = []
 for name, fn in vars(user).items():
     code = getattr(fn, "__code__", None)
     if code is None:
         continue
-    for ref in code.co_names:  # a module-level name the method reads, missing from its copy
+    for ref in set(globals_read(code)):  # a module-level name the method reads, missing from its copy
         if ref in vars(module) and ref not in fn.__globals__ and ref not in vars(__builtins__):
             missing.append(f"{name}: {ref}")
-print(missing)
+print(sorted(missing))
 """
 
 
