@@ -58,6 +58,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.lib.stats import ratio_summary
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -606,21 +608,6 @@ def precision_variants(
             continue
         scorers[name] = scorer
     return scorers, errors
-
-
-def ratio_summary(num: list[float], den: list[float], seed: int = 0) -> dict[str, Any]:
-    """Median of the same-round ratios num/den with its 95 % bootstrap interval (rounds
-    resampled; each round ran both cases back to back, so load hits them alike)."""
-    import numpy as np
-
-    r = np.asarray(num) / np.asarray(den)
-    rng = np.random.default_rng(seed)
-    boots = np.median(r[rng.integers(0, len(r), (1000, len(r)))], axis=1)
-    return {
-        "median": round(float(np.median(r)), 4),
-        "ci95": [round(float(np.quantile(boots, 0.025)), 4), round(float(np.quantile(boots, 0.975)), 4)],
-        "rounds": len(r),
-    }
 
 
 def measure(

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.lib.args import int_at_least
+from benchmarks.lib.stats import ratio_summary
 from deploy.machine import machine, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,16 +53,8 @@ def paired(a: list[float], b: list[float], seed: int = 0) -> dict[str, Any]:
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.shape != y.shape or not x.size:
         raise ValueError(f"paired rounds needed (got {x.size} and {y.size})")
-    r = y / x
-    rng = np.random.default_rng(seed)
-    boots = np.median(r[rng.integers(0, r.size, (2000, r.size))], axis=1)
-    return {
-        "median": round(float(np.median(r)), 4),
-        "ci95": [round(float(np.quantile(boots, 0.025)), 4), round(float(np.quantile(boots, 0.975)), 4)],
-        "rounds": int(r.size),
-        "mean_a": round(float(x.mean()), 3),
-        "mean_b": round(float(y.mean()), 3),
-    }
+    means = {"mean_a": round(float(x.mean()), 3), "mean_b": round(float(y.mean()), 3)}
+    return ratio_summary(b, a, seed) | means
 
 
 def child(rates: list[int], duration: int, out: Path) -> None:

@@ -53,11 +53,6 @@ class MicroBatcher(Generic[T, R]):
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # batches run (tests, metrics)
 
-    @property
-    def queued(self) -> int:
-        """Items waiting for a batch."""
-        return len(self._queue)
-
     async def submit(self, item: T) -> R:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()

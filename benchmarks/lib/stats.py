@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -54,3 +55,16 @@ def at_most(interval: Sequence[float | None], goal: float) -> bool | None:
     if high is not None and high <= goal:
         return True
     return None
+
+
+def ratio_summary(num: list[float], den: list[float], seed: int = 0) -> dict[str, Any]:
+    """Median of the same-round ratios num/den with its 95 % bootstrap interval (rounds
+    resampled; each round ran both cases back to back, so load hits them alike)."""
+    r = np.asarray(num) / np.asarray(den)
+    rng = np.random.default_rng(seed)
+    boots = np.median(r[rng.integers(0, len(r), (1000, len(r)))], axis=1)
+    return {
+        "median": round(float(np.median(r)), 4),
+        "ci95": [round(float(np.quantile(boots, 0.025)), 4), round(float(np.quantile(boots, 0.975)), 4)],
+        "rounds": len(r),
+    }
