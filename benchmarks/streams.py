@@ -264,11 +264,11 @@ def core_floor(
     """The worker's per-event core in this process, without Kafka, Redis or ClickHouse: each
     fetch (`streams.fetch_records` records) judged as the pipeline judges it (`Pipeline._judge_all`:
     one batch decode, then clock skew and signature per record), folded into user state and
-    the label join (`Processor.on_batch`), each event turned into its ClickHouse
-    row (`row_of`), and its examples encoded as the commit encodes them. The rate is events per
-    second of this process's CPU time: what any engine built on this core can reach at most on
-    one core, whatever its client does; each stage's share is in CPU µs per event as well."""
-    from schemas.codec import example_json
+    the label join with the examples made as the bytes the worker produces
+    (`Processor.on_batch_json`), and each event turned into its ClickHouse row (`row_of`). The
+    rate is events per second of this process's CPU time: what any engine built on this core can
+    reach at most on one core, whatever its client does; each stage's share is in CPU µs per
+    event as well."""
     from streams.pipeline import Pipeline, RawRecord
     from streams.processor import Processor
     from streams.runtime import GC_GEN0
@@ -279,7 +279,7 @@ def core_floor(
     physical = {t: topics.topic_name(t, s.topic_prefix) for t in USER_TOPICS}  # records: base topics
     for topic, _, value in catalog:
         proc.on_event(decode(model_for_topic(topic), value))
-    stages = dict.fromkeys(("judge", "state + join", "row", "encode examples"), 0.0)
+    stages = dict.fromkeys(("judge", "state + join + examples", "row"), 0.0)
     # each stage in this process's CPU time, as the total: on a shared machine wall-clock stages
     # count the other processes' turns on the cores too
     now, clock = time.time(), time.process_time
@@ -307,18 +307,14 @@ def core_floor(
                 raise RuntimeError(f"the core refused a valid record at {rec.offset}: {verdict}")
             batch.append((verdict[0], rec.value, verdict[1]))
         t1 = clock()
-        out = proc.on_batch(batch)  # as `Pipeline._process` folds what the merge releases
+        out = proc.on_batch_json(batch)  # as `Pipeline._process` folds what the merge releases
         t2 = clock()
         for offset, (event, _, ts) in enumerate(batch, start):
             row_of(event, 0, offset, ts)
         t3 = clock()
-        for e in out:
-            example_json(e)
-        t4 = clock()
         examples += len(out)
-        stages["state + join"] += t2 - t1
+        stages["state + join + examples"] += t2 - t1
         stages["row"] += t3 - t2
-        stages["encode examples"] += t4 - t3
     cpu_s = time.process_time() - cpu0
     gc.set_threshold(*saved)
     gc.unfreeze()

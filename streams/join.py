@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+import msgspec
 import numpy as np
 from pydantic_core import TzInfo
 
@@ -109,6 +110,81 @@ def unchecked_example(values: dict[str, Any]) -> TrainingExample:
     _object_setattr(ex, "__pydantic_extra__", None)
     _object_setattr(ex, "__pydantic_private__", None)
     return ex
+
+
+@dataclass(slots=True)
+class Deferred:
+    """A fake negative made while its join was `deferring`: what `LabelJoin._example(p, ts, False,
+    "fake_negative", at=at)` reads of its pending impression, taken when it was made (`dwell_ms`
+    is the only one a later event of the batch may change)."""
+
+    p: Pending
+    ts: float
+    at: datetime | None
+    dwell_ms: int
+
+
+# TrainingExample's fields in declaration order as a msgspec Struct: encoded by the same encoder
+# as `schemas.codec.example_json` encodes an example's `__dict__`, the same bytes
+_ExampleWire: Final = msgspec.defstruct("_ExampleWire", [(name, Any) for name in _EXAMPLE_FIELDS])
+_LINES: Final = msgspec.json.Encoder()
+_VECTOR: Final = "user_vector"
+assert _EXAMPLE_FIELDS.index(_VECTOR) == 14 and len(_EXAMPLE_FIELDS) == 26  # `fake_negatives_json`
+
+
+def fake_negatives_json(made: list[Deferred], scheme: AdapterScheme) -> list[tuple[str, bytes]]:
+    """Per deferred fake negative, its adapter id and the bytes `example_json` gives its example
+    (tests hold it): built as a batch, without a TrainingExample, a dict or an encoder call each
+    (the lines encoded by one call)."""
+    if not made:
+        return []
+    adapters: dict[tuple[str, str], str] = {}
+    rows = []
+    keys = []
+    for d in made:
+        p, ts, at = d.p, d.ts, d.at
+        imp = p.impression
+        i = imp.__dict__  # a frozen model's fields, without attribute lookups
+        its = i["ts"]
+        slot, advertiser = i["slot"], i["advertiser_id"]
+        adapter = adapters.get((slot, advertiser))
+        if adapter is None:
+            adapter = adapters[slot, advertiser] = adapter_id_for(slot, advertiser, scheme)
+        keys.append(adapter)
+        # the impression's own time when it was shown when served (`at` is its `ts`, `ts` its float)
+        imp_ts = ts if at is its else its.timestamp()
+        event_id = i["event_id"]
+        rows.append(
+            _ExampleWire(
+                "te-" + hashlib.blake2b(event_id.encode(), digest_size=16).hexdigest(),  # example_id(id)
+                at if at is not None and at.tzinfo in _UTC_ZONES else datetime.fromtimestamp(ts, tz=UTC),
+                "training_example",
+                adapter,
+                event_id,
+                its,
+                i["user_id"],
+                i["ad_id"],
+                i["campaign_id"],
+                advertiser,
+                p.category,
+                slot,
+                i["position"],
+                int(imp_ts // 3600 % 24),
+                p.user_vector.tolist(),
+                p.intent_score,
+                None,
+                i["query_match"],
+                i["pctr"],
+                i["model_version"],
+                i["adapter_version"],
+                False,
+                d.dwell_ms,
+                "fake_negative",
+                i["variant_id"],
+                i["variant_propensity"],
+            )
+        )
+    return list(zip(keys, _LINES.encode_lines(rows).split(b"\n")[:-1], strict=True))
 
 
 _PENDING = struct.Struct("<ddBIHB")  # deadline, intent, flags, dwell_ms, dim, len(category)
@@ -211,6 +287,9 @@ class LabelJoin:
     # window, one per impression), and the costs billed: (campaign_id, event time, cost)
     views: list[tuple[View, float]] = field(default_factory=list)
     billed: list[tuple[str, float, float]] = field(default_factory=list)
+    # set by `Processor.on_batch_json` while it joins a batch: a fake negative is returned as its
+    # `Deferred` (this join's other examples as they are), built as bytes with the batch's others
+    deferring: bool = False
     _deadlines: list[tuple[float, str]] = field(default_factory=list)
     _orphan_deadlines: list[tuple[float, str]] = field(default_factory=list)
     _clock: Watermark = field(init=False, repr=False)
@@ -289,7 +368,8 @@ class LabelJoin:
     ) -> list[TrainingExample]:
         """The impression's first showing by a beacon or when served: kept (its view); billed
         (CPM) and, in the fake-negative modes, learned as a negative at once, unless its click
-        showed it already (`_clicked`: billed and learned then)."""
+        showed it already (`_clicked`: billed and learned then). `at`: the datetime whose
+        `timestamp()` is `ts` when the caller has it (else the view's own, shown at its time)."""
         p.shown = True
         self.dirty.add(iid)
         self.counts["shown"] += 1
@@ -297,11 +377,14 @@ class LabelJoin:
             self.views.append((view, ts))
         if p.clicked:
             return []
-        return self._first_showing(p, ts, view.ts if view is not None else at)
+        return self._first_showing(p, ts, at if at is not None or view is None else view.ts)
 
     def _first_showing(self, p: Pending, ts: float, at: datetime | None) -> list[TrainingExample]:
         self._bill(p.impression, ts, cost_when_shown(p.impression))
         if self.fake_negatives:
+            if self.deferring:  # built with the batch's others (`fake_negatives_json`)
+                self.counts["fake_negative"] += 1
+                return [Deferred(p, ts, at, p.dwell_ms)]  # type: ignore[list-item]
             return [self._example(p, ts, False, "fake_negative", at=at)]
         return []
 
@@ -350,7 +433,9 @@ class LabelJoin:
         if counts_as_shown(imp):  # rendered on the server (or from before render beacons)
             out += self._show(iid, p, ts, None, imp.ts)
         elif orphan is not None and orphan.view is not None and orphan.view_ts <= p.deadline:
-            out += self._show(iid, p, max(orphan.view_ts, ts), orphan.view)
+            # shown when the later of the two came: the example's time is that one's own
+            later = orphan.view.ts if orphan.view_ts >= ts else imp.ts
+            out += self._show(iid, p, max(orphan.view_ts, ts), orphan.view, later)
         if orphan is not None and orphan.click_ts is not None and orphan.click_ts <= p.deadline:
             out += self._clicked(iid, p, max(orphan.click_ts, ts))
         return out

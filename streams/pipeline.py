@@ -52,10 +52,10 @@ from typing import Any
 
 from schemas import topics
 from schemas.billing import day_of
-from schemas.codec import encode, example_json, key_of, model_for_topic
+from schemas.codec import encode, key_of, model_for_topic
 from schemas.decode import BatchDecoder
 from schemas.errors import StoreError
-from schemas.events import DeadLetter, Message, TrainingExample, View
+from schemas.events import DeadLetter, Message, View
 from schemas.settings import Settings
 from schemas.signing import event_key
 from schemas.user_record import UserState
@@ -109,7 +109,7 @@ class _Batch:
     rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=empty_rows)
     raws: dict[str, list[bytes | None]] = field(default_factory=lambda: defaultdict(list))  # rows' records
     dead: list[DeadLetter] = field(default_factory=list)
-    examples: list[TrainingExample] = field(default_factory=list)
+    examples: int = 0  # training examples made (queued to the outbox as they were made)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) → last
     parts: set[int] = field(default_factory=set)
     handles: list[Any] = field(default_factory=list)
@@ -447,7 +447,8 @@ class Pipeline:
 
     def _process(self, p: int, part: _Part, items: list[Item]) -> None:
         """Released records into the open batch: rows, dead letters, and the events folded into
-        user state and the label join as one batch (`Processor.on_batch`)."""
+        user state and the label join as one batch, the examples made as their bytes
+        (`Processor.on_batch_json`)."""
         if not items:
             return
         b = self.batch
@@ -471,13 +472,13 @@ class Pipeline:
             table, row = row_of(item.event, p, item.offset, item.ts)
             b.rows[table].append(row)
             b.raws[table].append(item.raw)
-        made = part.proc.on_batch(events) if events else []
+        made = part.proc.on_batch_json(events) if events else []
         self._shown(p, part, views)
         if made:
-            b.examples += made
+            b.examples += len(made)
             # keyed by adapter_id, as `key_of` keys them (the contract's key of the topic)
-            topic, to_json = self.examples_topic, example_json
-            self.outbox.put([(topic, e.adapter_id.encode(), to_json(e)) for e in made])
+            topic = self.examples_topic
+            self.outbox.put([(topic, key.encode(), value) for key, value in made])
             b.queued = self.outbox.queued
 
     def _shown(self, p: int, part: _Part, views: dict[int, tuple[int, bytes | None]]) -> None:
@@ -547,7 +548,7 @@ class Pipeline:
         if b.dead:
             m.EVENTS_OUT.labels(topics.DLQ).inc(len(b.dead))
         if b.examples:
-            m.EVENTS_OUT.labels(topics.TRAINING_EXAMPLES).inc(len(b.examples))
+            m.EVENTS_OUT.labels(topics.TRAINING_EXAMPLES).inc(b.examples)
         self.ack(b.handles)
         for (topic, p), off in b.offsets.items():
             part = self.parts.get(p)
@@ -561,7 +562,7 @@ class Pipeline:
                 self.ack(done)
         m.BATCH.observe(b.count)
         self.counts["committed"] += b.count
-        self.counts["examples"] += len(b.examples)
+        self.counts["examples"] += b.examples
         self.counts["dead_letters"] += len(b.dead)
         self._gauges()
 

@@ -11,15 +11,17 @@ import warnings
 from collections import Counter
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from schemas.codec import example_json
 from schemas.events import MAX_FEATURE, AdCreative, Click, Dwell, Impression, Message, TrainingExample, View
 from schemas.settings import Settings, StateSettings
 from schemas.user_record import UserState, decay_factor
 from schemas.watermark import DEFAULT_WINDOW
 from streams.fold import Folded, fold_batch
-from streams.join import AdapterScheme, LabelJoin, LabelMode
+from streams.join import AdapterScheme, Deferred, LabelJoin, LabelMode, fake_negatives_json
 from streams.state import USER_EVENTS, AdInfo, apply_event
 
 UNKNOWN_CATEGORY = "unknown"
@@ -169,6 +171,23 @@ class Processor:
         self.states.update(folded.states)
         self.dirty_users.update(folded.states)
         return self._join_all(kept, folded)
+
+    def on_batch_json(self, items: Sequence[tuple[Message, bytes | None, float]]) -> list[tuple[str, bytes]]:
+        """`on_batch`, its examples as the worker produces them: per example, in order, its
+        adapter id (the topic's key) and `example_json` of it — the same states, counts and bytes
+        (tests hold it). The fake negatives, one per shown impression in those label modes, are
+        built as a batch (`streams.join.fake_negatives_json`), never as TrainingExamples."""
+        join = self.join
+        join.deferring = True
+        try:
+            made: list[Any] = self.on_batch(items)
+        finally:
+            join.deferring = False
+        deferred = [e for e in made if type(e) is Deferred]
+        if not deferred:
+            return [(e.adapter_id, example_json(e)) for e in made]
+        built = iter(fake_negatives_json(deferred, self.scheme))
+        return [next(built) if type(e) is Deferred else (e.adapter_id, example_json(e)) for e in made]
 
     def _join_all(
         self, kept: list[tuple[Message, bytes | None, float, str]], folded: Folded

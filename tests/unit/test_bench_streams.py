@@ -77,7 +77,7 @@ def test_core_floor_runs_the_worker_core_over_every_record_and_refuses_what_it_r
     assert core["events"] == len(events) == 400
     assert core["examples"] >= 300  # every impression's fake negative at least (fn_weighted)
     assert core["events_per_s"] > 0 and set(core["stage_us_per_event"]) == {
-        "judge", "state + join", "row", "encode examples"
+        "judge", "state + join + examples", "row"
     }  # fmt: skip
     forged = [(t, k, v.replace(b'"sig":"', b'"sig":"0')) if t == "ad.impressions" else (t, k, v)
               for t, k, v in events]  # fmt: skip
