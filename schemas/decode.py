@@ -13,7 +13,11 @@ re-applied afterwards, for the batch:
 - timestamps (`_not_a_number`, `_in_range`): read as text matching `TS_TEXT` (RFC 3339 with a
   four-digit year, `T`, at most six fractional digits and an offset: text the contract's
   datetime parser reads as the same instant, never a number), then parsed
-  (`datetime.fromisoformat`) and kept within 1970 … 2106;
+  (`datetime.fromisoformat`) and kept within 1970 … 2106; each text once (the times of texts
+  that passed are kept, up to `_REMEMBERED` a decoder);
+- text patterns (slot names, signatures, click tokens): the contract's own, checked after the
+  Struct (which keeps the lengths) with the texts that matched remembered the same way: msgspec
+  ran `re` on every value, half of an impression's decode;
 - vectors (`TrainingExample._finite_vector`): every component finite and within ±`MAX_FEATURE`,
   one numpy pass over the batch.
 
@@ -34,6 +38,7 @@ optional fields may be left out.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from itertools import chain
@@ -67,6 +72,8 @@ TS_TEXT: Final = (
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
     r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])\Z"
 )
+_TS_TEXT: Final = re.compile(TS_TEXT)
+_REMEMBERED: Final = 16_384  # matched texts kept per field (then forgotten, and checked again)
 _MIN_S: Final = MIN_TS.timestamp()
 _MAX_S: Final = MAX_TS.timestamp()
 _new = object.__new__
@@ -98,6 +105,18 @@ def _meta(node: dict[str, Any], allowed: frozenset[str], **extra: Any) -> msgspe
     return msgspec.Meta(**kw, **extra)
 
 
+def _time(text: str) -> datetime | None:
+    """The time of a timestamp's text if the contract takes it (TS_TEXT, a real date, within
+    1970 … 2106), else None (the contract words why)."""
+    if _TS_TEXT.search(text) is None:
+        return None
+    try:
+        t = _fromiso(text)
+    except ValueError:  # Feb 30 and such
+        return None
+    return t if _MIN_S <= t.timestamp() < _MAX_S else None
+
+
 class _Rules:
     """The Python validators found while deriving a Struct: which fields each one guards."""
 
@@ -106,11 +125,20 @@ class _Rules:
         self.ids: list[str] = []
         self.times: list[str] = []
         self.vectors: list[str] = []
+        # a text field's pattern, checked after the Struct (`BatchDecoder._fields`) with the
+        # values already matched remembered: msgspec runs `re` on every value (three an
+        # impression, half of its decode), where a stream repeats few slots and timestamps
+        self.patterns: list[tuple[str, re.Pattern[str]]] = []
 
-    def annotation(self, node: dict[str, Any], name: str) -> Any:
-        """The msgspec type of a core-schema node; TypeError for anything not known here."""
+    def annotation(self, node: dict[str, Any], name: str, field: bool = True) -> Any:
+        """The msgspec type of a core-schema node; TypeError for anything not known here.
+        `field`: the node is the field's own value (not a list's item), whose pattern the
+        decoder checks itself (`patterns`)."""
         kind = node.get("type")
         if kind == "str":
+            if field and "pattern" in node:
+                self.patterns.append((name, re.compile(_anchored(node["pattern"]))))
+                node = {k: v for k, v in node.items() if k != "pattern"}
             return Annotated[str, _meta(node, frozenset({"min_length", "max_length", "pattern"}))]
         if kind == "int":
             return Annotated[int, _meta(node, frozenset({*_BOUNDS, "multiple_of"}))]
@@ -125,10 +153,10 @@ class _Rules:
                 raise TypeError(f"{name}: a literal of other than text")
             return Literal[tuple(expected)]
         if kind == "nullable":
-            return self.annotation(node["schema"], name) | None
+            return self.annotation(node["schema"], name, field) | None
         if kind == "list":
             items = node.get("items_schema", {"type": "any"})
-            item = self.annotation(items, name)
+            item = self.annotation(items, name, field=False)
             limits = {k: v for k, v in node.items() if k != "items_schema"}
             return Annotated[list[item], _meta(limits, frozenset({"min_length", "max_length"}))]  # type: ignore[valid-type]
         if kind in ("function-after", "function-before"):
@@ -159,8 +187,8 @@ class _Rules:
                 "tz_constraint", "microseconds_precision"
             }:  # fmt: skip
                 raise TypeError(f"{name}: a timestamp other than the contract's aware datetime")
-            self.times.append(name)
-            return Annotated[str, msgspec.Meta(pattern=TS_TEXT)]
+            self.times.append(name)  # TS_TEXT, checked by the decoder with the parsed times kept
+            return str
         if fn is _FINITE_VECTOR and node["type"] == "function-after":
             if inner.get("type") != "list" or inner.get("items_schema") != {"type": "float"}:
                 raise TypeError(f"{name}: a vector rule on other than a list of floats")
@@ -232,6 +260,8 @@ class BatchDecoder(Generic[M]):
             log.warning("fast %s decoding off, the contract decides each record: %s", model.__name__, exc)
             return
         self.ids, self.times, self.vectors = rules.ids, rules.times, rules.vectors
+        self.patterns = [(name, pattern, set[str]()) for name, pattern in rules.patterns]
+        self._parsed: dict[str, datetime] = {}  # timestamp text → its time, checked (`_fields`)
         self.struct = struct
         self._decode = msgspec.json.Decoder(struct).decode
         # every field written, none left to its default: the common record, read first
@@ -262,18 +292,37 @@ class BatchDecoder(Generic[M]):
             except (msgspec.DecodeError, msgspec.ValidationError):
                 return None
         fields: dict[str, Any] = msgspec.structs.asdict(rec)
-        for name in self.times:  # `_not_a_number` (the Struct's TS_TEXT) and `_in_range`
-            try:
-                t = fields[name] = _fromiso(fields[name])
-            except ValueError:  # Feb 30 and such: the contract words it
-                return None
-            if not _MIN_S <= t.timestamp() < _MAX_S:
-                return None
+        if not self._matched(fields):
+            return None
+        parsed = self._parsed
+        for name in self.times:  # `_not_a_number` (TS_TEXT) and `_in_range`, once a text
+            text = fields[name]
+            t = parsed.get(text)
+            if t is None:
+                t = _time(text)
+                if t is None:
+                    return None
+                if len(parsed) >= _REMEMBERED:
+                    parsed.clear()
+                parsed[text] = t
+            fields[name] = t
         if not value.isascii() or b"\x7f" in value:  # other than printable ASCII text: `_fits_bytes`
             ids = [v for n in self.ids if isinstance(v := fields[n], str)]
             if not ids_fit(ids):
                 return None
         return fields, every
+
+    def _matched(self, fields: dict[str, Any]) -> bool:
+        """Whether the text fields match the contract's patterns (`_Rules.patterns`)."""
+        for name, pattern, matched in self.patterns:
+            v = fields[name]
+            if v.__class__ is str and v not in matched:
+                if pattern.search(v) is None:
+                    return False
+                if len(matched) >= _REMEMBERED:
+                    matched.clear()
+                matched.add(v)
+        return True
 
     def _event(self, fields: dict[str, Any], every: bool) -> M:
         if not every and _UNSET in fields.values():  # an optional field left out: its default

@@ -242,3 +242,37 @@ def test_the_examples_json_is_pydantics_at_the_contracts_bounds() -> None:
         ex = base.model_copy(update={"user_vector": floats, "intent_score": x, "recall_score": -x})
         assert example_json(ex) == encode(ex)
     assert example_json(base) == encode(base)
+
+
+SLOTS = ["feed", "Feed", "feed\n", "side bar", "x" * 33, "-feed", "", "feed\u00e9", "s" * 32, "a_b-c9"]
+
+
+@pytest.mark.parametrize("remembered", [2, 16_384])
+def test_texts_it_remembers_never_pass_one_the_contract_refuses(
+    monkeypatch: pytest.MonkeyPatch, remembered: int
+) -> None:
+    """The decoder checks the contract's text patterns (slot, sig, click token) and timestamps
+    itself and remembers the texts that passed (forgetting them all past a bound): a valid
+    record seen first never lets a near copy through, before or after the bound, and every
+    verdict is the contract's."""
+    import schemas.decode
+
+    monkeypatch.setattr(schemas.decode, "_REMEMBERED", remembered)
+    decoder = BatchDecoder(Impression)
+    assert {name for name, _, _ in decoder.patterns} == {"slot", "sig"}  # the Struct checks no pattern
+    events = [e for e in market_events(3000, seed=9) if type(e) is Impression][:12]
+    valid = [encode(e) for e in events]
+    variants = []
+    for e in events[:4]:
+        obj = json.loads(encode(e))
+        variants += [json.dumps({**obj, "slot": slot}, ensure_ascii=False).encode() for slot in SLOTS]
+        variants += [json.dumps({**obj, "ts": ts}, ensure_ascii=False).encode() for ts in TIMES]
+        sig = obj["sig"] or "0" * 64
+        sigs = (sig + "\n", sig.upper(), sig[:-1], "g" * 64)
+        variants += [json.dumps({**obj, "sig": s}).encode() for s in sigs]
+    for batch in (valid, variants, valid, variants):
+        for raw, got in zip(batch, decoder.fast(batch), strict=True):
+            want = contract(Impression, raw)
+            assert got is None or (want is not None and got == want and encode(got) == encode(want)), raw
+            assert got is not None or raw in variants  # the valid ones stay on the fast path
+    assert len(decoder._parsed) <= remembered and all(len(m) <= remembered for _, _, m in decoder.patterns)
