@@ -36,6 +36,7 @@ event is billed exactly once; replicas read the hash for pacing and budgets.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Final
 
@@ -51,10 +52,24 @@ SPEND_TTL_S: Final = 2 * 86_400
 def day_of(ts: float) -> str:
     """The UTC day (yyyymmdd) of an epoch time: the spend hash a cost of that time goes to.
 
-    >>> day_of(0.0), day_of(86_399.9)
-    ('19700101', '19700101')
+    The worker bills each shown impression: the day's text is made once a day (`_day`), not per
+    cost; a time within a microsecond of midnight takes `datetime`'s own rounding.
+
+    >>> day_of(0.0), day_of(86_399.9), day_of(86_399.9999997), day_of(-0.5)
+    ('19700101', '19700101', '19700102', '19691231')
     """
+    day = ts // _DAY_S
+    if 1e-6 <= ts - day * _DAY_S < _DAY_S - 1e-6:  # NaN and ±inf fail it too
+        return _day(int(day))
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y%m%d")
+
+
+_DAY_S: Final = 86_400.0
+
+
+@functools.lru_cache(maxsize=64)
+def _day(day: int) -> str:
+    return datetime.fromtimestamp(day * _DAY_S, tz=UTC).strftime("%Y%m%d")
 
 
 def spend_key(prefix: str, day: str) -> str:
