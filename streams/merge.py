@@ -101,6 +101,7 @@ class PartitionMerge:
         while True:
             best: Item | None = None
             best_key: tuple[float, int, int] | None = None
+            second_key: tuple[float, int, int] | None = None  # the smallest other head's
             blocked = False
             for topic in inputs:
                 q = self.queues.get(topic)
@@ -126,9 +127,26 @@ class PartitionMerge:
                     break
                 key = (head.ts, topic_rank(topic), head.offset)
                 if best_key is None or key < best_key:
-                    best, best_key = head, key
+                    best, best_key, second_key = head, key, best_key
+                elif second_key is None or key < second_key:
+                    second_key = key
             else:
                 if best is None or blocked:
                     return
-                self.queues[best.topic].popleft()
+                q = self.queues[best.topic]
+                q.popleft()
                 yield best
+                # a run of the same input: while its next head is valid and before every other
+                # head, a new look would choose it again (the other heads and the answers about
+                # empty inputs are as this one found them); else (or once it is empty) look again
+                yield from _run(q, best_key[1], second_key)  # type: ignore[index]
+
+
+def _run(q: deque[Item], rank: int, before: tuple[float, int, int] | None) -> Iterator[Item]:
+    """The heads of one input (of tie-break `rank`) while valid and ordered before `before`."""
+    while q:
+        head = q[0]
+        if head.event is None or (before is not None and (head.ts, rank, head.offset) > before):
+            return
+        q.popleft()
+        yield head
