@@ -174,7 +174,7 @@ class Folding:
     clicks: int
     late: int
     version: int
-    recent_ids: list[int]  # the state's ring as a list while folding (a tuple again when frozen)
+    recent_ids: tuple[int, ...]
     recent_clicks: tuple[int, ...]
     bias: Mapping[str, float]  # replaced, never mutated: it may be the state's own
 
@@ -182,7 +182,7 @@ class Folding:
     def of(cls, s: UserState) -> Folding:
         return cls(
             s.user_id, s.dim, dict(s.intents), s.last_ts, s.session_start_ts, s.sessions,
-            s.session_events, s.events, s.impressions, s.clicks, s.late, s.version, list(s.recent_ids),
+            s.session_events, s.events, s.impressions, s.clicks, s.late, s.version, s.recent_ids,
             s.recent_clicks, s.bias,
         )  # fmt: skip
 
@@ -190,7 +190,7 @@ class Folding:
         return UserState(  # positional: the hot path of the worker (dataclasses.replace is slower)
             self.user_id, self.dim, vector, self.intents, self.last_ts, self.session_start_ts,
             self.sessions, self.session_events, self.events, self.impressions, self.clicks,
-            self.late, self.version, tuple(self.recent_ids), self.recent_clicks, self.bias,
+            self.late, self.version, self.recent_ids, self.recent_clicks, self.bias,
         )  # fmt: skip
 
 
@@ -272,8 +272,7 @@ def fold_event(
     w.events = events + 1
     w.late += late
     w.version += 1
-    w.recent_ids.append(h)
-    del w.recent_ids[:-RECENT_IDS]  # `(*ids, h)[-RECENT_IDS:]`, in place
+    w.recent_ids = (*w.recent_ids[1 - RECENT_IDS :], h)  # `(*ids, h)[-RECENT_IDS:]`, one tuple made
     return f, forget, vec_w
 
 
