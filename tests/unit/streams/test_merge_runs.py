@@ -19,42 +19,35 @@ INPUTS = ("ad.impressions", "ad.clicks", "ad.dwell", "ad.conversions")
 def one_at_a_time(
     m: PartitionMerge, caught_up: Callable[[str, int | None], bool], inputs: tuple[str, ...], now: float
 ) -> Iterator[Item]:
-    """The rule itself: each record chosen by a look at every input's head."""
+    """The rule itself: each record chosen by a look at every input's head (an invalid head is
+    released at once; nothing while an empty input may still receive)."""
     known: dict[str, bool] = {}
+
+    def finished(topic: str) -> bool:  # an empty input: caught up, or waited out
+        if topic not in known:
+            done = caught_up(topic, m.last_seen.get(topic))
+            if done and m.blocked_since:
+                m.blocked_since.pop(topic, None)
+                m.passed.discard(topic)
+            known[topic] = done or m._waited_out(topic, now)
+        return known[topic]
+
     while True:
-        best: Item | None = None
-        best_key: tuple[float, int, int] | None = None
-        blocked = False
+        heads: list[tuple[tuple[float, int, int], str]] = []
+        waiting = False
         for topic in inputs:
-            q = m.queues.get(topic)
-            if not q:
-                done = known.get(topic)
-                if done is None:
-                    done = caught_up(topic, m.last_seen.get(topic))
-                    if done:
-                        if m.blocked_since:
-                            m.blocked_since.pop(topic, None)
-                            m.passed.discard(topic)
-                    else:
-                        done = m._waited_out(topic, now)
-                    known[topic] = done
-                if not done:
-                    blocked = True
-                continue
-            head = q[0]
-            if head.event is None:
-                q.popleft()
-                yield head
-                best = None
+            queue = m.queues.get(topic)
+            if not queue:
+                waiting = not finished(topic) or waiting
+            elif queue[0].event is None:
+                yield queue.popleft()
                 break
-            key = (head.ts, topic_rank(topic), head.offset)
-            if best_key is None or key < best_key:
-                best, best_key = head, key
+            else:
+                heads.append(((queue[0].ts, topic_rank(topic), queue[0].offset), topic))
         else:
-            if best is None or blocked:
+            if waiting or not heads:
                 return
-            m.queues[best.topic].popleft()
-            yield best
+            yield m.queues[min(heads)[1]].popleft()
 
 
 def _merge(rnd: random.Random) -> PartitionMerge:
