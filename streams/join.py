@@ -128,8 +128,14 @@ class Deferred:
 # as `schemas.codec.example_json` encodes an example's `__dict__`, the same bytes
 _ExampleWire: Final = msgspec.defstruct("_ExampleWire", [(name, Any) for name in _EXAMPLE_FIELDS])
 _LINES: Final = msgspec.json.Encoder()
-_VECTOR: Final = "user_vector"
-assert _EXAMPLE_FIELDS.index(_VECTOR) == 14 and len(_EXAMPLE_FIELDS) == 26  # `fake_negatives_json`
+# the order `fake_negatives_json` passes them in: a contract that changes them fails here, at import
+_WIRE_ORDER: Final = (
+    "event_id", "ts", "kind", "adapter_id", "impression_id", "impression_ts", "user_id", "ad_id",
+    "campaign_id", "advertiser_id", "category", "slot", "position", "hour", "user_vector",
+    "intent_score", "recall_score", "query_match", "served_pctr", "model_version", "adapter_version",
+    "click", "dwell_ms", "label_kind", "variant_id", "variant_propensity",
+)  # fmt: skip
+assert _EXAMPLE_FIELDS == _WIRE_ORDER, "TrainingExample's fields changed: update fake_negatives_json"
 
 
 def fake_negatives_json(made: list[Deferred], scheme: AdapterScheme) -> list[tuple[str, bytes]]:
@@ -156,8 +162,8 @@ def fake_negatives_json(made: list[Deferred], scheme: AdapterScheme) -> list[tup
         event_id = i["event_id"]
         rows.append(
             _ExampleWire(
-                "te-" + hashlib.blake2b(event_id.encode(), digest_size=16).hexdigest(),  # example_id(id)
-                at if at is not None and at.tzinfo in _UTC_ZONES else datetime.fromtimestamp(ts, tz=UTC),
+                example_id(event_id),
+                _dt(ts, at),
                 "training_example",
                 adapter,
                 event_id,

@@ -139,7 +139,7 @@ class PartitionMerge:
                 # a run of the same input: while its next head is valid and before every other
                 # head, a new look would choose it again (the other heads and the answers about
                 # empty inputs are as this one found them); else (or once it is empty) look again
-                yield from _run(q, best_key[1], second_key)  # type: ignore[index]
+                yield from _run(q, topic_rank(best.topic), second_key)
 
 
 def _run(q: deque[Item], rank: int, before: tuple[float, int, int] | None) -> Iterator[Item]:
