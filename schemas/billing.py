@@ -49,6 +49,9 @@ PER_MILLE: Final = 1000.0
 SPEND_TTL_S: Final = 2 * 86_400
 
 
+_DAY_S: Final = 86_400.0
+
+
 def day_of(ts: float) -> str:
     """The UTC day (yyyymmdd) of an epoch time: the spend hash a cost of that time goes to.
 
@@ -62,9 +65,6 @@ def day_of(ts: float) -> str:
     if 1e-6 <= ts - day * _DAY_S < _DAY_S - 1e-6:  # NaN and ±inf fail it too
         return _day(int(day))
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y%m%d")
-
-
-_DAY_S: Final = 86_400.0
 
 
 @functools.lru_cache(maxsize=64)

@@ -183,10 +183,7 @@ class Processor:
             made: list[Any] = self.on_batch(items)
         finally:
             join.deferring = False
-        deferred = [e for e in made if type(e) is Deferred]
-        if not deferred:
-            return [(e.adapter_id, example_json(e)) for e in made]
-        built = iter(fake_negatives_json(deferred, self.scheme))
+        built = iter(fake_negatives_json([e for e in made if type(e) is Deferred], self.scheme))
         return [next(built) if type(e) is Deferred else (e.adapter_id, example_json(e)) for e in made]
 
     def _join_all(
