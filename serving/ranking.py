@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,6 +274,79 @@ def _with_weights(module: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn.
     return out
 
 
+class _Trunk(nn.Module):
+    """`Ranker.head_input` of one model as a module `torch.jit.trace` can record."""
+
+    def __init__(self, model: Ranker) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.head_input(dense, ids)
+
+
+def traced_trunk(model: Ranker) -> torch.jit.ScriptModule:
+    """`model.head_input` (the embeddings, cross and deep layers) recorded by `torch.jit.trace`:
+    the same ATen calls with the same results, bit for bit, run by TorchScript's interpreter
+    instead of ~25 Python module calls. On the small passes of a one-request batch (~500
+    candidates, then ~10 at their positions) that per-call cost is much of the forward. The trace
+    shares `model`'s tensors: the model must not get new ones afterwards (the plain base never
+    does; the folds differ from it only after the trunk). Without a user tower only (its
+    sequence input is not a tensor)."""
+    return _traced(_Trunk(model), _example(model))
+
+
+class _Scorer(nn.Module):
+    """`Ranker.forward` of one model with its head and wide tables as inputs: the logits of any
+    model that differs from it only there (a fold of `stackable` adapters)."""
+
+    def __init__(self, model: Ranker) -> None:
+        super().__init__()
+        self.model = model
+        self.wide = [(i, name) for i, name in enumerate(ID_COLUMNS) if name in model.wide]
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        ids: torch.Tensor,
+        head_w: torch.Tensor,
+        head_b: torch.Tensor,
+        tables: tuple[torch.Tensor, ...],
+    ) -> torch.Tensor:
+        # as `Ranker.logit_from` computes it, op for op (the same bits)
+        logit = nn.functional.linear(self.model.head_input(dense, ids), head_w, head_b).squeeze(1)
+        for (i, _), table in zip(self.wide, tables, strict=True):
+            logit = logit + nn.functional.embedding(ids[:, i], table).squeeze(1)
+        return logit
+
+
+def _traced(module: nn.Module, inputs: tuple[Any, ...]) -> torch.jit.ScriptModule:
+    with warnings.catch_warnings():
+        # deprecated for torch.export and torch.compile: export's module runs its graph op by op
+        # in Python (no faster than eager here at 10-2,048 candidates), compile needs a C++
+        # toolchain on the replica's machine at run time
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with torch.inference_mode():
+            traced: torch.jit.ScriptModule = torch.jit.trace(  # type: ignore[no-untyped-call]
+                module, inputs, check_trace=False
+            )
+    return traced
+
+
+def traced_scorer(model: Ranker) -> torch.jit.ScriptModule:
+    """`_Scorer` of `model` recorded by `torch.jit.trace`: called with a fold's head and wide
+    tables, that fold's logits (see `traced_trunk`)."""
+    dense, ids = _example(model)
+    tables = tuple(model.wide[name].weight for _, name in _Scorer(model).wide)
+    return _traced(_Scorer(model), (dense, ids, model.head.weight, model.head.bias, tables))
+
+
+def _example(model: Ranker) -> tuple[torch.Tensor, torch.Tensor]:
+    device = next(model.parameters()).device
+    dense = torch.zeros(4, model.config.dense_dim, device=device)
+    return dense, torch.zeros(4, len(ID_COLUMNS), dtype=torch.int64, device=device)
+
+
 class RankModel:
     """The base ranker with banked LoRA layers; `score` takes several requests' inputs at once.
 
@@ -320,6 +394,15 @@ class RankModel:
             and plain.tower is None
             and all(additive_in_logit(name) for name in self.bank.shapes)
         )
+        # the trunk every fold shares (`stackable`: the plain model's) and a fold's whole forward,
+        # traced (CPU: the per-layer Python cost they save is the CPU's), run in passes of at
+        # most `rank_trace_rows` candidates (`_chunk`: above ~1,000 the traced trunk was no
+        # faster than the eager one, and the eager chunk's 2,048 is slower traced)
+        self.trace_rows = settings.serving.rank_trace_rows if device.type == "cpu" else 0
+        traced = self.stackable and self.trace_rows > 0
+        self._trunk = traced_trunk(plain) if traced else None
+        self._scorer = traced_scorer(plain) if traced else None
+        self._wide_names = [name for name in ID_COLUMNS if name in plain.wide] if traced else []
         # the wide tables the adapters change, in id-column order: summed into one table per
         # model where small enough (`_stacked`), so a batch of several slots gathers them once
         # with one index whatever the number of slots, as the plain model does
@@ -509,14 +592,14 @@ class RankModel:
             offset = offset.to(self.device, non_blocking=True)
         bounds = [0, *np.cumsum(sizes).tolist()]
         n = dense.shape[0]
-        chunk = max(1, self.chunk) if self.device.type == "cpu" else max(1, n)
+        chunk = self._chunk() if self.device.type == "cpu" else max(1, n)
         # the trunk in chunks (each chunk's activations stay in cache), each model's head on its
         # rows of the chunk (the candidates come grouped by model: one GEMV each, as cheap as one
         # over the chunk; a [models, in] GEMM is not) into one logit vector
         logit = torch.empty(n, dtype=head_w.dtype, device=self.device)
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
-            h = plain.head_input(dense[start:stop], ids[start:stop])
+            h = self._head_input(dense[start:stop], ids[start:stop])
             for j in range(len(models)):
                 lo, hi = max(bounds[j], start), min(bounds[j + 1], stop)
                 if lo < hi:
@@ -527,6 +610,23 @@ class RankModel:
         if offset is not None:
             logit += offset
         return torch.sigmoid_(logit).float().cpu().numpy()
+
+    def _chunk(self) -> int:
+        """Candidates per forward pass on the CPU: `trace_rows` through the traced ranker,
+        `chunk` through the eager one."""
+        if self._trunk is not None and self.trace_rows > 0:
+            return max(1, min(self.chunk, self.trace_rows))
+        return max(1, self.chunk)
+
+    def _head_input(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """`head_input` of the plain model, which is every fold's (`stackable`): through the
+        traced trunk when it is on (its passes are cut at `trace_rows`: `_chunk`)."""
+        if self._trunk is not None and self.trace_rows > 0:
+            out: torch.Tensor = self._trunk(dense, ids)
+            return out
+        plain = self.folded.plain
+        assert isinstance(plain, Ranker)
+        return plain.head_input(dense, ids)
 
     @staticmethod
     def _add_wide(logit: torch.Tensor, ids: torch.Tensor, wide: Wide, bounds: list[int]) -> None:
@@ -584,11 +684,17 @@ class RankModel:
             rows = rows.to(self.device)
         if offset is not None:
             offset = offset.to(self.device, non_blocking=True)
-        chunk = max(1, self.chunk) if self.device.type == "cpu" else max(1, dense.shape[0])
+        chunk = self._chunk() if self.device.type == "cpu" else max(1, dense.shape[0])
         parts = []
         for start in range(0, max(1, dense.shape[0]), chunk):
             sl = slice(start, start + chunk)
-            if model is not None:
+            if model is not None and self._scorer is not None and self.trace_rows > 0:
+                # a fold or the plain model: the traced forward with its head and tables
+                assert isinstance(model, Ranker)
+                d, i = dense[sl], ids[sl]
+                tables = tuple(model.wide[name].weight for name in self._wide_names)
+                logit = self._scorer(d, i, model.head.weight, model.head.bias, tables)
+            elif model is not None:
                 logit = model(dense[sl], ids[sl])
             else:
                 with self.ctx.use(self.bank, None if rows is None else rows[sl]):
@@ -633,3 +739,6 @@ class RankModel:
             self.score([RankInput(dense, ids, rows)], use_adapters=True)
             self.score([RankInput(dense, ids, torch.zeros(n, dtype=torch.int64))], use_adapters=True)
             self.score([RankInput(dense, ids, rows)], use_adapters=False)
+            # a one-request batch's second pass: its served ads at their positions
+            small = torch.zeros(10, dtype=torch.int64)
+            self.score([RankInput(dense[:10], ids[:10], small)], use_adapters=True)

@@ -69,6 +69,13 @@ class ServingSettings(Group):
     )
     adapter_capacity: int = Field(2048, ge=1, description="Adapters a replica can hold")
     rank_chunk: int = Field(2048, ge=1, description="Rank on CPU: candidates per forward pass")
+    rank_trace_rows: int = Field(
+        1024,
+        ge=0,
+        description="Rank on CPU: the ranker traced by TorchScript (the same results without "
+        "Python's per-layer cost), in forward passes of at most this many candidates; 0: the "
+        "eager ranker in passes of serving.rank_chunk",
+    )
     interest_weight: float = Field(
         1.0,
         ge=0,
