@@ -94,7 +94,14 @@ RATIO_PAIRS = {
     # per-advertiser adapters, which are not folded: the mixed (banked) path
     "adapters_uniform_mixed": ("adapters_uniform", "base"),
     "folded_stacked": ("slot_adapters_folded_stacked", "base"),
+    # the ranker traced by TorchScript (`serving.rank_trace_rows`, on by default) over the eager
+    # one, the same folded slot adapters: the batch, one request's candidates, and one
+    # request's served ads scored at their positions (the request path's second pass)
+    "traced_batch": ("slot_adapters", "slot_adapters_eager"),
+    "traced_one_request": ("one_request_slot", "one_request_slot_eager"),
+    "traced_positions": ("positions_slot", "positions_slot_eager"),
 }
+POSITIONS = 10  # a request's served ads (k), scored again at their positions
 
 
 def timed(fn: Callable[[], object], seconds: float) -> float:
@@ -511,6 +518,7 @@ def build_cases(
     """The timed cases and the candidates each scores per call."""
     import torch
 
+    from serving.ranking import RankInput
     from trainers.models.features import RankerBatch
     from trainers.models.ranker import Ranker
 
@@ -531,6 +539,12 @@ def build_cases(
     }
     if b.stacked is not None:
         cases["slot_adapters_folded_stacked"] = functools.partial(b.stacked.score, batches["slot"])
+    one = batches["slot"][:1]
+    served = [RankInput(one[0].dense[:POSITIONS], one[0].ids[:POSITIONS], one[0].rows[:POSITIONS])]
+    timed_inputs = (("slot_adapters", batches["slot"]), ("one_request_slot", one), ("positions_slot", served))
+    for name, inputs in timed_inputs:
+        cases.setdefault(name, functools.partial(model.score, inputs, True))
+        cases[f"{name}_eager"] = functools.partial(eager, model, inputs)
     # issue 16's user tower (off by default: it did not win offline) against the plain ranker, one
     # request of `n` candidates with a full history, raw `Ranker.score` on both sides
     one_dense, one_ids = b.feats[0]
@@ -549,7 +563,18 @@ def build_cases(
     n, args = b.args.candidates, b.args
     size = {name: n if name.startswith("one_request") else n * args.requests for name in cases}
     size.update({name: n * args.large for name in cases if name.startswith("large")})
+    size.update({name: POSITIONS for name in cases if name.startswith("positions")})
     return cases, size
+
+
+def eager(model: RankModel, inputs: list[RankInput]) -> object:
+    """`model.score` of the inputs through the eager ranker (its traced one off for the call)."""
+    traced = model.trace_rows
+    model.trace_rows = 0
+    try:
+        return model.score(inputs, use_adapters=True)
+    finally:
+        model.trace_rows = traced
 
 
 def chunked(model: nn.Module, chunk: int, dtype: torch.dtype | None = None) -> Scorer:
@@ -870,6 +895,18 @@ def print_issue33(extra: dict[str, Any]) -> None:
         f"{r['fold_lora_copies']['median']}× (same groups {r['folded_over_base_same_groups']['median']}×); "
         f"trunk once, heads stacked {r['folded_stacked']['median']}×; 1,000 uniform adapters (mixed "
         f"path) {r['adapters_uniform_mixed']['median']}×"
+    )
+    print(
+        "traced ranker ÷ eager (time, slot adapters folded): "
+        + "; ".join(
+            f"{what} {r[key]['median']}× {r[key]['ci95']}"
+            for key, what in (
+                ("traced_batch", "the batch"),
+                ("traced_one_request", "one request"),
+                ("traced_positions", f"{POSITIONS} served ads at their positions"),
+            )
+            if key in r
+        )
     )
     table = Table(
         "variant", "candidates / s", "× fp32 (95 % CI)", "AUC served", "Δ vs fp32 (95 % CI)", "kept"

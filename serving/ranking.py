@@ -333,6 +333,20 @@ def _traced(module: nn.Module, inputs: tuple[Any, ...]) -> torch.jit.ScriptModul
     return traced
 
 
+def run_traced(module: torch.jit.ScriptModule, *args: Any) -> torch.Tensor:
+    """`module(*args)` with TorchScript's graph optimizer off on this thread (a per-thread
+    flag, restored after): its graph runs as recorded. On the CPU the optimizer fuses nothing
+    here, and it re-specializes a graph for each new batch size, several milliseconds a time on
+    a replica's first requests; interpreted, the speed is the same and every call alike."""
+    optimize = torch._C._get_graph_executor_optimize()
+    torch._C._set_graph_executor_optimize(False)
+    try:
+        out: torch.Tensor = module(*args)
+    finally:
+        torch._C._set_graph_executor_optimize(optimize)
+    return out
+
+
 def traced_scorer(model: Ranker) -> torch.jit.ScriptModule:
     """`_Scorer` of `model` recorded by `torch.jit.trace`: called with a fold's head and wide
     tables, that fold's logits (see `traced_trunk`)."""
@@ -622,8 +636,7 @@ class RankModel:
         """`head_input` of the plain model, which is every fold's (`stackable`): through the
         traced trunk when it is on (its passes are cut at `trace_rows`: `_chunk`)."""
         if self._trunk is not None and self.trace_rows > 0:
-            out: torch.Tensor = self._trunk(dense, ids)
-            return out
+            return run_traced(self._trunk, dense, ids)
         plain = self.folded.plain
         assert isinstance(plain, Ranker)
         return plain.head_input(dense, ids)
@@ -693,7 +706,7 @@ class RankModel:
                 assert isinstance(model, Ranker)
                 d, i = dense[sl], ids[sl]
                 tables = tuple(model.wide[name].weight for name in self._wide_names)
-                logit = self._scorer(d, i, model.head.weight, model.head.bias, tables)
+                logit = run_traced(self._scorer, d, i, model.head.weight, model.head.bias, tables)
             elif model is not None:
                 logit = model(dense[sl], ids[sl])
             else:

@@ -64,6 +64,7 @@ def test_small_run_writes_folded_and_precision_figures(tmp_path: Path) -> None:
     assert got["max_abs_diff_vs_reference"]["slot_folded_stacked"] < 1e-5  # default targets: additive
     assert got["folded_adapters_cost_ratio"] > 0 and len(got["folded_adapters_cost_ratio_ci95"]) == 2
     named = {"folded_adapters", "fold_lora_copies", "adapters_uniform_mixed"}
+    named |= {"traced_batch", "traced_one_request", "traced_positions"}  # traced ranker ÷ eager
     assert set(got["adapter_cost_ratios"]) >= named
     assert got["mixed_adapters_cost_ratio"] > 0 and got["fold_lora_copies_cost_ratio"] > 0
     variants = got["precision"]["variants"]

@@ -16,7 +16,7 @@ import torch
 
 from schemas.settings import Settings
 from serving.adapters import CANDIDATE, STABLE
-from serving.ranking import RankInput, RankModel, _with_weights, traced_scorer, traced_trunk
+from serving.ranking import RankInput, RankModel, _with_weights, run_traced, traced_scorer, traced_trunk
 from trainers.models.features import ID_COLUMNS
 from trainers.models.ranker import Ranker, RankerConfig
 
@@ -60,7 +60,10 @@ def test_the_traced_trunk_is_the_eager_trunk_bit_for_bit_and_shares_its_weights(
     with torch.inference_mode():
         for n in (1, 2, 10, 80, 500, 1024, 3000):
             inp = _input(torch.zeros(n, dtype=torch.int64), n)
-            assert torch.equal(trunk(inp.dense, inp.ids), model.head_input(inp.dense, inp.ids)), n
+            want = model.head_input(inp.dense, inp.ids)
+            assert torch.equal(trunk(inp.dense, inp.ids), want), n
+            assert torch.equal(run_traced(trunk, inp.dense, inp.ids), want), n  # interpreted as served
+            assert torch._C._get_graph_executor_optimize()  # the thread's flag restored
         inp = _input(torch.zeros(40, dtype=torch.int64), 7)
         before = trunk(inp.dense, inp.ids).clone()
         for p in model.parameters():  # a change in place (the only kind the served base gets)
