@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 
 from benchmarks.lib.args import int_at_least
+from benchmarks.lib.stats import ratio_summary
 from benchmarks.lib.threads import as_replica
 from deploy.machine import write_result
 
@@ -1204,6 +1205,41 @@ async def _path_batches(path: Any, requests: Any, n_requests: int) -> dict[str, 
     return out
 
 
+async def _path_trace_ab(path: Any, requests: Any, rank: Any, rounds: int, per_round: int) -> dict[str, Any]:
+    """CPU per request of `path.serve` with the ranker traced (the setting) and eager
+    (`trace_rows` 0), in alternated rounds of `per_round` requests at each `PATH_BATCHES` size
+    (the order flips every round): each size's traced ÷ eager ratio with its interval."""
+    traced_rows = rank.trace_rows
+    cpu: dict[tuple[int, int], list[float]] = {}
+    try:
+        for size in PATH_BATCHES:
+            for rows in (0, traced_rows):
+                rank.trace_rows = rows
+                for _ in range(20):  # warm-up
+                    await path.serve(requests(size))
+        for r in range(rounds):
+            for size in PATH_BATCHES:
+                for rows in (0, traced_rows) if r % 2 == 0 else (traced_rows, 0):
+                    rank.trace_rows = rows
+                    n, cpu0 = 0, time.process_time()
+                    while n < per_round:
+                        await path.serve(requests(size))
+                        n += size
+                    cpu.setdefault((size, rows), []).append((time.process_time() - cpu0) / n * 1000)
+    finally:
+        rank.trace_rows = traced_rows
+    out: dict[str, Any] = {}
+    for size in PATH_BATCHES:
+        eager, traced = cpu[(size, 0)], cpu[(size, traced_rows)]
+        out[str(size)] = {
+            "eager_cpu_ms_per_request": round(float(np.median(eager)), 3),
+            "traced_cpu_ms_per_request": round(float(np.median(traced)), 3),
+            "traced_over_eager": ratio_summary(traced, eager),
+        }
+        print(f"path batch {size}: {out[str(size)]}")
+    return out
+
+
 def _model_alone(rank: Any, pipe: Any, reqs: list[Any]) -> float:
     """CPU ms per request of `RankModel.score` of one request's candidates (its slot adapter)."""
     import dataclasses
@@ -1261,14 +1297,26 @@ def _path_cost(args: argparse.Namespace) -> dict[str, Any]:
 
         async def measure() -> dict[str, Any]:
             io = RedisIO(s, UserRecordCodec(s.state))
+            path = RequestPath(pipe, io, score, lambda imps: None)
             try:
-                return await _path_batches(
-                    RequestPath(pipe, io, score, lambda imps: None), requests, args.path_requests
-                )
+                if args.path_trace_ab:
+                    return await _path_trace_ab(path, requests, rank, args.path_trace_ab, args.path_requests)
+                return await _path_batches(path, requests, args.path_requests)
             finally:
                 await io.close()
 
         got = asyncio.run(measure())
+        if args.path_trace_ab:
+            return {
+                "trace_ab": got,
+                "rank_trace_rows": s.serving.rank_trace_rows,
+                "rank_chunk": s.serving.rank_chunk,
+                "catalog_ads": args.ads,
+                "model": model_note,
+                "note": "in-process CPU (process_time) per request of RequestPath.serve, the ranker "
+                "traced (serving.rank_trace_rows) over eager (0), alternated in one process: "
+                "median of the same-round ratios, bootstrap 95 % interval",
+            }
         model_ms = _model_alone(rank, pipe, [request() for _ in range(args.path_requests)])
         r = redis.Redis.from_url(s.redis.url)
         keys = list(r.scan_iter(match=f"{s.redis_prefix}*", count=1000))
@@ -1308,8 +1356,10 @@ def run_path_cost(args: argparse.Namespace) -> None:
     start = machine()
     result = path_cost(args)
     result["machine"], result["machine_end"] = start, machine()
-    write_result(args.out, result, section="path_cost")
-    print(f"wrote {args.out} (path_cost)")
+    section = "path_trace_ab" if args.path_trace_ab else "path_cost"
+    result["command"] = " ".join([".venv/bin/python -m benchmarks.serve", *sys.argv[1:]])
+    write_result(args.out, result, section=section)
+    print(f"wrote {args.out} ({section})")
 
 
 def machine_level(
@@ -1422,6 +1472,14 @@ def parse_args() -> argparse.Namespace:
         help="only the request path's CPU per request in-process (batches 1/4/8) → serve.json's `path_cost`",
     )
     ap.add_argument("--path-requests", type=int_at_least(8), default=800, help="requests per batch size")
+    ap.add_argument(
+        "--path-trace-ab",
+        type=int_at_least(0),
+        default=0,
+        metavar="ROUNDS",
+        help="with --path-cost: the ranker traced over eager in ROUNDS alternated rounds of "
+        "--path-requests requests per batch size → serve.json's `path_trace_ab`",
+    )
     ap.add_argument("--hung-rate", type=int_at_least(1), default=30, help="rate of --hung-redis-only")
     ap.add_argument("--hung-redis-port", type=int_at_least(1), default=18102, help="its own redis-server")
     ap.add_argument("--hung-deadline-ms", type=float, default=50.0, help="deadline_ms of its requests")

@@ -65,3 +65,35 @@ def test_each_request_counts_its_share_of_a_stage_the_batch_ran_once() -> None:
     for size in serve.PATH_BATCHES:
         stages = got[str(size)]["stage_wall_ms_per_request"]
         assert stages["rank"] == pytest.approx(8.0 / size) and stages["rerank"] == pytest.approx(4.0)
+
+
+def test_the_trace_ab_alternates_the_ranker_in_one_process_and_restores_it() -> None:
+    """`--path-trace-ab`: every round times each batch size with the ranker eager (trace_rows 0)
+    and traced (the setting), in an order that flips every round; the ratio is traced ÷ eager
+    with one pair per round, and the ranker is left as it was set."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    rank = SimpleNamespace(trace_rows=1024)
+    order: list[int] = []
+
+    class Path:
+        async def serve(self, batch: list[Any]) -> None:
+            order.append(rank.trace_rows)
+            spin = 0.0004 if rank.trace_rows == 0 else 0.0002  # the traced ranker: half the CPU
+            t = time.process_time()
+            while time.process_time() - t < spin:
+                pass
+
+    got = asyncio.run(serve._path_trace_ab(Path(), lambda n: [None] * n, rank, 4, 8))
+    assert rank.trace_rows == 1024
+    for size in serve.PATH_BATCHES:
+        ratio = got[str(size)]["traced_over_eager"]
+        assert ratio["rounds"] == 4 and 0.3 < ratio["median"] < 0.8
+        assert got[str(size)]["traced_cpu_ms_per_request"] < got[str(size)]["eager_cpu_ms_per_request"]
+    timed = order[20 * 2 * len(serve.PATH_BATCHES) :]  # after the warm-ups
+    per_round = 2 * sum(-(-8 // size) for size in serve.PATH_BATCHES)  # both modes, every size
+    assert len(timed) == 4 * per_round
+    firsts = [timed[i] for i in range(0, len(timed), per_round)]  # each round's first call
+    assert firsts == [0, 1024, 0, 1024]  # round 0 starts eager, round 1 traced, …
