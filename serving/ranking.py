@@ -413,10 +413,17 @@ class RankModel:
         # most `rank_trace_rows` candidates (`_chunk`: above ~1,000 the traced trunk was no
         # faster than the eager one, and the eager chunk's 2,048 is slower traced)
         self.trace_rows = settings.serving.rank_trace_rows if device.type == "cpu" else 0
-        traced = self.stackable and self.trace_rows > 0
-        self._trunk = traced_trunk(plain) if traced else None
-        self._scorer = traced_scorer(plain) if traced else None
-        self._wide_names = [name for name in ID_COLUMNS if name in plain.wide] if traced else []
+        self._trunk: torch.jit.ScriptModule | None = None
+        self._scorer: torch.jit.ScriptModule | None = None
+        self._wide_names: list[str] = []
+        if self.stackable and self.trace_rows > 0:
+            assert isinstance(plain, Ranker)
+            try:
+                self._trunk, self._scorer = traced_trunk(plain), traced_scorer(plain)
+            except Exception:  # a torch that cannot trace any more: the eager ranker, same scores
+                log.warning("the ranker could not be traced; ranking with the eager one", exc_info=True)
+                self._trunk, self._scorer, self.trace_rows = None, None, 0
+            self._wide_names = [name for name in ID_COLUMNS if name in plain.wide]
         # the wide tables the adapters change, in id-column order: summed into one table per
         # model where small enough (`_stacked`), so a batch of several slots gathers them once
         # with one index whatever the number of slots, as the plain model does

@@ -147,3 +147,22 @@ def test_no_trace_where_the_folds_differ_inside_the_trunk_or_on_request() -> Non
     assert _rank(0)._trunk is None
     assert _rank(1024)._trunk is not None  # the default
     assert Settings().serving.rank_trace_rows == 1024
+
+
+def test_a_torch_that_cannot_trace_ranks_with_the_eager_ranker(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`torch.jit.trace` is deprecated: where it fails, the replica starts with the eager ranker
+    (a warning says so) and scores as it always did, not a failed start."""
+
+    def gone(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("torch.jit.trace was removed")
+
+    monkeypatch.setattr(torch.jit, "trace", gone)
+    rank = _rank(1024)
+    assert rank._trunk is None and rank._scorer is None and rank.trace_rows == 0
+    assert "could not be traced" in caplog.text
+    eager = _rank(0)
+    for batch in _batches(rank):
+        for g, w in zip(rank.score(batch, True), eager.score(batch, True), strict=True):
+            np.testing.assert_array_equal(g, w)
