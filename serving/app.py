@@ -470,8 +470,7 @@ class AdServer:
         except Exception as exc:
             log.warning("could not clear the pin of %r: %s", adapter_id, exc)
             return _error(503, "adapter pins are unavailable (Redis); nothing changed", {"Retry-After": "1"})
-        if self.applier.unpin(adapter_id):
-            await self.loops.resync(adapter_id, "unpin")
+        await self.loops.unpinned(adapter_id)  # answered with the re-synced version
         return Response(self.applier.info(adapter_id).model_dump_json(), media_type="application/json")
 
 

@@ -113,6 +113,8 @@ class ReplicaLoops:
         self.max_swap_pause_cpu_s = 0.0  # of which the loop thread's own CPU time
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._restarts: dict[str, int] = {}
+        # each adapter's re-sync from its snapshot while it runs (`_start_resync`)
+        self._resyncs: dict[str, asyncio.Task[str]] = {}
         # where each follower left off survives reconnects and task restarts: never a full replay
         self._positions: dict[str, dict[int, int]] = {}
 
@@ -280,11 +282,42 @@ class ReplicaLoops:
             except Exception as exc:
                 log.warning("counter flush to Redis failed: %s", exc)
 
+    async def unpinned(self, adapter_id: str) -> None:
+        """An admin's unpin, after its pin left Redis: the adapter is lifted here and re-synced
+        from its snapshot, and this returns once that is done, so the answer reports the
+        re-synced version. While the pin was being cleared, the pin loop (`_sync_pins`) may have
+        found it gone first and be re-syncing the adapter already: then that re-sync is awaited
+        (shielded: a caller that goes away does not cancel the loop's work), not a second one
+        started."""
+        lifted = self.applier.unpin(adapter_id)
+        running = self._resyncs.get(adapter_id)
+        if running is not None:
+            await asyncio.shield(running)
+        elif lifted:
+            await self.resync(adapter_id, "unpin")
+
     async def resync(self, adapter_id: str, why: str) -> str:
         """Load an adapter's latest snapshot from Redis; counts the outcome as `<why>_<outcome>`."""
-        outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
-        self.metrics.deltas.labels(f"{why}_{outcome}").inc()
-        return outcome
+        return await self._start_resync(adapter_id, why)
+
+    def _start_resync(self, adapter_id: str, why: str) -> asyncio.Task[str]:
+        """`resync` as a task, known in `_resyncs` from the moment it starts (before any await)
+        until it ends: what an admin's unpin waits for when the pin loop lifted the pin first."""
+
+        async def run() -> str:
+            outcome = await self.applier.resync(adapter_id, self.redis.snapshot)
+            self.metrics.deltas.labels(f"{why}_{outcome}").inc()
+            return outcome
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._resyncs[adapter_id] = task
+
+        def done(t: asyncio.Task[str]) -> None:
+            if self._resyncs.get(adapter_id) is t:
+                del self._resyncs[adapter_id]
+
+        task.add_done_callback(done)
+        return task
 
     async def _sync_pins(self) -> bool:
         """Follow the admin pins other replicas set or lifted (Redis); re-sync what was unpinned.
@@ -297,8 +330,9 @@ class ReplicaLoops:
         except Exception as exc:
             log.warning("adapter pin refresh failed: %s", exc)
             return False
-        for adapter_id in self.applier.sync_pins(shared, weights):
-            await self.resync(adapter_id, "unpin")
+        # every lifted adapter's re-sync known at once (an admin's unpin of any of them waits for it)
+        for task in [self._start_resync(a, "unpin") for a in self.applier.sync_pins(shared, weights)]:
+            await task
         return True
 
     async def _housekeeping(self) -> None:
