@@ -331,8 +331,9 @@ class ReplicaLoops:
             log.warning("adapter pin refresh failed: %s", exc)
             return False
         # every lifted adapter's re-sync known at once (an admin's unpin of any of them waits for it)
-        for task in [self._start_resync(a, "unpin") for a in self.applier.sync_pins(shared, weights)]:
-            await task
+        resyncs = [self._start_resync(a, "unpin") for a in self.applier.sync_pins(shared, weights)]
+        if resyncs:
+            await asyncio.gather(*resyncs)  # a failure is raised (the pass is retried), none is lost
         return True
 
     async def _housekeeping(self) -> None:

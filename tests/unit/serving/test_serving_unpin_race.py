@@ -123,3 +123,34 @@ def test_the_unpin_of_an_adapter_not_pinned_here_answers_at_once() -> None:
         return applier.version, deltas.counts
 
     assert asyncio.run(run()) == (0, Counter())
+
+
+def test_the_pin_loop_makes_every_lifted_adapters_resync_known_before_it_awaits_one() -> None:
+    """Two pins lifted in one pass: both re-syncs are under way (and known) at once, so the
+    unpin of the second waits for its own re-sync, not only for the first's."""
+
+    async def run() -> tuple[set[str], dict[str, int]]:
+        applier, deltas = _Applier(), _Deltas()
+        applier.pinned = {AID: 0, "slot:feed": 0}
+        versions: dict[str, int] = {}
+
+        async def resync(adapter_id: str, source: Any) -> str:
+            await asyncio.sleep(0.05 if adapter_id == AID else 0.1)
+            versions[adapter_id] = 2
+            return "applied"
+
+        applier.resync = resync  # type: ignore[method-assign]
+        redis = _Redis(asyncio.Event())
+        redis.pins_now = {}
+        loops = _loops(applier, redis, deltas)
+        background = asyncio.create_task(loops._sync_pins())
+        await asyncio.sleep(0.01)
+        known = set(loops._resyncs)
+        await loops.unpinned("slot:feed")
+        answered = dict(versions)
+        await background
+        return known, answered
+
+    known, answered = asyncio.run(run())
+    assert known == {AID, "slot:feed"}
+    assert answered.get("slot:feed") == 2
