@@ -303,7 +303,7 @@ class _Scorer(nn.Module):
     def __init__(self, model: Ranker) -> None:
         super().__init__()
         self.model = model
-        self.wide = [(i, name) for i, name in enumerate(ID_COLUMNS) if name in model.wide]
+        self.wide = wide_columns(model)
 
     def forward(
         self,
@@ -313,7 +313,7 @@ class _Scorer(nn.Module):
         head_b: torch.Tensor,
         tables: tuple[torch.Tensor, ...],
     ) -> torch.Tensor:
-        # as `Ranker.logit_from` computes it, op for op (the same bits)
+        # as `Ranker.forward` computes it after `head_input`, op for op (the same bits)
         logit = nn.functional.linear(self.model.head_input(dense, ids), head_w, head_b).squeeze(1)
         for (i, _), table in zip(self.wide, tables, strict=True):
             logit = logit + nn.functional.embedding(ids[:, i], table).squeeze(1)
@@ -351,8 +351,14 @@ def traced_scorer(model: Ranker) -> torch.jit.ScriptModule:
     """`_Scorer` of `model` recorded by `torch.jit.trace`: called with a fold's head and wide
     tables, that fold's logits (see `traced_trunk`)."""
     dense, ids = _example(model)
-    tables = tuple(model.wide[name].weight for _, name in _Scorer(model).wide)
+    tables = tuple(model.wide[name].weight for _, name in wide_columns(model))
     return _traced(_Scorer(model), (dense, ids, model.head.weight, model.head.bias, tables))
+
+
+def wide_columns(model: Ranker) -> list[tuple[int, str]]:
+    """(id column index, name) of each id column with a `wide` table, in `ID_COLUMNS` order: the
+    order `Ranker.forward` adds them and `_Scorer` takes their tables."""
+    return [(i, name) for i, name in enumerate(ID_COLUMNS) if name in model.wide]
 
 
 def _example(model: Ranker) -> tuple[torch.Tensor, torch.Tensor]:
@@ -423,7 +429,7 @@ class RankModel:
             except Exception:  # a torch that cannot trace any more: the eager ranker, same scores
                 log.warning("the ranker could not be traced; ranking with the eager one", exc_info=True)
                 self._trunk, self._scorer, self.trace_rows = None, None, 0
-            self._wide_names = [name for name in ID_COLUMNS if name in plain.wide]
+            self._wide_names = [name for _, name in wide_columns(plain)]
         # the wide tables the adapters change, in id-column order: summed into one table per
         # model where small enough (`_stacked`), so a batch of several slots gathers them once
         # with one index whatever the number of slots, as the plain model does

@@ -256,12 +256,7 @@ class Ranker(nn.Module):
     ) -> torch.Tensor:
         """Click logits, shape [B], for dense features [B, dense_dim] and ids [B, 7] (and,
         with the user tower, the requests' sequences; `seq.row` [B] maps rows to requests)."""
-        return self.logit_from(self.head_input(dense, ids, seq), ids)
-
-    def logit_from(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Click logits [B] from what `head` reads (`head_input`, [B, input_dim + deep_hidden]):
-        `head` of it plus the `wide` biases of `ids`. `forward` is `head_input` then this."""
-        logit: torch.Tensor = self.head(h).squeeze(1)
+        logit: torch.Tensor = self.head(self.head_input(dense, ids, seq)).squeeze(1)
         for i, name in enumerate(ID_COLUMNS):
             if name in self.wide:
                 logit = logit + self.wide[name](ids[:, i]).squeeze(1)
